@@ -1,0 +1,90 @@
+"""Weights on disk: safetensors only (no pickle), written atomically; loading a run back.
+
+Optimizer/RNG state for resuming goes through torch.save and comes back with
+torch.load(weights_only=True), which refuses arbitrary pickled objects.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from . import runs
+from .config import ConfigError, RunConfig, validate
+from .data import CharVocab, DataError
+from .model import LM
+
+
+def save_weights(model: torch.nn.Module, path: Path) -> None:
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    fd, tmp = tempfile.mkstemp(dir=Path(path).parent, prefix=f".{Path(path).name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        save_file(state, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_weights(model: torch.nn.Module, path: Path) -> None:
+    """Load safetensors weights into `model`; any mismatch is a one-line RunError."""
+    if not Path(path).is_file():
+        raise runs.RunError(f"missing weights file {path}")
+    try:
+        state = load_file(str(path), device=str(next(model.parameters()).device))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise runs.RunError(f"corrupt weights file {path}: {str(err).splitlines()[0]}") from None
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as err:
+        detail = " ".join(str(err).split())[:300]
+        raise runs.RunError(f"weights in {path} do not match the run's config: {detail}") from None
+
+
+def save_state(state: dict, path: Path) -> None:
+    fd, tmp = tempfile.mkstemp(dir=Path(path).parent, prefix=f".{Path(path).name}.", suffix=".tmp")
+    os.close(fd)
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def load_state(path: Path) -> dict:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise runs.RunError(f"no resumable state in {Path(path).parent} (missing {Path(path).name})") from None
+    except Exception as err:  # a corrupt or foreign pickle: refuse it, whatever it is
+        raise runs.RunError(f"corrupt resume state {path}: {err.__class__.__name__}") from None
+
+
+def load_run_config(run_dir: Path) -> RunConfig:
+    run_dir = Path(run_dir)
+    if not run_dir.exists():
+        raise runs.RunError(f"run directory not found: {run_dir}")
+    if not run_dir.is_dir():
+        raise runs.RunError(f"not a run directory: {run_dir}")
+    try:
+        return validate(RunConfig, runs.read_json(run_dir / runs.CONFIG), prefix="config.json: ")
+    except ConfigError as err:
+        raise runs.RunError(f"{run_dir}: {err}") from None
+
+
+def load_run(run_dir: Path, which: str = "best", device: str | torch.device = "cpu"):
+    """(config, vocab, model in eval mode) of a finished or interrupted run."""
+    cfg = load_run_config(run_dir)
+    try:
+        vocab = CharVocab.load(Path(run_dir) / runs.VOCAB)
+    except DataError as err:
+        raise runs.RunError(str(err)) from None
+    if len(vocab) != cfg.model.vocab_size:
+        raise runs.RunError(f"{run_dir}: vocab.json has {len(vocab)} characters, config says {cfg.model.vocab_size}")
+    model = LM(cfg.model).to(device)
+    name = {"best": runs.BEST, "last": runs.LAST}[which]
+    load_weights(model, Path(run_dir) / name)
+    return cfg, vocab, model.eval()

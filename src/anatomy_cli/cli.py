@@ -1,0 +1,281 @@
+"""The `anatomy` command line: parse options, call one library function, render with rich.
+
+Heavy imports (torch, pandas, matplotlib) happen inside commands so `anatomy --help` is instant.
+
+Exit codes (stable, for scripts):
+  0  success
+  1  a check found a regression, or a run failed or diverged
+  2  bad input: options, spec, corpus, run directory, weights
+  3  the sweep directory is locked by another live process
+  130 interrupted (Ctrl-C); the run or sweep can be resumed
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from . import runs
+from .config import ConfigError
+
+app = typer.Typer(
+    name="anatomy",
+    help="Take a language model apart: train small char-level transformers and measure, one component "
+    "at a time, how a 2017 Transformer becomes a LLaMA.\n\nExit codes: 0 ok, 1 regression/failed run, "
+    "2 bad input, 3 sweep directory locked, 130 interrupted.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=True,
+)
+console = Console()
+err_console = Console(stderr=True)
+STATE = {"debug": False}
+
+EXIT_FAILED, EXIT_INPUT, EXIT_LOCKED, EXIT_INTERRUPTED = 1, 2, 3, 130
+
+RunsDir = Annotated[Path, typer.Option("--runs-dir", help="Where run directories are written.")]
+Sets = Annotated[Optional[list[str]], typer.Option("--set", help="Dotted override, e.g. model.pos_type=rope (repeatable).")]
+JsonOut = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
+
+
+def input_errors() -> tuple[type[BaseException], ...]:
+    """Domain exceptions that mean 'bad input': one line, exit 2."""
+    from .data import DataError
+
+    errors: list[type[BaseException]] = [ConfigError, runs.RunError, DataError]
+    if "torch" in sys.modules:  # these modules import torch; only present if a command loaded them
+        from .model.kv_cache import CacheFullError
+        from .model.positions import PositionError
+        from .sample import SampleError
+
+        errors += [SampleError, PositionError, CacheFullError]
+    return tuple(errors)
+
+
+def fail(message: str, code: int = EXIT_INPUT) -> typer.Exit:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+def handle_errors(fn):
+    """Turn domain exceptions into one-line messages and documented exit codes."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from .sweep import SweepLocked
+
+        try:
+            return fn(*args, **kwargs)
+        except (typer.Exit, typer.Abort):
+            raise
+        except SweepLocked as err:
+            if STATE["debug"]:
+                raise
+            raise fail(str(err), EXIT_LOCKED) from None
+        except KeyboardInterrupt:
+            raise fail("interrupted", EXIT_INTERRUPTED) from None
+        except input_errors() as err:
+            if STATE["debug"]:
+                raise
+            raise fail(str(err)) from None
+        except OSError as err:
+            if STATE["debug"]:
+                raise
+            where = f": {err.filename}" if getattr(err, "filename", None) else ""
+            raise fail(f"{err.strerror or err.__class__.__name__}{where}") from None
+        except Exception as err:  # a bug, not bad input: still one line unless --debug
+            if STATE["debug"]:
+                raise
+            raise fail(f"internal error: {err.__class__.__name__}: {err} (rerun with --debug for the traceback)",
+                       EXIT_FAILED) from None
+
+    return wrapper
+
+
+@app.callback()
+def _main(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks instead of one-line errors.")] = False):
+    STATE["debug"] = debug
+
+
+# ----------------------------------------------------------------------------------- prepare
+
+
+@app.command()
+@handle_errors
+def prepare(
+    source: Annotated[Optional[Path], typer.Argument(help="UTF-8 text file or directory of .md/.txt; default: the embedded corpus.")] = None,
+    out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("data/default"),
+    val_frac: Annotated[float, typer.Option(min=0.01, max=0.5, help="Fraction held out for validation (the end of the text).")] = 0.1,
+    ctx_len: Annotated[int, typer.Option(min=1, help="Each split must be longer than this.")] = 128,
+    json_out: JsonOut = False,
+):
+    """Corpus -> character vocabulary + compact train/val ids + meta.json."""
+    from .data import build_corpus, read_source, save_corpus
+
+    text, description = read_source(str(source) if source else None)
+    corpus = build_corpus(text, description, val_frac, ctx_len)
+    save_corpus(corpus, out)
+    info = {k: v for k, v in corpus.meta.items() if k != "char_counts"} | {"out": str(out)}
+    if json_out:
+        console.print_json(json.dumps(info))
+        return
+    for key, value in info.items():
+        console.print(f"[bold]{key:>12}[/]  {value}", highlight=False)
+
+
+# ----------------------------------------------------------------------------------- train
+
+
+class StopFlag:
+    """First Ctrl-C asks the loop to stop at the end of the step and checkpoint; a second one aborts."""
+
+    def __init__(self):
+        self.requested = False
+
+    def __enter__(self):
+        self.previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __call__(self) -> bool:
+        return self.requested
+
+    def __exit__(self, *exc):
+        signal.signal(signal.SIGINT, self.previous)
+
+
+def train_progress(total: int):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    return Progress(
+        TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[losses]}"),
+        TimeRemainingColumn(), console=err_console, transient=False,
+    )
+
+
+@app.command()
+@handle_errors
+def train(
+    spec: Annotated[Optional[Path], typer.Argument(help="TOML run spec (sections model, train, data).")] = None,
+    sets: Sets = None,
+    steps: Annotated[Optional[int], typer.Option(help="Training steps (overrides train.steps).")] = None,
+    device: Annotated[Optional[str], typer.Option(help="auto | cpu | cuda | mps")] = None,
+    compile: Annotated[bool, typer.Option("--compile", help="torch.compile the model for training.")] = False,
+    out: Annotated[Optional[Path], typer.Option("--out", help="Run directory (default: RUNS_DIR/train/<run id>).")] = None,
+    runs_dir: RunsDir = Path("runs"),
+    resume: Annotated[Optional[Path], typer.Option("--resume", help="Continue an interrupted run directory.")] = None,
+):
+    """Train one model and write config, metrics, weights, samples and summary to its run directory."""
+    from .config import load_run_config
+
+    if resume is not None:
+        return _train_resume(resume)
+    overrides = list(sets or [])
+    if steps is not None:
+        overrides.append(f"train.steps={steps}")
+    if device is not None:
+        overrides.append(f"train.device={json.dumps(device)}")
+    if compile:
+        overrides.append("train.compile=true")
+    cfg = load_run_config(spec, overrides)
+    run_dir = out or _safe_dir(runs_dir / "train") / runs.run_id(f"{cfg.name}-{cfg.model.label}", cfg.seed,
+                                                                  cfg.model_dump(mode="json"))
+    from . import train as training
+
+    _run_train(functools.partial(training.train, cfg, run_dir), run_dir, cfg.train.steps)
+
+
+def _train_resume(run_dir: Path) -> None:
+    from . import train as training
+    from .checkpoint import load_run_config
+
+    cfg = load_run_config(run_dir)
+    _run_train(functools.partial(training.resume, run_dir), run_dir, cfg.train.steps)
+
+
+def _safe_dir(path: Path) -> Path:
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"runs directory is a file: {path}")
+    return path
+
+
+def _run_train(fn, run_dir: Path, total: int) -> None:
+    with StopFlag() as stop, train_progress(total) as bar:
+        task = bar.add_task("train", total=total, losses="")
+
+        def on_progress(p: dict) -> None:
+            bar.update(task, completed=p["step"], losses=f"train {p['train_loss']:.3f}  val {p['val_loss']:.3f}")
+
+        summary = fn(progress=on_progress, stop=stop)
+    status = summary["status"]
+    if status == runs.INTERRUPTED:
+        err_console.print(f"interrupted at step {summary['steps_done']}; resume with: anatomy train --resume {run_dir}")
+        raise typer.Exit(EXIT_INTERRUPTED)
+    render_summary(summary, run_dir)
+    if status != runs.COMPLETED:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def render_summary(s: dict, run_dir: Path) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"{run_dir}", show_header=False)
+    for key in ("status", "label", "params", "best_val_loss", "best_step", "final_val_loss", "bits_per_char",
+                "tokens_seen", "tokens_per_s", "wall_s", "device", "error"):
+        value = s.get(key)
+        if value is None:
+            continue
+        table.add_row(key, f"{value:,.4f}" if isinstance(value, float) else f"{value:,}" if isinstance(value, int) else str(value))
+    console.print(table)
+
+
+# ----------------------------------------------------------------------------------- sample
+
+
+@app.command()
+@handle_errors
+def sample(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory written by train or ablate.")],
+    prefix: Annotated[str, typer.Option(help="Text to continue.")] = "## ",
+    temp: Annotated[float, typer.Option(help="Temperature; 0 = greedy.")] = 0.8,
+    max_new: Annotated[int, typer.Option(help="Characters to generate.")] = 500,
+    top_k: Annotated[Optional[int], typer.Option(help="Sample only from the k most likely characters.")] = None,
+    seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Recompute the whole context every step.")] = False,
+    weights: Annotated[str, typer.Option(help="best | last")] = "best",
+    window: Annotated[Optional[int], typer.Option(help="Context window (default ctx_len; RoPE may go beyond).")] = None,
+):
+    """Stream text from a trained run: prefill the prefix, then one character per step via the KV cache."""
+    if weights not in ("best", "last"):
+        raise ConfigError(f"--weights must be best or last, got {weights!r}")
+    if max_new < 0:
+        raise ConfigError(f"--max-new must be >= 0, got {max_new}")
+    from .checkpoint import load_run
+    from .sample import check_options, generate
+
+    cfg, vocab, model = load_run(run_dir, weights)
+    check_options(cfg.model, temp, top_k, window)
+    ids = vocab.encode(prefix)
+    sys.stdout.write(prefix)
+    for i in generate(model, ids, max_new, temp, top_k, seed, use_cache=not no_cache, window=window):
+        sys.stdout.write(vocab.chars[i])
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+
+
+def main() -> None:
+    app()
+
+
+from . import cli_sweep  # noqa: E402,F401  (registers ablate/report/check/... on `app`)

@@ -1,0 +1,1 @@
+"""Sweep-level commands: ablate and report (registered on the main Typer app)."""

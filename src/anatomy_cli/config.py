@@ -1,0 +1,296 @@
+"""Pydantic specs for models, training, data, runs and ablation sweeps (no torch import).
+
+Validated once at the boundary (TOML or CLI options), then read as plain attributes. Every model
+is frozen and rejects unknown keys, so a typo in a spec is an error, not a silently ignored knob.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+NormType = Literal["layernorm", "rmsnorm"]
+NormPos = Literal["post", "pre"]
+PosType = Literal["learned", "rope"]
+FfnType = Literal["gelu", "swiglu"]
+# The article's "break it" exercises (issue 4): deliberately wrong RoPE wirings, labelled as such.
+RopeVariant = Literal["standard", "q_only", "k_interleaved"]
+Flip = Literal["rmsnorm", "prenorm", "rope", "swiglu", "gqa"]
+FLIPS: tuple[str, ...] = ("rmsnorm", "prenorm", "rope", "swiglu", "gqa")
+
+
+class ConfigError(ValueError):
+    """A spec or option that does not validate; the message is one line per problem."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def ceil_to(n: int, multiple: int) -> int:
+    return multiple * math.ceil(n / multiple)
+
+
+class ModelConfig(_Frozen):
+    """Sizes and the five component switches. Defaults are the 2017 Transformer's parts."""
+
+    vocab_size: int | None = Field(default=None, gt=0)  # None: taken from the data at train time
+    d_model: int = Field(default=128, gt=0)
+    n_layer: int = Field(default=4, gt=0)
+    n_head: int = Field(default=4, gt=0)
+    n_kv_head: int = Field(default=4, gt=0)
+    ctx_len: int = Field(default=128, gt=0)
+    norm_type: NormType = "layernorm"
+    norm_pos: NormPos = "post"
+    pos_type: PosType = "learned"
+    ffn_type: FfnType = "gelu"
+    rope_base: float = Field(default=10000.0, gt=0)
+    norm_eps: float = Field(default=1e-5, gt=0)
+    rope_variant: RopeVariant = "standard"
+
+    @model_validator(mode="after")
+    def _check_shapes(self) -> ModelConfig:
+        if self.d_model % self.n_head:
+            raise ValueError(f"n_head={self.n_head} must divide d_model={self.d_model}")
+        if self.n_head % self.n_kv_head:
+            raise ValueError(f"n_kv_head={self.n_kv_head} must divide n_head={self.n_head}")
+        if self.pos_type == "rope" and self.head_dim % 2:
+            raise ValueError(f"RoPE needs an even head_dim, got d_model/n_head={self.head_dim}")
+        if self.rope_variant != "standard" and self.pos_type != "rope":
+            raise ValueError(f"rope_variant={self.rope_variant!r} needs pos_type='rope'")
+        return self
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+    @property
+    def ffn_hidden(self) -> int:
+        """GELU: 4d. SwiGLU: 2/3 of that (three matrices instead of two), rounded up to 32."""
+        if self.ffn_type == "gelu":
+            return 4 * self.d_model
+        return ceil_to(int(2 / 3 * 4 * self.d_model), 32)
+
+    def num_params(self) -> int:
+        """Parameter count from the sizes alone (no torch); tests pin it to LM.num_params()."""
+        if self.vocab_size is None:
+            raise ConfigError("model.vocab_size is not set")
+        d, hd = self.d_model, self.head_dim
+        attn = d * (self.n_head + 2 * self.n_kv_head) * hd + self.n_head * hd * d
+        ffn = (3 if self.ffn_type == "swiglu" else 2) * d * self.ffn_hidden
+        norm = d * (2 if self.norm_type == "layernorm" else 1)
+        layers = self.n_layer * (attn + ffn + 2 * norm)
+        positions = self.ctx_len * d if self.pos_type == "learned" else 0
+        final = norm if self.norm_pos == "pre" else 0
+        return 2 * self.vocab_size * d + positions + layers + final
+
+    def flops_per_token(self) -> int:
+        """Training FLOPs per token: 6 per matmul weight (fwd + bwd) + attention scores (Kaplan 2020)."""
+        matmul = self.num_params() - self.vocab_size * self.d_model  # the embedding lookup is free
+        matmul -= self.ctx_len * self.d_model if self.pos_type == "learned" else 0
+        return 6 * matmul + 6 * self.n_layer * self.ctx_len * self.d_model
+
+    @property
+    def flips(self) -> tuple[str, ...]:
+        """Which LLaMA parts this config has, in the canonical flip order."""
+        on = {
+            "rmsnorm": self.norm_type == "rmsnorm",
+            "prenorm": self.norm_pos == "pre",
+            "rope": self.pos_type == "rope",
+            "swiglu": self.ffn_type == "swiglu",
+            "gqa": self.n_kv_head < self.n_head,
+        }
+        return tuple(f for f in FLIPS if on[f])
+
+    @property
+    def label(self) -> str:
+        """'2017', 'llama', or the flips present, e.g. 'rope+swiglu'."""
+        flips = self.flips
+        if not flips:
+            return "2017"
+        if len(flips) == len(FLIPS):
+            return "llama"
+        return "+".join(flips)
+
+
+class TrainConfig(_Frozen):
+    steps: int = Field(default=2000, gt=0)
+    batch_size: int = Field(default=32, gt=0)
+    lr: float = Field(default=3e-4, gt=0)
+    min_lr_frac: float = Field(default=0.1, ge=0, le=1)
+    schedule: Literal["constant", "cosine"] = "cosine"
+    warmup: int = Field(default=100, ge=0)
+    weight_decay: float = Field(default=0.1, ge=0)
+    beta1: float = Field(default=0.9, ge=0, lt=1)
+    beta2: float = Field(default=0.95, ge=0, lt=1)
+    grad_clip: float = Field(default=1.0, ge=0)  # 0 disables clipping (the norm is still logged)
+    eval_interval: int = Field(default=100, gt=0)
+    eval_batches: int = Field(default=8, gt=0)
+    log_interval: int = Field(default=10, gt=0)  # train-loss/grad-norm lines are flushed this often
+    diverge_factor: float = Field(default=3.0, gt=1)  # loss above factor x initial loss = diverged
+    device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
+    dtype: Literal["float32", "bfloat16"] = "float32"  # bfloat16 = autocast; weights stay fp32
+    compile: bool = False
+    threads: int | None = Field(default=None, gt=0)  # torch intra-op threads; None = torch default
+    sample_prefix: str = "## "
+    sample_temp: float = Field(default=0.8, ge=0)
+    sample_len: int = Field(default=300, ge=0)
+
+
+class DataConfig(_Frozen):
+    # A UTF-8 text file, a directory of .md/.txt files, a directory written by `anatomy prepare`,
+    # or None for the embedded default corpus. Relative paths resolve against the spec's folder.
+    source: str | None = None
+    val_frac: float = Field(default=0.1, gt=0, lt=1)
+
+
+class RunConfig(_Frozen):
+    name: str = "run"
+    seed: int = 1337
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()
+    data: DataConfig = DataConfig()
+
+
+class NamedConfig(_Frozen):
+    """One entry of a `list` design: a name plus dotted overrides of the base run."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$", max_length=64)
+    set: dict[str, Any] = {}
+
+
+class AblationSpec(_Frozen):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$", max_length=64)
+    base: RunConfig = RunConfig()
+    seeds: list[int] | int = 1
+    design: Literal["one-at-a-time", "factorial", "list"] = "one-at-a-time"
+    flips: list[Flip] = list(FLIPS)
+    gqa_kv_head: int | None = Field(default=None, gt=0)  # n_kv_head the gqa flip uses
+    configs: list[NamedConfig] = []  # the `list` design's entries
+    axes: dict[str, list[Any]] = {}  # dotted key -> values, crossed with the design
+
+    @model_validator(mode="after")
+    def _check_design(self) -> AblationSpec:
+        if isinstance(self.seeds, int) and self.seeds < 1:
+            raise ValueError("seeds must be a positive count or a non-empty list")
+        if isinstance(self.seeds, list) and (not self.seeds or len(set(self.seeds)) != len(self.seeds)):
+            raise ValueError("seeds must be a non-empty list of distinct integers")
+        if len(set(self.flips)) != len(self.flips):
+            raise ValueError("flips must not repeat")
+        if self.design == "list" and not self.configs:
+            raise ValueError("design 'list' needs at least one [[configs]] entry")
+        if self.design != "list" and self.configs:
+            raise ValueError(f"[[configs]] entries are only used by design 'list', not {self.design!r}")
+        for key, values in self.axes.items():
+            if not values:
+                raise ValueError(f"axes.{key} must list at least one value")
+        return self
+
+    @property
+    def seed_list(self) -> list[int]:
+        if isinstance(self.seeds, int):
+            return [self.base.seed + i for i in range(self.seeds)]
+        return list(self.seeds)
+
+
+# --------------------------------------------------------------------------------- helpers
+
+
+def format_validation_error(err: ValidationError, prefix: str = "") -> str:
+    """'model.n_head: n_head=3 must divide d_model=128' style lines, one per problem."""
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-after"))
+        loc = f"{prefix}{loc}" if loc else prefix.rstrip(".")
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        lines.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(lines)
+
+
+def validate(cls: type[_Frozen], data: dict, prefix: str = "") -> Any:
+    try:
+        return cls.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, prefix)) from None
+
+
+def load_toml(path: Path) -> dict:
+    try:
+        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"spec not found: {path}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"spec is a directory, not a TOML file: {path}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"spec is not UTF-8 text: {path}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path}: invalid TOML: {err}") from None
+
+
+def parse_value(text: str) -> Any:
+    """CLI override values: TOML scalars/arrays when they parse as such, else the raw string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def set_dotted(data: dict, key: str, value: Any) -> dict:
+    """Return a copy of nested `data` with `key` ('model.pos_type') set to `value`."""
+    head, _, rest = key.partition(".")
+    out = dict(data)
+    if rest:
+        sub = out.get(head, {})
+        if not isinstance(sub, dict):
+            raise ConfigError(f"{key}: {head} is not a section")
+        out[head] = set_dotted(sub, rest, value)
+    else:
+        out[head] = value
+    return out
+
+
+def apply_overrides(data: dict, overrides: list[str] | dict[str, Any]) -> dict:
+    """Apply `--set key=value` strings (or a {key: value} dict) to a nested config dict."""
+    items = overrides.items() if isinstance(overrides, dict) else [_split_override(o) for o in overrides]
+    for key, value in items:
+        data = set_dotted(data, key, value)
+    return data
+
+
+def _split_override(text: str) -> tuple[str, Any]:
+    key, eq, value = text.partition("=")
+    if not eq or not key.strip():
+        raise ConfigError(f"--set expects key=value (e.g. model.pos_type=rope), got {text!r}")
+    return key.strip(), parse_value(value.strip())
+
+
+def resolve_source(data: dict, base_dir: Path) -> dict:
+    """Make a relative data.source in a spec file relative to the spec's folder."""
+    src = data.get("data", {}).get("source")
+    if isinstance(src, str) and not Path(src).is_absolute() and not Path(src).exists():
+        candidate = base_dir / src
+        if candidate.exists():
+            data = set_dotted(data, "data.source", str(candidate))
+    return data
+
+
+def load_run_config(spec: Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    data: dict = {}
+    if spec is not None:
+        data = resolve_source(load_toml(spec), Path(spec).parent)
+    data = apply_overrides(data, overrides or [])
+    return validate(RunConfig, data)
+
+
+LLAMA_OVERRIDES = {
+    "model.norm_type": "rmsnorm",
+    "model.norm_pos": "pre",
+    "model.pos_type": "rope",
+    "model.ffn_type": "swiglu",
+}

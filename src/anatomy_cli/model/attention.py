@@ -1,0 +1,42 @@
+"""Causal self-attention: MHA when n_kv_head == n_head, GQA when fewer, MQA at one.
+
+Q has n_head (H) heads; K and V have n_kv_head (G) heads, each shared by H/G query heads
+(Ainslie et al. 2023). K/V are never repeated to H heads in memory: SDPA's enable_gqa does the
+grouping inside the kernel, and the KV cache stores G heads.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.n_kv_head, cfg.head_dim
+        q_dim, kv_dim = cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim
+        self.split = (q_dim, kv_dim, kv_dim)
+        self.qkv = nn.Linear(cfg.d_model, q_dim + 2 * kv_dim, bias=False)  # one matmul for Q, K, V
+        self.out = nn.Linear(q_dim, cfg.d_model, bias=False)
+
+    def forward(self, x, pos, end, rotate, mask=None, cache=None, layer: int = 0):
+        """x: [B, T, C]; pos: [T] or [B, T] position ids; end = last position + 1.
+
+        mask: None means "causal, query i sees keys 0..i" (no cache or an empty one, T_q == T_k),
+        or a bool [T_q, T_k] mask when decoding after a prefix (see LM.attention_mask).
+        """
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(self.split, dim=-1)
+        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # [B, H, T, hd]
+        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # [B, G, T, hd]
+        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # [B, G, T, hd]
+        q, k = rotate(q, k, pos, end)  # RoPE on Q and K only; V carries content, not position
+        if cache is not None:
+            k, v = cache.update(layer, k, v)  # [B, G, past + T, hd]
+        is_causal = mask is None and k.shape[2] == T and T > 1
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=self.n_kv_head != self.n_head
+        )  # [B, H, T, hd]
+        return self.out(y.transpose(1, 2).reshape(B, T, C))

@@ -1,0 +1,83 @@
+"""The language model: token embedding -> (positions) -> blocks -> final norm (pre only) -> head.
+
+One forward serves training, evaluation and cached decoding:
+    forward(idx [B, T], targets [B, T] | None, cache: KVCache | None, pos [T] | [B, T] | None)
+Positions default to past_len .. past_len + T - 1, so decoding continues where the cache stopped.
+Embedding and head are untied; no linear layer has a bias.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .block import Block
+from .kv_cache import KVCache
+from .norms import make_norm
+from .positions import make_positions
+
+
+class LM(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        if cfg.vocab_size is None:
+            raise ValueError("model.vocab_size is not set (it is filled in from the data)")
+        self.cfg = cfg
+        self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.positions = make_positions(cfg)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.final_norm = make_norm(cfg) if cfg.norm_pos == "pre" else nn.Identity()
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """GPT-2 init: N(0, 0.02), residual output projections scaled by 1/sqrt(2L)."""
+        for name, p in self.named_parameters():
+            if p.dim() < 2:
+                continue  # norm weights (ones) and biases (zeros) keep their defaults
+            std = 0.02 / math.sqrt(2 * self.cfg.n_layer) if name.endswith(("out.weight", "down.weight")) else 0.02
+            nn.init.normal_(p, mean=0.0, std=std)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def new_cache(self, batch: int, max_len: int, dtype=None) -> KVCache:
+        p = self.head.weight
+        return KVCache.for_model(self.cfg, batch, max_len, p.device, dtype or p.dtype)
+
+    @staticmethod
+    def attention_mask(past: int, T: int, device) -> torch.Tensor | None:
+        """None where SDPA's causal flag is right; else a bool [T, past + T] mask.
+
+        SDPA's is_causal aligns the triangle top-left, which is wrong once keys outnumber
+        queries; a single new token sees every key, so it needs no mask at all.
+        """
+        if past == 0 or T == 1:
+            return None
+        q_pos = torch.arange(past, past + T, device=device)
+        k_pos = torch.arange(past + T, device=device)
+        return k_pos[None, :] <= q_pos[:, None]  # [T, past + T], True = may attend
+
+    def forward(self, idx, targets=None, cache: KVCache | None = None, pos=None):
+        B, T = idx.shape
+        past = cache.past_len if cache is not None else 0
+        if cache is not None:
+            cache.check_room(T)
+        if pos is None:
+            pos, end = torch.arange(past, past + T, device=idx.device), past + T
+        else:
+            end = int(pos.max()) + 1  # explicit positions: one host read
+        x = self.positions.embed(self.tok(idx), pos, end)  # [B, T, C]
+        mask = self.attention_mask(past, T, idx.device)
+        for layer, block in enumerate(self.blocks):
+            x = block(x, pos, end, self.positions.rotate, mask, cache, layer)
+        if cache is not None:
+            cache.advance(T)
+        logits = self.head(self.final_norm(x))  # [B, T, V]
+        if targets is None:
+            return logits, None
+        loss = F.cross_entropy(logits.float().view(B * T, -1), targets.reshape(B * T))
+        return logits, loss

@@ -1,0 +1,97 @@
+"""Where a token is: a learned position table (2017) or RoPE (Su et al. 2021, LLaMA).
+
+Both are indexed by explicit position ids `pos` (shape [T] or [B, T]), so cached decoding
+continues from past_len instead of restarting at 0. Each class has the same two hooks:
+  embed(x, pos)     -> x plus position vectors (learned table) or x unchanged (RoPE)
+  rotate(q, k, pos) -> q, k rotated by position (RoPE) or unchanged (learned table)
+RoPE touches only Q and K, never V, and uses the half-split pairing of HF Llama: dimension i is
+paired with i + head_dim/2 (not with its neighbour 2i+1, the interleaved convention of the paper).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class PositionError(ValueError):
+    """A position the model has no representation for (past the learned table)."""
+
+
+class LearnedPositions(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.ctx_len = cfg.ctx_len
+        self.table = nn.Embedding(cfg.ctx_len, cfg.d_model)
+
+    def embed(self, x: torch.Tensor, pos: torch.Tensor, end: int) -> torch.Tensor:
+        if end > self.ctx_len:  # `end` = last position + 1, known on the host: no device sync
+            raise PositionError(
+                f"learned position table ends at ctx_len={self.ctx_len}; position {end - 1} requested "
+                f"(use pos_type='rope' to run past the training length)"
+            )
+        return x + self.table(pos)  # [T, C] or [B, T, C] broadcasts over B
+
+    def rotate(self, q, k, pos, end):
+        return q, k
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """Half-split pairing: (x1, x2) -> (-x2, x1) with x1 = first half, x2 = second half."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rotate_interleaved(x: torch.Tensor) -> torch.Tensor:
+    """Interleaved pairing: (x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...)."""
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack((-odd, even), dim=-1).flatten(-2)
+
+
+class RoPE(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.head_dim = cfg.head_dim
+        self.base = cfg.rope_base
+        self.variant = cfg.rope_variant
+        # cos/sin tables per (device, dtype), grown on demand; not parameters, not in the state dict
+        self._tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def tables(self, n: int, device, dtype, interleaved: bool = False):
+        """cos, sin of shape [n', head_dim] for positions 0..n'-1 (n' >= n), cached."""
+        key = (str(device), dtype, interleaved)
+        cached = self._tables.get(key)
+        if cached is None or cached[0].shape[0] < n:
+            n = max(n, 2 * cached[0].shape[0] if cached is not None else n)
+            inv_freq = 1.0 / self.base ** (torch.arange(0, self.head_dim, 2, device=device).double() / self.head_dim)
+            angles = torch.outer(torch.arange(n, device=device).double(), inv_freq)  # [n, hd/2]
+            angles = angles.repeat_interleave(2, -1) if interleaved else torch.cat((angles, angles), -1)
+            cached = (angles.cos().to(dtype), angles.sin().to(dtype))
+            self._tables[key] = cached
+        return cached
+
+    def rotate_one(self, x: torch.Tensor, pos: torch.Tensor, end: int, interleaved: bool = False) -> torch.Tensor:
+        cos, sin = self.tables(end, x.device, x.dtype, interleaved)
+        cos, sin = cos[pos], sin[pos]  # [T, hd] or [B, T, hd]
+        if pos.dim() == 2:  # [B, T, hd] -> [B, 1, T, hd] to broadcast over heads
+            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        rot = rotate_interleaved(x) if interleaved else rotate_half(x)
+        return x * cos + rot * sin
+
+    def embed(self, x, pos, end):
+        return x
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, end: int):
+        """q: [B, H, T, hd], k: [B, G, T, hd] -> same shapes, rotated by angle pos * theta_i."""
+        if self.variant == "q_only":  # break-it exercise: K keeps no position at all
+            return self.rotate_one(q, pos, end), k
+        if self.variant == "k_interleaved":  # break-it exercise: Q and K disagree on the pairing
+            return self.rotate_one(q, pos, end), self.rotate_one(k, pos, end, interleaved=True)
+        return self.rotate_one(q, pos, end), self.rotate_one(k, pos, end)
+
+
+POSITIONS: dict[str, type[nn.Module]] = {"learned": LearnedPositions, "rope": RoPE}
+
+
+def make_positions(cfg) -> nn.Module:
+    return POSITIONS[cfg.pos_type](cfg)

@@ -1,0 +1,73 @@
+"""Text generation: prefill the prompt once, then one token per step through the KV cache.
+
+When the context reaches the window (ctx_len by default), the oldest half is dropped and the rest
+re-prefilled ("context shift"); the uncached path applies the same rule, so both paths condition
+on identical tokens and greedy outputs are identical. Sampling uses a seeded torch.Generator,
+never the global RNG.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+
+class SampleError(ValueError):
+    """Generation options that cannot work (window past the learned table, bad temperature)."""
+
+
+def pick(logits: torch.Tensor, temp: float, top_k: int | None, gen: torch.Generator | None) -> int:
+    """logits: [V] -> next id. temp 0 = argmax; top_k keeps the k most likely ids."""
+    if temp == 0:
+        return int(logits.argmax())
+    logits = logits.float() / temp
+    if top_k is not None and top_k < logits.numel():
+        kth = torch.topk(logits, top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    return int(torch.multinomial(probs.cpu(), 1, generator=gen))
+
+
+def check_options(cfg, temp: float, top_k: int | None, window: int | None) -> int:
+    if temp < 0:
+        raise SampleError(f"temperature must be >= 0, got {temp}")
+    if top_k is not None and top_k < 1:
+        raise SampleError(f"top-k must be >= 1, got {top_k}")
+    window = window or cfg.ctx_len
+    if window < 2:
+        raise SampleError(f"window must be at least 2, got {window}")
+    if cfg.pos_type == "learned" and window > cfg.ctx_len:
+        raise SampleError(f"learned position table ends at ctx_len={cfg.ctx_len}; window {window} needs RoPE")
+    return window
+
+
+@torch.no_grad()
+def generate(model, prefix: list[int], max_new: int, temp: float = 0.8, top_k: int | None = None,
+             seed: int = 0, use_cache: bool = True, window: int | None = None) -> Iterator[int]:
+    """Yield max_new ids after `prefix` (one id per step, for streaming)."""
+    window = check_options(model.cfg, temp, top_k, window)
+    if not prefix:
+        raise SampleError("the prefix must hold at least one character")
+    device = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(seed)
+    ids = list(prefix)
+    start = max(0, len(ids) - window)  # the context is ids[start:]
+    cache = model.new_cache(1, window) if use_cache else None
+
+    def run(tokens: list[int]) -> torch.Tensor:
+        logits, _ = model(torch.tensor([tokens], device=device), cache=cache)
+        return logits[0, -1]  # [V]
+
+    logits = run(ids[start:])  # prefill
+    for _ in range(max_new):
+        nxt = pick(logits, temp, top_k, gen)
+        ids.append(nxt)
+        yield nxt
+        if len(ids) - start > window:  # context shift: keep the newest half of the window
+            start = len(ids) - window // 2
+            if cache is not None:
+                cache.reset()
+                logits = run(ids[start:])
+                continue
+        logits = run(ids[-1:] if cache is not None else ids[start:])

@@ -1,0 +1,295 @@
+"""Ablation sweeps: expand(spec) -> [PlannedRun] (pure, no torch), then execute the plan.
+
+Designs:
+  one-at-a-time  the 2017 end, each flip added alone to it, the LLaMA end, each flip removed alone
+  factorial      every combination of the chosen flips (others keep the base's values)
+  list           named configs given as dotted overrides of the base
+Extra `axes` are crossed with the design; every config is validated before any run starts.
+Execution skips runs already completed (or diverged: that is a result), reruns failed or
+interrupted ones from scratch, and holds a lock so two sweeps never share a directory.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import runs
+from .config import FLIPS, AblationSpec, ConfigError, ModelConfig, RunConfig, TrainConfig, validate
+
+Event = Callable[[dict], None]
+
+OFF: dict[str, dict[str, Any]] = {
+    "rmsnorm": {"model.norm_type": "layernorm"},
+    "prenorm": {"model.norm_pos": "post"},
+    "rope": {"model.pos_type": "learned"},
+    "swiglu": {"model.ffn_type": "gelu"},
+}
+ON: dict[str, dict[str, Any]] = {
+    "rmsnorm": {"model.norm_type": "rmsnorm"},
+    "prenorm": {"model.norm_pos": "pre"},
+    "rope": {"model.pos_type": "rope"},
+    "swiglu": {"model.ffn_type": "swiglu"},
+}
+
+
+class SweepLocked(RuntimeError):
+    """Another live process holds the sweep directory."""
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    run_id: str
+    slug: str  # e.g. '2017', '2017+rope', 'llama', 'llama-rope', with axis values appended
+    role: str  # '2017', 'add-one', 'llama', 'remove-one', 'factorial', 'list'
+    flip: str | None  # the flipped component for add-one / remove-one
+    config: RunConfig
+
+    @property
+    def est_seconds(self) -> float:
+        return estimate_seconds(self.config)
+
+
+def parse_flips(text: str | None) -> list[str] | None:
+    """'rope,swiglu' -> ['rope', 'swiglu']; unknown names are a ConfigError naming them."""
+    if text is None:
+        return None
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in FLIPS]
+    if unknown or not names:
+        raise ConfigError(f"unknown --flip name(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(FLIPS)}")
+    return list(dict.fromkeys(names))
+
+
+def axis_key(key: str) -> str:
+    """Bare names are model or train fields ('n_layer' -> 'model.n_layer')."""
+    if "." in key:
+        return key
+    if key in ModelConfig.model_fields:
+        return f"model.{key}"
+    if key in TrainConfig.model_fields:
+        return f"train.{key}"
+    raise ConfigError(f"axes.{key}: not a model or train field (use a dotted key such as train.warmup)")
+
+
+def flip_overrides(spec: AblationSpec, flip: str, on: bool) -> dict[str, Any]:
+    if flip != "gqa":
+        return (ON if on else OFF)[flip]
+    n_head = spec.base.model.n_head
+    g = spec.gqa_kv_head or max(1, n_head // 2)
+    if on and g >= n_head:
+        raise ConfigError(f"gqa flip needs n_kv_head < n_head={n_head}; set gqa_kv_head (got {g})")
+    return {"model.n_kv_head": g if on else n_head}
+
+
+def merged(spec: AblationSpec, flips_on: list[str], flips_off: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in flips_off:
+        out.update(flip_overrides(spec, f, False))
+    for f in flips_on:
+        out.update(flip_overrides(spec, f, True))
+    return out
+
+
+def design_points(spec: AblationSpec, flips: list[str]) -> list[tuple[str, str, str | None, dict]]:
+    """(slug, role, flip, overrides) for each config of the design, before axes and seeds."""
+    if spec.design == "list":
+        return [(c.name, "list", None, dict(c.set)) for c in spec.configs]
+    if spec.design == "factorial":
+        points = []
+        for mask in itertools.product((False, True), repeat=len(flips)):
+            on = [f for f, m in zip(flips, mask) if m]
+            off = [f for f, m in zip(flips, mask) if not m]
+            points.append(("+".join(on) or "none", "factorial", None, merged(spec, on, off)))
+        return points
+    everything = list(FLIPS)
+    points = [("2017", "2017", None, merged(spec, [], everything))]
+    points += [(f"2017+{f}", "add-one", f, merged(spec, [f], [g for g in everything if g != f])) for f in flips]
+    points.append(("llama", "llama", None, merged(spec, everything, [])))
+    points += [(f"llama-{f}", "remove-one", f, merged(spec, [g for g in everything if g != f], [f])) for f in flips]
+    return points
+
+
+def expand(spec: AblationSpec, flips: list[str] | None = None, seeds: int | None = None,
+           steps: int | None = None) -> list[PlannedRun]:
+    """The full plan; raises ConfigError listing every invalid config before anything runs."""
+    flips = flips or list(spec.flips)
+    base = spec.base.model_dump(mode="json")
+    if steps is not None:
+        base["train"]["steps"] = steps
+    seed_list = [spec.base.seed + i for i in range(seeds)] if seeds else spec.seed_list
+    axes = {axis_key(k): v for k, v in spec.axes.items()}
+    plan, errors, seen = [], [], set()
+    for slug, role, flip, overrides in design_points(spec, flips):
+        for values in itertools.product(*axes.values()):
+            axis_over = dict(zip(axes, values))
+            full_slug = "_".join([slug] + [f"{k.split('.')[-1]}={v}" for k, v in axis_over.items()])
+            for seed in seed_list:
+                data = _apply(base, {**overrides, **axis_over, "seed": seed, "name": f"{spec.name}/{full_slug}"})
+                try:
+                    cfg = validate(RunConfig, data)
+                except ConfigError as err:
+                    errors.append(f"{full_slug} (seed {seed}): {err}")
+                    continue
+                rid = runs.run_id(full_slug, seed, cfg.model_dump(mode="json"))
+                if rid not in seen:
+                    seen.add(rid)
+                    plan.append(PlannedRun(rid, full_slug, role, flip, cfg))
+    if errors:
+        raise ConfigError("invalid configs in the plan: " + "; ".join(errors))
+    return plan
+
+
+def _apply(base: dict, overrides: dict[str, Any]) -> dict:
+    from .config import apply_overrides
+
+    return apply_overrides(base, overrides)
+
+
+# Throughput assumed for --dry-run estimates (no torch import there): a 2-core laptop CPU, fp32.
+ASSUMED_FLOPS = 40e9
+
+
+def estimate_seconds(cfg: RunConfig) -> float:
+    m = cfg.model if cfg.model.vocab_size else cfg.model.model_copy(update={"vocab_size": 256})
+    tokens = cfg.train.steps * cfg.train.batch_size * m.ctx_len
+    evals = (cfg.train.steps // cfg.train.eval_interval + 1) * cfg.train.eval_batches * cfg.train.batch_size * m.ctx_len
+    return m.flops_per_token() * (tokens + evals / 3) / ASSUMED_FLOPS
+
+
+# ----------------------------------------------------------------------------------- execution
+
+
+class SweepLock:
+    """sweep_dir/.lock holds the owner's pid; a lock whose process is gone is taken over."""
+
+    def __init__(self, sweep_dir: Path):
+        self.path = Path(sweep_dir) / ".lock"
+
+    def __enter__(self) -> SweepLock:
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                holder = self._holder()
+                if holder is not None and _alive(holder):
+                    raise SweepLocked(f"sweep directory {self.path.parent} is in use by pid {holder}") from None
+                self.path.unlink(missing_ok=True)  # stale: its process is gone
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(str(os.getpid()))
+            return self
+        raise SweepLocked(f"could not take the lock {self.path}")
+
+    def _holder(self) -> int | None:
+        try:
+            return int(self.path.read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def __exit__(self, *exc) -> None:
+        if self._holder() == os.getpid():
+            self.path.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def default_workers(n_runs: int) -> int:
+    """Parallel processes: one per core up to the number of runs (measured: benchmarks/RESULTS.md)."""
+    return max(1, min(os.cpu_count() or 1, n_runs))
+
+
+def pending_runs(plan: list[PlannedRun], sweep_dir: Path) -> list[PlannedRun]:
+    return [p for p in plan if runs.run_status(Path(sweep_dir) / p.run_id) not in runs.DONE_STATES]
+
+
+def execute(plan: list[PlannedRun], sweep_dir: Path, workers: int = 1, on_event: Event | None = None,
+            sweep_name: str | None = None) -> list[dict]:
+    """Run every pending run of the plan into sweep_dir/<run_id>; return all summaries."""
+    sweep_dir = Path(sweep_dir)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    emit = on_event or (lambda e: None)
+    with SweepLock(sweep_dir):
+        todo = pending_runs(plan, sweep_dir)
+        emit({"event": "plan", "total": len(plan), "todo": len(todo), "skipped": len(plan) - len(todo)})
+        threads = max(1, (os.cpu_count() or 1) // max(1, workers))
+        jobs = [(p.run_id, p.config.model_dump(mode="json"), str(sweep_dir / p.run_id), threads,
+                 {"sweep": sweep_name, "role": p.role, "flip": p.flip}) for p in todo]
+        if workers <= 1 or len(jobs) <= 1:
+            for job in jobs:
+                emit({"event": "start", "run_id": job[0], "steps": job[1]["train"]["steps"]})
+                emit({"event": "done", "run_id": job[0], "summary": run_job(job, emit)})
+        else:
+            _execute_parallel(jobs, workers, emit)
+    return [runs.read_summary(sweep_dir / p.run_id) or {} for p in plan]
+
+
+def run_job(job: tuple, emit: Event | None = None) -> dict:
+    """Train one planned run; any failure becomes a 'failed' summary, never a crashed sweep."""
+    import torch
+
+    from .train import train
+
+    run_id, cfg_data, run_dir, threads, extra = job
+    torch.set_num_threads(threads)
+    cfg = RunConfig.model_validate(cfg_data)
+    on_progress = (lambda p: emit({"event": "progress", "run_id": run_id, **p})) if emit else None
+    try:
+        return train(cfg, Path(run_dir), progress=on_progress, extra_summary=extra)
+    except Exception as err:  # noqa: BLE001 - recorded in the run's summary, the sweep goes on
+        summary = {"status": runs.FAILED, "run_id": run_id, "error": f"{err.__class__.__name__}: {err}", **extra}
+        runs.atomic_write_json(Path(run_dir) / runs.SUMMARY, summary)
+        return summary
+
+
+def _queue_emit(queue) -> Event:
+    return lambda e: queue.put(e)
+
+
+def _worker(job: tuple, queue) -> dict:
+    return run_job(job, _queue_emit(queue))
+
+
+def _execute_parallel(jobs: list[tuple], workers: int, emit: Event) -> None:
+    import multiprocessing as mp
+    import queue as queue_mod
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    ctx = mp.get_context("spawn")  # a clean interpreter per worker: no forked torch thread pools
+    with ctx.Manager() as manager, ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        q = manager.Queue()
+        futures = {}
+        for job in jobs:
+            futures[pool.submit(_worker, job, q)] = job[0]
+        pending = set(futures)
+        started: set[str] = set()
+        while pending:
+            done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+            _drain(q, emit, started, queue_mod)
+            for fut in done:
+                emit({"event": "done", "run_id": futures[fut], "summary": fut.result()})
+        _drain(q, emit, started, queue_mod)
+
+
+def _drain(q, emit: Event, started: set, queue_mod) -> None:
+    while True:
+        try:
+            event = q.get_nowait()
+        except queue_mod.Empty:
+            return
+        if event["run_id"] not in started:
+            started.add(event["run_id"])
+            emit({"event": "start", "run_id": event["run_id"], "steps": event.get("steps")})
+        emit(event)

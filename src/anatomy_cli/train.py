@@ -1,0 +1,336 @@
+"""One training run: RunConfig + run directory -> config.json, metrics.jsonl, weights, summary.json.
+
+The step loop keeps losses and gradient norms on the device and reads them back only at log and
+eval points (no host sync per step). Progress goes to a callback; this module never prints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import platform
+import resource
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from . import runs
+from .checkpoint import load_run_config, load_state, load_weights, save_state, save_weights
+from .config import ConfigError, RunConfig
+from .data import BatchSampler, Corpus, fixed_windows, load_corpus
+from .model import LM
+from .sample import generate
+
+Progress = Callable[[dict], None]
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("train.device: cuda requested but no CUDA device is available")
+    if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise ConfigError("train.device: mps requested but MPS is not available")
+    return torch.device(name)
+
+
+def hardware(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()} ({torch.get_num_threads()} threads)"
+    return f"{platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
+
+
+def lr_at(step: int, t) -> float:
+    """Linear warmup to t.lr, then constant or cosine down to t.lr * t.min_lr_frac."""
+    if step < t.warmup:
+        return t.lr * (step + 1) / t.warmup
+    if t.schedule == "constant":
+        return t.lr
+    progress = (step - t.warmup) / max(1, t.steps - t.warmup)
+    return t.lr * (t.min_lr_frac + (1 - t.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
+def resolve_config(cfg: RunConfig, corpus: Corpus) -> RunConfig:
+    """Fill model.vocab_size from the data (or check it matches)."""
+    n = len(corpus.vocab)
+    if cfg.model.vocab_size not in (None, n):
+        raise ConfigError(f"model.vocab_size={cfg.model.vocab_size} but the corpus has {n} distinct characters")
+    return cfg.model_copy(update={"model": cfg.model.model_copy(update={"vocab_size": n})})
+
+
+def make_optimizer(model: LM, t, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW; weight decay on matrices only (not on norm weights/biases); fused kernel when offered."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    kwargs = dict(lr=t.lr, betas=(t.beta1, t.beta2))
+    try:
+        return torch.optim.AdamW(groups, fused=device.type in ("cuda", "cpu"), **kwargs)
+    except (RuntimeError, TypeError):  # older torch without a fused kernel for this device
+        return torch.optim.AdamW(groups, **kwargs)
+
+
+class Trainer:
+    """Holds the state of one run so it can be checkpointed and resumed step-exactly."""
+
+    def __init__(self, cfg: RunConfig, run_dir: Path, corpus: Corpus, progress: Progress | None = None):
+        t = cfg.train
+        self.cfg, self.run_dir, self.corpus, self.progress = cfg, Path(run_dir), corpus, progress
+        if t.threads:
+            torch.set_num_threads(t.threads)
+        self.device = resolve_device(t.device)
+        if self.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        torch.manual_seed(cfg.seed)  # model init depends on the seed alone
+        self.model = LM(cfg.model).to(self.device)
+        self.fwd = torch.compile(self.model) if t.compile else self.model
+        self.opt = make_optimizer(self.model, t, self.device)
+        self.sampler = BatchSampler(corpus.train, t.batch_size, cfg.model.ctx_len, cfg.seed, self.device)
+        self.val = fixed_windows(corpus.val, t.batch_size, cfg.model.ctx_len, t.eval_batches, self.device)
+        self.autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=t.dtype == "bfloat16")
+        self.step, self.best, self.best_step, self.ref_loss = 0, math.inf, -1, None
+        self.last_val, self.elapsed, self.train_time = math.nan, 0.0, 0.0
+        self.pending: list[tuple[int, float, torch.Tensor, torch.Tensor]] = []
+
+    # ------------------------------------------------------------------ state
+    def save_resume(self) -> None:
+        save_weights(self.model, self.run_dir / runs.LAST)
+        state = {
+            "optimizer": self.opt.state_dict(),
+            "sampler": self.sampler.state(),
+            "torch_rng": torch.get_rng_state(),
+            "counters": torch.tensor([self.step, self.best_step], dtype=torch.long),
+            "floats": torch.tensor([self.best, self.ref_loss or math.nan, self.last_val, self.elapsed,
+                                    self.train_time], dtype=torch.float64),
+        }
+        save_state(state, self.run_dir / runs.RESUME)
+
+    def load_resume(self) -> None:
+        state = load_state(self.run_dir / runs.RESUME)
+        load_weights(self.model, self.run_dir / runs.LAST)
+        try:
+            self.opt.load_state_dict(state["optimizer"])
+            self.sampler.set_state(state["sampler"])
+            torch.set_rng_state(state["torch_rng"])
+            self.step, self.best_step = (int(v) for v in state["counters"])
+            self.best, ref, self.last_val, self.elapsed, self.train_time = (float(v) for v in state["floats"])
+        except (KeyError, ValueError, RuntimeError) as err:
+            raise runs.RunError(f"resume state in {self.run_dir} does not fit this run: {err}") from None
+        self.ref_loss = None if math.isnan(ref) else ref
+        # Drop metric lines past the saved step (none, unless the process died after a flush).
+        rows = [r for r in runs.read_metrics(self.run_dir) if r["step"] <= self.step]
+        runs.atomic_write_text(self.run_dir / runs.METRICS, "".join(runs_json_line(r) for r in rows))
+
+    # ------------------------------------------------------------------ loop pieces
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        self.model.eval()
+        total = torch.zeros((), device=self.device)
+        for x, y in self.val:
+            with self.autocast:
+                _, loss = self.fwd(x, y)
+            total += loss.float()
+        self.model.train()
+        return float(total) / len(self.val)
+
+    def train_step(self) -> None:
+        t = self.cfg.train
+        lr = lr_at(self.step, t)
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+        x, y = self.sampler.next()
+        with self.autocast:
+            _, loss = self.fwd(x, y)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip if t.grad_clip > 0 else math.inf)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.step += 1
+        self.pending.append((self.step, lr, loss.detach(), norm.detach()))
+
+    def flush(self, val_loss: float | None = None) -> int | None:
+        """Write pending per-step lines (one host read for all of them); return a diverged step."""
+        lines, diverged = [], None
+        if self.pending:
+            values = torch.stack([torch.stack((l.float(), n.float())) for _, _, l, n in self.pending]).tolist()
+            for (step, lr, _, _), (loss, norm) in zip(self.pending, values):
+                tokens = step * self.cfg.train.batch_size * self.cfg.model.ctx_len
+                lines.append({"step": step, "train_loss": loss, "grad_norm": norm, "lr": lr, "tokens": tokens})
+                if diverged is None and self.is_diverged(loss):
+                    diverged = step
+            self.pending = []
+        if val_loss is not None:
+            if not lines or lines[-1]["step"] != self.step:
+                lines.append({"step": self.step, "tokens": self.step * self.cfg.train.batch_size * self.cfg.model.ctx_len})
+            lines[-1].update(val_loss=val_loss, elapsed_s=round(self.elapsed, 3))
+            if diverged is None and self.is_diverged(val_loss):
+                diverged = self.step
+        with open(self.run_dir / runs.METRICS, "a", encoding="utf-8") as f:
+            f.write("".join(runs_json_line(r) for r in lines))
+        return diverged
+
+    def is_diverged(self, loss: float) -> bool:
+        if not math.isfinite(loss):
+            return True
+        return self.ref_loss is not None and loss > self.cfg.train.diverge_factor * self.ref_loss
+
+    def eval_point(self) -> float:
+        val = self.evaluate()
+        self.last_val = val
+        if self.ref_loss is None:
+            self.ref_loss = val  # the untrained model's loss: the yardstick for "exploded"
+        if val < self.best:
+            self.best, self.best_step = val, self.step
+            save_weights(self.model, self.run_dir / runs.BEST)
+        return val
+
+    def report(self, **extra) -> None:
+        if self.progress:
+            self.progress({"step": self.step, "steps": self.cfg.train.steps, "val_loss": self.last_val,
+                           "best_val_loss": self.best, **extra})
+
+
+def runs_json_line(row: dict) -> str:
+    import json
+
+    return json.dumps(row, allow_nan=True) + "\n"
+
+
+def run_training(tr: Trainer, stop: Callable[[], bool] | None = None) -> tuple[str, int | None]:
+    """The step loop. Returns (status, diverged_at)."""
+    t = tr.cfg.train
+    if tr.step == 0 and not (tr.run_dir / runs.METRICS).exists():
+        tr.flush(tr.eval_point())  # step 0: the untrained model's val loss
+    start = time.perf_counter() - tr.elapsed
+    while tr.step < t.steps:
+        t0 = time.perf_counter()
+        tr.train_step()
+        is_eval = tr.step % t.eval_interval == 0 or tr.step == t.steps
+        if is_eval or tr.step % t.log_interval == 0:
+            train_loss = float(tr.pending[-1][2])
+            tr.train_time += time.perf_counter() - t0
+            tr.elapsed = time.perf_counter() - start
+            diverged = tr.flush(tr.eval_point() if is_eval else None)
+            if diverged is not None:
+                return runs.DIVERGED, diverged
+            tr.report(train_loss=train_loss)
+        else:
+            tr.train_time += time.perf_counter() - t0
+        if stop is not None and stop():
+            tr.elapsed = time.perf_counter() - start
+            tr.flush()
+            tr.save_resume()
+            return runs.INTERRUPTED, None
+    tr.elapsed = time.perf_counter() - start
+    return runs.COMPLETED, None
+
+
+def write_samples(tr: Trainer) -> str:
+    t = tr.cfg.train
+    if t.sample_len == 0 or tr.best_step < 0:
+        return ""
+    load_weights(tr.model, tr.run_dir / runs.BEST)
+    tr.model.eval()
+    vocab = tr.corpus.vocab
+    prefix = "".join(c for c in t.sample_prefix if c in vocab.index) or vocab.chars[0]
+    ids = list(generate(tr.model, vocab.encode(prefix), t.sample_len, t.sample_temp, seed=tr.cfg.seed))
+    text = prefix + vocab.decode(ids)
+    header = f"# prefix={prefix!r} temp={t.sample_temp} seed={tr.cfg.seed} weights=best\n"
+    runs.atomic_write_text(tr.run_dir / runs.SAMPLES, header + text + "\n")
+    return text
+
+
+def peak_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # process peak RSS (Linux: KiB)
+
+
+def summarize(tr: Trainer, status: str, diverged_at: int | None, extra: dict | None = None) -> dict:
+    t, steps = tr.cfg.train, tr.step
+    tokens = steps * t.batch_size * tr.cfg.model.ctx_len
+    best = tr.best if math.isfinite(tr.best) else None
+    return {
+        "status": status,
+        "run_id": tr.run_dir.name,
+        "label": tr.cfg.model.label,
+        "flips": list(tr.cfg.model.flips),
+        "seed": tr.cfg.seed,
+        "params": tr.model.num_params(),
+        "best_val_loss": best,
+        "best_step": tr.best_step if best is not None else None,
+        "final_val_loss": tr.last_val if math.isfinite(tr.last_val) else None,
+        "bits_per_char": best / math.log(2) if best is not None else None,
+        "steps_done": steps,
+        "tokens_seen": tokens,
+        "tokens_per_s": tokens / tr.train_time if tr.train_time > 0 else None,
+        "step_time_ms": 1000 * tr.train_time / steps if steps else None,
+        "wall_s": round(tr.elapsed, 3),
+        "peak_mem_bytes": peak_memory(tr.device),
+        "device": str(tr.device),
+        "hardware": hardware(tr.device),
+        "threads": torch.get_num_threads(),
+        "torch_version": torch.__version__,
+        "dtype": t.dtype,
+        "compiled": t.compile,
+        "diverged_at": diverged_at,
+        "error": f"diverged at step {diverged_at}" if diverged_at is not None else None,
+        **(extra or {}),
+    }
+
+
+def train(cfg: RunConfig, run_dir: Path, progress: Progress | None = None,
+          stop: Callable[[], bool] | None = None, extra_summary: dict | None = None) -> dict:
+    """Train one run from scratch into run_dir (emptied of a previous attempt first)."""
+    corpus = load_corpus(cfg.data.source, cfg.data.val_frac, cfg.model.ctx_len)
+    cfg = resolve_config(cfg, corpus)
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for name in (runs.METRICS, runs.SUMMARY, runs.BEST, runs.LAST, runs.RESUME, runs.SAMPLES):
+        (run_dir / name).unlink(missing_ok=True)
+    runs.atomic_write_json(run_dir / runs.CONFIG, cfg.model_dump(mode="json"))  # first
+    corpus.vocab.save(run_dir / runs.VOCAB)
+    runs.atomic_write_json(run_dir / runs.SUMMARY, {"status": runs.RUNNING, **(extra_summary or {})})
+    tr = Trainer(cfg, run_dir, corpus, progress)
+    return _finish(tr, stop, extra_summary)
+
+
+def resume(run_dir: Path, progress: Progress | None = None, stop: Callable[[], bool] | None = None) -> dict:
+    """Continue an interrupted run from its saved step; metrics equal an uninterrupted run's."""
+    run_dir = Path(run_dir)
+    cfg = load_run_config(run_dir)
+    status = runs.run_status(run_dir)
+    if status != runs.INTERRUPTED:
+        raise runs.RunError(f"{run_dir} is {status or 'not a run'}; only interrupted runs can be resumed")
+    corpus = load_corpus(cfg.data.source, cfg.data.val_frac, cfg.model.ctx_len)
+    if len(corpus.vocab) != cfg.model.vocab_size:
+        raise runs.RunError(f"{run_dir}: the corpus changed since the run started (vocabulary size differs)")
+    tr = Trainer(cfg, run_dir, corpus, progress)
+    tr.load_resume()
+    extra = {k: v for k, v in (runs.read_summary(run_dir) or {}).items() if k in ("sweep",)}
+    return _finish(tr, stop, extra)
+
+
+def _finish(tr: Trainer, stop, extra: dict | None) -> dict:
+    status, diverged_at = run_training(tr, stop)
+    if status == runs.INTERRUPTED:
+        summary = summarize(tr, status, None, extra)
+    else:
+        save_weights(tr.model, tr.run_dir / runs.LAST)
+        (tr.run_dir / runs.RESUME).unlink(missing_ok=True)
+        if status == runs.COMPLETED:
+            write_samples(tr)
+        summary = summarize(tr, status, diverged_at, extra)
+    runs.atomic_write_json(tr.run_dir / runs.SUMMARY, summary)  # last
+    return summary
