@@ -303,13 +303,13 @@ def _paired(ref: pd.DataFrame, var: pd.DataFrame, metric: str) -> dict | None:
     if seeds.empty:
         return None
     ref, var = ref.loc[seeds], var.loc[seeds]
-    ok = ((ref["status"] == COMPLETED) & (var["status"] == COMPLETED)).to_numpy()
+    done = ((ref["status"] == COMPLETED) & (var["status"] == COMPLETED)).to_numpy()
     r = ref[metric].to_numpy(dtype=float, na_value=np.nan)
     v = var[metric].to_numpy(dtype=float, na_value=np.nan)
     relative = metric in RELATIVE_METRICS
     with np.errstate(divide="ignore", invalid="ignore"):
         delta = 100.0 * (v / r - 1.0) if relative else v - r
-    ok &= np.isfinite(delta)
+    ok = done & np.isfinite(delta)
     return {"metric": metric, "n_pairs": int(ok.sum()), "excluded": int((~ok).sum()),
             "unit": "%" if relative else "abs", **t_interval(delta[ok])}
 
@@ -349,12 +349,12 @@ def plot_curves(curves_df: pd.DataFrame, path: Path) -> Path:
     data = curves_df[np.isfinite(curves_df["loss"].to_numpy(dtype=float))]
     colors = colormaps["tab20"]
     for i, (run_id, run) in enumerate(data.groupby("run_id", sort=True)):
-        for split, style, alpha in (("val", "-", 1.0), ("train", "--", 0.45)):
+        for split, style, alpha in (("val", ".-", 1.0), ("train", "--", 0.45)):
             part = run[run["split"] == split].sort_values("step")
             label = run_id if split == "val" or not (run["split"] == "val").any() else None
             if len(part):
                 ax.plot(part["step"], part["loss"], style, color=colors(i % 20), alpha=alpha,
-                        linewidth=1.2, label=label)
+                        linewidth=1.2, markersize=4, label=label, zorder=3 if split == "val" else 2)
     _curve_axes(fig, ax, data)
     return _save(fig, path)
 
@@ -365,8 +365,10 @@ def _curve_axes(fig: Figure, ax, data: pd.DataFrame) -> None:
         ax.text(0.5, 0.5, "no losses logged yet", ha="center", va="center", transform=ax.transAxes)
         return
     val = data.loc[data["split"] == "val", "loss"]
+    train = data.loc[data["split"] == "train", "loss"]
     if len(val):  # a diverged run's huge train loss should not flatten everyone else's curve
-        ax.set_ylim(data["loss"].min() * 0.97, val.max() * 1.05)
+        top = max(val.max(), train.quantile(0.9) if len(train) else val.max())
+        ax.set_ylim(data["loss"].min() * 0.97, top * 1.05)
     ax.grid(alpha=0.3)
     fig.legend(loc="outside right upper", fontsize="small", ncols=1 + data["run_id"].nunique() // 25)
 
@@ -428,6 +430,7 @@ EFFECT_TABLE = ["flip", "direction", "group", "n_pairs", "excluded", "mean_delta
 FLOAT_FORMATS = {"tokens_per_s": "{:,.0f}", "step_time_ms": "{:.1f}", "wall_s": "{:.1f}",
                  "max_grad_norm": "{:.3g}"}
 PCT_FORMATS = {"mean_delta": "{:+.1f}", "ci_low": "{:+.1f}", "ci_high": "{:+.1f}"}
+TEXT_COLUMNS = ("run_id", "label", "status", "flip", "direction", "group", "within_noise", "note")
 PCT_HEADERS = {"mean_delta": "mean_delta_pct", "ci_low": "ci_low_pct", "ci_high": "ci_high_pct"}
 
 
@@ -548,11 +551,17 @@ def _samples(runs: pd.DataFrame) -> list[tuple[str, str]]:
 def _markdown(root: Path, sections, images: dict[str, Path], samples) -> str:
     parts = [f"# anatomy report\n\nRuns under `{root}`."]
     for title, note, table in sections:
-        body = table.to_markdown(index=False, disable_numparse=True) if len(table) else "_No paired runs._"
+        body = _md_table(table) if len(table) else "_No paired runs._"
         parts.append(f"## {title}\n\n{note}\n\n{body}")
     parts.append("## Figures\n\n" + "\n\n".join(f"![{p.stem}]({p.name})" for p in images.values()))
     parts.append("## Samples\n\n" + ("\n\n".join(_md_sample(h, t) for h, t in samples) or "_None._"))
     return "\n\n".join(parts) + "\n"
+
+
+def _md_table(table: pd.DataFrame) -> str:
+    # Cells are preformatted strings: no number parsing, but numbers still align right.
+    align = ["left" if c in TEXT_COLUMNS else "right" for c in table.columns]
+    return table.to_markdown(index=False, disable_numparse=True, colalign=align)
 
 
 def _md_sample(heading: str, text: str) -> str:

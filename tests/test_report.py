@@ -1,0 +1,316 @@
+"""report.py on synthetic run directories written by hand (no torch, no training)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from anatomy_cli import report
+from anatomy_cli.config import FLIPS
+from anatomy_cli.runs import RunError
+
+pytestmark = pytest.mark.filterwarnings("error")  # the report must be warnings-free
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+T2 = 4.303  # t(0.975, df=2), by hand
+
+
+def model_for(flips, n_layer=4):
+    flips = set(flips)
+    return {
+        "vocab_size": 65, "d_model": 32, "n_layer": n_layer, "n_head": 4,
+        "n_kv_head": 1 if "gqa" in flips else 4, "ctx_len": 64,
+        "norm_type": "rmsnorm" if "rmsnorm" in flips else "layernorm",
+        "norm_pos": "pre" if "prenorm" in flips else "post",
+        "pos_type": "rope" if "rope" in flips else "learned",
+        "ffn_type": "swiglu" if "swiglu" in flips else "gelu",
+        "rope_base": 10000.0, "norm_eps": 1e-5, "rope_variant": "standard",
+    }
+
+
+def make_run(root, name, flips=(), seed=1, best=2.0, final=None, status="completed",
+             tokens_per_s=1000.0, n_layer=4, metrics=None, summary=True, samples=None,
+             eval_ctx=None):
+    """A run dir as train.py would leave it; only what the report reads."""
+    run = Path(root) / name
+    run.mkdir(parents=True)
+    config = {"name": name, "seed": seed, "model": model_for(flips, n_layer),
+              "train": {"steps": 20, "batch_size": 4, "lr": 1e-3, "warmup": 2},
+              "data": {"source": None, "val_frac": 0.1}}
+    (run / "config.json").write_text(json.dumps(config))
+    if metrics is None:
+        metrics = [{"step": s, "train_loss": 3.0 - 0.1 * s, "grad_norm": 1.0, "lr": 1e-3,
+                    "tokens": 100 * s} for s in range(5)]
+        metrics[-1] |= {"val_loss": best, "elapsed_s": 1.0}
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    if summary:
+        final = best if final is None else final
+        (run / "summary.json").write_text(json.dumps({
+            "status": status, "run_id": name, "seed": seed, "params": 12345,
+            "best_val_loss": best, "best_step": 4, "final_val_loss": final,
+            "bits_per_char": None if best is None else best / math.log(2), "tokens_per_s": tokens_per_s,
+            "step_time_ms": 5.0, "wall_s": 1.0, "diverged_at": 3 if status == "diverged" else None,
+            "error": None, "sweep": None}))
+    if samples is not None:
+        (run / "samples.txt").write_text(samples)
+    if eval_ctx is not None:
+        (run / "eval.json").write_text(json.dumps({"val_loss_by_ctx": eval_ctx, "ctx_len": 64}))
+    return run
+
+
+def effect(effects, flip, direction, **match):
+    rows = effects[(effects["flip"] == flip) & (effects["direction"] == direction)]
+    for key, value in match.items():
+        rows = rows[rows[key] == value]
+    assert len(rows) == 1, rows
+    return rows.iloc[0]
+
+
+# --------------------------------------------------------------------------------- runs frame
+
+
+def test_runs_frame_columns_and_values(tmp_path):
+    make_run(tmp_path, "base", best=2.0, final=2.3, eval_ctx={"64": 2.1, "128": None})
+    make_run(tmp_path, "llama", flips=FLIPS, best=1.8)
+    make_run(tmp_path, "nosummary", flips=("rope",), summary=False)
+    runs, curves = report.load_runs(tmp_path)
+
+    assert list(runs.columns) == report.RUN_COLUMNS + ["val_loss_ctx_64", "val_loss_ctx_128"]
+    assert len(runs) == 3
+    base = runs.set_index("run_id").loc["base"]
+    assert base["label"] == "2017" and not any(base[f] for f in FLIPS)
+    assert base["overfit_gap"] == pytest.approx(0.3)
+    assert base["val_loss_ctx_64"] == 2.1 and math.isnan(base["val_loss_ctx_128"])
+    llama = runs.set_index("run_id").loc["llama"]
+    assert llama["label"] == "llama" and all(llama[f] for f in FLIPS) and llama["n_kv_head"] == 1
+    nosum = runs.set_index("run_id").loc["nosummary"]
+    assert nosum["status"] == "incomplete" and nosum["label"] == "rope"
+    assert nosum["best_val_loss"] == 2.0 and nosum["best_step"] == 4  # from metrics.jsonl
+    assert pd.isna(nosum["params"])
+
+    assert list(curves.columns) == ["run_id", "step", "split", "loss"]
+    assert set(curves["split"]) == {"train", "val"}
+    assert len(curves) == 3 * (5 + 1)
+
+
+def test_stability_columns(tmp_path):
+    losses = [4.0, 3.0, 2.0, 3.5, 2.0, float("nan")]  # warmup=2: steps 2.. are checked
+    metrics = [{"step": s, "train_loss": v, "grad_norm": g}
+               for s, (v, g) in enumerate(zip(losses, [1, 9, 2, 50, 3, None]))]
+    make_run(tmp_path, "spiky", metrics=metrics)
+    runs, _ = report.load_runs(tmp_path)
+    # step 3: 3.5 > 1.5 x 2.0 (spike); step 5: NaN (spike); step 4: 2.0 (not).
+    assert runs.loc[0, "loss_spikes"] == 2
+    assert runs.loc[0, "max_grad_norm"] == 50.0
+
+
+def test_count_loss_spikes_ignores_warmup():
+    steps = np.arange(4)
+    # A rise during warmup (step 1) does not count; after warmup it does.
+    assert report.count_loss_spikes(steps, [2.0, 4.0, 2.0, 3.1], warmup=2) == 1
+    assert report.count_loss_spikes(steps, [2.0, 4.0, 2.0, 3.1], warmup=0) == 2
+
+
+def test_empty_metrics_and_failed_runs_tolerated(tmp_path):
+    make_run(tmp_path, "empty", metrics=[], summary=False)
+    make_run(tmp_path, "failed", status="failed", best=None)
+    runs, curves = report.load_runs(tmp_path)
+    empty = runs.set_index("run_id").loc["empty"]
+    assert empty["status"] == "incomplete" and empty["loss_spikes"] == 0
+    assert math.isnan(empty["best_val_loss"]) and math.isnan(empty["max_grad_norm"])
+    assert (curves["run_id"] != "empty").all()
+
+
+def test_no_runs_raises_clearly(tmp_path):
+    with pytest.raises(RunError, match="no runs under"):
+        report.load_runs(tmp_path)
+    with pytest.raises(RunError, match="not a directory"):
+        report.load_runs(tmp_path / "missing")
+
+
+# --------------------------------------------------------------------------------- effects
+
+
+def test_add_one_mean_and_ci_by_hand(tmp_path):
+    for seed, base, rope in ((1, 2.0, 1.8), (2, 2.1, 1.85), (3, 2.2, 1.9)):  # deltas -.2 -.25 -.3
+        make_run(tmp_path, f"base-s{seed}", seed=seed, best=base)
+        make_run(tmp_path, f"rope-s{seed}", flips=("rope",), seed=seed, best=rope)
+    for seed, swiglu in ((1, 2.1), (2, 2.0), (3, 2.3)):  # deltas +.1 -.1 +.1: straddle 0
+        make_run(tmp_path, f"swiglu-s{seed}", flips=("swiglu",), seed=seed, best=swiglu)
+    effects = report.component_effects(report.load_runs(tmp_path)[0])
+
+    assert list(effects.columns) == report.EFFECT_COLUMNS
+    rope = effect(effects, "rope", "add-one")
+    half = T2 * 0.05 / math.sqrt(3)  # sd of (-.2, -.25, -.3) is 0.05; half = 0.1242
+    assert rope["n_pairs"] == 3 and rope["excluded"] == 0 and rope["group"] == ""
+    assert rope["mean_delta"] == pytest.approx(-0.25)
+    assert rope["ci_low"] == pytest.approx(-0.25 - half)
+    assert rope["ci_high"] == pytest.approx(-0.25 + half)
+    assert rope["ci_high"] < 0 and not rope["within_noise"] and rope["within_noise"] is not None
+    swiglu = effect(effects, "swiglu", "add-one")
+    sd = np.std([0.1, -0.1, 0.1], ddof=1)
+    assert swiglu["mean_delta"] == pytest.approx(0.1 / 3)
+    assert swiglu["ci_high"] - swiglu["ci_low"] == pytest.approx(2 * T2 * sd / math.sqrt(3))
+    assert bool(swiglu["within_noise"]) is True
+    assert set(effects["direction"]) == {"add-one"}  # no LLaMA end: no remove-one rows
+
+
+def test_one_seed_has_no_ci(tmp_path):
+    make_run(tmp_path, "base", best=2.0)
+    make_run(tmp_path, "gqa", flips=("gqa",), best=2.05)
+    row = effect(report.component_effects(report.load_runs(tmp_path)[0]), "gqa", "add-one")
+    assert row["n_pairs"] == 1 and row["mean_delta"] == pytest.approx(0.05)
+    assert math.isnan(row["ci_low"]) and math.isnan(row["ci_high"])
+    assert row["within_noise"] is None
+    assert row["note"] == "CI unavailable with one seed"
+
+
+def test_remove_one_is_paired_against_llama_end(tmp_path):
+    for seed, llama, no_rope in ((1, 1.5, 1.7), (2, 1.6, 1.7)):
+        make_run(tmp_path, f"llama-s{seed}", flips=FLIPS, seed=seed, best=llama)
+        rest = tuple(f for f in FLIPS if f != "rope")
+        make_run(tmp_path, f"norope-s{seed}", flips=rest, seed=seed, best=no_rope)
+    make_run(tmp_path, "base-s1", seed=1, best=3.0)  # a 2017 end must not enter remove-one
+    effects = report.component_effects(report.load_runs(tmp_path)[0])
+    row = effect(effects, "rope", "remove-one")
+    assert row["n_pairs"] == 2 and row["mean_delta"] == pytest.approx(0.15)  # (0.2 + 0.1) / 2
+    assert len(effects) == 1
+
+
+def test_diverged_run_excluded_but_listed(tmp_path):
+    for seed in (1, 2, 3):
+        make_run(tmp_path, f"base-s{seed}", seed=seed, best=2.0)
+        status = "diverged" if seed == 3 else "completed"
+        make_run(tmp_path, f"rms-s{seed}", flips=("rmsnorm",), seed=seed, best=1.9, status=status)
+    runs, _ = report.load_runs(tmp_path)
+    assert runs.set_index("run_id").loc["rms-s3", "status"] == "diverged"
+    assert runs.set_index("run_id").loc["rms-s3", "diverged_at"] == 3
+    row = effect(report.component_effects(runs), "rmsnorm", "add-one")
+    assert row["n_pairs"] == 2 and row["excluded"] == 1
+    assert row["mean_delta"] == pytest.approx(-0.1)
+
+
+def test_speed_effect_is_percent(tmp_path):
+    for seed, fast in ((1, 1100.0), (2, 1300.0)):
+        make_run(tmp_path, f"base-s{seed}", seed=seed, tokens_per_s=1000.0)
+        make_run(tmp_path, f"gqa-s{seed}", flips=("gqa",), seed=seed, tokens_per_s=fast)
+    row = effect(report.component_effects(report.load_runs(tmp_path)[0], "tokens_per_s"),
+                 "gqa", "add-one")
+    assert row["metric"] == "tokens_per_s" and row["unit"] == "%"
+    assert row["mean_delta"] == pytest.approx(20.0)  # +10% and +30%
+
+
+def test_unknown_metric_raises(tmp_path):
+    make_run(tmp_path, "base")
+    with pytest.raises(ValueError, match="unknown metric"):
+        report.component_effects(report.load_runs(tmp_path)[0], "nope")
+
+
+def test_groups_are_other_varying_settings(tmp_path):
+    for n_layer, base, rope in ((2, 2.0, 1.9), (6, 1.8, 1.5)):
+        make_run(tmp_path, f"base-L{n_layer}", n_layer=n_layer, best=base)
+        make_run(tmp_path, f"rope-L{n_layer}", flips=("rope",), n_layer=n_layer, best=rope)
+    effects = report.component_effects(report.load_runs(tmp_path)[0])
+    assert effect(effects, "rope", "add-one", group="n_layer=2")["mean_delta"] == pytest.approx(-0.1)
+    assert effect(effects, "rope", "add-one", group="n_layer=6")["mean_delta"] == pytest.approx(-0.3)
+
+
+# --------------------------------------------------------------------------------- files
+
+
+def sweep(root):
+    for seed in (1, 2):
+        make_run(root, f"base-s{seed}", seed=seed, best=2.0 + seed / 10, samples="## the ``` base")
+        make_run(root, f"llama-s{seed}", flips=FLIPS, seed=seed, best=1.7, samples="## llama <b>")
+        make_run(root, f"rope-s{seed}", flips=("rope",), seed=seed, best=1.9)
+    make_run(root, "swiglu-s1", flips=("swiglu",), seed=1, status="diverged", best=float("nan"))
+    make_run(root, "gqa-s1", flips=("gqa",), metrics=[], summary=False)
+
+
+def test_plots_write_pngs(tmp_path):
+    sweep(tmp_path / "runs")
+    runs, curves = report.load_runs(tmp_path / "runs")
+    paths = [report.plot_curves(curves, tmp_path / "c.png"),
+             report.plot_effects(report.component_effects(runs), tmp_path / "e.png"),
+             report.plot_effects(report.component_effects(runs.iloc[:0]), tmp_path / "none.png"),
+             report.plot_curves(curves.iloc[:0], tmp_path / "nocurves.png")]
+    for path in paths:
+        data = Path(path).read_bytes()
+        assert len(data) > 1000 and data.startswith(PNG_MAGIC)
+
+
+def test_write_report_all_formats(tmp_path):
+    root = tmp_path / "runs"
+    sweep(root)
+    paths = report.write_report(root)
+    assert set(paths) == {"curves.png", "effects.png", "runs.csv", "effects.csv", "report.md",
+                          "report.html", "report.json"}
+    assert all(p.parent == root / "report" and p.stat().st_size > 0 for p in paths.values())
+    for name in ("curves.png", "effects.png"):
+        assert paths[name].read_bytes().startswith(PNG_MAGIC)
+
+    md = paths["report.md"].read_text()
+    for run_id in ("base-s1", "llama-s2", "rope-s1", "swiglu-s1", "gqa-s1"):
+        assert run_id in md
+    assert "![curves](curves.png)" in md and "````text\n## the ``` base\n````" in md
+    assert "mean_delta_pct" in md  # the speed table
+
+    page = paths["report.html"].read_text()
+    assert page.count("data:image/png;base64,") == 2 and "<table" in page
+    assert "base-s1" in page and "## llama &lt;b&gt;" in page  # samples are escaped
+
+    doc = json.loads(paths["report.json"].read_text(),
+                     parse_constant=lambda c: pytest.fail(f"{c} in report.json"))
+    assert {r["run_id"] for r in doc["runs"]} >= {"base-s1", "swiglu-s1", "gqa-s1"}
+    assert {e["metric"] for e in doc["effects"]} == {"best_val_loss", "tokens_per_s"}
+
+    effects = pd.read_csv(paths["effects.csv"])
+    swiglu = effects[(effects["flip"] == "swiglu") & (effects["metric"] == "best_val_loss")]
+    assert swiglu["n_pairs"].tolist() == [0] and swiglu["excluded"].tolist() == [1]
+    assert len(pd.read_csv(paths["runs.csv"])) == 8
+
+
+def test_write_report_rerun_and_formats(tmp_path):
+    root = tmp_path / "runs"
+    sweep(root)
+    report.write_report(root)
+    paths = report.write_report(root, out_dir=tmp_path / "out", formats=("md",))  # report/ is no run
+    assert set(paths) == {"curves.png", "effects.png", "report.md"}
+    with pytest.raises(ValueError, match="unknown report format"):
+        report.write_report(root, formats=("pdf",))
+
+
+def test_import_does_not_load_torch():
+    src = Path(__file__).resolve().parents[1] / "src"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(src), os.environ.get("PYTHONPATH")])))
+    code = "import sys, anatomy_cli.report; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)
+
+
+def test_gqa_runs_with_several_kv_heads_get_their_own_groups(tmp_path):
+    make_run(tmp_path, "base", best=2.0)
+    for kv, loss in ((1, 2.2), (2, 2.1)):
+        run = make_run(tmp_path, f"gqa-kv{kv}", flips=("gqa",), best=loss)
+        config = json.loads((run / "config.json").read_text())
+        config["model"]["n_kv_head"] = kv
+        (run / "config.json").write_text(json.dumps(config))
+    effects = report.component_effects(report.load_runs(tmp_path)[0])
+    assert effect(effects, "gqa", "add-one", group="n_kv_head=1")["mean_delta"] == pytest.approx(0.2)
+    assert effect(effects, "gqa", "add-one", group="n_kv_head=2")["mean_delta"] == pytest.approx(0.1)
+
+
+def test_same_dir_name_in_two_sweeps_gets_a_path_id(tmp_path):
+    make_run(tmp_path / "a", "base")
+    make_run(tmp_path / "b", "base")
+    make_run(tmp_path / "b", "rope", flips=("rope",))
+    runs, curves = report.load_runs(tmp_path)
+    assert runs["run_id"].tolist() == ["a/base", "b/base", "rope"]
+    assert set(curves["run_id"]) == {"a/base", "b/base", "rope"}
