@@ -1,1 +1,203 @@
-"""Sweep-level commands: ablate and report (registered on the main Typer app)."""
+"""Sweep-level commands registered on the main app: ablate and report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from . import runs
+from .cli import EXIT_FAILED, JsonOut, RunsDir, _safe_dir, app, console, err_console, handle_errors
+from .config import AblationSpec, ConfigError, load_toml, resolve_source, validate
+
+DEFAULT_SPEC = "five-flips.toml"
+
+
+def experiments_dir() -> Path:
+    """./experiments when run from a checkout, else the copy packaged with anatomy."""
+    from importlib import resources
+
+    local = Path("experiments")
+    if (local / DEFAULT_SPEC).is_file():
+        return local
+    packaged = resources.files("anatomy_cli") / "_experiments"
+    if packaged.is_dir():
+        return Path(str(packaged))
+    return Path(__file__).resolve().parents[2] / "experiments"
+
+
+def load_spec(path: Path | None) -> AblationSpec:
+    path = path or experiments_dir() / DEFAULT_SPEC
+    data = resolve_source(load_toml(path), Path(path).parent, "base.data")
+    return validate(AblationSpec, data)
+
+
+def check_data(plan) -> dict[str | None, int]:
+    """Read each distinct corpus once before any run starts: vocabulary size per source."""
+    from .data import load_corpus
+
+    sizes = {}
+    for p in plan:
+        d = p.config.data
+        if d.source not in sizes:
+            sizes[d.source] = len(load_corpus(d.source, d.val_frac, p.config.model.ctx_len).vocab)
+    return sizes
+
+
+def fmt_seconds(s: float) -> str:
+    return f"{s:.0f}s" if s < 90 else f"{s / 60:.1f}min"
+
+
+def plan_table(plan, sweep_dir: Path, workers: int, vocab: dict) -> Table:
+    total = sum(p.est_seconds for p in plan)
+    table = Table(title=f"plan: {len(plan)} runs -> {sweep_dir}  (est. {fmt_seconds(total / max(1, workers))} "
+                        f"with {workers} worker{'s' * (workers > 1)}; estimate assumes ~40 GFLOP/s per run)")
+    for col in ("run id", "components", "role", "seed", "params", "est.", "status"):
+        table.add_column(col, justify="right" if col in ("seed", "params", "est.") else "left")
+    for p in plan:
+        m = p.config.model
+        params = m.model_copy(update={"vocab_size": vocab[p.config.data.source]}).num_params()
+        status = runs.run_status(sweep_dir / p.run_id) or "pending"
+        role = f"{p.role}:{p.flip}" if p.flip else p.role
+        table.add_row(p.run_id, m.label, role, str(p.config.seed), f"{params:,}", fmt_seconds(p.est_seconds), status)
+    return table
+
+
+class SweepDisplay:
+    """One rich progress display: the sweep's run count plus a bar per run in flight."""
+
+    def __init__(self, total: int):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=err_console)
+        self.sweep = self.progress.add_task("[bold]sweep", total=total, info="")
+        self.tasks: dict[str, int] = {}
+        self.failed = 0
+
+    def __call__(self, e: dict) -> None:
+        kind, rid = e["event"], e.get("run_id")
+        if kind == "plan":
+            self.progress.update(self.sweep, completed=e["skipped"], info=f"{e['skipped']} already done")
+        elif kind == "start" and rid not in self.tasks:
+            self.tasks[rid] = self.progress.add_task(f"  {rid}", total=e.get("steps") or 1, info="")
+        elif kind == "progress":
+            self(dict(event="start", run_id=rid, steps=e["steps"])) if rid not in self.tasks else None
+            self.progress.update(self.tasks[rid], completed=e["step"], total=e["steps"],
+                                 info=f"val {e['val_loss']:.3f}")
+        elif kind == "done":
+            status = e["summary"].get("status")
+            self.failed += status == runs.FAILED
+            if rid in self.tasks:
+                self.progress.remove_task(self.tasks.pop(rid))
+            self.progress.advance(self.sweep)
+            if status != runs.COMPLETED:
+                self.progress.console.print(f"  {rid}: {e['summary'].get('error') or status}", highlight=False)
+
+
+@app.command()
+@handle_errors
+def ablate(
+    spec: Annotated[Optional[Path], typer.Argument(help=f"Ablation spec (TOML); default experiments/{DEFAULT_SPEC}.")] = None,
+    flip: Annotated[Optional[str], typer.Option(help="Only these flips, e.g. rope,swiglu.")] = None,
+    seeds: Annotated[Optional[int], typer.Option(min=1, help="Number of seeds (overrides the spec).")] = None,
+    steps: Annotated[Optional[int], typer.Option(help="Training steps per run (overrides the spec).")] = None,
+    workers: Annotated[Optional[int], typer.Option(min=1, help="Parallel processes (default: one per core).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the plan and stop.")] = False,
+    runs_dir: RunsDir = Path("runs"),
+    no_report: Annotated[bool, typer.Option("--no-report", help="Skip writing the report at the end.")] = False,
+):
+    """Expand a spec into a grid of runs that flip components one at a time, run them, and report."""
+    from .sweep import default_workers, execute, expand, parse_flips
+
+    if steps is not None and steps <= 0:
+        raise ConfigError(f"--steps must be > 0, got {steps}")
+    s = load_spec(spec)
+    plan = expand(s, parse_flips(flip), seeds, steps)
+    sweep_dir = _safe_dir(runs_dir) / s.name
+    n_workers = workers or default_workers(len(plan))
+    console.print(plan_table(plan, sweep_dir, n_workers, check_data(plan)))
+    if dry_run:
+        return
+    display = SweepDisplay(len(plan))
+    with display.progress:
+        summaries = execute(plan, sweep_dir, n_workers, display, sweep_name=s.name)
+    if not no_report:
+        _write_report(sweep_dir, None, ("md", "html", "csv", "json"))
+    statuses = [x.get("status") for x in summaries]
+    console.print(f"{statuses.count(runs.COMPLETED)} completed, {statuses.count(runs.DIVERGED)} diverged, "
+                  f"{statuses.count(runs.FAILED)} failed of {len(plan)} runs in {sweep_dir}")
+    if runs.FAILED in statuses:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _write_report(root: Path, out: Path | None, formats: tuple[str, ...]) -> dict:
+    from .report import write_report
+
+    paths = write_report(root, out, formats)
+    for kind, path in paths.items():
+        console.print(f"  {kind:>8}: {path}", highlight=False)
+    return paths
+
+
+FORMATS = ("md", "csv", "html", "json")
+
+
+@app.command()
+@handle_errors
+def report(
+    runs_dir: Annotated[Path, typer.Argument(help="A sweep directory (or any folder of run directories).")],
+    format: Annotated[Optional[list[str]], typer.Option("--format", help="md | csv | html | json (repeatable; default all).")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default RUNS_DIR/report).")] = None,
+    json_out: JsonOut = False,
+):
+    """Turn run directories into comparison tables, component effects with CIs, and figures."""
+    from .report import component_effects, load_runs
+
+    formats = tuple(format or FORMATS)
+    bad = [f for f in formats if f not in FORMATS]
+    if bad:
+        raise ConfigError(f"unknown --format {', '.join(bad)}; choose from {', '.join(FORMATS)}")
+    if not runs_dir.exists():
+        raise runs.RunError(f"runs directory not found: {runs_dir}")
+    frame, _ = load_runs(runs_dir)
+    effects = component_effects(frame)
+    if json_out:
+        paths = _quiet_report(runs_dir, out, formats)
+        console.print_json(json.dumps({"runs": _records(frame), "effects": _records(effects),
+                                       "files": {k: str(v) for k, v in paths.items()}}))
+        return
+    console.print(frame_table(frame, ["run_id", "label", "seed", "params", "status", "best_val_loss", "best_step",
+                                      "final_val_loss", "overfit_gap", "tokens_per_s"], "runs"))
+    if len(effects):
+        console.print(frame_table(effects, list(effects.columns), "component effects (delta best val loss)"))
+    _write_report(runs_dir, out, formats)
+
+
+def _quiet_report(root: Path, out: Path | None, formats) -> dict:
+    from .report import write_report
+
+    return write_report(root, out, formats)
+
+
+def _records(frame) -> list[dict]:
+    return json.loads(frame.to_json(orient="records"))
+
+
+def frame_table(frame, columns: list[str], title: str) -> Table:
+    table = Table(title=title)
+    cols = [c for c in columns if c in frame.columns]
+    for c in cols:
+        table.add_column(c)
+    for row in frame[cols].itertuples(index=False):
+        table.add_row(*(_fmt(v) for v in row))
+    return table
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return "-" if v != v else f"{v:.4f}" if abs(v) < 100 else f"{v:,.0f}"
+    return str(v)

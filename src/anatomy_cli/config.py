@@ -270,13 +270,16 @@ def _split_override(text: str) -> tuple[str, Any]:
     return key.strip(), parse_value(value.strip())
 
 
-def resolve_source(data: dict, base_dir: Path) -> dict:
-    """Make a relative data.source in a spec file relative to the spec's folder."""
-    src = data.get("data", {}).get("source")
+def resolve_source(data: dict, base_dir: Path, section: str = "data") -> dict:
+    """Make a relative data.source (or base.data.source) relative to the spec file's folder."""
+    node = data
+    for part in section.split("."):
+        node = node.get(part, {}) if isinstance(node, dict) else {}
+    src = node.get("source") if isinstance(node, dict) else None
     if isinstance(src, str) and not Path(src).is_absolute() and not Path(src).exists():
         candidate = base_dir / src
         if candidate.exists():
-            data = set_dotted(data, "data.source", str(candidate))
+            data = set_dotted(data, f"{section}.source", str(candidate.resolve()))
     return data
 
 

@@ -111,7 +111,7 @@ def find_runs(root: Path) -> list[Path]:
     root = Path(root)
     if is_run_dir(root):
         return [root]
-    return sorted(p.parent for p in root.rglob(CONFIG) if "report" not in p.parent.parts)
+    return sorted(p.parent for p in root.rglob(CONFIG) if "report" not in p.parent.relative_to(root).parts)
 
 
 SLUG_RE = re.compile(r"[^A-Za-z0-9_.+=-]+")

@@ -250,6 +250,9 @@ def run_job(job: tuple, emit: Event | None = None) -> dict:
         return train(cfg, Path(run_dir), progress=on_progress, extra_summary=extra)
     except Exception as err:  # noqa: BLE001 - recorded in the run's summary, the sweep goes on
         summary = {"status": runs.FAILED, "run_id": run_id, "error": f"{err.__class__.__name__}: {err}", **extra}
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        if not (Path(run_dir) / runs.CONFIG).exists():  # so reports list the failed run too
+            runs.atomic_write_json(Path(run_dir) / runs.CONFIG, cfg_data)
         runs.atomic_write_json(Path(run_dir) / runs.SUMMARY, summary)
         return summary
 
