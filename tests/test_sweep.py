@@ -1,0 +1,189 @@
+"""Sweeps: expansion of specs into plans, execution, resume after a kill, parallel == sequential,
+divergence handling and the sweep lock."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from toy_data import write_corpus, write_spec
+
+from anatomy_cli import runs
+from anatomy_cli.config import AblationSpec, ConfigError, FLIPS, validate
+from anatomy_cli.sweep import SweepLock, SweepLocked, execute, expand, parse_flips
+
+
+def spec(**kw) -> AblationSpec:
+    return validate(AblationSpec, {"name": "t", **kw})
+
+
+# ----------------------------------------------------------------------------- expansion
+
+
+def test_one_at_a_time_gives_12_distinct_configs():
+    plan = expand(spec())
+    assert len(plan) == 12
+    assert len({p.run_id for p in plan}) == 12
+    labels = [p.config.model.label for p in plan]
+    assert labels[0] == "2017" and "llama" in labels
+    assert {p.flip for p in plan if p.role == "add-one"} == set(FLIPS)
+    assert {p.flip for p in plan if p.role == "remove-one"} == set(FLIPS)
+    for p in plan:  # each add-one run has exactly its flip; each remove-one all but its flip
+        if p.role == "add-one":
+            assert p.config.model.flips == (p.flip,)
+        if p.role == "remove-one":
+            assert set(p.config.model.flips) == set(FLIPS) - {p.flip}
+
+
+def test_factorial_gives_32_and_flip_filter_restricts():
+    assert len(expand(spec(design="factorial"))) == 32
+    plan = expand(spec(), flips=parse_flips("rope,swiglu"))
+    assert len(plan) == 6
+    assert {p.flip for p in plan if p.flip} == {"rope", "swiglu"}
+
+
+def test_gqa_flip_uses_spec_kv_heads_default_half():
+    def add_gqa(s):
+        return next(p for p in expand(s) if p.role == "add-one" and p.flip == "gqa")
+
+    assert add_gqa(spec()).config.model.n_kv_head == 2
+    assert add_gqa(spec(gqa_kv_head=1)).config.model.n_kv_head == 1
+    with pytest.raises(ConfigError, match="gqa flip needs n_kv_head < n_head"):
+        expand(spec(gqa_kv_head=4))
+
+
+def test_ids_are_stable_and_depend_on_config():
+    a, b = expand(spec(seeds=2)), expand(spec(seeds=2))
+    assert [p.run_id for p in a] == [p.run_id for p in b]
+    c = expand(spec(seeds=2), steps=7)
+    assert not {p.run_id for p in a} & {p.run_id for p in c}
+
+
+def test_seeds_and_axes_are_crossed():
+    plan = expand(spec(seeds=[1, 2, 3], axes={"n_layer": [1, 2], "train.warmup": [0, 10]}))
+    assert len(plan) == 12 * 3 * 2 * 2
+    assert {p.config.model.n_layer for p in plan} == {1, 2}
+    assert {p.config.train.warmup for p in plan} == {0, 10}
+
+
+def test_list_design():
+    s = spec(design="list", configs=[{"name": "a"}, {"name": "b", "set": {"model.pos_type": "rope"}}])
+    plan = expand(s)
+    assert [p.slug for p in plan] == ["a", "b"] and plan[1].config.model.pos_type == "rope"
+
+
+def test_invalid_combinations_are_reported_before_any_run():
+    s = spec(axes={"n_kv_head": [3]})  # 4 % 3 != 0 for every config
+    with pytest.raises(ConfigError, match="n_kv_head=3 must divide n_head=4"):
+        expand(s)
+    with pytest.raises(ConfigError, match="unknown --flip"):
+        parse_flips("rope,bogus")
+    with pytest.raises(ConfigError, match="not a model or train field"):
+        expand(spec(axes={"nonsense": [1]}))
+
+
+# ----------------------------------------------------------------------------- execution
+
+
+def metrics_without_time(run_dir: Path) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in runs.TIMING_KEYS} for r in runs.read_metrics(run_dir)]
+
+
+def load(path: Path) -> AblationSpec:
+    from anatomy_cli.cli_sweep import load_spec
+
+    return load_spec(path)
+
+
+@pytest.mark.slow
+def test_workers_2_equal_workers_1(tmp_path):
+    s = load(write_spec(tmp_path, top={"flips": ["rope", "gqa"], "seeds": 1}))
+    plan = expand(s)
+    execute(plan, tmp_path / "one", workers=1)
+    execute(plan, tmp_path / "two", workers=2)
+    for p in plan:
+        a, b = tmp_path / "one" / p.run_id, tmp_path / "two" / p.run_id
+        assert runs.read_summary(a)["status"] == runs.COMPLETED
+        assert metrics_without_time(a) == metrics_without_time(b), p.run_id
+
+
+def test_diverged_run_is_recorded_and_sweep_goes_on(tmp_path):
+    s = load(write_spec(tmp_path, top={"design": "list", "configs": [
+        {"name": "ok"}, {"name": "boom", "set": {"train.lr": 1e6, "train.grad_clip": 0.0}}]},
+        train={"steps": 30, "eval_interval": 10}))
+    summaries = execute(expand(s), tmp_path / "runs", workers=1)
+    by = {x["run_id"].split("-s")[0]: x for x in summaries}
+    assert by["ok"]["status"] == runs.COMPLETED
+    assert by["boom"]["status"] == runs.DIVERGED
+    assert by["boom"]["error"] == f"diverged at step {by['boom']['diverged_at']}"
+    # rerunning skips both: a diverged run is a result
+    assert {x["run_id"] for x in execute(expand(s), tmp_path / "runs")} == {x["run_id"] for x in summaries}
+
+
+def test_completed_runs_are_skipped_and_failed_rerun(tmp_path):
+    s = load(write_spec(tmp_path, top={"design": "list", "configs": [{"name": "a"}, {"name": "b"}]}))
+    plan = expand(s)
+    execute(plan, tmp_path / "r")
+    done = tmp_path / "r" / plan[0].run_id
+    before = (done / runs.SUMMARY).read_text()
+    failed = tmp_path / "r" / plan[1].run_id
+    runs.atomic_write_json(failed / runs.SUMMARY, {"status": runs.FAILED})
+    events = []
+    execute(plan, tmp_path / "r", on_event=events.append)
+    assert [e["run_id"] for e in events if e["event"] == "start"] == [plan[1].run_id]
+    assert (done / runs.SUMMARY).read_text() == before
+    assert runs.read_summary(failed)["status"] == runs.COMPLETED
+
+
+def test_lock_refuses_a_live_holder_and_takes_over_a_stale_one(tmp_path):
+    (tmp_path / ".lock").write_text(str(os.getpid()))
+    with pytest.raises(SweepLocked, match=f"pid {os.getpid()}"):
+        with SweepLock(tmp_path):
+            pass
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / ".lock").write_text(str(dead.pid))
+    with SweepLock(tmp_path):
+        assert (tmp_path / ".lock").read_text() == str(os.getpid())
+    assert not (tmp_path / ".lock").exists()
+
+
+@pytest.mark.slow
+def test_sigkill_mid_sweep_then_rerun_completes_without_retraining(tmp_path):
+    spec_path = write_spec(tmp_path, top={"design": "list", "configs": [{"name": f"c{i}"} for i in range(4)]},
+                           train={"steps": 80, "eval_interval": 40})
+    runs_dir = tmp_path / "runs"
+    cmd = [sys.executable, "-m", "anatomy_cli", "ablate", str(spec_path), "--runs-dir", str(runs_dir),
+           "--workers", "1", "--no-report"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                            start_new_session=True)
+    sweep = runs_dir / "toy"
+    deadline = time.time() + 120
+    while time.time() < deadline:  # wait until one run completed and the next is under way
+        states = [runs.run_status(d) for d in sweep.glob("*/")] if sweep.exists() else []
+        if states.count(runs.COMPLETED) >= 1 and runs.RUNNING in states:
+            break
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    finished = {d.name: (d / runs.SUMMARY).read_text() for d in sweep.iterdir()
+                if runs.run_status(d) == runs.COMPLETED}
+    assert finished and len(finished) < 4
+    rerun = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    dirs = [d for d in sweep.iterdir() if d.is_dir()]
+    assert len(dirs) == 4  # complete, no duplicates
+    assert all(runs.run_status(d) == runs.COMPLETED for d in dirs)
+    for name, text in finished.items():  # not retrained
+        assert (sweep / name / runs.SUMMARY).read_text() == text
+    for d in dirs:  # each run's metrics hold every step exactly once
+        steps = [r["step"] for r in runs.read_metrics(d)]
+        assert steps == list(range(0, 81))
+    assert not (sweep / ".lock").exists()
