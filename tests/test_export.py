@@ -1,0 +1,236 @@
+"""export.py: LLaMA-shaped runs -> LlamaForCausalLM folders that reproduce anatomy's logits.
+
+Runs are trained for real (a few steps on a tiny text) so norm weights are off their init, and
+loaded back through transformers offline. RoPE base and RMSNorm eps are set away from both
+libraries' defaults, so a config field that transformers ignored would show in the logits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers/huggingface_hub read it at import
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+transformers = pytest.importorskip("transformers")
+
+from anatomy_cli.checkpoint import load_run  # noqa: E402
+from anatomy_cli.config import ModelConfig, RunConfig  # noqa: E402
+from anatomy_cli.export import (  # noqa: E402
+    ExportError,
+    check_llama_shaped,
+    export_hf,
+    llama_config,
+    state_dict_to_hf,
+)
+from anatomy_cli.model import LM  # noqa: E402
+from anatomy_cli.runs import RunError  # noqa: E402
+from anatomy_cli.sample import generate  # noqa: E402
+from anatomy_cli.train import train  # noqa: E402
+
+TEXT = (
+    "## The anatomy of a language model\n\n"
+    "A transformer block has attention and a feed-forward layer. RMSNorm scales; LayerNorm centres.\n"
+    "RoPE rotates queries and keys by position; SwiGLU gates the hidden units.\n"
+) * 12
+
+LLAMA = dict(norm_type="rmsnorm", norm_pos="pre", pos_type="rope", ffn_type="swiglu")
+TWENTY17 = dict(norm_type="layernorm", norm_pos="post", pos_type="learned", ffn_type="gelu")
+PART_NAMES = {
+    "norm_type": "LayerNorm (needs rmsnorm)",
+    "norm_pos": "post-norm (needs pre)",
+    "pos_type": "learned positions (needs rope)",
+    "ffn_type": "GELU FFN (needs swiglu)",
+}
+CTX = 32
+
+
+def model_kwargs(n_kv_head: int = 2, **parts) -> dict:
+    return dict(d_model=32, n_layer=2, n_head=4, n_kv_head=n_kv_head, ctx_len=CTX,
+                rope_base=500.0, norm_eps=1e-4, **{**LLAMA, **parts})
+
+
+def train_run(root, name: str, **model) -> object:
+    """Train a few real steps into root/name; return the run directory."""
+    src = root / "text.txt"
+    if not src.exists():
+        src.write_text(TEXT, encoding="utf-8")
+    cfg = RunConfig.model_validate({
+        "name": name, "seed": 7, "model": model,
+        "train": {"steps": 5, "batch_size": 4, "lr": 1e-2, "warmup": 0, "eval_interval": 5,
+                  "eval_batches": 2, "log_interval": 5, "sample_len": 0, "device": "cpu", "threads": 2},
+        "data": {"source": str(src)},
+    })
+    run_dir = root / name
+    summary = train(cfg, run_dir)
+    assert summary["status"] == "completed"
+    return run_dir
+
+
+def load_hf(out_dir):
+    hf = transformers.LlamaForCausalLM.from_pretrained(
+        str(out_dir), dtype=torch.float32, local_files_only=True)
+    return hf.eval()
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["gqa-kv2", "mha-kv4"])
+def exported(request, tmp_path_factory):
+    """(anatomy model, HF model, out_dir, export result) for one trained LLaMA-shaped run."""
+    root = tmp_path_factory.mktemp(f"kv{request.param}")
+    run_dir = train_run(root, "llama", **model_kwargs(request.param))
+    result = export_hf(run_dir, root / "hf")
+    _, _, model = load_run(run_dir, "best")
+    return model, load_hf(root / "hf"), root / "hf", result
+
+
+# ------------------------------------------------------------------------------- parity
+
+
+@torch.no_grad()
+def test_logits_match_anatomy(exported):
+    model, hf, _, _ = exported
+    ids = torch.randint(0, model.cfg.vocab_size, (3, CTX), generator=torch.Generator().manual_seed(0))
+    ours, _ = model(ids)
+    theirs = hf(ids).logits
+    assert theirs.shape == ours.shape
+    diff = (theirs - ours).abs().max().item()
+    assert diff < 1e-5, diff
+    assert ours.std() > 0.05  # not a degenerate all-equal output that would match trivially
+
+
+@torch.no_grad()
+def test_greedy_generation_matches(exported):
+    model, hf, _, _ = exported
+    prompt = [3, 1, 4, 1]
+    new = CTX - len(prompt) - 4  # stays inside the window: no context shift on anatomy's side
+    ours = list(generate(model, prompt, new, temp=0))
+    out = hf.generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False,
+                      attention_mask=torch.ones(1, len(prompt), dtype=torch.long), pad_token_id=0)
+    assert out[0, len(prompt):].tolist() == ours
+    assert len(set(ours)) > 1  # a constant generation would prove little
+
+
+@torch.no_grad()
+def test_rope_theta_is_honoured(exported):
+    """The same weights under transformers' default base give different logits: the base is read."""
+    model, hf, out_dir, _ = exported
+    assert hf.config.rope_parameters["rope_theta"] == 500.0
+    assert hf.config.rms_norm_eps == 1e-4
+    wrong = transformers.LlamaConfig.from_pretrained(str(out_dir))
+    wrong.rope_parameters = {"rope_type": "default", "rope_theta": 10000.0}
+    other = transformers.LlamaForCausalLM.from_pretrained(
+        str(out_dir), config=wrong, dtype=torch.float32, local_files_only=True).eval()
+    ids = torch.arange(CTX).remainder(model.cfg.vocab_size)[None]
+    assert (other(ids).logits - hf(ids).logits).abs().max() > 1e-4
+
+
+def test_export_writes_the_files(exported):
+    model, _, out_dir, result = exported
+    assert sorted(p.name for p in out_dir.iterdir()) == sorted(result["files"])
+    assert json.loads((out_dir / "vocab.json").read_text(encoding="utf-8")) == sorted(set(TEXT))
+    cfg = json.loads((out_dir / "config.json").read_text())
+    assert cfg == result["config"]
+    assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["model_type"] == "llama"
+    assert result["params"] == model.num_params() == model.cfg.num_params()
+
+
+def test_readme_example_runs(exported, monkeypatch, capsys):
+    model, _, out_dir, _ = exported
+    readme = (out_dir / "README.md").read_text(encoding="utf-8")
+    code = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    assert len(code.strip().splitlines()) == 5
+    monkeypatch.chdir(out_dir)
+    exec(code, {})
+    text = capsys.readouterr().out.rstrip("\n")
+    prompt = "## "
+    ours = generate(model, [sorted(set(TEXT)).index(c) for c in prompt], CTX - len(prompt), temp=0)
+    assert text == prompt + "".join(sorted(set(TEXT))[i] for i in ours)
+
+
+# ------------------------------------------------------------------------------- pure functions
+
+
+def test_llama_config_fields():
+    cfg = ModelConfig(vocab_size=50, **model_kwargs(2))
+    c = llama_config(cfg)
+    assert c["hidden_size"] == 32 and c["intermediate_size"] == cfg.ffn_hidden == 96
+    heads = (c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"])
+    assert c["num_hidden_layers"] == 2 and heads == (4, 2, 8)
+    assert c["max_position_embeddings"] == CTX and c["rms_norm_eps"] == 1e-4
+    assert c["rope_theta"] == 500.0 and c["rope_parameters"] == {"rope_type": "default", "rope_theta": 500.0}
+    assert c["tie_word_embeddings"] is False and c["attention_bias"] is False and c["mlp_bias"] is False
+    assert c["bos_token_id"] is None and c["eos_token_id"] is None and c["pad_token_id"] is None
+    hf_cfg = transformers.LlamaConfig(**c)
+    assert hf_cfg.rope_parameters["rope_theta"] == 500.0 and hf_cfg.head_dim == 8
+
+
+def test_state_dict_to_hf_matches_llama_names_and_shapes():
+    cfg = ModelConfig(vocab_size=50, **model_kwargs(1))
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**llama_config(cfg)))
+    tensors = state_dict_to_hf(LM(cfg).state_dict(), cfg)
+    want = {k: tuple(v.shape) for k, v in hf.state_dict().items()}
+    assert {k: tuple(v.shape) for k, v in tensors.items()} == want
+    assert all(t.is_contiguous() for t in tensors.values())
+
+
+def test_state_dict_to_hf_rejects_foreign_keys():
+    cfg = ModelConfig(vocab_size=50, **model_kwargs(2))
+    state = LM(cfg).state_dict()
+    state["positions.table.weight"] = torch.zeros(CTX, 32)
+    with pytest.raises(ExportError, match="unexpected positions.table.weight"):
+        state_dict_to_hf(state, cfg)
+
+
+# ------------------------------------------------------------------------------- refusals
+
+
+@pytest.mark.parametrize("field", list(PART_NAMES))
+def test_a_2017_part_is_refused(tmp_path, field):
+    run_dir = train_run(tmp_path, f"with-{field}", **model_kwargs(2, **{field: TWENTY17[field]}))
+    with pytest.raises(ExportError) as err:
+        export_hf(run_dir, tmp_path / "hf")
+    assert str(err.value) == f"cannot export to Llama: {PART_NAMES[field]} has no Llama equivalent"
+    assert not (tmp_path / "hf").exists()
+
+
+def test_every_2017_part_is_named():
+    with pytest.raises(ExportError) as err:
+        check_llama_shaped(ModelConfig(vocab_size=50, **model_kwargs(4, **TWENTY17)))
+    assert str(err.value) == (
+        "cannot export to Llama: LayerNorm (needs rmsnorm), post-norm (needs pre), "
+        "learned positions (needs rope), GELU FFN (needs swiglu) have no Llama equivalent"
+    )
+
+
+@pytest.mark.parametrize("variant", ["q_only", "k_interleaved"])
+def test_a_broken_rope_variant_is_refused(variant):
+    with pytest.raises(ExportError, match=f"RoPE variant '{variant}' \\(needs standard\\)"):
+        check_llama_shaped(ModelConfig(vocab_size=50, rope_variant=variant, **model_kwargs(2)))
+
+
+def test_non_empty_out_dir_is_refused_unless_overwrite(tmp_path):
+    run_dir = train_run(tmp_path, "llama", **model_kwargs(2))
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    with pytest.raises(ExportError, match="not empty"):
+        export_hf(run_dir, out)
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+    export_hf(run_dir, out, which="last", overwrite=True)
+    assert (out / "model.safetensors").is_file() and (out / "keep.txt").read_text() == "mine"
+    with pytest.raises(ExportError, match="run directory itself"):
+        export_hf(run_dir, run_dir, overwrite=True)
+
+
+def test_empty_out_dir_is_fine_and_bad_inputs_are_errors(tmp_path):
+    run_dir = train_run(tmp_path, "llama", **model_kwargs(2))
+    (tmp_path / "empty").mkdir()
+    assert export_hf(run_dir, tmp_path / "empty")["tensors"] == 3 + 2 * 9
+    with pytest.raises(ExportError, match="which"):
+        export_hf(run_dir, tmp_path / "x", which="final")
+    with pytest.raises(RunError, match="not found"):
+        export_hf(tmp_path / "nope", tmp_path / "y")
