@@ -39,11 +39,14 @@ def default_corpus_path() -> Path:
 
 
 def strip_front_matter(text: str) -> str:
-    """Drop a leading YAML block delimited by '---' lines."""
+    """Drop a leading YAML block delimited by '---' lines (any line endings)."""
+    text = text.replace("\r\n", "\n")
     if not text.startswith("---\n"):
         return text
     end = text.find("\n---\n", 4)
-    return text[end + 5 :] if end != -1 else text
+    if end == -1:
+        return "" if text.rstrip("\n").endswith("\n---") else text
+    return text[end + 5 :]
 
 
 def read_text_file(path: Path) -> str:

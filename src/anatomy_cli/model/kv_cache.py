@@ -38,7 +38,8 @@ class KVCache:
         start, end = self.past_len, self.past_len + k.shape[2]
         self.k[layer][:, :, start:end] = k
         self.v[layer][:, :, start:end] = v
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]  # [B, G, end, hd] views
+        # [B, G, end, hd] views; cast back only when the cache's dtype differs (e.g. a bf16 cache)
+        return self.k[layer][:, :, :end].to(k.dtype), self.v[layer][:, :, :end].to(v.dtype)
 
     def advance(self, n: int) -> None:
         self.past_len += n

@@ -1,0 +1,241 @@
+"""Corpus reading, the character vocabulary, the contiguous split, batches and prepared data."""
+
+from __future__ import annotations
+
+from array import array
+
+import numpy as np
+import pytest
+import torch
+
+from anatomy_cli import data
+from anatomy_cli.data import BatchSampler, CharVocab, DataError, build_corpus, fixed_windows
+
+pytestmark = [pytest.mark.filterwarnings("error"), pytest.mark.usefixtures("single_thread")]
+
+TEXT = "".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(60))
+
+
+# ----------------------------------------------------------------------------- vocabulary
+
+
+def test_vocab_is_sorted_unique_characters():
+    vocab = CharVocab.from_text("hello, world")
+    assert vocab.chars == [" ", ",", "d", "e", "h", "l", "o", "r", "w"]
+    assert len(vocab) == 9
+    assert [vocab.index[c] for c in vocab.chars] == list(range(9))
+
+
+def test_vocab_round_trip():
+    text = "Grüße — naïve café ∑ 🙂\n\ttabs"
+    vocab = CharVocab.from_text(text)
+    ids = vocab.encode(text)
+    assert ids == [vocab.chars.index(c) for c in text]
+    assert vocab.decode(ids) == text
+
+
+def test_encode_missing_characters_names_them():
+    vocab = CharVocab.from_text("abc")
+    with pytest.raises(DataError) as err:
+        vocab.encode("abxcz")
+    msg = str(err.value)
+    assert "'x'" in msg and "'z'" in msg and "'a'" not in msg
+    assert vocab.missing("abxcz") == ["x", "z"]
+
+
+def test_vocab_save_load_round_trip(tmp_path):
+    vocab = CharVocab.from_text("zyx\n é")
+    vocab.save(tmp_path / "vocab.json")
+    assert CharVocab.load(tmp_path / "vocab.json").chars == vocab.chars
+    (tmp_path / "bad.json").write_text('["ab"]', encoding="utf-8")
+    with pytest.raises(DataError, match="corrupt"):
+        CharVocab.load(tmp_path / "bad.json")
+
+
+# --------------------------------------------------------------------------------- split
+
+
+def test_split_is_contiguous_90_10():
+    corpus = build_corpus(TEXT, "toy")
+    n = len(TEXT)
+    assert len(corpus.val) == int(n * 0.1)
+    assert len(corpus.train) == n - len(corpus.val)
+    assert corpus.vocab.decode(corpus.train) == TEXT[: len(corpus.train)]  # first 90%
+    assert corpus.vocab.decode(corpus.val) == TEXT[len(corpus.train) :]  # last 10%
+    assert corpus.train.typecode == "H"
+    assert corpus.meta["characters"] == n and corpus.meta["vocab_size"] == len(corpus.vocab)
+
+
+def test_split_honours_val_frac():
+    corpus = build_corpus(TEXT, "toy", val_frac=0.25)
+    assert len(corpus.val) == int(len(TEXT) * 0.25)
+    assert corpus.vocab.decode(corpus.train) + corpus.vocab.decode(corpus.val) == TEXT
+
+
+# ---------------------------------------------------------------------------------- sources
+
+
+def test_directory_source_sorted_front_matter_stripped(tmp_path):
+    # written out of order: the result must follow sorted paths, not creation order
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "d.md").write_text("---\ntitle: D\n---\nfourth\n", encoding="utf-8")
+    (tmp_path / "b.md").write_text("---\ntitle: B\ntags: [x]\n---\n\nsecond\nstill b\n", encoding="utf-8")
+    (tmp_path / "a.txt").write_text("first\n", encoding="utf-8")
+    (tmp_path / "b2.TXT").write_text("third", encoding="utf-8")
+    (tmp_path / "notes.py").write_text("ignored = True\n", encoding="utf-8")
+    text, description = data.read_source(tmp_path)
+    assert text == "first\n\nsecond\nstill b\n\nthird\n\nfourth"
+    assert "title" not in text and "---" not in text
+    assert description.startswith("4 files")
+
+
+def test_front_matter_only_at_the_start():
+    body = "intro\n---\nnot: front matter\n---\nrest\n"
+    assert data.strip_front_matter(body) == body
+    assert data.strip_front_matter("---\na: 1\n---\nbody") == "body"
+    assert data.strip_front_matter("---\nunterminated\n") == "---\nunterminated\n"
+
+
+def test_single_file_source(tmp_path):
+    (tmp_path / "t.txt").write_text("---\nkept: as is\n---\nbody", encoding="utf-8")
+    text, _ = data.read_source(tmp_path / "t.txt")
+    assert text == "---\nkept: as is\n---\nbody"  # front matter is a directory-of-posts convention
+
+
+def test_non_utf8_file_raises(tmp_path):
+    path = tmp_path / "latin1.txt"
+    path.write_bytes("caf".encode() + "é".encode("latin-1") + b" au lait")
+    with pytest.raises(DataError, match="not UTF-8") as err:
+        data.read_source(path)
+    assert str(path) in str(err.value) and "offset 3" in str(err.value)
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "x.md").write_bytes(b"\xff\xfe")
+    with pytest.raises(DataError, match="not UTF-8"):
+        data.read_source(tmp_path / "dir")
+
+
+def test_empty_corpus_raises(tmp_path):
+    (tmp_path / "empty.txt").write_text(" \n\n\t", encoding="utf-8")
+    with pytest.raises(DataError, match="empty"):
+        data.load_corpus(str(tmp_path / "empty.txt"))
+    with pytest.raises(DataError, match="empty"):
+        build_corpus("", "nothing")
+    (tmp_path / "nodir").mkdir()
+    with pytest.raises(DataError, match=r"no \.md or \.txt files"):
+        data.read_source(tmp_path / "nodir")
+
+
+def test_too_short_corpus_raises(tmp_path):
+    (tmp_path / "short.txt").write_text("x" * 100, encoding="utf-8")  # 90 train / 10 val ids
+    with pytest.raises(DataError, match="too short") as err:
+        data.load_corpus(str(tmp_path / "short.txt"), ctx_len=16)
+    assert "ctx_len=16" in str(err.value) and "10 val" in str(err.value)
+    assert len(data.load_corpus(str(tmp_path / "short.txt"), ctx_len=9).val) == 10  # 10 > 9: enough
+
+
+def test_missing_source_raises(tmp_path):
+    with pytest.raises(DataError, match="not found"):
+        data.read_source(tmp_path / "nope.txt")
+
+
+# ---------------------------------------------------------------------------------- batches
+
+
+def train_ids() -> array:
+    return build_corpus(TEXT, "toy").train
+
+
+def test_batch_sampler_same_seed_same_batches():
+    a, b = BatchSampler(train_ids(), 4, 16, seed=7), BatchSampler(train_ids(), 4, 16, seed=7)
+    torch.manual_seed(0)  # the global RNG must not matter
+    xs_a = [a.next() for _ in range(5)]
+    torch.manual_seed(123)
+    xs_b = [b.next() for _ in range(5)]
+    for (xa, ya), (xb, yb) in zip(xs_a, xs_b):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    other = BatchSampler(train_ids(), 4, 16, seed=8)
+    assert any(not torch.equal(x, other.next()[0]) for x, _ in xs_a)
+    assert not all(torch.equal(xs_a[0][0], x) for x, _ in xs_a[1:])  # batches vary within a run
+
+
+def test_batch_sampler_windows_are_shifted_slices():
+    ids = train_ids()
+    data_t = torch.tensor(list(ids))
+    x, y = BatchSampler(ids, 8, 16, seed=1).next()
+    assert x.shape == y.shape == (8, 16) and x.dtype == torch.int64
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    for row_x, row_y in zip(x, y):  # each row is a contiguous window of the data
+        starts = [s for s in range(len(ids) - 16) if torch.equal(data_t[s : s + 16], row_x)]
+        assert any(torch.equal(data_t[s + 1 : s + 17], row_y) for s in starts)
+
+
+def test_batch_sampler_state_resumes():
+    a = BatchSampler(train_ids(), 4, 16, seed=3)
+    for _ in range(3):
+        a.next()
+    state = a.state()
+    expected = [a.next() for _ in range(2)]
+    b = BatchSampler(train_ids(), 4, 16, seed=99)
+    b.set_state(state)
+    for (xe, ye), (xb, yb) in zip(expected, (b.next() for _ in range(2))):
+        assert torch.equal(xe, xb) and torch.equal(ye, yb)
+
+
+def test_fixed_windows_are_deterministic_and_span_the_data():
+    ids = build_corpus(TEXT, "toy").val
+    first = fixed_windows(ids, 2, 8, 3)
+    again = fixed_windows(ids, 2, 8, 3)
+    assert len(first) == 3
+    for (x1, y1), (x2, y2) in zip(first, again):
+        assert x1.shape == (2, 8) and torch.equal(x1, x2) and torch.equal(y1, y2)
+        assert torch.equal(x1[:, 1:], y1[:, :-1])
+    data_t = torch.tensor(list(ids))
+    assert torch.equal(first[0][0][0], data_t[:8])  # evenly spaced from the first window ...
+    assert torch.equal(first[-1][1][-1], data_t[-8:])  # ... to one ending at the last id
+
+
+# ---------------------------------------------------------------------------- prepared data
+
+
+def test_save_and_load_prepared_round_trip(tmp_path):
+    corpus = build_corpus(TEXT + "Ω", "toy")
+    out = tmp_path / "prepared"
+    data.save_corpus(corpus, out)
+    assert (out / data.TRAIN_BIN).stat().st_size == 2 * len(corpus.train)  # uint16 on disk
+    assert np.array_equal(np.fromfile(out / data.VAL_BIN, dtype=np.uint16), np.array(corpus.val))
+    loaded = data.load_prepared(out)
+    assert loaded.train.typecode == "H" and loaded.meta["dtype"] == "H"
+    assert loaded.train == corpus.train and loaded.val == corpus.val
+    assert loaded.vocab.chars == corpus.vocab.chars
+    assert loaded.meta["sha256"] == corpus.meta["sha256"]
+    via_source = data.load_corpus(str(out))  # a prepared directory is recognised as such
+    assert via_source.train == corpus.train
+
+
+def test_load_prepared_rejects_corruption(tmp_path):
+    out = tmp_path / "prepared"
+    data.save_corpus(build_corpus(TEXT, "toy"), out)
+    (out / data.VAL_BIN).write_bytes(b"\x07")  # odd byte count: not a uint16 array
+    with pytest.raises(DataError, match="corrupt"):
+        data.load_prepared(out)
+
+
+# --------------------------------------------------------------------------- default corpus
+
+
+def test_default_corpus_exists_and_is_large_enough():
+    path = data.default_corpus_path()
+    assert path.is_file()
+    text, description = data.read_source(None)
+    assert len(text) >= 100_000, f"default corpus has only {len(text):,} characters"
+    assert "default corpus" in description
+    corpus = build_corpus(text, description, min_len=128)
+    assert len(corpus.val) > 128
+
+
+def test_front_matter_with_crlf_or_alone_is_stripped():
+    from anatomy_cli.data import strip_front_matter
+
+    assert strip_front_matter("---\r\ntitle: x\r\n---\r\nbody\r\n") == "body\n"
+    assert strip_front_matter("---\ntitle: x\n---") == ""
+    assert strip_front_matter("plain\n---\ntext") == "plain\n---\ntext"
