@@ -47,9 +47,10 @@ JsonOut = Annotated[bool, typer.Option("--json", help="Print machine-readable JS
 
 def input_errors() -> tuple[type[BaseException], ...]:
     """Domain exceptions that mean 'bad input': one line, exit 2."""
+    from .check import BaselineError
     from .data import DataError
 
-    errors: list[type[BaseException]] = [ConfigError, runs.RunError, DataError]
+    errors: list[type[BaseException]] = [ConfigError, runs.RunError, DataError, BaselineError]
     if "torch" in sys.modules:  # these modules import torch; only present if a command loaded them
         from .model.kv_cache import CacheFullError
         from .model.positions import PositionError
@@ -278,4 +279,6 @@ def main() -> None:
     app()
 
 
-from . import cli_sweep  # noqa: E402,F401  (registers ablate/report/check/... on `app`)
+from . import cli_sweep  # noqa: E402,F401  (registers ablate/report on `app`)
+from . import cli_tools  # noqa: E402,F401  (registers check/export)
+from . import cli_exams  # noqa: E402,F401

@@ -1,0 +1,112 @@
+"""More commands on the main app: check (the CI regression gate) and export (to Hugging Face)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from .cli import EXIT_FAILED, JsonOut, RunsDir, _safe_dir, app, console, handle_errors
+from .cli_sweep import SweepDisplay, experiments_dir, load_spec
+from .config import ConfigError
+
+CI_SPEC = "ci-regression.toml"
+
+
+@app.command()
+@handle_errors
+def check(
+    spec: Annotated[Optional[Path], typer.Argument(help=f"Spec to run (default experiments/{CI_SPEC}).")] = None,
+    baseline: Annotated[Path, typer.Option(help="Baseline JSON file.")] = Path("experiments/ci-baseline.json"),
+    tolerance: Annotated[Optional[float], typer.Option(min=0, help="Allowed increase of best val loss (default: per config, from the measured seed spread).")] = None,
+    runs_dir: RunsDir = Path("runs"),
+    from_runs: Annotated[Optional[Path], typer.Option("--from-runs", help="Compare finished runs in this sweep directory instead of running the spec.")] = None,
+    workers: Annotated[Optional[int], typer.Option(min=1, help="Parallel processes.")] = None,
+    update: Annotated[bool, typer.Option("--update", help="Rewrite the baseline deliberately (runs --update-seeds seeds).")] = False,
+    update_seeds: Annotated[int, typer.Option(min=2, help="Seeds measured for --update (spread -> tolerance).")] = 4,
+    json_out: JsonOut = False,
+):
+    """Regression gate: run the CI spec and compare each config's best val loss to the baseline."""
+    from . import check as gate
+
+    s = load_spec(spec or experiments_dir() / CI_SPEC)
+    if update:
+        return _update(s, baseline, runs_dir, workers, update_seeds)
+    base = gate.load_baseline(baseline) if baseline.exists() else None
+    if base is None:
+        raise gate.BaselineError(f"baseline not found: {baseline} (create it with --update)")
+    sweep_dir = from_runs or _run_spec(s, runs_dir, workers)
+    rows = gate.compare(base, gate.collect(sweep_dir), tolerance)
+    if json_out:
+        console.print_json(json.dumps({"passed": gate.passed(rows), "rows": rows}))
+    else:
+        console.print(check_table(rows, baseline))
+    if not gate.passed(rows):
+        bad = ", ".join(f"{r['config']} ({r['verdict'].lower()})" for r in rows if r["verdict"] != "ok")
+        console.print(f"[bold red]regression gate failed:[/] {bad}", highlight=False)
+        raise typer.Exit(EXIT_FAILED)
+    console.print(f"[bold green]regression gate passed[/] ({len(rows)} configs)")
+
+
+def _run_spec(s, runs_dir: Path, workers: int | None, seeds: int | None = None) -> Path:
+    from .sweep import default_workers, execute, expand
+
+    plan = expand(s, seeds=seeds)
+    sweep_dir = _safe_dir(runs_dir) / s.name
+    display = SweepDisplay(len(plan))
+    with display.progress:
+        execute(plan, sweep_dir, workers or default_workers(len(plan)), display, sweep_name=s.name)
+    return sweep_dir
+
+
+def _update(s, baseline: Path, runs_dir: Path, workers: int | None, seeds: int) -> None:
+    import torch
+
+    from . import check as gate
+    from .runs import atomic_write_json
+    from .train import hardware
+
+    sweep_dir = _run_spec(s, runs_dir, workers, seeds)
+    results = gate.collect(sweep_dir)
+    data = gate.build_baseline(results, s.base.seed, s.name, torch.__version__, hardware(torch.device("cpu")))
+    baseline.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(baseline, data)
+    console.print(f"[bold yellow]baseline rewritten[/]: {baseline} ({len(data['configs'])} configs, "
+                  f"{seeds} seeds each; commit it with a message saying why the numbers moved)")
+
+
+def check_table(rows: list[dict], baseline: Path) -> Table:
+    table = Table(title=f"regression gate vs {baseline}")
+    for col in ("config", "baseline", "now", "delta", "allowed", "verdict"):
+        table.add_column(col, justify="left" if col in ("config", "verdict") else "right")
+    for r in rows:
+        style = "green" if r["verdict"] == "ok" else "bold red"
+        fmt = lambda v, sign="": "-" if v is None else f"{v:{sign}.4f}"  # noqa: E731
+        table.add_row(r["config"], fmt(r["baseline"]), fmt(r["now"]), fmt(r["delta"], "+"), fmt(r["allowed"]),
+                      f"[{style}]{r['verdict']}[/]")
+    return table
+
+
+@app.command()
+@handle_errors
+def export(
+    run_dir: Annotated[Path, typer.Argument(help="A LLaMA-shaped run (rmsnorm, pre, rope, swiglu; any n_kv_head).")],
+    to: Annotated[str, typer.Option("--to", help="Target format (only 'hf').")] = "hf",
+    out_dir: Annotated[Path, typer.Argument(help="Output folder for config.json + model.safetensors.")] = Path("export"),
+    weights: Annotated[str, typer.Option(help="best | last")] = "best",
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing export.")] = False,
+):
+    """Export a run as a Hugging Face LlamaForCausalLM folder (loads with from_pretrained, offline)."""
+    if to != "hf":
+        raise ConfigError(f"--to {to!r} is not supported; only 'hf'")
+    from .export import ExportError, export_hf
+
+    try:
+        info = export_hf(run_dir, out_dir, weights, overwrite=overwrite)
+    except ExportError as err:
+        raise ConfigError(str(err)) from None
+    console.print(f"exported {info['label']} ({info['params']:,} params) -> {info['out_dir']}: "
+                  f"{', '.join(Path(f).name for f in info['files'])}", highlight=False)
