@@ -190,7 +190,7 @@ def train(
     if compile:
         overrides.append("train.compile=true")
     cfg = load_run_config(spec, overrides)
-    run_dir = out or _safe_dir(runs_dir / "train") / runs.run_id(f"{cfg.name}-{cfg.model.label}", cfg.seed,
+    run_dir = out or _safe_dir(runs_dir) / "train" / runs.run_id(f"{cfg.name}-{cfg.model.label}", cfg.seed,
                                                                   cfg.model_dump(mode="json"))
     from . import train as training
 

@@ -1,0 +1,299 @@
+"""The CLI end to end through typer's CliRunner: prepare, train, sample, report, check, export,
+and the bad-input matrix (one line, documented exit code, never a traceback)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from toy_data import TINY_MODEL, TINY_TRAIN, tiny_text, write_corpus, write_spec
+from typer.testing import CliRunner
+
+from anatomy_cli import runs
+from anatomy_cli.cli import app
+
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def run_sets(corpus: Path, **model) -> list[str]:
+    sets = [f"--set=data.source={json.dumps(str(corpus))}"]
+    sets += [f"--set=model.{k}={json.dumps(v)}" for k, v in {**TINY_MODEL, **model}.items()]
+    sets += [f"--set=train.{k}={json.dumps(v)}" for k, v in TINY_TRAIN.items()]
+    return sets
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("cli")
+
+
+@pytest.fixture(scope="module")
+def corpus(workdir) -> Path:
+    return write_corpus(workdir)
+
+
+@pytest.fixture(scope="module")
+def trained(workdir, corpus) -> Path:
+    """A tiny LLaMA-shaped run trained through the CLI."""
+    out = workdir / "run-llama"
+    llama = dict(norm_type="rmsnorm", norm_pos="pre", pos_type="rope", ffn_type="swiglu", n_kv_head=2)
+    result = invoke("train", *run_sets(corpus, **llama), "--out", out)
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.fixture(scope="module")
+def trained_2017(workdir, corpus) -> Path:
+    out = workdir / "run-2017"
+    result = invoke("train", *run_sets(corpus), "--out", out)
+    assert result.exit_code == 0, result.output
+    return out
+
+
+# ------------------------------------------------------------------------------ happy paths
+
+
+def test_help_lists_every_command():
+    result = invoke("--help")
+    assert result.exit_code == 0
+    for cmd in ("prepare", "train", "sample", "ablate", "report", "check", "export"):
+        assert cmd in result.output
+
+
+def test_prepare_file_dir_and_default(tmp_path, corpus):
+    assert invoke("prepare", corpus, "--out", tmp_path / "a", "--ctx-len", 16).exit_code == 0
+    meta = json.loads((tmp_path / "a" / "meta.json").read_text())
+    assert meta["characters"] == len(corpus.read_text()) and meta["train_ids"] + meta["val_ids"] == meta["characters"]
+    assert len(meta["sha256"]) == 64 and sum(meta["char_counts"].values()) == meta["characters"]
+    assert (tmp_path / "a" / "train.bin").stat().st_size == 2 * meta["train_ids"]  # uint16 ids
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "b.md").write_text("---\ntitle: b\n---\n" + tiny_text(500, 1))
+    (docs / "a.txt").write_text(tiny_text(500, 2))
+    assert invoke("prepare", docs, "--out", tmp_path / "d", "--ctx-len", 16).exit_code == 0
+    result = invoke("prepare", "--out", tmp_path / "default", "--json")
+    assert result.exit_code == 0 and json.loads(result.output)["characters"] >= 100_000
+
+
+def test_train_writes_the_run_directory(trained):
+    for name in (runs.CONFIG, runs.METRICS, runs.SUMMARY, runs.VOCAB, runs.BEST, runs.LAST, runs.SAMPLES):
+        assert (trained / name).is_file(), name
+    summary = json.loads((trained / runs.SUMMARY).read_text())
+    assert summary["status"] == "completed" and summary["label"] == "llama"
+    for key in ("best_val_loss", "best_step", "final_val_loss", "bits_per_char", "params", "tokens_per_s",
+                "wall_s", "peak_mem_bytes", "device", "torch_version", "tokens_seen", "hardware"):
+        assert summary[key] is not None, key
+    config = json.loads((trained / runs.CONFIG).read_text())
+    assert config["model"]["vocab_size"] == len(json.loads((trained / runs.VOCAB).read_text()))
+    rows = runs.read_metrics(trained)
+    assert [r["step"] for r in rows] == list(range(TINY_TRAIN["steps"] + 1))
+    assert {"train_loss", "grad_norm", "lr", "tokens"} <= set(rows[1])
+    assert [r["step"] for r in rows if "val_loss" in r] == [0, 6, 12]
+
+
+def test_same_seed_gives_identical_metrics(tmp_path, corpus):
+    for name in ("a", "b"):
+        assert invoke("train", *run_sets(corpus), "--out", tmp_path / name).exit_code == 0
+
+    def strip(d):
+        return [{k: v for k, v in r.items() if k not in runs.TIMING_KEYS} for r in runs.read_metrics(d)]
+
+    assert strip(tmp_path / "a") == strip(tmp_path / "b")
+    assert invoke("train", *run_sets(corpus), "--set", "seed=7", "--out", tmp_path / "c").exit_code == 0
+    assert strip(tmp_path / "a") != strip(tmp_path / "c")
+
+
+def test_sample_cached_equals_uncached_greedy(trained):
+    a = invoke("sample", trained, "--temp", 0, "--prefix", "The", "--max-new", 40)
+    b = invoke("sample", trained, "--temp", 0, "--prefix", "The", "--max-new", 40, "--no-cache")
+    assert a.exit_code == 0 and b.exit_code == 0
+    assert a.output == b.output and a.output.startswith("The") and len(a.output.strip()) == 43
+    c = invoke("sample", trained, "--temp", 0.8, "--top-k", 5, "--seed", 3, "--max-new", 30)
+    d = invoke("sample", trained, "--temp", 0.8, "--top-k", 5, "--seed", 3, "--max-new", 30)
+    assert c.output == d.output
+
+
+def test_report_and_json(tmp_path, trained, trained_2017):
+    root = tmp_path / "runs"
+    root.mkdir()
+    shutil.copytree(trained, root / trained.name)
+    shutil.copytree(trained_2017, root / trained_2017.name)
+    result = invoke("report", root, "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert {r["label"] for r in data["runs"]} == {"llama", "2017"}
+    assert (root / "report" / "report.html").is_file()
+
+
+def test_export_llama_run(tmp_path, trained):
+    result = invoke("export", trained, "--to", "hf", tmp_path / "hf")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
+
+
+def test_ablate_dry_run_creates_nothing(tmp_path):
+    spec = write_spec(tmp_path)
+    result = invoke("ablate", spec, "--dry-run", "--runs-dir", tmp_path / "runs", "--flip", "rope,swiglu")
+    assert result.exit_code == 0, result.output
+    assert "pending" in result.output and not (tmp_path / "runs" / "toy").exists()
+
+
+# ------------------------------------------------------------------------------ bad input matrix
+
+
+def _break_weights(run: Path, tmp: Path) -> Path:
+    copy = shutil.copytree(run, tmp / "broken-weights")
+    (copy / runs.BEST).write_bytes(b"not a safetensors file")
+    return copy
+
+
+def _mismatched_config(run: Path, tmp: Path) -> Path:
+    copy = shutil.copytree(run, tmp / "mismatch")
+    cfg = json.loads((copy / runs.CONFIG).read_text())
+    cfg["model"]["d_model"] = 64
+    (copy / runs.CONFIG).write_text(json.dumps(cfg))
+    return copy
+
+
+def _corrupt_config(run: Path, tmp: Path) -> Path:
+    copy = shutil.copytree(run, tmp / "corrupt-config")
+    (copy / runs.CONFIG).write_text("{not json")
+    return copy
+
+
+def _missing_weights(run: Path, tmp: Path) -> Path:
+    copy = shutil.copytree(run, tmp / "no-weights")
+    (copy / runs.BEST).unlink()
+    return copy
+
+
+def _file(tmp: Path, name: str, content: bytes | str) -> Path:
+    path = tmp / name
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    return path
+
+
+def _locked_sweep(tmp: Path) -> list[str]:
+    spec = write_spec(tmp, name="locked")
+    (tmp / "runs" / "locked").mkdir(parents=True)
+    (tmp / "runs" / "locked" / ".lock").write_text(str(os.getpid()))  # this live process holds it
+    return ["ablate", str(spec), "--runs-dir", str(tmp / "runs")]
+
+
+# (id, args builder(tmp, corpus, trained llama run, trained 2017 run), exit code, message fragment)
+BAD = [
+    ("prepare-missing", lambda t, c, r, r17: ["prepare", t / "nope.txt"], 2, "corpus not found"),
+    ("prepare-not-utf8", lambda t, c, r, r17: ["prepare", _file(t, "bin.txt", b"\xff\xfe\x00abc")], 2, "not UTF-8"),
+    ("prepare-empty", lambda t, c, r, r17: ["prepare", _file(t, "empty.txt", "  \n")], 2, "corpus is empty"),
+    ("prepare-too-short", lambda t, c, r, r17: ["prepare", _file(t, "short.txt", "abc"), "--ctx-len", 16], 2, "too short"),
+    ("prepare-empty-dir", lambda t, c, r, r17: ["prepare", (t / "emptydir").mkdir() or t / "emptydir"], 2, "no .md or .txt"),
+    ("train-unknown-key", lambda t, c, r, r17: ["train", _file(t, "s.toml", "[model]\nd_modle = 3\n")], 2, "model.d_modle: unknown key"),
+    ("train-wrong-type", lambda t, c, r, r17: ["train", _file(t, "s.toml", '[model]\nd_model = "big"\n')], 2, "model.d_model"),
+    ("train-heads-kv", lambda t, c, r, r17: ["train", "--set", "model.n_kv_head=3"], 2, "n_kv_head=3 must divide n_head=4"),
+    ("train-heads-dmodel", lambda t, c, r, r17: ["train", "--set", "model.n_head=5"], 2, "must divide d_model"),
+    ("train-odd-rope", lambda t, c, r, r17: ["train", "--set", "model.d_model=12", "--set", "model.pos_type=rope"], 2, "even head_dim"),
+    ("train-steps-zero", lambda t, c, r, r17: ["train", "--steps", 0], 2, "train.steps"),
+    ("train-bad-toml", lambda t, c, r, r17: ["train", _file(t, "bad.toml", "[model\n")], 2, "invalid TOML"),
+    ("train-no-spec", lambda t, c, r, r17: ["train", t / "missing.toml"], 2, "spec not found"),
+    ("train-set-syntax", lambda t, c, r, r17: ["train", "--set", "model.d_model"], 2, "key=value"),
+    ("train-runs-dir-file", lambda t, c, r, r17: ["train", *run_sets(c), "--runs-dir", _file(t, "f", "x")], 2, "is a file"),
+    ("train-unwritable-out", lambda t, c, r, r17: ["train", *run_sets(c), "--out", _file(t, "g", "x") / "sub"], 2, "Not a directory"),
+    ("train-resume-completed", lambda t, c, r, r17: ["train", "--resume", r], 2, "only interrupted runs"),
+    ("train-bad-device", lambda t, c, r, r17: ["train", "--device", "tpu"], 2, "train.device"),
+    ("sample-missing-run", lambda t, c, r, r17: ["sample", t / "no-run"], 2, "run directory not found"),
+    ("sample-bad-prefix", lambda t, c, r, r17: ["sample", r, "--prefix", "λ☃"], 2, "not in the vocabulary: 'λ', '☃'"),
+    ("sample-neg-temp", lambda t, c, r, r17: ["sample", r, "--temp", -1], 2, "temperature must be >= 0"),
+    ("sample-top-k", lambda t, c, r, r17: ["sample", r, "--top-k", 0], 2, "top-k must be >= 1"),
+    ("sample-corrupt-weights", lambda t, c, r, r17: ["sample", _break_weights(r, t)], 2, "corrupt weights file"),
+    ("sample-mismatched-weights", lambda t, c, r, r17: ["sample", _mismatched_config(r, t)], 2, "do not match the run's config"),
+    ("sample-corrupt-config", lambda t, c, r, r17: ["sample", _corrupt_config(r, t)], 2, "corrupt config.json"),
+    ("sample-missing-weights", lambda t, c, r, r17: ["sample", _missing_weights(r, t)], 2, "missing weights file"),
+    ("sample-learned-window", lambda t, c, r, r17: ["sample", r17, "--window", 64], 2, "learned position table ends"),
+    ("sample-bad-weights-name", lambda t, c, r, r17: ["sample", r, "--weights", "newest"], 2, "--weights must be best or last"),
+    ("ablate-unknown-flip", lambda t, c, r, r17: ["ablate", write_spec(t), "--flip", "rope,alibi", "--dry-run"], 2, "unknown --flip name(s) alibi"),
+    ("ablate-spec-typo", lambda t, c, r, r17: ["ablate", _file(t, "a.toml", 'name = "x"\ndesing = "factorial"\n'), "--dry-run"], 2, "desing: unknown key"),
+    ("ablate-bad-gqa", lambda t, c, r, r17: ["ablate", write_spec(t, top={"gqa_kv_head": 3}), "--dry-run"], 2, "must divide"),
+    ("ablate-steps-zero", lambda t, c, r, r17: ["ablate", write_spec(t), "--steps", 0], 2, "--steps must be > 0"),
+    ("ablate-locked", lambda t, c, r, r17: _locked_sweep(t), 3, "is in use by pid"),
+    ("ablate-escaping-name", lambda t, c, r, r17: ["ablate", _file(t, "e.toml", 'name = "../../etc"\n'), "--dry-run"], 2, "name: String should match pattern"),
+    ("report-missing", lambda t, c, r, r17: ["report", t / "nowhere"], 2, "not found"),
+    ("report-empty", lambda t, c, r, r17: ["report", (t / "void").mkdir() or t / "void"], 2, "no runs"),
+    ("report-bad-format", lambda t, c, r, r17: ["report", t, "--format", "pdf"], 2, "unknown --format pdf"),
+    ("check-no-baseline", lambda t, c, r, r17: ["check", write_spec(t), "--baseline", t / "nope.json"], 2, "baseline not found"),
+    ("check-corrupt-baseline", lambda t, c, r, r17: ["check", write_spec(t), "--baseline", _file(t, "b.json", "[1, 2]")], 2, "has no 'configs' table"),
+    ("export-2017-run", lambda t, c, r, r17: ["export", r17, "--to", "hf", t / "hfout"], 2, "LayerNorm (needs rmsnorm), post-norm (needs pre)"),
+    ("export-bad-target", lambda t, c, r, r17: ["export", r, "--to", "onnx", t / "o"], 2, "only 'hf'"),
+]
+
+
+@pytest.mark.parametrize("case", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_is_one_line_and_exit_code(case, tmp_path, corpus, trained, trained_2017):
+    _, build, code, fragment = case
+    result = invoke(*build(tmp_path, corpus, trained, trained_2017))
+    output = result.output
+    assert result.exit_code == code, output
+    assert fragment in output, output
+    assert "Traceback" not in output
+    error_lines = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(error_lines) == 1, output
+
+
+def test_bad_input_matrix_is_large():
+    assert len(BAD) >= 25
+
+
+def test_debug_flag_shows_traceback():
+    result = runner.invoke(app, ["--debug", "train", "--set", "model.n_kv_head=3"])
+    assert result.exit_code != 0 and result.exception is not None
+
+
+# ------------------------------------------------------------------------------ interruption
+
+
+def _wait_for(predicate, timeout: float = 120.0) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not reached in time")
+
+
+@pytest.mark.slow
+def test_sigint_checkpoints_and_resume_matches_uninterrupted(tmp_path, corpus):
+    sets = run_sets(corpus) + ["--set=train.steps=300", "--set=train.eval_interval=50"]
+    base = [sys.executable, "-m", "anatomy_cli", "train", *sets]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = tmp_path / "interrupted"
+    proc = subprocess.Popen(base + ["--out", str(run)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    _wait_for(lambda: len(runs.read_metrics(run)) > 60)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    summary = runs.read_summary(run)
+    assert summary["status"] == runs.INTERRUPTED and (run / runs.RESUME).is_file()
+    assert 0 < summary["steps_done"] < 300
+    resumed = subprocess.run([sys.executable, "-m", "anatomy_cli", "train", "--resume", str(run)],
+                             capture_output=True, text=True, env=env, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    straight = tmp_path / "straight"
+    whole = subprocess.run(base + ["--out", str(straight)], capture_output=True, text=True, env=env, timeout=300)
+    assert whole.returncode == 0, whole.stderr
+
+    def strip(d):
+        return [{k: v for k, v in r.items() if k not in runs.TIMING_KEYS} for r in runs.read_metrics(d)]
+
+    assert strip(run) == strip(straight)
+    assert runs.read_summary(run)["best_val_loss"] == runs.read_summary(straight)["best_val_loss"]
+    assert not (run / runs.RESUME).exists()
