@@ -48,9 +48,10 @@ JsonOut = Annotated[bool, typer.Option("--json", help="Print machine-readable JS
 def input_errors() -> tuple[type[BaseException], ...]:
     """Domain exceptions that mean 'bad input': one line, exit 2."""
     from .check import BaselineError
+    from .dask_exec import ExecutorError
     from .data import DataError
 
-    errors: list[type[BaseException]] = [ConfigError, runs.RunError, DataError, BaselineError]
+    errors: list[type[BaseException]] = [ConfigError, runs.RunError, DataError, BaselineError, ExecutorError]
     if "torch" in sys.modules:  # these modules import torch; only present if a command loaded them
         from .model.kv_cache import CacheFullError
         from .model.positions import PositionError

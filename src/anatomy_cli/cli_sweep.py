@@ -109,12 +109,16 @@ def ablate(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the plan and stop.")] = False,
     runs_dir: RunsDir = Path("runs"),
     no_report: Annotated[bool, typer.Option("--no-report", help="Skip writing the report at the end.")] = False,
+    executor: Annotated[str, typer.Option(help="local (processes on this machine) | dask (an existing cluster).")] = "local",
+    address: Annotated[Optional[str], typer.Option(help="Dask scheduler address, e.g. tcp://127.0.0.1:8786.")] = None,
 ):
     """Expand a spec into a grid of runs that flip components one at a time, run them, and report."""
     from .sweep import default_workers, execute, expand, parse_flips
 
     if steps is not None and steps <= 0:
         raise ConfigError(f"--steps must be > 0, got {steps}")
+    if executor not in ("local", "dask"):
+        raise ConfigError(f"--executor must be local or dask, got {executor!r}")
     s = load_spec(spec)
     plan = expand(s, parse_flips(flip), seeds, steps)
     sweep_dir = _safe_dir(runs_dir) / s.name
@@ -124,7 +128,8 @@ def ablate(
         return
     display = SweepDisplay(len(plan))
     with display.progress:
-        summaries = execute(plan, sweep_dir, n_workers, display, sweep_name=s.name)
+        summaries = execute(plan, sweep_dir, n_workers, display, sweep_name=s.name, executor=executor,
+                            address=address)
     if not no_report:
         _write_report(sweep_dir, None, ("md", "html", "csv", "json"))
     statuses = [x.get("status") for x in summaries]

@@ -216,8 +216,12 @@ def pending_runs(plan: list[PlannedRun], sweep_dir: Path) -> list[PlannedRun]:
 
 
 def execute(plan: list[PlannedRun], sweep_dir: Path, workers: int = 1, on_event: Event | None = None,
-            sweep_name: str | None = None) -> list[dict]:
-    """Run every pending run of the plan into sweep_dir/<run_id>; return all summaries."""
+            sweep_name: str | None = None, executor: str = "local", address: str | None = None) -> list[dict]:
+    """Run every pending run of the plan into sweep_dir/<run_id>; return all summaries.
+
+    executor 'local' runs in this process (workers=1) or a process pool; 'dask' submits each run
+    to an existing dask.distributed cluster at `address` (see dask_exec.py).
+    """
     sweep_dir = Path(sweep_dir)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     emit = on_event or (lambda e: None)
@@ -227,7 +231,11 @@ def execute(plan: list[PlannedRun], sweep_dir: Path, workers: int = 1, on_event:
         threads = max(1, (os.cpu_count() or 1) // max(1, workers))
         jobs = [(p.run_id, p.config.model_dump(mode="json"), str(sweep_dir / p.run_id), threads,
                  {"sweep": sweep_name, "role": p.role, "flip": p.flip}) for p in todo]
-        if workers <= 1 or len(jobs) <= 1:
+        if executor == "dask":
+            from .dask_exec import execute_dask
+
+            execute_dask(jobs, address, emit)
+        elif workers <= 1 or len(jobs) <= 1:
             for job in jobs:
                 emit({"event": "start", "run_id": job[0], "steps": job[1]["train"]["steps"]})
                 emit({"event": "done", "run_id": job[0], "summary": run_job(job, emit)})

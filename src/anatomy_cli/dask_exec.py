@@ -1,0 +1,96 @@
+"""Run a sweep's jobs on an existing dask.distributed cluster (`--executor dask --address ...`).
+
+Workers need no shared filesystem: each job ships the corpus text with it (unless it is the
+packaged default corpus), trains into a temporary folder on the worker, and returns every run
+file as bytes. The client writes them under runs/ exactly as the local executor would (into a
+temporary folder, then renamed into place), so resume/skip works the same.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+from . import runs
+from .config import ConfigError
+
+
+class ExecutorError(RuntimeError):
+    """The cluster cannot be reached or a worker lacks anatomy."""
+
+
+def _ship(job: tuple) -> tuple:
+    """Attach the corpus text (file or directory source) so the worker reads nothing from our disk.
+
+    Each run gets one torch thread: a dask worker's task slots are its parallelism.
+    """
+    from .data import read_source
+
+    run_id, cfg, run_dir, _, extra = job
+    threads = cfg["train"]["threads"] or 1
+    source = cfg["data"]["source"]
+    text = None
+    if source is not None:
+        text = read_source(source)[0]
+    return run_id, cfg, threads, extra, text
+
+
+def remote_run(shipped: tuple) -> tuple[dict, dict[str, bytes]]:
+    """On a worker: train in a temp folder, return (summary, {file name: bytes})."""
+    from .sweep import run_job
+
+    run_id, cfg, threads, extra, text = shipped
+    with tempfile.TemporaryDirectory(prefix="anatomy-") as tmp:
+        local_cfg = cfg
+        if text is not None:
+            corpus = Path(tmp) / "corpus.txt"
+            corpus.write_text(text, encoding="utf-8")
+            local_cfg = {**cfg, "data": {**cfg["data"], "source": str(corpus)}}
+        run_dir = Path(tmp) / run_id
+        summary = run_job((run_id, local_cfg, str(run_dir), threads, extra))
+        files = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file() and not p.name.startswith(".")}
+    return summary, files
+
+
+def write_returned(run_dir: Path, cfg: dict, files: dict[str, bytes]) -> None:
+    """Write a run's files atomically: a sibling temp folder renamed over the run directory."""
+    run_dir = Path(run_dir)
+    tmp = Path(tempfile.mkdtemp(dir=run_dir.parent, prefix=f".{run_dir.name}."))
+    try:
+        for name, blob in files.items():
+            if name == runs.CONFIG:  # the worker saw its own corpus path: restore ours
+                worker_cfg = json.loads(blob)
+                worker_cfg["data"]["source"] = cfg["data"]["source"]
+                blob = (json.dumps(worker_cfg, indent=2, ensure_ascii=False) + "\n").encode()
+            (tmp / runs.safe_child(tmp, name).name).write_bytes(blob)
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+        tmp.rename(run_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def execute_dask(jobs: list[tuple], address: str | None, emit) -> None:
+    try:
+        from distributed import Client, as_completed
+    except ImportError:
+        raise ConfigError("--executor dask needs dask.distributed: pip install 'anatomy-cli[dask]'") from None
+    if not address:
+        raise ConfigError("--executor dask needs --address tcp://HOST:PORT of a running scheduler")
+    try:
+        client = Client(address, timeout="10s")
+    except (OSError, TimeoutError) as err:
+        raise ExecutorError(f"cannot reach the dask scheduler at {address}: {err}") from None
+    with client:
+        futures = {}
+        for job in jobs:
+            emit({"event": "start", "run_id": job[0], "steps": job[1]["train"]["steps"]})
+            futures[client.submit(remote_run, _ship(job), key=f"anatomy-{job[0]}", pure=False)] = job
+        for future in as_completed(futures):
+            run_id, cfg, run_dir, _, _ = futures[future]
+            summary, files = future.result()
+            write_returned(Path(run_dir), cfg, files)
+            emit({"event": "done", "run_id": run_id, "summary": summary})

@@ -1,0 +1,111 @@
+"""--executor dask against a real scheduler and two workers on 127.0.0.1 (no shared filesystem
+assumption: runs come back as bytes). Every process is stopped at the end, even on failure."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from toy_data import write_spec
+from typer.testing import CliRunner
+
+from anatomy_cli import runs
+from anatomy_cli.cli import app
+
+pytest.importorskip("distributed")
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def dask_bin() -> list[str]:
+    exe = shutil.which("dask", path=str(Path(sys.executable).parent)) or shutil.which("dask")
+    return [exe] if exe else [sys.executable, "-m", "distributed.cli.dask_scheduler"]
+
+
+def wait_port(port: int, timeout: float = 60) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"scheduler did not open port {port}")
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    port, dash = free_port(), free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = []
+    log = open(tmp_path / "dask.log", "w")
+    try:
+        procs.append(subprocess.Popen([*dask_bin(), "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                                       "--dashboard-address", f"127.0.0.1:{dash}"], stdout=log, stderr=log, env=env,
+                                      cwd=tmp_path))
+        wait_port(port)
+        for i in range(2):
+            wdir = tmp_path / f"worker{i}"  # separate working dirs: nothing shared with the client
+            wdir.mkdir()
+            procs.append(subprocess.Popen([*dask_bin(), "worker", address, "--nthreads", "1", "--nworkers", "1",
+                                           "--no-dashboard", "--local-directory", str(wdir)],
+                                          stdout=log, stderr=log, env=env, cwd=wdir))
+        from distributed import Client
+
+        with Client(address, timeout="30s") as client:
+            client.wait_for_workers(2, timeout=60)
+        yield address
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        log.close()
+        assert all(p.poll() is not None for p in procs)
+
+
+def test_dask_executor_matches_local(tmp_path, cluster):
+    spec = write_spec(tmp_path, top={"flips": ["rope", "swiglu"]})
+    runner = CliRunner()
+    local = runner.invoke(app, ["ablate", str(spec), "--runs-dir", str(tmp_path / "local"), "--workers", "1",
+                                "--no-report"])
+    assert local.exit_code == 0, local.output
+    remote = runner.invoke(app, ["ablate", str(spec), "--runs-dir", str(tmp_path / "dask"), "--executor", "dask",
+                                 "--address", cluster, "--no-report"])
+    assert remote.exit_code == 0, remote.output
+    a, b = tmp_path / "local" / "toy", tmp_path / "dask" / "toy"
+    names = sorted(d.name for d in a.iterdir() if d.is_dir())
+    assert names == sorted(d.name for d in b.iterdir() if d.is_dir()) and len(names) == 6
+    for name in names:
+        strip = lambda d: [{k: v for k, v in r.items() if k not in runs.TIMING_KEYS} for r in runs.read_metrics(d)]  # noqa: E731
+        assert strip(a / name) == strip(b / name), name
+        assert (a / name / runs.CONFIG).read_text() == (b / name / runs.CONFIG).read_text()
+        assert runs.read_summary(b / name)["status"] == runs.COMPLETED
+        assert (b / name / runs.BEST).stat().st_size > 0
+    before = {n: (b / n / runs.SUMMARY).read_text() for n in names}
+    again = runner.invoke(app, ["ablate", str(spec), "--runs-dir", str(tmp_path / "dask"), "--executor", "dask",
+                                "--address", cluster, "--no-report"])
+    assert again.exit_code == 0 and "6 completed" in again.output
+    assert {n: (b / n / runs.SUMMARY).read_text() for n in names} == before  # skipped, not resubmitted
+
+
+def test_unreachable_scheduler_is_one_line(tmp_path):
+    spec = write_spec(tmp_path)
+    result = CliRunner().invoke(app, ["ablate", str(spec), "--runs-dir", str(tmp_path / "r"), "--executor", "dask",
+                                      "--address", f"tcp://127.0.0.1:{free_port()}", "--no-report"])
+    assert result.exit_code == 2 and "cannot reach the dask scheduler" in result.output
