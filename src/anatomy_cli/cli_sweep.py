@@ -175,10 +175,11 @@ def report(
         console.print_json(json.dumps({"runs": _records(frame), "effects": _records(effects),
                                        "files": {k: str(v) for k, v in paths.items()}}))
         return
-    console.print(frame_table(frame, ["run_id", "label", "seed", "params", "status", "best_val_loss", "best_step",
-                                      "final_val_loss", "overfit_gap", "tokens_per_s"], "runs"))
+    console.print(frame_table(frame, ["run_id", "label", "seed", "status", "best_val_loss", "best_step",
+                                      "overfit_gap", "tokens_per_s"], "runs"))
     if len(effects):
-        console.print(frame_table(effects, list(effects.columns), "component effects (delta best val loss)"))
+        console.print(frame_table(effects, ["flip", "direction", "group", "n_pairs", "mean_delta", "ci_low", "ci_high",
+                                            "within_noise", "note"], "component effects (delta best val loss)"))
     _write_report(runs_dir, out, formats)
 
 
