@@ -1,0 +1,466 @@
+"""Exams for models: length extrapolation, depth stability, decode cost, and KV-cache budgets.
+
+  parse_ctx_list   '128,256' or '1x,2x,4x' -> [(n, is_multiple)]; bad text is a ConfigError
+  eval_lengths     one run dir -> best-weights val loss at each context length
+  eval_tree        a run dir or a sweep dir -> eval_lengths for each completed run, eval.json written
+  stability_table  report.load_runs frame -> per label: runs, diverged, spikes, grad norm, loss
+  bench_decode     a model's sizes -> prefill/decode tokens/s, KV bytes, memory for MHA/GQA/MQA
+  kv_budget        sizes (from a Hugging Face config.json or options) -> KV bytes, MHA vs GQA vs MQA
+
+Length extrapolation is measured, never faked: a learned position table has no row past ctx_len,
+so those lengths are "n/a" (null in eval.json), not silently cropped; RoPE simply rotates by
+larger angles and is evaluated as is. A val split too short for a length is also n/a, with a note
+saying so (skipped, not an error: in a sweep, one impossible length must not stop the others).
+
+Library code: returns data, never prints or exits; bad input raises ConfigError, RunError or
+DataError with a one-line message. torch and pandas are imported inside the functions that need
+them, so `anatomy kv-budget` (kv_budget, read_hf_config) never imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from . import runs
+from .config import ConfigError, ModelConfig, validate
+
+EVAL = "eval.json"  # the file report.load_runs reads val_loss_ctx_<N> columns from
+LEARNED_NA = "n/a (learned table ends at ctx_len={})"
+
+
+# ------------------------------------------------------------------------- 1. length extrapolation
+
+
+def parse_ctx_list(text: str) -> list[tuple[int, bool]]:
+    """'128,256' -> [(128, False), (256, False)]; '1x,4x' -> multiples of each run's ctx_len."""
+    items = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        multiple = part.endswith("x")
+        digits = part[:-1] if multiple else part
+        if not digits.isdecimal() or int(digits) <= 0:
+            raise ConfigError(f"--ctx expects positive lengths or multiples of ctx_len, e.g. 128,256,512 "
+                              f"or 1x,2x,4x; got {text!r}")
+        items.append((int(digits), multiple))
+    return items
+
+
+def resolve_lengths(items: list[tuple[int, bool]], ctx_len: int) -> list[int]:
+    return sorted({n * ctx_len if multiple else n for n, multiple in items})
+
+
+def length_problem(cfg: ModelConfig, n: int, n_val: int) -> str | None:
+    """Why length n cannot be measured for this model and val split, or None if it can."""
+    if cfg.pos_type == "learned" and n > cfg.ctx_len:
+        return LEARNED_NA.format(cfg.ctx_len)
+    if n_val < n + 1:  # a window of n inputs needs n + 1 ids (the targets are shifted by one)
+        return f"n/a (val split has {n_val:,} ids; a window of {n:,} needs {n + 1:,})"
+    return None
+
+
+def val_loss_at(model, val_ids, n: int, batch_size: int, batches: int) -> float:
+    """Mean loss over data.fixed_windows of length n (raises PositionError past a learned table).
+
+    Same windows, batching and averaging as Trainer.evaluate, so at n = ctx_len with the run's
+    batch_size and eval_batches this reproduces the run's best_val_loss.
+    """
+    import torch
+
+    from .data import fixed_windows
+
+    device = next(model.parameters()).device
+    total = torch.zeros((), device=device)
+    windows = fixed_windows(val_ids, batch_size, n, batches, device)
+    with torch.no_grad():
+        for x, y in windows:  # x, y: [B, n]
+            _, loss = model(x, y)
+            total += loss.float()
+    return float(total) / len(windows)
+
+
+def run_corpus(cfg, run_dir: Path, cache: dict | None = None):
+    """The run's corpus (one read per source), checked against the run's vocab.json."""
+    from .data import CharVocab, DataError, load_corpus
+
+    cache = {} if cache is None else cache
+    key = (cfg.data.source, cfg.data.val_frac)
+    if key not in cache:
+        cache[key] = load_corpus(cfg.data.source, cfg.data.val_frac, 1)
+    corpus = cache[key]
+    try:
+        vocab = CharVocab.load(Path(run_dir) / runs.VOCAB)
+    except DataError as err:
+        raise runs.RunError(str(err)) from None
+    if vocab.chars != corpus.vocab.chars:
+        raise runs.RunError(f"{run_dir}: the corpus changed since the run was trained (vocabulary differs)")
+    return corpus
+
+
+def eval_lengths(run_dir: Path, ctx: list[tuple[int, bool]], batches: int | None = None,
+                 batch_size: int | None = None, device: str = "cpu", corpus_cache: dict | None = None) -> dict:
+    """{"val_loss_by_ctx": {"64": 1.9, "256": None}, "ctx_len", "pos_type", "notes", ...} for a run."""
+    from .checkpoint import load_run
+
+    cfg, _, model = load_run(run_dir, "best", device)
+    corpus = run_corpus(cfg, run_dir, corpus_cache)
+    bs, nb = batch_size or cfg.train.batch_size, batches or cfg.train.eval_batches
+    losses: dict[str, float | None] = {}
+    notes: dict[str, str] = {}
+    for n in resolve_lengths(ctx, cfg.model.ctx_len):
+        problem = length_problem(cfg.model, n, len(corpus.val))
+        if problem:
+            losses[str(n)], notes[str(n)] = None, problem
+        else:
+            losses[str(n)] = val_loss_at(model, corpus.val, n, bs, nb)
+    return {"val_loss_by_ctx": losses, "ctx_len": cfg.model.ctx_len, "pos_type": cfg.model.pos_type,
+            "notes": notes, "label": cfg.model.label, "weights": "best", "batch_size": bs, "batches": nb}
+
+
+MERGE_KEYS = ("weights", "batch_size", "batches")
+
+
+def write_eval(run_dir: Path, result: dict) -> dict:
+    """Write eval.json atomically; lengths measured earlier with the same settings are kept."""
+    path = Path(run_dir) / EVAL
+    old: dict = {}
+    if path.exists():
+        try:
+            old = runs.read_json(path)
+        except runs.RunError:
+            old = {}  # a corrupt eval.json is replaced, not merged
+    same = isinstance(old, dict) and all(old.get(k) == result.get(k) for k in MERGE_KEYS)
+    losses = {**(old.get("val_loss_by_ctx", {}) if same else {}), **result["val_loss_by_ctx"]}
+    losses = dict(sorted(losses.items(), key=lambda kv: int(kv[0])))
+    notes = {**(old.get("notes", {}) if same else {}), **result["notes"]}
+    merged = {**result, "val_loss_by_ctx": losses, "notes": {k: v for k, v in notes.items() if losses.get(k) is None}}
+    runs.atomic_write_json(path, merged)
+    return merged
+
+
+def eval_tree(root: Path, ctx: list[tuple[int, bool]], batches: int | None = None, batch_size: int | None = None,
+              device: str = "cpu", on_run: Callable[[Path, dict], None] | None = None) -> dict:
+    """Evaluate a run dir, or every completed run under a sweep dir; returns {"runs", "skipped"}."""
+    root = Path(root)
+    if not root.exists():
+        raise runs.RunError(f"run or sweep directory not found: {root}")
+    if runs.is_run_dir(root):
+        targets, skipped = [root], []
+    else:
+        found = runs.find_runs(root)
+        if not found:
+            raise runs.RunError(f"no runs under {root} (no run directory with a {runs.CONFIG})")
+        targets = [d for d in found if runs.run_status(d) == runs.COMPLETED]
+        skipped = [{"run_dir": str(d), "status": runs.run_status(d) or "incomplete"} for d in found if d not in targets]
+    done, corpora = [], {}
+    for run_dir in targets:
+        result = write_eval(run_dir, eval_lengths(run_dir, ctx, batches, batch_size, device, corpora))
+        done.append({"run_dir": str(run_dir), **result})
+        if on_run:
+            on_run(run_dir, result)
+    return {"runs": done, "skipped": skipped}
+
+
+# ------------------------------------------------------------------------------ 2. depth stability
+
+STABILITY_COLUMNS = ["label", "n_runs", "diverged", "loss_spikes_mean", "max_grad_norm", "best_val_loss_mean"]
+
+
+def stability_table(runs_df):
+    """One row per label (in order of appearance) from a report.load_runs frame.
+
+    diverged counts runs whose status is 'diverged'; max_grad_norm is the largest logged
+    (pre-clip) gradient norm of any run of the label; best_val_loss_mean averages completed runs
+    only (a diverged run's best loss is from before it blew up, so it would flatter the label).
+    """
+    import pandas as pd
+
+    rows = []
+    for label, g in runs_df.groupby("label", sort=False):
+        completed = g[g["status"] == runs.COMPLETED]
+        rows.append({
+            "label": label,
+            "n_runs": len(g),
+            "diverged": int((g["status"] == runs.DIVERGED).sum()),
+            "loss_spikes_mean": float(g["loss_spikes"].astype(float).mean()),
+            "max_grad_norm": float(g["max_grad_norm"].max()),
+            "best_val_loss_mean": float(completed["best_val_loss"].mean()) if len(completed) else math.nan,
+        })
+    return pd.DataFrame(rows, columns=STABILITY_COLUMNS)
+
+
+def stability(sweep_dir: Path):
+    """(stability table, runs frame) of every run under sweep_dir."""
+    from .report import load_runs
+
+    frame, _ = load_runs(Path(sweep_dir))
+    return stability_table(frame), frame
+
+
+# ------------------------------------------------------------------------------ 3. decode cost
+
+
+def attention_name(n_head: int, n_kv_head: int) -> str:
+    return "MHA" if n_kv_head == n_head else "MQA" if n_kv_head == 1 else "GQA"
+
+
+def kv_head_list(n_head: int, text: str | None = None) -> list[int]:
+    """Default H, H/2, 1 (duplicates and non-divisors dropped); else a comma list, each dividing H."""
+    if text is None:
+        return [g for g in dict.fromkeys((n_head, n_head // 2, 1)) if g > 0 and n_head % g == 0]
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isdecimal() and int(p) > 0 for p in parts):
+        raise ConfigError(f"--kv-heads expects positive integers, e.g. {n_head},{max(1, n_head // 2)},1; got {text!r}")
+    bad = [p for p in parts if n_head % int(p)]
+    if bad:
+        raise ConfigError(f"--kv-heads {', '.join(bad)}: each must divide n_head={n_head}")
+    return list(dict.fromkeys(int(p) for p in parts))
+
+
+def decode_lengths(cfg: ModelConfig, prefix_len: int, new: int) -> tuple[int, int, str | None]:
+    """(prefix, new, note): RoPE keeps both (window = prefix + new, no context shift); a learned
+    table caps prefix + new at ctx_len, with a note saying so."""
+    if prefix_len < 1 or new < 1:
+        raise ConfigError(f"--prefix-len and --new must be >= 1, got {prefix_len} and {new}")
+    if cfg.pos_type == "rope" or prefix_len + new <= cfg.ctx_len:
+        return prefix_len, new, None
+    p = min(prefix_len, cfg.ctx_len // 2)
+    n = min(new, cfg.ctx_len - p)
+    return p, n, (f"learned positions: prefix+new capped at ctx_len={cfg.ctx_len} "
+                  f"(prefix {p}, new {n}; asked {prefix_len}+{new})")
+
+
+def fresh_model(cfg: ModelConfig, device, dtype, seed: int = 0):
+    """An untrained LM of these sizes, initialised without touching the global RNG."""
+    import torch
+
+    from .model import LM
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LM(cfg)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def time_prefill(model, prefix: list[int], window: int, repeats: int = 3) -> float:
+    """Median seconds of one prefill forward of the prefix into a fresh cache."""
+    import torch
+
+    idx = torch.tensor([prefix], device=next(model.parameters()).device)
+    times = []
+    with torch.no_grad():
+        for _ in range(repeats):
+            cache = model.new_cache(1, window)
+            t0 = time.perf_counter()
+            logits, _ = model(idx, cache=cache)
+            float(logits[0, -1, 0])  # wait for the device
+            times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def time_decode(model, prefix: list[int], new: int, window: int, use_cache: bool) -> tuple[list[int], float]:
+    """Greedy sample.generate; seconds from the first token to the end = `new` decode forwards.
+
+    The first next() runs the prefill (timed separately); after each yielded token generate runs
+    one forward (the last one after the final token), so the timed part holds exactly `new`.
+    """
+    from .sample import generate
+
+    it = generate(model, prefix, new, temp=0.0, use_cache=use_cache, window=window)
+    ids = [next(it)]
+    t0 = time.perf_counter()
+    ids += list(it)
+    return ids, time.perf_counter() - t0
+
+
+def memory_fields(model, cache_bytes: int, device) -> dict:
+    """CUDA: the allocator's peak. CPU: model + cache bytes, and the process peak RSS so far."""
+    import resource
+
+    import torch
+
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    out = {"param_bytes": param_bytes, "model_cache_bytes": param_bytes + cache_bytes}
+    if torch.device(device).type == "cuda":
+        out["peak_cuda_bytes"] = int(torch.cuda.max_memory_allocated(device))
+    else:
+        out["peak_rss_bytes"] = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
+    return out
+
+
+def bench_one(model, cfg: ModelConfig, prefix_len: int, new: int, device, seed: int = 0) -> dict:
+    """Prefill and decode speed (cached and uncached), KV bytes and memory for one model."""
+    import torch
+
+    from .model import kv_cache_bytes
+
+    window = prefix_len + new
+    prefix = torch.randint(cfg.vocab_size, (prefix_len,), generator=torch.Generator().manual_seed(seed)).tolist()
+    if torch.device(device).type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    time_decode(model, prefix, min(new, 4), window, True)  # warm-up: kernels, RoPE tables
+    prefill_s = time_prefill(model, prefix, window)
+    cached, cached_s = time_decode(model, prefix, new, window, True)
+    uncached, uncached_s = time_decode(model, prefix, new, window, False)
+    cache = model.new_cache(1, window)  # what generate allocates: batch 1, window positions
+    elem = cache.k[0].element_size()
+    total = cache.cache_bytes()
+    return {
+        "prefill_tok_s": prefix_len / prefill_s,
+        "decode_tok_s_cached": new / cached_s,
+        "decode_tok_s_uncached": new / uncached_s,
+        "speedup": uncached_s / cached_s,
+        "same_output": cached == uncached,
+        "kv_bytes_per_token": total // window,
+        "kv_cache_bytes": total,
+        "kv_formula_bytes": kv_cache_bytes(cfg.n_layer, 1, cfg.n_kv_head, window, cfg.head_dim, elem),
+        "bytes_per_elem": elem,
+        **memory_fields(model, total, device),
+    }
+
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def bench_decode(cfg: ModelConfig, trained=None, kv_heads: list[int] | None = None, new: int = 200,
+                 prefix_len: int = 64, device: str = "cpu", dtype: str = "float32",
+                 on_row: Callable[[dict], None] | None = None) -> dict:
+    """One row per n_kv_head: the trained model where its head count matches, else untrained."""
+    import torch
+
+    if dtype not in DTYPES:
+        raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    torch_dtype = getattr(torch, dtype)
+    prefix_len, new, note = decode_lengths(cfg, prefix_len, new)
+    rows = []
+    for g in kv_heads or kv_head_list(cfg.n_head):
+        c = validate(ModelConfig, {**cfg.model_dump(), "n_kv_head": g}, prefix="model.")
+        is_trained = trained is not None and g == cfg.n_kv_head
+        model = trained.to(dtype=torch_dtype) if is_trained else fresh_model(c, device, torch_dtype)
+        row = {"n_kv_head": g, "attention": attention_name(c.n_head, g),
+               "weights": "trained (run)" if is_trained else "untrained (same sizes)"}
+        row |= bench_one(model, c, prefix_len, new, device)
+        rows.append(row)
+        if on_row:
+            on_row(row)
+    sizes = {k: getattr(cfg, k) for k in ("vocab_size", "d_model", "n_layer", "n_head", "ctx_len", "pos_type")}
+    return {"model": sizes | {"head_dim": cfg.head_dim}, "prefix_len": prefix_len, "new": new,
+            "window": prefix_len + new, "device": str(device), "dtype": dtype, "note": note, "rows": rows}
+
+
+# ------------------------------------------------------------------------------ 4. KV budget (no torch)
+
+DTYPE_BYTES = {"fp32": 4, "float32": 4, "fp16": 2, "float16": 2, "bf16": 2, "bfloat16": 2, "fp8": 1,
+               "float8": 1, "int8": 1}
+HF_KEYS = {"layers": "num_hidden_layers", "heads": "num_attention_heads", "kv_heads": "num_key_value_heads",
+           "head_dim": "head_dim", "hidden": "hidden_size"}
+
+
+@dataclass(frozen=True)
+class AttnShape:
+    """What a KV cache's size depends on: L layers, H query heads, G K/V heads, hd per head."""
+
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    hidden: int | None
+    source: str
+
+
+def read_hf_config(path: Path) -> dict[str, int | None]:
+    """{layers, heads, kv_heads, head_dim, hidden} from a Hugging Face config.json (None = absent).
+
+    A directory means its config.json; multimodal configs are read from their text_config.
+    """
+    path = Path(path)
+    path = path / "config.json" if path.is_dir() else path
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config not found: {path}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ConfigError(f"{path}: not a valid JSON config ({str(err).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    if HF_KEYS["layers"] not in data and isinstance(data.get("text_config"), dict):
+        data = data["text_config"]
+    out = {}
+    for name, key in HF_KEYS.items():
+        value = data.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ConfigError(f"{path}: {key} must be an integer, got {value!r}")
+        out[name] = value
+    return out
+
+
+def attn_shape(config: Path | None = None, **options: int | None) -> AttnShape:
+    """Sizes from config.json, overridden by any option given; kv_heads defaults to heads,
+    head_dim to hidden / heads."""
+    sizes = read_hf_config(config) if config is not None else dict.fromkeys(HF_KEYS)
+    sizes |= {k: v for k, v in options.items() if v is not None}
+    where = str(config) if config is not None else "options"
+    missing = [f"--{k} ({HF_KEYS[k]})" for k in ("layers", "heads") if sizes[k] is None]
+    if sizes["head_dim"] is None and sizes["hidden"] is None:
+        missing.append("--head-dim or --hidden (head_dim / hidden_size)")
+    if missing:
+        raise ConfigError(f"{where}: missing {', '.join(missing)}")
+    bad = [f"{k}={v}" for k, v in sizes.items() if v is not None and v <= 0]
+    if bad:
+        raise ConfigError(f"{where}: sizes must be positive, got {', '.join(bad)}")
+    heads, kv = sizes["heads"], sizes["kv_heads"] or sizes["heads"]
+    if heads % kv:
+        raise ConfigError(f"{where}: num_key_value_heads={kv} must divide num_attention_heads={heads}")
+    head_dim = sizes["head_dim"] or _divide(sizes["hidden"], heads, where)
+    return AttnShape(sizes["layers"], heads, kv, head_dim, sizes["hidden"], where)
+
+
+def _divide(hidden: int, heads: int, where: str) -> int:
+    if hidden % heads:
+        raise ConfigError(f"{where}: hidden_size={hidden} is not a multiple of num_attention_heads={heads}; "
+                          f"give head_dim")
+    return hidden // heads
+
+
+def fmt_bytes(n: int) -> str:
+    """Binary units: 536870912 -> '512.0 MiB'."""
+    value, unit = float(n), "B"
+    for next_unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, next_unit
+    return f"{n} B" if unit == "B" else f"{value:,.2f} {unit}" if value < 10 else f"{value:,.1f} {unit}"
+
+
+def kv_budget(shape: AttnShape, seq: int, batch: int = 1, dtype: str = "bf16") -> dict:
+    """KV bytes = 2 (K and V) x L x B x G x T x hd x bytes, for G = H (MHA), the config's G, 1 (MQA)."""
+    if dtype not in DTYPE_BYTES:
+        raise ConfigError(f"--dtype must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
+    if seq <= 0 or batch <= 0:
+        raise ConfigError(f"--seq and --batch must be positive, got {seq} and {batch}")
+    nbytes = DTYPE_BYTES[dtype]
+    rows = []
+    for g in dict.fromkeys((shape.heads, shape.kv_heads, 1)):
+        per_token = 2 * shape.layers * g * shape.head_dim * nbytes
+        total = per_token * batch * seq
+        rows.append({"attention": attention_name(shape.heads, g), "kv_heads": g, "is_config": g == shape.kv_heads,
+                     "bytes": total, "human": fmt_bytes(total), "bytes_per_token": per_token,
+                     "ratio_to_mha": g / shape.heads, "mha_over": shape.heads / g})
+    return {**asdict(shape), "seq": seq, "batch": batch, "dtype": dtype, "bytes_per_elem": nbytes,
+            "formula": "2 x layers x batch x kv_heads x seq x head_dim x bytes", "rows": rows}
+
+
+def jsonable(obj: Any) -> Any:
+    """NaN/inf -> None so --json output is strict JSON."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [jsonable(v) for v in obj]
+    return obj
