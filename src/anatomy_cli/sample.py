@@ -56,14 +56,16 @@ def generate(model, prefix: list[int], max_new: int, temp: float = 0.8, top_k: i
     cache = model.new_cache(1, window) if use_cache else None
 
     def run(tokens: list[int]) -> torch.Tensor:
-        logits, _ = model(torch.tensor([tokens], device=device), cache=cache)
+        logits, _ = model(torch.tensor([tokens], device=device), cache=cache, last_only=True)
         return logits[0, -1]  # [V]
 
     logits = run(ids[start:])  # prefill
-    for _ in range(max_new):
+    for i in range(max_new):
         nxt = pick(logits, temp, top_k, gen)
         ids.append(nxt)
         yield nxt
+        if i == max_new - 1:
+            return  # no forward for a token nobody will read
         if len(ids) - start > window:  # context shift: keep the newest half of the window
             start = len(ids) - window // 2
             if cache is not None:

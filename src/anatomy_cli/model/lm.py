@@ -8,6 +8,7 @@ Embedding and head are untied; no linear layer has a bias.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -61,21 +62,26 @@ class LM(nn.Module):
         k_pos = torch.arange(past + T, device=device)
         return k_pos[None, :] <= q_pos[:, None]  # [T, past + T], True = may attend
 
-    def forward(self, idx, targets=None, cache: KVCache | None = None, pos=None):
+    def forward(self, idx, targets=None, cache: KVCache | None = None, pos=None, last_only: bool = False):
+        """last_only: logits for the last position only ([B, 1, V]), all generation needs."""
         B, T = idx.shape
         past = cache.past_len if cache is not None else 0
         if cache is not None:
             cache.check_room(T)
-        if pos is None:
+        rotate = self.positions.rotate
+        if pos is None:  # the usual case: positions past..past+T-1, known on the host
             pos, end = torch.arange(past, past + T, device=idx.device), past + T
+            rotate = functools.partial(rotate, start=past)
         else:
             end = int(pos.max()) + 1  # explicit positions: one host read
         x = self.positions.embed(self.tok(idx), pos, end)  # [B, T, C]
         mask = self.attention_mask(past, T, idx.device)
         for layer, block in enumerate(self.blocks):
-            x = block(x, pos, end, self.positions.rotate, mask, cache, layer)
+            x = block(x, pos, end, rotate, mask, cache, layer)
         if cache is not None:
             cache.advance(T)
+        if last_only:
+            x = x[:, -1:]  # [B, 1, C]
         logits = self.head(self.final_norm(x))  # [B, T, V]
         if targets is None:
             return logits, None

@@ -32,7 +32,7 @@ class LearnedPositions(nn.Module):
             )
         return x + self.table(pos)  # [T, C] or [B, T, C] broadcasts over B
 
-    def rotate(self, q, k, pos, end):
+    def rotate(self, q, k, pos, end, start=None):
         return q, k
 
 
@@ -54,40 +54,57 @@ class RoPE(nn.Module):
         self.head_dim = cfg.head_dim
         self.base = cfg.rope_base
         self.variant = cfg.rope_variant
-        # cos/sin tables per (device, dtype), grown on demand; not parameters, not in the state dict
-        self._tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        # fp32 cos/sin tables for positions 0..ctx_len-1, built once: buffers follow .to(device) and
+        # stay out of the state dict (persistent=False); they grow only when decoding past ctx_len.
+        # Built eagerly so torch.compile sees plain buffers, not a cache being filled mid-graph.
+        self._build(cfg.ctx_len)
 
-    def tables(self, n: int, device, dtype, interleaved: bool = False):
-        """cos, sin of shape [n', head_dim] for positions 0..n'-1 (n' >= n), cached."""
-        key = (str(device), dtype, interleaved)
-        cached = self._tables.get(key)
-        if cached is None or cached[0].shape[0] < n:
-            n = max(n, 2 * cached[0].shape[0] if cached is not None else n)
-            inv_freq = 1.0 / self.base ** (torch.arange(0, self.head_dim, 2, device=device).double() / self.head_dim)
-            angles = torch.outer(torch.arange(n, device=device).double(), inv_freq)  # [n, hd/2]
-            angles = angles.repeat_interleave(2, -1) if interleaved else torch.cat((angles, angles), -1)
-            cached = (angles.cos().to(dtype), angles.sin().to(dtype))
-            self._tables[key] = cached
-        return cached
+    def _angles(self, n: int, interleaved: bool, device=None) -> torch.Tensor:
+        inv_freq = 1.0 / self.base ** (torch.arange(0, self.head_dim, 2, device=device).double() / self.head_dim)
+        angles = torch.outer(torch.arange(n, device=device).double(), inv_freq)  # [n, hd/2]: pos * theta_i
+        return angles.repeat_interleave(2, -1) if interleaved else torch.cat((angles, angles), -1)  # [n, hd]
 
-    def rotate_one(self, x: torch.Tensor, pos: torch.Tensor, end: int, interleaved: bool = False) -> torch.Tensor:
-        cos, sin = self.tables(end, x.device, x.dtype, interleaved)
-        cos, sin = cos[pos], sin[pos]  # [T, hd] or [B, T, hd]
-        if pos.dim() == 2:  # [B, T, hd] -> [B, 1, T, hd] to broadcast over heads
-            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    def _build(self, n: int, device=None) -> None:
+        half = self._angles(n, False, device)
+        self.register_buffer("cos", half.cos().float(), persistent=False)
+        self.register_buffer("sin", half.sin().float(), persistent=False)
+        if self.variant == "k_interleaved":
+            inter = self._angles(n, True, device)
+            self.register_buffer("cos_i", inter.cos().float(), persistent=False)
+            self.register_buffer("sin_i", inter.sin().float(), persistent=False)
+
+    def tables(self, end: int, interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """fp32 cos, sin of shape [n >= end, head_dim]."""
+        if end > self.cos.shape[0]:  # decoding past the training length: grow (doubling)
+            self._build(max(end, 2 * self.cos.shape[0]), self.cos.device)
+        return (self.cos_i, self.sin_i) if interleaved else (self.cos, self.sin)
+
+    def rotate_one(self, x: torch.Tensor, pos: torch.Tensor, end: int, start: int | None = None,
+                   interleaved: bool = False) -> torch.Tensor:
+        cos, sin = self.tables(end, interleaved)
+        if start is not None:  # positions start..end-1: a slice, no gather
+            cos, sin = cos[start:end], sin[start:end]  # [T, hd]
+        else:
+            cos, sin = cos[pos], sin[pos]  # [T, hd] or [B, T, hd]
+            if pos.dim() == 2:  # [B, T, hd] -> [B, 1, T, hd] to broadcast over heads
+                cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # no-op in fp32; bf16 under autocast
         rot = rotate_interleaved(x) if interleaved else rotate_half(x)
         return x * cos + rot * sin
 
     def embed(self, x, pos, end):
         return x
 
-    def rotate(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, end: int):
-        """q: [B, H, T, hd], k: [B, G, T, hd] -> same shapes, rotated by angle pos * theta_i."""
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, end: int, start: int | None = None):
+        """q: [B, H, T, hd], k: [B, G, T, hd] -> same shapes, rotated by angle pos * theta_i.
+
+        `start` (optional) says pos == arange(start, end), letting the tables be sliced.
+        """
         if self.variant == "q_only":  # break-it exercise: K keeps no position at all
-            return self.rotate_one(q, pos, end), k
+            return self.rotate_one(q, pos, end, start), k
         if self.variant == "k_interleaved":  # break-it exercise: Q and K disagree on the pairing
-            return self.rotate_one(q, pos, end), self.rotate_one(k, pos, end, interleaved=True)
-        return self.rotate_one(q, pos, end), self.rotate_one(k, pos, end)
+            return self.rotate_one(q, pos, end, start), self.rotate_one(k, pos, end, start, interleaved=True)
+        return self.rotate_one(q, pos, end, start), self.rotate_one(k, pos, end, start)
 
 
 POSITIONS: dict[str, type[nn.Module]] = {"learned": LearnedPositions, "rope": RoPE}
