@@ -435,3 +435,11 @@ def test_rope_runs_past_ctx_len(make_lm, factor):
     assert logits.shape == (2, T, 50)
     assert torch.isfinite(logits).all()
     torch.testing.assert_close(logits[:, :12], head, atol=1e-5, rtol=1e-5)  # causal past the window
+
+
+def test_broken_rope_variants_are_labelled():
+    from anatomy_cli.config import ModelConfig
+
+    assert "BROKEN rope:q_only" in ModelConfig(pos_type="rope", rope_variant="q_only").label
+    assert "BROKEN rope:k_interleaved" in ModelConfig(pos_type="rope", rope_variant="k_interleaved").label
+    assert "BROKEN" not in ModelConfig(pos_type="rope").label

@@ -187,3 +187,24 @@ def test_sigkill_mid_sweep_then_rerun_completes_without_retraining(tmp_path):
         steps = [r["step"] for r in runs.read_metrics(d)]
         assert steps == list(range(0, 81))
     assert not (sweep / ".lock").exists()
+
+
+@pytest.mark.slow
+def test_two_concurrent_ablates_leave_exactly_one_running(tmp_path):
+    spec_path = write_spec(tmp_path, top={"design": "list", "configs": [{"name": "a"}, {"name": "b"}]},
+                           train={"steps": 60, "eval_interval": 30})
+    cmd = [sys.executable, "-m", "anatomy_cli", "ablate", str(spec_path), "--runs-dir", str(tmp_path / "runs"),
+           "--workers", "1", "--no-report"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    lock = tmp_path / "runs" / "toy" / ".lock"
+    deadline = time.time() + 60
+    while not lock.exists() and time.time() < deadline:
+        time.sleep(0.02)
+    second = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    out, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err
+    assert second.returncode == 3
+    assert f"is in use by pid {first.pid}" in second.stderr
+    assert "Traceback" not in second.stderr
+    assert all(runs.run_status(d) == runs.COMPLETED for d in (tmp_path / "runs" / "toy").iterdir() if d.is_dir())

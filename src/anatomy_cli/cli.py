@@ -157,7 +157,7 @@ class StopFlag:
         signal.signal(signal.SIGINT, self.previous)
 
 
-def train_progress(total: int):
+def train_progress():
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     return Progress(
@@ -174,6 +174,7 @@ def train(
     steps: Annotated[Optional[int], typer.Option(help="Training steps (overrides train.steps).")] = None,
     device: Annotated[Optional[str], typer.Option(help="auto | cpu | cuda | mps")] = None,
     compile: Annotated[bool, typer.Option("--compile", help="torch.compile the model for training.")] = False,
+    dtype: Annotated[Optional[str], typer.Option(help="float32 | bfloat16 (autocast; weights stay fp32).")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", help="Run directory (default: RUNS_DIR/train/<run id>).")] = None,
     runs_dir: RunsDir = Path("runs"),
     resume: Annotated[Optional[Path], typer.Option("--resume", help="Continue an interrupted run directory.")] = None,
@@ -190,6 +191,8 @@ def train(
         overrides.append(f"train.device={json.dumps(device)}")
     if compile:
         overrides.append("train.compile=true")
+    if dtype is not None:
+        overrides.append(f"train.dtype={json.dumps(dtype)}")
     cfg = load_run_config(spec, overrides)
     run_dir = out or _safe_dir(runs_dir) / "train" / runs.run_id(f"{cfg.name}-{cfg.model.label}", cfg.seed,
                                                                   cfg.model_dump(mode="json"))
@@ -213,7 +216,7 @@ def _safe_dir(path: Path) -> Path:
 
 
 def _run_train(fn, run_dir: Path, total: int) -> None:
-    with StopFlag() as stop, train_progress(total) as bar:
+    with StopFlag() as stop, train_progress() as bar:
         task = bar.add_task("train", total=total, losses="")
 
         def on_progress(p: dict) -> None:

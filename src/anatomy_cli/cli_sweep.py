@@ -85,7 +85,8 @@ class SweepDisplay:
         elif kind == "start" and rid not in self.tasks:
             self.tasks[rid] = self.progress.add_task(f"  {rid}", total=e.get("steps") or 1, info="")
         elif kind == "progress":
-            self(dict(event="start", run_id=rid, steps=e["steps"])) if rid not in self.tasks else None
+            if rid not in self.tasks:
+                self(dict(event="start", run_id=rid, steps=e["steps"]))
             self.progress.update(self.tasks[rid], completed=e["step"], total=e["steps"],
                                  info=f"val {e['val_loss']:.3f}")
         elif kind == "done":

@@ -42,8 +42,8 @@ def check(
     rows = gate.compare(base, gate.collect(sweep_dir), tolerance)
     if json_out:
         console.print_json(json.dumps({"passed": gate.passed(rows), "rows": rows}))
-    else:
-        console.print(check_table(rows, baseline))
+        raise typer.Exit(0 if gate.passed(rows) else EXIT_FAILED)
+    console.print(check_table(rows, baseline))
     if not gate.passed(rows):
         bad = ", ".join(f"{r['config']} ({r['verdict'].lower()})" for r in rows if r["verdict"] != "ok")
         console.print(f"[bold red]regression gate failed:[/] {bad}", highlight=False)

@@ -108,13 +108,12 @@ class ModelConfig(_Frozen):
 
     @property
     def label(self) -> str:
-        """'2017', 'llama', or the flips present, e.g. 'rope+swiglu'."""
+        """'2017', 'llama', or the flips present, e.g. 'rope+swiglu'; break-it variants say so."""
         flips = self.flips
-        if not flips:
-            return "2017"
-        if len(flips) == len(FLIPS):
-            return "llama"
-        return "+".join(flips)
+        name = "2017" if not flips else "llama" if len(flips) == len(FLIPS) else "+".join(flips)
+        if self.rope_variant != "standard":
+            name += f" [BROKEN rope:{self.rope_variant}]"  # the article's break-it exercise, not a real part
+        return name
 
 
 class TrainConfig(_Frozen):
@@ -135,6 +134,8 @@ class TrainConfig(_Frozen):
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
     dtype: Literal["float32", "bfloat16"] = "float32"  # bfloat16 = autocast; weights stay fp32
     compile: bool = False
+    # torch.compile mode: "reduce-overhead" captures CUDA graphs (small models on a GPU are launch-bound)
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune"] = "default"
     threads: int | None = Field(default=None, gt=0)  # torch intra-op threads; None = torch default
     sample_prefix: str = "## "
     sample_temp: float = Field(default=0.8, ge=0)

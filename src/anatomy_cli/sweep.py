@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from . import runs
-from .config import FLIPS, AblationSpec, ConfigError, ModelConfig, RunConfig, TrainConfig, validate
+from .config import FLIPS, AblationSpec, ConfigError, ModelConfig, RunConfig, TrainConfig, apply_overrides, validate
 
 Event = Callable[[dict], None]
 
@@ -129,7 +129,7 @@ def expand(spec: AblationSpec, flips: list[str] | None = None, seeds: int | None
             axis_over = dict(zip(axes, values))
             full_slug = "_".join([slug] + [f"{k.split('.')[-1]}={v}" for k, v in axis_over.items()])
             for seed in seed_list:
-                data = _apply(base, {**overrides, **axis_over, "seed": seed, "name": f"{spec.name}/{full_slug}"})
+                data = apply_overrides(base, {**overrides, **axis_over, "seed": seed, "name": f"{spec.name}/{full_slug}"})
                 try:
                     cfg = validate(RunConfig, data)
                 except ConfigError as err:
@@ -142,12 +142,6 @@ def expand(spec: AblationSpec, flips: list[str] | None = None, seeds: int | None
     if errors:
         raise ConfigError("invalid configs in the plan: " + "; ".join(errors))
     return plan
-
-
-def _apply(base: dict, overrides: dict[str, Any]) -> dict:
-    from .config import apply_overrides
-
-    return apply_overrides(base, overrides)
 
 
 # Throughput assumed for --dry-run estimates (no torch import there): a 2-core laptop CPU, fp32.

@@ -94,7 +94,7 @@ class Trainer:
             torch.backends.cudnn.allow_tf32 = True
         torch.manual_seed(cfg.seed)  # model init depends on the seed alone
         self.model = LM(cfg.model).to(self.device)
-        self.fwd = torch.compile(self.model) if t.compile else self.model
+        self.fwd = torch.compile(self.model, mode=t.compile_mode) if t.compile else self.model
         self.opt = make_optimizer(self.model, t, self.device)
         self.sampler = BatchSampler(corpus.train, t.batch_size, cfg.model.ctx_len, cfg.seed, self.device)
         self.val = fixed_windows(corpus.val, t.batch_size, cfg.model.ctx_len, t.eval_batches, self.device)
