@@ -27,11 +27,13 @@ def test_compare_verdicts_and_default_tolerance():
 
 
 def test_baseline_tolerance_comes_from_seed_spread():
-    data = gate.build_baseline({"x": {1: 2.0, 2: 2.1, 3: 1.9}}, 1, "spec", "2.13", "cpu")
+    data = gate.build_baseline({"x": {1: 2.0, 2: 2.1, 3: 1.9}, "y": {1: 3.0, 2: 3.2, 3: 2.8}}, 1, "spec", "2.13", "cpu")
     entry = data["configs"]["x"]
     assert entry["best_val_loss"] == 2.0
     assert entry["seed_std"] == pytest.approx(0.1)
-    assert entry["tolerance"] == pytest.approx(gate.TOLERANCE_SIGMAS * 0.1)
+    pooled = ((0.1**2 + 0.2**2) / 2) ** 0.5  # variances pooled over configs
+    assert data["pooled_seed_std"] == pytest.approx(pooled)
+    assert entry["tolerance"] == data["configs"]["y"]["tolerance"] == pytest.approx(gate.TOLERANCE_SIGMAS * pooled)
     assert "std" in data["derivation"] and data["torch_version"] == "2.13" and data["machine"] == "cpu"
     with pytest.raises(gate.BaselineError, match="gate seed"):
         gate.build_baseline({"x": {2: 2.0, 3: 2.1}}, 1, "spec", "2.13", "cpu")

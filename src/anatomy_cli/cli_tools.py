@@ -80,13 +80,14 @@ def _update(s, baseline: Path, runs_dir: Path, workers: int | None, seeds: int) 
 
 def check_table(rows: list[dict], baseline: Path) -> Table:
     table = Table(title=f"regression gate vs {baseline}")
-    for col in ("config", "baseline", "now", "delta", "allowed", "verdict"):
+    for col in ("config", "baseline", "now", "delta", "allowed", "identical", "verdict"):
         table.add_column(col, justify="left" if col in ("config", "verdict") else "right")
     for r in rows:
         style = "green" if r["verdict"] == "ok" else "bold red"
         fmt = lambda v, sign="": "-" if v is None else f"{v:{sign}.4f}"  # noqa: E731
+        same = {True: "yes", False: "no"}.get(r.get("identical"), "-")
         table.add_row(r["config"], fmt(r["baseline"]), fmt(r["now"]), fmt(r["delta"], "+"), fmt(r["allowed"]),
-                      f"[{style}]{r['verdict']}[/]")
+                      same, f"[{style}]{r['verdict']}[/]")
     return table
 
 
