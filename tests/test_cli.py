@@ -297,3 +297,14 @@ def test_sigint_checkpoints_and_resume_matches_uninterrupted(tmp_path, corpus):
     assert strip(run) == strip(straight)
     assert runs.read_summary(run)["best_val_loss"] == runs.read_summary(straight)["best_val_loss"]
     assert not (run / runs.RESUME).exists()
+
+
+def test_shell_completion_completes_commands():
+    env = {"_ANATOMY_COMPLETE": "complete_bash", "COMP_WORDS": "anatomy ab", "COMP_CWORD": "1"}
+    result = runner.invoke(app, [], prog_name="anatomy", env=env)
+    assert "ablate" in result.output.split()
+
+
+def test_help_documents_exit_codes():
+    result = invoke("--help")
+    assert "Exit codes" in result.output and "2 bad input" in result.output
