@@ -75,6 +75,11 @@ def read_json(path: Path) -> Any:
         raise RunError(f"corrupt {Path(path).name} in {Path(path).parent}: {err}") from None
 
 
+def json_line(row: dict) -> str:
+    """One metrics.jsonl line; a diverged loss is written as NaN/Infinity (Python's json reads them)."""
+    return json.dumps(row, allow_nan=True) + "\n"
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
     """Every complete line of metrics.jsonl (a torn last line from a crash is ignored)."""
     path = Path(run_dir) / METRICS

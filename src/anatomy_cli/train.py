@@ -130,7 +130,7 @@ class Trainer:
         self.ref_loss = None if math.isnan(ref) else ref
         # Drop metric lines past the saved step (none, unless the process died after a flush).
         rows = [r for r in runs.read_metrics(self.run_dir) if r["step"] <= self.step]
-        runs.atomic_write_text(self.run_dir / runs.METRICS, "".join(runs_json_line(r) for r in rows))
+        runs.atomic_write_text(self.run_dir / runs.METRICS, "".join(runs.json_line(r) for r in rows))
 
     # ------------------------------------------------------------------ loop pieces
     @torch.no_grad()
@@ -177,7 +177,7 @@ class Trainer:
             if diverged is None and self.is_diverged(val_loss):
                 diverged = self.step
         with open(self.run_dir / runs.METRICS, "a", encoding="utf-8") as f:
-            f.write("".join(runs_json_line(r) for r in lines))
+            f.write("".join(runs.json_line(r) for r in lines))
         return diverged
 
     def is_diverged(self, loss: float) -> bool:
@@ -199,12 +199,6 @@ class Trainer:
         if self.progress:
             self.progress({"step": self.step, "steps": self.cfg.train.steps, "val_loss": self.last_val,
                            "best_val_loss": self.best, **extra})
-
-
-def runs_json_line(row: dict) -> str:
-    import json
-
-    return json.dumps(row, allow_nan=True) + "\n"
 
 
 def run_training(tr: Trainer, stop: Callable[[], bool] | None = None) -> tuple[str, int | None]:
