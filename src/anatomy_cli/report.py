@@ -343,7 +343,11 @@ def _effects_frame(rows: list[dict]) -> pd.DataFrame:
 
 
 def plot_curves(curves_df: pd.DataFrame, path: Path) -> Path:
-    """Val loss (solid) and train loss (dashed, same colour) of every run, overlaid."""
+    """Val loss (solid) and train loss (dashed, same colour) of every run, overlaid.
+
+    Per-step train losses are smoothed for the figure only (a centred rolling mean over ~2% of the
+    run): raw minibatch noise hides the differences the figure is for. The CSV/JSON keep raw values.
+    """
     fig = Figure(figsize=(10, 5.5), layout="constrained")
     ax = fig.add_subplot()
     data = curves_df[np.isfinite(curves_df["loss"].to_numpy(dtype=float))]
@@ -351,6 +355,9 @@ def plot_curves(curves_df: pd.DataFrame, path: Path) -> Path:
     for i, (run_id, run) in enumerate(data.groupby("run_id", sort=True)):
         for split, style, alpha in (("val", ".-", 1.0), ("train", "--", 0.45)):
             part = run[run["split"] == split].sort_values("step")
+            if split == "train" and len(part) > 50:
+                window = max(2, len(part) // 50)
+                part = part.assign(loss=part["loss"].rolling(window, center=True, min_periods=1).mean())
             label = run_id if split == "val" or not (run["split"] == "val").any() else None
             if len(part):
                 ax.plot(part["step"], part["loss"], style, color=colors(i % 20), alpha=alpha,
@@ -360,7 +367,7 @@ def plot_curves(curves_df: pd.DataFrame, path: Path) -> Path:
 
 
 def _curve_axes(fig: Figure, ax, data: pd.DataFrame) -> None:
-    ax.set(xlabel="step", ylabel="loss (nats/char)", title="val loss (solid), train loss (dashed)")
+    ax.set(xlabel="step", ylabel="loss (nats/char)", title="val loss (solid), train loss (dashed, smoothed)")
     if data.empty:
         ax.text(0.5, 0.5, "no losses logged yet", ha="center", va="center", transform=ax.transAxes)
         return
