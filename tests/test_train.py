@@ -1,0 +1,62 @@
+"""Training loop pieces: the lr schedule, identical batches across configs, bf16 autocast and
+torch.compile runs that land on the eager fp32 numbers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from toy_data import TINY_MODEL, TINY_TRAIN, write_corpus
+
+from anatomy_cli import runs
+from anatomy_cli.config import RunConfig, TrainConfig, validate
+from anatomy_cli.data import load_corpus
+from anatomy_cli.train import Trainer, lr_at, resolve_config, train
+
+
+def test_lr_schedule_warmup_then_cosine_to_floor():
+    t = TrainConfig(steps=100, warmup=10, lr=1e-3, min_lr_frac=0.1, schedule="cosine")
+    assert lr_at(0, t) == pytest.approx(1e-4) and lr_at(9, t) == pytest.approx(1e-3)
+    assert lr_at(10, t) == pytest.approx(1e-3)
+    assert lr_at(55, t) == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5))))
+    assert lr_at(100, t) == pytest.approx(1e-4) and lr_at(500, t) == pytest.approx(1e-4)
+    const = TrainConfig(steps=100, warmup=0, lr=1e-3, schedule="constant")
+    assert {lr_at(s, const) for s in (0, 50, 99)} == {1e-3}
+
+
+def cfg_for(tmp_path, **model) -> RunConfig:
+    corpus = write_corpus(tmp_path)
+    return validate(RunConfig, {"model": {**TINY_MODEL, **model}, "train": {**TINY_TRAIN, "sample_len": 0},
+                                "data": {"source": str(corpus)}})
+
+
+def test_two_configs_with_one_seed_see_identical_batches(tmp_path):
+    a = cfg_for(tmp_path)
+    b = cfg_for(tmp_path, norm_type="rmsnorm", norm_pos="pre", pos_type="rope", ffn_type="swiglu", n_kv_head=2)
+    corpus = load_corpus(a.data.source, a.data.val_frac, a.model.ctx_len)
+    ta = Trainer(resolve_config(a, corpus), tmp_path / "a", corpus)
+    tb = Trainer(resolve_config(b, corpus), tmp_path / "b", corpus)
+    for _ in range(5):
+        (xa, ya), (xb, yb) = ta.sampler.next(), tb.sampler.next()
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    assert all(torch.equal(x1, x2) for (x1, _), (x2, _) in zip(ta.val, tb.val))
+
+
+def test_bf16_autocast_trains_close_to_fp32(tmp_path):
+    base = cfg_for(tmp_path)
+    fp32 = train(base, tmp_path / "fp32")
+    bf16 = train(base.model_copy(update={"train": base.train.model_copy(update={"dtype": "bfloat16"})}),
+                 tmp_path / "bf16")
+    assert bf16["status"] == runs.COMPLETED and bf16["dtype"] == "bfloat16"
+    assert abs(bf16["best_val_loss"] - fp32["best_val_loss"]) < 0.05
+
+
+@pytest.mark.slow
+def test_compiled_training_matches_eager(tmp_path):
+    base = cfg_for(tmp_path, pos_type="rope", n_layer=1)
+    eager = train(base, tmp_path / "eager")
+    compiled = train(base.model_copy(update={"train": base.train.model_copy(update={"compile": True})}),
+                     tmp_path / "compiled")
+    assert compiled["compiled"] is True
+    assert compiled["best_val_loss"] == pytest.approx(eager["best_val_loss"], abs=1e-4)
