@@ -324,7 +324,6 @@ def step_variant(cfg, batch: int, device, dtype, compile_mode: str | None):
 
 
 def time_variants(rep: Report, variants: dict, cfgs: dict, batch: int, args, peak_flops: float) -> None:
-    import torch
     import common
 
     fns, warm = {}, {}

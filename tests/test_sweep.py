@@ -3,7 +3,6 @@ divergence handling and the sweep lock."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -12,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from toy_data import write_corpus, write_spec
+from toy_data import write_spec
 
 from anatomy_cli import runs
 from anatomy_cli.config import AblationSpec, ConfigError, FLIPS, validate
@@ -96,7 +95,7 @@ def metrics_without_time(run_dir: Path) -> list[dict]:
 
 
 def load(path: Path) -> AblationSpec:
-    from anatomy_cli.cli_sweep import load_spec
+    from anatomy_cli.sweep import load_spec
 
     return load_spec(path)
 

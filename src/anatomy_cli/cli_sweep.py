@@ -11,41 +11,8 @@ from rich.table import Table
 
 from . import runs
 from .cli import EXIT_FAILED, JsonOut, RunsDir, _safe_dir, app, console, err_console, handle_errors
-from .config import AblationSpec, ConfigError, load_toml, resolve_source, validate
-
-DEFAULT_SPEC = "five-flips.toml"
-
-
-def experiments_dir() -> Path:
-    """./experiments when run from a checkout, else the copy packaged with anatomy."""
-    from importlib import resources
-
-    local = Path("experiments")
-    if (local / DEFAULT_SPEC).is_file():
-        return local
-    packaged = resources.files("anatomy_cli") / "_experiments"
-    if packaged.is_dir():
-        return Path(str(packaged))
-    return Path(__file__).resolve().parents[2] / "experiments"
-
-
-def load_spec(path: Path | None) -> AblationSpec:
-    path = path or experiments_dir() / DEFAULT_SPEC
-    data = resolve_source(load_toml(path), Path(path).parent, "base.data")
-    return validate(AblationSpec, data)
-
-
-def check_data(plan) -> dict[str | None, int]:
-    """Read each distinct corpus once before any run starts: vocabulary size per source."""
-    from .data import load_corpus
-
-    sizes = {}
-    for p in plan:
-        d = p.config.data
-        if d.source not in sizes:
-            sizes[d.source] = len(load_corpus(d.source, d.val_frac, p.config.model.ctx_len).vocab)
-    return sizes
-
+from .config import ConfigError
+from .sweep import DEFAULT_SPEC, check_data, load_spec
 
 def fmt_seconds(s: float) -> str:
     return f"{s:.0f}s" if s < 90 else f"{s / 60:.1f}min"

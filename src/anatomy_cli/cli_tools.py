@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from .cli import EXIT_FAILED, JsonOut, RunsDir, _safe_dir, app, console, handle_errors
-from .cli_sweep import SweepDisplay, experiments_dir, load_spec
+from .sweep import experiments_dir, load_spec
 from .config import ConfigError
 
 CI_SPEC = "ci-regression.toml"
@@ -52,6 +52,7 @@ def check(
 
 
 def _run_spec(s, runs_dir: Path, workers: int | None, seeds: int | None = None) -> Path:
+    from .cli_sweep import SweepDisplay  # imported late: cli_sweep and cli_tools both register on cli.app
     from .sweep import default_workers, execute, expand
 
     plan = expand(s, seeds=seeds)

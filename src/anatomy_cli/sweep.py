@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from . import runs
-from .config import FLIPS, AblationSpec, ConfigError, ModelConfig, RunConfig, TrainConfig, apply_overrides, validate
+from .config import (FLIPS, AblationSpec, ConfigError, ModelConfig, RunConfig, TrainConfig, apply_overrides,
+                     load_toml, resolve_source, validate)
 
 Event = Callable[[dict], None]
 
@@ -35,6 +36,40 @@ ON: dict[str, dict[str, Any]] = {
     "rope": {"model.pos_type": "rope"},
     "swiglu": {"model.ffn_type": "swiglu"},
 }
+
+
+DEFAULT_SPEC = "five-flips.toml"
+
+
+def experiments_dir() -> Path:
+    """./experiments when run from a checkout, else the copy packaged with anatomy."""
+    from importlib import resources
+
+    local = Path("experiments")
+    if (local / DEFAULT_SPEC).is_file():
+        return local
+    packaged = resources.files("anatomy_cli") / "_experiments"
+    if packaged.is_dir():
+        return Path(str(packaged))
+    return Path(__file__).resolve().parents[2] / "experiments"
+
+
+def load_spec(path: Path | None) -> AblationSpec:
+    path = path or experiments_dir() / DEFAULT_SPEC
+    data = resolve_source(load_toml(path), Path(path).parent, "base.data")
+    return validate(AblationSpec, data)
+
+
+def check_data(plan) -> dict[str | None, int]:
+    """Read each distinct corpus once before any run starts: vocabulary size per source."""
+    from .data import load_corpus
+
+    sizes = {}
+    for p in plan:
+        d = p.config.data
+        if d.source not in sizes:
+            sizes[d.source] = len(load_corpus(d.source, d.val_frac, p.config.model.ctx_len).vocab)
+    return sizes
 
 
 class SweepLocked(RuntimeError):

@@ -7,7 +7,6 @@ grouping inside the kernel, and the KV cache stores G heads.
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import nn
 
