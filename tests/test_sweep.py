@@ -3,6 +3,7 @@ divergence handling and the sweep lock."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -123,6 +124,22 @@ def test_diverged_run_is_recorded_and_sweep_goes_on(tmp_path):
     assert by["boom"]["error"] == f"diverged at step {by['boom']['diverged_at']}"
     # rerunning skips both: a diverged run is a result
     assert {x["run_id"] for x in execute(expand(s), tmp_path / "runs")} == {x["run_id"] for x in summaries}
+
+
+def test_estimates_calibrate_on_finished_runs(tmp_path):
+    from anatomy_cli.sweep import ASSUMED_FLOPS, estimate_seconds, measured_flops
+
+    assert measured_flops(tmp_path / "none") is None
+    s = load(write_spec(tmp_path, top={"design": "list", "configs": [{"name": "a"}]}))
+    plan = expand(s)
+    execute(plan, tmp_path / "r")
+    rate, n = measured_flops(tmp_path / "r")
+    summary = runs.read_summary(tmp_path / "r" / plan[0].run_id)
+    model = json.loads((tmp_path / "r" / plan[0].run_id / runs.CONFIG).read_text())["model"]
+    from anatomy_cli.config import ModelConfig
+
+    assert n == 1 and rate == pytest.approx(summary["tokens_per_s"] * ModelConfig(**model).flops_per_token())
+    assert estimate_seconds(plan[0].config, 2 * ASSUMED_FLOPS) == pytest.approx(estimate_seconds(plan[0].config) / 2)
 
 
 def test_completed_runs_are_skipped_and_failed_rerun(tmp_path):

@@ -12,24 +12,30 @@ from rich.table import Table
 from . import runs
 from .cli import EXIT_FAILED, JsonOut, RunsDir, _safe_dir, app, console, err_console, handle_errors
 from .config import ConfigError
-from .sweep import DEFAULT_SPEC, check_data, load_spec
+from .sweep import ASSUMED_FLOPS, DEFAULT_SPEC, check_data, estimate_seconds, load_spec, measured_flops
 
 def fmt_seconds(s: float) -> str:
     return f"{s:.0f}s" if s < 90 else f"{s / 60:.1f}min"
 
 
 def plan_table(plan, sweep_dir: Path, workers: int, vocab: dict) -> Table:
-    total = sum(p.est_seconds for p in plan)
-    table = Table(title=f"plan: {len(plan)} runs -> {sweep_dir}  (est. {fmt_seconds(total / max(1, workers))} "
-                        f"with {workers} worker{'s' * (workers > 1)}; estimate assumes ~40 GFLOP/s per run)")
+    measured = measured_flops(sweep_dir)
+    rate = measured[0] if measured else ASSUMED_FLOPS
+    basis = (f"measured {rate / 1e9:.0f} GFLOP/s per run over {measured[1]} finished runs" if measured
+             else f"assuming ~{rate / 1e9:.0f} GFLOP/s per run")
+    est = {p.run_id: estimate_seconds(p.config, rate) for p in plan}
+    statuses = {p.run_id: runs.run_status(sweep_dir / p.run_id) for p in plan}
+    todo = sum(s for rid, s in est.items() if statuses[rid] not in runs.DONE_STATES)
+    table = Table(title=f"plan: {len(plan)} runs -> {sweep_dir}  (to do: est. {fmt_seconds(todo / max(1, workers))} "
+                        f"with {workers} worker{'s' * (workers > 1)}, {basis})")
     for col in ("run id", "components", "role", "seed", "params", "est.", "status"):
         table.add_column(col, justify="right" if col in ("seed", "params", "est.") else "left")
     for p in plan:
         m = p.config.model
         params = m.model_copy(update={"vocab_size": vocab[p.config.data.source]}).num_params()
-        status = runs.run_status(sweep_dir / p.run_id) or "pending"
         role = f"{p.role}:{p.flip}" if p.flip else p.role
-        table.add_row(p.run_id, m.label, role, str(p.config.seed), f"{params:,}", fmt_seconds(p.est_seconds), status)
+        table.add_row(p.run_id, m.label, role, str(p.config.seed), f"{params:,}", fmt_seconds(est[p.run_id]),
+                      statuses[p.run_id] or "pending")
     return table
 
 

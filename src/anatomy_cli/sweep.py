@@ -84,10 +84,6 @@ class PlannedRun:
     flip: str | None  # the flipped component for add-one / remove-one
     config: RunConfig
 
-    @property
-    def est_seconds(self) -> float:
-        return estimate_seconds(self.config)
-
 
 def parse_flips(text: str | None) -> list[str] | None:
     """'rope,swiglu' -> ['rope', 'swiglu']; unknown names are a ConfigError naming them."""
@@ -179,15 +175,27 @@ def expand(spec: AblationSpec, flips: list[str] | None = None, seeds: int | None
     return plan
 
 
-# Throughput assumed for --dry-run estimates (no torch import there): a 2-core laptop CPU, fp32.
+# Throughput assumed for plan estimates when no run of the sweep has finished yet (no torch import
+# here): one core of a laptop CPU, fp32 training.
 ASSUMED_FLOPS = 40e9
 
 
-def estimate_seconds(cfg: RunConfig) -> float:
+def estimate_seconds(cfg: RunConfig, flops_per_s: float = ASSUMED_FLOPS) -> float:
     m = cfg.model if cfg.model.vocab_size else cfg.model.model_copy(update={"vocab_size": 256})
     tokens = cfg.train.steps * cfg.train.batch_size * m.ctx_len
     evals = (cfg.train.steps // cfg.train.eval_interval + 1) * cfg.train.eval_batches * cfg.train.batch_size * m.ctx_len
-    return m.flops_per_token() * (tokens + evals / 3) / ASSUMED_FLOPS
+    return m.flops_per_token() * (tokens + evals / 3) / flops_per_s
+
+
+def measured_flops(sweep_dir: Path) -> tuple[float, int] | None:
+    """(median training FLOP/s, runs) over the sweep's completed runs: calibrates the estimates."""
+    rates = []
+    for run_dir in runs.find_runs(sweep_dir) if Path(sweep_dir).is_dir() else []:
+        summary = runs.read_summary(run_dir) or {}
+        if summary.get("status") == runs.COMPLETED and summary.get("tokens_per_s"):
+            model = ModelConfig.model_validate(runs.read_json(run_dir / runs.CONFIG)["model"])
+            rates.append(summary["tokens_per_s"] * model.flops_per_token())
+    return (sorted(rates)[len(rates) // 2], len(rates)) if rates else None
 
 
 # ----------------------------------------------------------------------------------- execution
