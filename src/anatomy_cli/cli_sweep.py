@@ -113,16 +113,13 @@ def ablate(
         raise typer.Exit(EXIT_FAILED)
 
 
-def _write_report(root: Path, out: Path | None, formats: tuple[str, ...]) -> dict:
+def _write_report(root: Path, out: Path | None, formats: tuple[str, ...], frames=None) -> dict:
     from .report import write_report
 
-    paths = write_report(root, out, formats)
+    paths = write_report(root, out, formats, frames)
     for kind, path in paths.items():
         console.print(f"  {kind:>8}: {path}", highlight=False)
     return paths
-
-
-FORMATS = ("md", "csv", "html", "json")
 
 
 @app.command()
@@ -134,37 +131,28 @@ def report(
     json_out: JsonOut = False,
 ):
     """Turn run directories into comparison tables, component effects with CIs, and figures."""
-    from .report import component_effects, load_runs
+    from . import report as rep
 
-    formats = tuple(format or FORMATS)
-    bad = [f for f in formats if f not in FORMATS]
+    formats = tuple(format or rep.FORMATS)
+    bad = [f for f in formats if f not in rep.FORMATS]
     if bad:
-        raise ConfigError(f"unknown --format {', '.join(bad)}; choose from {', '.join(FORMATS)}")
+        raise ConfigError(f"unknown --format {', '.join(bad)}; choose from {', '.join(rep.FORMATS)}")
     if not runs_dir.exists():
         raise runs.RunError(f"runs directory not found: {runs_dir}")
-    frame, _ = load_runs(runs_dir)
-    effects = component_effects(frame)
+    frames = rep.report_frames(runs_dir)  # read once: shown here and written below
+    frame, _, effects = frames
     if json_out:
-        paths = _quiet_report(runs_dir, out, formats)
-        console.print_json(json.dumps({"runs": _records(frame), "effects": _records(effects),
+        paths = rep.write_report(runs_dir, out, formats, frames)
+        console.print_json(json.dumps({"runs": rep.records(frame), "effects": rep.records(effects),
                                        "files": {k: str(v) for k, v in paths.items()}}))
         return
     console.print(frame_table(frame, ["run_id", "label", "seed", "status", "best_val_loss", "best_step",
                                       "overfit_gap", "tokens_per_s"], "runs"))
-    if len(effects):
-        console.print(frame_table(effects, ["flip", "direction", "group", "n_pairs", "mean_delta", "ci_low", "ci_high",
-                                            "within_noise", "note"], "component effects (delta best val loss)"))
-    _write_report(runs_dir, out, formats)
-
-
-def _quiet_report(root: Path, out: Path | None, formats) -> dict:
-    from .report import write_report
-
-    return write_report(root, out, formats)
-
-
-def _records(frame) -> list[dict]:
-    return json.loads(frame.to_json(orient="records"))
+    loss = effects[effects["metric"] == rep.LOSS_METRIC]
+    if len(loss):
+        console.print(frame_table(loss, ["flip", "direction", "group", "n_pairs", "mean_delta", "ci_low", "ci_high",
+                                         "within_noise", "note"], "component effects (delta best val loss)"))
+    _write_report(runs_dir, out, formats, frames)
 
 
 def frame_table(frame, columns: list[str], title: str) -> Table:

@@ -441,19 +441,25 @@ TEXT_COLUMNS = ("run_id", "label", "status", "flip", "direction", "group", "with
 PCT_HEADERS = {"mean_delta": "mean_delta_pct", "ci_low": "ci_low_pct", "ci_high": "ci_high_pct"}
 
 
-def write_report(root: Path, out_dir: Path | None = None,
-                 formats: tuple[str, ...] = FORMATS) -> dict[str, Path]:
+def report_frames(root: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(runs, curves, effects) of every run under root; effects hold loss and speed, told apart by `metric`."""
+    runs, curves = load_runs(Path(root))
+    return runs, curves, _effects_frame(_effect_rows(runs, LOSS_METRIC) + _effect_rows(runs, SPEED_METRIC))
+
+
+def write_report(root: Path, out_dir: Path | None = None, formats: tuple[str, ...] = FORMATS,
+                 frames: tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame] | None = None) -> dict[str, Path]:
     """Write the report files into out_dir (default <root>/report/); returns {file name: path}.
 
     Always curves.png and effects.png; 'csv' adds runs.csv and effects.csv (loss and speed effects
     in one table, told apart by `metric`), 'md' report.md, 'html' a self-contained report.html,
-    'json' report.json ({"root", "runs", "effects"} as records, NaN -> null).
+    'json' report.json ({"root", "runs", "effects"} as records, NaN -> null). `frames`, from
+    report_frames(root), spares reading the runs again when the caller already has them.
     """
     unknown = sorted(set(formats) - set(FORMATS))
     if unknown:
         raise ValueError(f"unknown report format(s) {', '.join(unknown)}; choose from {', '.join(FORMATS)}")
-    runs, curves = load_runs(Path(root))
-    effects = _effects_frame(_effect_rows(runs, LOSS_METRIC) + _effect_rows(runs, SPEED_METRIC))
+    runs, curves, effects = frames if frames is not None else report_frames(root)
     out = Path(out_dir) if out_dir is not None else Path(root) / "report"
     out.mkdir(parents=True, exist_ok=True)
     paths = {"curves.png": plot_curves(curves, out / "curves.png"),
@@ -472,7 +478,7 @@ def _report_texts(root: Path, runs: pd.DataFrame, effects: pd.DataFrame,
         texts["runs.csv"] = runs.to_csv(index=False)
         texts["effects.csv"] = effects.to_csv(index=False)
     if "json" in formats:
-        doc = {"root": str(root), "runs": _records(runs), "effects": _records(effects)}
+        doc = {"root": str(root), "runs": records(runs), "effects": records(effects)}
         texts["report.json"] = json.dumps(doc, indent=2, allow_nan=False) + "\n"
     sections = _sections(runs, effects)
     samples = _samples(runs)
@@ -483,7 +489,8 @@ def _report_texts(root: Path, runs: pd.DataFrame, effects: pd.DataFrame,
     return texts
 
 
-def _records(df: pd.DataFrame) -> list[dict]:
+def records(df: pd.DataFrame) -> list[dict]:
+    """Rows as plain JSON-able dicts (NaN, inf and <NA> -> None)."""
     return [{k: _json_value(v) for k, v in row.items()} for row in df.astype(object).to_dict("records")]
 
 
