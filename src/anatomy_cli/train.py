@@ -7,6 +7,7 @@ eval points (no host sync per step). Progress goes to a callback; this module ne
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import math
 import platform
 import resource
@@ -50,6 +51,25 @@ def hardware(device: torch.device) -> str:
     return f"{platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
 
 
+def keep_freed_memory() -> bool:
+    """Let glibc keep freed activation buffers for reuse instead of handing them back to the OS.
+
+    By default glibc serves large blocks with mmap and returns freed heap tops with brk, so every CPU
+    training step page-faults its activations in again: ~9,000 faults and ~25 ms of system time per
+    seed-size step on the 2-core dev machine. With the mmap threshold at its 32 MiB maximum and
+    trimming off, a step faults ~100 times and runs 2-4% faster (the same effect jemalloc/tcmalloc
+    give). The price is that the process keeps its peak heap. Linux glibc only; False elsewhere.
+    """
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
+    return bool(libc.mallopt(m_mmap_threshold, 32 << 20)) and bool(libc.mallopt(m_trim_threshold, 1 << 30))
+
+
 def lr_at(step: int, t) -> float:
     """Linear warmup to t.lr, then constant or cosine down to t.lr * t.min_lr_frac."""
     if step < t.warmup:
@@ -89,6 +109,8 @@ class Trainer:
         if t.threads:
             torch.set_num_threads(t.threads)
         self.device = resolve_device(t.device)
+        if self.device.type == "cpu":
+            keep_freed_memory()
         if self.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
