@@ -18,7 +18,7 @@ from anatomy_cli.config import ConfigError, ModelConfig, validate
 from anatomy_cli.model import LM
 from anatomy_cli.model.attention import CausalSelfAttention
 from anatomy_cli.model.norms import LayerNorm, RMSNorm
-from anatomy_cli.model.positions import LearnedPositions, PositionError, RoPE
+from anatomy_cli.model.positions import LearnedPositions, PositionError, RoPE, rotate_half, turn_half
 
 pytestmark = [pytest.mark.filterwarnings("error"), pytest.mark.usefixtures("single_thread")]
 
@@ -117,6 +117,32 @@ def qk(B=2, H=4, G=4, T=12, hd=16, seed=0):
 
 def scores(q, k):
     return q @ k.transpose(-1, -2)  # [B, H, T, T]
+
+
+def test_turn_half_is_the_rotate_half_formula_bit_for_bit():
+    """The roll + signed-sin form is exact, values and gradients, so it moved no baseline."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 7, 6, 16, generator=g)
+    ang = torch.randn(7, 1, 8, generator=g).repeat(1, 1, 2)  # half-split: both halves share angles
+    cos, sin = ang.cos(), ang.sin()
+    signed = torch.cat((-sin[..., :8], sin[..., 8:]), -1)
+    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ya, yb = turn_half(a, cos, signed), b * cos + rotate_half(b) * sin
+    assert torch.equal(ya, yb)
+    gy = torch.randn(ya.shape, generator=g)
+    ya.backward(gy)
+    yb.backward(gy)
+    assert torch.equal(a.grad, b.grad)
+
+
+def test_rotate_qk_on_the_fused_view_equals_rotate_on_separate_q_and_k():
+    rope = rope_for()
+    q, k = qk(H=4, G=2)
+    pos = torch.arange(5, 17)
+    fused = rope.rotate_qk(torch.cat((q, k), 1).transpose(1, 2), pos, 17, start=5)  # [B, T, H + G, hd]
+    rq, rk = rope.rotate(q, k, pos, 17)
+    assert torch.equal(fused[:, :, :4].transpose(1, 2), rq) and torch.equal(fused[:, :, 4:].transpose(1, 2), rk)
+    torch.testing.assert_close(rq, ref_rope(q, pos), atol=1e-5, rtol=0)
 
 
 def test_rope_keeps_shape_and_norms():
@@ -257,7 +283,7 @@ def attention(n_kv_head: int, pos_type: str = "learned", seed: int = 0):
 
 def run_attention(attn, positions, x):
     T = x.shape[1]
-    return attn(x, torch.arange(T), T, positions.rotate)
+    return attn(x, torch.arange(T), T, positions.rotate_qk)
 
 
 def test_mha_equals_manual_attention():
@@ -298,9 +324,9 @@ def test_rope_rotates_q_and_k_but_not_v():
     attn, positions = attention(n_kv_head=2, pos_type="rope")
     seen = []
 
-    def spy(q, k, pos, end):
-        seen.append((q.shape, k.shape))
-        return positions.rotate(q, k, pos, end)
+    def spy(qk, pos, end):
+        seen.append(qk.shape)
+        return positions.rotate_qk(qk, pos, end)
 
     x = torch.randn(2, 10, 64, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -308,7 +334,7 @@ def test_rope_rotates_q_and_k_but_not_v():
         torch.testing.assert_close(ours, manual_attention(attn, x, rope=True), atol=1e-5, rtol=1e-5)
         # a model that also rotated V would differ from the reference
         assert (ours - manual_attention(attn, x)).abs().max() > 1e-2
-    assert seen == [((2, 4, 10, 16), (2, 2, 10, 16))]  # exactly q [B, H, T, hd] and k [B, G, T, hd]
+    assert seen == [(2, 10, 4 + 2, 16)]  # exactly the H query and G key heads [B, T, H + G, hd], no V
 
 
 # ----------------------------------------------------------------------------------- norms

@@ -1,9 +1,10 @@
 """Where a token is: a learned position table (2017) or RoPE (Su et al. 2021, LLaMA).
 
 Both are indexed by explicit position ids `pos` (shape [T] or [B, T]), so cached decoding
-continues from past_len instead of restarting at 0. Each class has the same two hooks:
-  embed(x, pos)     -> x plus position vectors (learned table) or x unchanged (RoPE)
-  rotate(q, k, pos) -> q, k rotated by position (RoPE) or unchanged (learned table)
+continues from past_len instead of restarting at 0. Each class has the same hooks:
+  embed(x, pos)      -> x plus position vectors (learned table) or x unchanged (RoPE)
+  rotate_qk(qk, pos) -> Q and K heads of one [B, T, H + G, hd] view, rotated (RoPE) or unchanged
+  rotate(q, k, pos)  -> the same on separate [B, heads, T, hd] tensors
 RoPE touches only Q and K, never V, and uses the half-split pairing of HF Llama: dimension i is
 paired with i + head_dim/2 (not with its neighbour 2i+1, the interleaved convention of the paper).
 """
@@ -32,6 +33,9 @@ class LearnedPositions(nn.Module):
             )
         return x + self.table(pos)  # [T, C] or [B, T, C] broadcasts over B
 
+    def rotate_qk(self, qk, pos, end, start=None):
+        return qk
+
     def rotate(self, q, k, pos, end, start=None):
         return q, k
 
@@ -48,10 +52,20 @@ def rotate_interleaved(x: torch.Tensor) -> torch.Tensor:
     return torch.stack((-odd, even), dim=-1).flatten(-2)
 
 
+def turn_half(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x * cos + rotate_half(x) * sin, bit for bit, in three passes over x instead of five.
+
+    rotate_half(x) * sin == roll(x, hd/2) * signed_sin with signed_sin = (-sin_1, sin_2): the roll
+    swaps the halves, the sign lives in the table. Negation is exact, so the results are identical.
+    """
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * signed_sin
+
+
 class RoPE(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.head_dim = cfg.head_dim
+        self.n_head = cfg.n_head
         self.base = cfg.rope_base
         self.variant = cfg.rope_variant
         # fp32 cos/sin tables for positions 0..ctx_len-1, built once: buffers follow .to(device) and
@@ -66,45 +80,55 @@ class RoPE(nn.Module):
 
     def _build(self, n: int, device=None) -> None:
         half = self._angles(n, False, device)
+        sin = half.sin()
+        sin[:, : self.head_dim // 2].neg_()  # signed: the sign of rotate_half, see turn_half
         self.register_buffer("cos", half.cos().float(), persistent=False)
-        self.register_buffer("sin", half.sin().float(), persistent=False)
+        self.register_buffer("signed_sin", sin.float(), persistent=False)
         if self.variant == "k_interleaved":
             inter = self._angles(n, True, device)
             self.register_buffer("cos_i", inter.cos().float(), persistent=False)
             self.register_buffer("sin_i", inter.sin().float(), persistent=False)
 
     def tables(self, end: int, interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """fp32 cos, sin of shape [n >= end, head_dim]."""
+        """fp32 cos and sin of shape [n >= end, head_dim]; half-split sin is signed (see turn_half)."""
         if end > self.cos.shape[0]:  # decoding past the training length: grow (doubling)
             self._build(max(end, 2 * self.cos.shape[0]), self.cos.device)
-        return (self.cos_i, self.sin_i) if interleaved else (self.cos, self.sin)
+        return (self.cos_i, self.sin_i) if interleaved else (self.cos, self.signed_sin)
 
-    def rotate_one(self, x: torch.Tensor, pos: torch.Tensor, end: int, start: int | None = None,
-                   interleaved: bool = False) -> torch.Tensor:
+    def _at(self, x, pos, end, start, interleaved=False):
+        """cos, sin for positions pos (or start..end-1, a slice), shaped [T | B T, 1, hd] for x [B, T, heads, hd]."""
         cos, sin = self.tables(end, interleaved)
         if start is not None:  # positions start..end-1: a slice, no gather
             cos, sin = cos[start:end], sin[start:end]  # [T, hd]
         else:
             cos, sin = cos[pos], sin[pos]  # [T, hd] or [B, T, hd]
-            if pos.dim() == 2:  # [B, T, hd] -> [B, 1, T, hd] to broadcast over heads
-                cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # no-op in fp32; bf16 under autocast
-        rot = rotate_interleaved(x) if interleaved else rotate_half(x)
-        return x * cos + rot * sin
+        return cos.unsqueeze(-2).to(x.dtype), sin.unsqueeze(-2).to(x.dtype)  # no-op cast in fp32
 
     def embed(self, x, pos, end):
         return x
 
-    def rotate(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, end: int, start: int | None = None):
-        """q: [B, H, T, hd], k: [B, G, T, hd] -> same shapes, rotated by angle pos * theta_i.
+    def rotate_qk(self, qk: torch.Tensor, pos: torch.Tensor, end: int, start: int | None = None):
+        """qk: [B, T, H + G, hd], Q heads then K heads (one view of the fused projection) -> rotated.
 
-        `start` (optional) says pos == arange(start, end), letting the tables be sliced.
+        Rotating Q and K in one call halves the element-wise kernels. `start` (optional) says
+        pos == arange(start, end), letting the tables be sliced.
         """
+        cos, sin = self._at(qk, pos, end, start)
+        if self.variant == "standard":
+            return turn_half(qk, cos, sin)
+        q, k = qk.split((self.n_head, qk.shape[2] - self.n_head), dim=2)
         if self.variant == "q_only":  # break-it exercise: K keeps no position at all
-            return self.rotate_one(q, pos, end, start), k
-        if self.variant == "k_interleaved":  # break-it exercise: Q and K disagree on the pairing
-            return self.rotate_one(q, pos, end, start), self.rotate_one(k, pos, end, start, interleaved=True)
-        return self.rotate_one(q, pos, end, start), self.rotate_one(k, pos, end, start)
+            return torch.cat((turn_half(q, cos, sin), k), dim=2)
+        # "k_interleaved", a break-it exercise: Q and K disagree on the pairing
+        cos_i, sin_i = self._at(qk, pos, end, start, interleaved=True)
+        return torch.cat((turn_half(q, cos, sin), k * cos_i + rotate_interleaved(k) * sin_i), dim=2)
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, end: int, start: int | None = None):
+        """q: [B, H, T, hd], k: [B, G, T, hd] -> same shapes, rotated by angle pos * theta_i."""
+        H = q.shape[1]
+        qk = self.rotate_qk(torch.cat((q, k), dim=1).transpose(1, 2), pos, end, start)
+        q, k = qk.split((H, qk.shape[2] - H), dim=2)
+        return q.transpose(1, 2), k.transpose(1, 2)
 
 
 POSITIONS: dict[str, type[nn.Module]] = {"learned": LearnedPositions, "rope": RoPE}
