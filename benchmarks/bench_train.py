@@ -31,7 +31,7 @@ import common  # noqa: E402
 import reference  # noqa: E402
 from anatomy_cli.config import LLAMA_OVERRIDES, DataConfig, ModelConfig, RunConfig, TrainConfig  # noqa: E402
 from anatomy_cli.model import LM  # noqa: E402
-from anatomy_cli.train import make_optimizer  # noqa: E402
+from anatomy_cli.train import keep_freed_memory, make_optimizer  # noqa: E402
 
 CONFIGS = {"2017": {}, "llama": {k.split(".", 1)[1]: v for k, v in LLAMA_OVERRIDES.items()}}
 DEFAULT_TEXT = common.REPO_ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
@@ -151,6 +151,7 @@ def bf16_loss(args, cfg_name: str) -> dict:
 def main(argv=None) -> None:
     args = parse_args(argv)
     common.set_threads(args.threads)
+    kept = keep_freed_memory()  # as `anatomy train` does on CPU; every variant here shares it
     print(common.describe())
     peak = common.matmul_peak(tuple(args.peak_sizes))
     print(f"fp32 matmul peak: {peak['gflops']:.1f} GFLOP/s (n={peak['n']})")
@@ -189,7 +190,8 @@ def main(argv=None) -> None:
     lines += ["", f"B={args.batch} T={args.seq} d={args.d_model} L={args.layers} H={args.heads} "
                   f"(llama G={args.kv_heads}) V={args.vocab}; {rounds} interleaved "
                   f"rounds x {args.inner} step(s), median; spread = IQR/2 over rounds; fp32 sgemm peak "
-                  f"{peak['gflops']:.1f} GFLOP/s (n={peak['n']}, {args.threads} threads).", ""]
+                  f"{peak['gflops']:.1f} GFLOP/s (n={peak['n']}, {args.threads} threads); glibc heap kept "
+                  f"(keep_freed_memory, all variants): {kept}.", ""]
     ratios = []
 
     def ratio_line(label, a, b):
@@ -201,6 +203,7 @@ def main(argv=None) -> None:
         ratio_line(f"step time LLaMA / 2017 ({v})", f"llama/{v}", f"2017/{v}")
     for c in args.configs:
         ratio_line(f"anatomy speed-up over reference ({c})", f"{c}/reference", f"{c}/anatomy")
+        ratio_line(f"anatomy+compile speed-up over reference ({c})", f"{c}/reference", f"{c}/anatomy+compile")
         ratio_line(f"torch.compile speed-up ({c})", f"{c}/anatomy", f"{c}/anatomy+compile")
         ratio_line(f"bf16 autocast speed-up ({c})", f"{c}/anatomy", f"{c}/anatomy+bf16")
         ratio_line(f"compile+bf16 speed-up over eager fp32 ({c})", f"{c}/anatomy",
