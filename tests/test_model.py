@@ -135,16 +135,6 @@ def test_turn_half_is_the_rotate_half_formula_bit_for_bit():
     assert torch.equal(a.grad, b.grad)
 
 
-def test_rotate_qk_on_the_fused_view_equals_rotate_on_separate_q_and_k():
-    rope = rope_for()
-    q, k = qk(H=4, G=2)
-    pos = torch.arange(5, 17)
-    fused = rope.rotate_qk(torch.cat((q, k), 1).transpose(1, 2), pos, 17, start=5)  # [B, T, H + G, hd]
-    rq, rk = rope.rotate(q, k, pos, 17)
-    assert torch.equal(fused[:, :, :4].transpose(1, 2), rq) and torch.equal(fused[:, :, 4:].transpose(1, 2), rk)
-    torch.testing.assert_close(rq, ref_rope(q, pos), atol=1e-5, rtol=0)
-
-
 def test_rope_keeps_shape_and_norms():
     rope = rope_for()
     q, k = qk(H=4, G=2)
@@ -283,7 +273,7 @@ def attention(n_kv_head: int, pos_type: str = "learned", seed: int = 0):
 
 def run_attention(attn, positions, x):
     T = x.shape[1]
-    return attn(x, torch.arange(T), T, positions.rotate_qk)
+    return attn(x, torch.arange(T), T, positions.rotate)
 
 
 def test_mha_equals_manual_attention():
@@ -324,9 +314,9 @@ def test_rope_rotates_q_and_k_but_not_v():
     attn, positions = attention(n_kv_head=2, pos_type="rope")
     seen = []
 
-    def spy(qk, pos, end):
-        seen.append(qk.shape)
-        return positions.rotate_qk(qk, pos, end)
+    def spy(q, k, pos, end):
+        seen.append((q.shape, k.shape))
+        return positions.rotate(q, k, pos, end)
 
     x = torch.randn(2, 10, 64, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -334,7 +324,7 @@ def test_rope_rotates_q_and_k_but_not_v():
         torch.testing.assert_close(ours, manual_attention(attn, x, rope=True), atol=1e-5, rtol=1e-5)
         # a model that also rotated V would differ from the reference
         assert (ours - manual_attention(attn, x)).abs().max() > 1e-2
-    assert seen == [(2, 10, 4 + 2, 16)]  # exactly the H query and G key heads [B, T, H + G, hd], no V
+    assert seen == [((2, 4, 10, 16), (2, 2, 10, 16))]  # exactly q [B, H, T, hd] and k [B, G, T, hd]
 
 
 # ----------------------------------------------------------------------------------- norms

@@ -16,8 +16,7 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.n_kv_head, cfg.head_dim
         q_dim, kv_dim = cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim
-        self.split = (q_dim, kv_dim, kv_dim)  # rows of qkv.weight: Q, K, V
-        self.qk_v = (q_dim + kv_dim, kv_dim)  # Q and K are rotated together, V is not
+        self.split = (q_dim, kv_dim, kv_dim)
         self.qkv = nn.Linear(cfg.d_model, q_dim + 2 * kv_dim, bias=False)  # one matmul for Q, K, V
         self.out = nn.Linear(q_dim, cfg.d_model, bias=False)
 
@@ -28,12 +27,11 @@ class CausalSelfAttention(nn.Module):
         or a bool [T_q, T_k] mask when decoding after a prefix (see LM.attention_mask).
         """
         B, T, C = x.shape
-        qk, v = self.qkv(x).split(self.qk_v, dim=-1)
-        qk = rotate(qk.view(B, T, self.n_head + self.n_kv_head, self.head_dim), pos, end)
-        # RoPE on Q and K only; V carries content, not position
-        q, k = qk.split((self.n_head, self.n_kv_head), dim=2)
-        q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, H, T, hd], [B, G, T, hd]
+        q, k, v = self.qkv(x).split(self.split, dim=-1)
+        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # [B, H, T, hd]
+        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # [B, G, T, hd]
         v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # [B, G, T, hd]
+        q, k = rotate(q, k, pos, end)  # RoPE on Q and K only; V carries content, not position
         if cache is not None:
             k, v = cache.update(layer, k, v)  # [B, G, past + T, hd]
         is_causal = mask is None and k.shape[2] == T and T > 1

@@ -78,7 +78,7 @@ class LM(nn.Module):
         past = cache.past_len if cache is not None else 0
         if cache is not None:
             cache.check_room(T)
-        rotate = self.positions.rotate_qk
+        rotate = self.positions.rotate
         if pos is None:  # the usual case: positions past..past+T-1, known on the host
             pos, end = torch.arange(past, past + T, device=idx.device), past + T
             rotate = functools.partial(rotate, start=past)

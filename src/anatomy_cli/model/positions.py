@@ -1,10 +1,9 @@
 """Where a token is: a learned position table (2017) or RoPE (Su et al. 2021, LLaMA).
 
 Both are indexed by explicit position ids `pos` (shape [T] or [B, T]), so cached decoding
-continues from past_len instead of restarting at 0. Each class has the same hooks:
-  embed(x, pos)      -> x plus position vectors (learned table) or x unchanged (RoPE)
-  rotate_qk(qk, pos) -> Q and K heads of one [B, T, H + G, hd] view, rotated (RoPE) or unchanged
-  rotate(q, k, pos)  -> the same on separate [B, heads, T, hd] tensors
+continues from past_len instead of restarting at 0. Each class has the same two hooks:
+  embed(x, pos)     -> x plus position vectors (learned table) or x unchanged (RoPE)
+  rotate(q, k, pos) -> q, k rotated by position (RoPE) or unchanged (learned table)
 RoPE touches only Q and K, never V, and uses the half-split pairing of HF Llama: dimension i is
 paired with i + head_dim/2 (not with its neighbour 2i+1, the interleaved convention of the paper).
 """
@@ -32,9 +31,6 @@ class LearnedPositions(nn.Module):
                 f"(use pos_type='rope' to run past the training length)"
             )
         return x + self.table(pos)  # [T, C] or [B, T, C] broadcasts over B
-
-    def rotate_qk(self, qk, pos, end, start=None):
-        return qk
 
     def rotate(self, q, k, pos, end, start=None):
         return q, k
@@ -65,7 +61,6 @@ class RoPE(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.head_dim = cfg.head_dim
-        self.n_head = cfg.n_head
         self.base = cfg.rope_base
         self.variant = cfg.rope_variant
         # fp32 cos/sin tables for positions 0..ctx_len-1, built once: buffers follow .to(device) and
@@ -95,40 +90,33 @@ class RoPE(nn.Module):
             self._build(max(end, 2 * self.cos.shape[0]), self.cos.device)
         return (self.cos_i, self.sin_i) if interleaved else (self.cos, self.signed_sin)
 
-    def _at(self, x, pos, end, start, interleaved=False):
-        """cos, sin for positions pos (or start..end-1, a slice), shaped [T | B T, 1, hd] for x [B, T, heads, hd]."""
+    def rotate_one(self, x: torch.Tensor, pos: torch.Tensor, end: int, start: int | None = None,
+                   interleaved: bool = False) -> torch.Tensor:
         cos, sin = self.tables(end, interleaved)
         if start is not None:  # positions start..end-1: a slice, no gather
             cos, sin = cos[start:end], sin[start:end]  # [T, hd]
         else:
             cos, sin = cos[pos], sin[pos]  # [T, hd] or [B, T, hd]
-        return cos.unsqueeze(-2).to(x.dtype), sin.unsqueeze(-2).to(x.dtype)  # no-op cast in fp32
+            if pos.dim() == 2:  # [B, T, hd] -> [B, 1, T, hd] to broadcast over heads
+                cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # no-op in fp32; bf16 under autocast
+        if interleaved:
+            return x * cos + rotate_interleaved(x) * sin
+        return turn_half(x, cos, sin)
 
     def embed(self, x, pos, end):
         return x
 
-    def rotate_qk(self, qk: torch.Tensor, pos: torch.Tensor, end: int, start: int | None = None):
-        """qk: [B, T, H + G, hd], Q heads then K heads (one view of the fused projection) -> rotated.
-
-        Rotating Q and K in one call halves the element-wise kernels. `start` (optional) says
-        pos == arange(start, end), letting the tables be sliced.
-        """
-        cos, sin = self._at(qk, pos, end, start)
-        if self.variant == "standard":
-            return turn_half(qk, cos, sin)
-        q, k = qk.split((self.n_head, qk.shape[2] - self.n_head), dim=2)
-        if self.variant == "q_only":  # break-it exercise: K keeps no position at all
-            return torch.cat((turn_half(q, cos, sin), k), dim=2)
-        # "k_interleaved", a break-it exercise: Q and K disagree on the pairing
-        cos_i, sin_i = self._at(qk, pos, end, start, interleaved=True)
-        return torch.cat((turn_half(q, cos, sin), k * cos_i + rotate_interleaved(k) * sin_i), dim=2)
-
     def rotate(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, end: int, start: int | None = None):
-        """q: [B, H, T, hd], k: [B, G, T, hd] -> same shapes, rotated by angle pos * theta_i."""
-        H = q.shape[1]
-        qk = self.rotate_qk(torch.cat((q, k), dim=1).transpose(1, 2), pos, end, start)
-        q, k = qk.split((H, qk.shape[2] - H), dim=2)
-        return q.transpose(1, 2), k.transpose(1, 2)
+        """q: [B, H, T, hd], k: [B, G, T, hd] -> same shapes, rotated by angle pos * theta_i.
+
+        `start` (optional) says pos == arange(start, end), letting the tables be sliced.
+        """
+        if self.variant == "q_only":  # break-it exercise: K keeps no position at all
+            return self.rotate_one(q, pos, end, start), k
+        if self.variant == "k_interleaved":  # break-it exercise: Q and K disagree on the pairing
+            return self.rotate_one(q, pos, end, start), self.rotate_one(k, pos, end, start, interleaved=True)
+        return self.rotate_one(q, pos, end, start), self.rotate_one(k, pos, end, start)
 
 
 POSITIONS: dict[str, type[nn.Module]] = {"learned": LearnedPositions, "rope": RoPE}
