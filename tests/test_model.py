@@ -426,12 +426,13 @@ def test_loss_is_cross_entropy(make_lm):
     torch.testing.assert_close(loss, F.cross_entropy(logits.reshape(16, 50), targets.reshape(16)))
 
 
-def test_padded_head_gives_the_plain_heads_loss_and_gradients(make_lm):
+@pytest.mark.parametrize("vocab", [50, 64])  # padded to 64 columns; already a multiple of 64
+def test_padded_head_gives_the_plain_heads_loss_and_gradients(make_lm, vocab):
     """The loss's head runs on the vocabulary padded to 64 with -inf logits: same loss, same grads."""
-    model = make_lm()  # vocab 50 -> 64 columns in the loss's matmul
-    assert model.head_mask.shape == (64,) and model.head.weight.shape[0] == 50
+    model = make_lm(vocab_size=vocab)
+    assert model.head_mask.shape == (64,) and model.head.weight.shape[0] == vocab
     g = torch.Generator().manual_seed(1)
-    idx, targets = torch.randint(0, 50, (2, 8), generator=g), torch.randint(0, 50, (2, 8), generator=g)
+    idx, targets = torch.randint(0, vocab, (2, 8), generator=g), torch.randint(0, vocab, (2, 8), generator=g)
 
     def grads(loss):
         model.zero_grad(set_to_none=True)
@@ -441,7 +442,7 @@ def test_padded_head_gives_the_plain_heads_loss_and_gradients(make_lm):
     logits, loss = model(idx, targets)
     padded = grads(loss)
     plain_logits, _ = model(idx)  # no targets: the plain [V, C] head
-    plain_loss = F.cross_entropy(plain_logits.reshape(16, 50), targets.reshape(16))
+    plain_loss = F.cross_entropy(plain_logits.reshape(16, vocab), targets.reshape(16))
     plain = grads(plain_loss)
     torch.testing.assert_close(loss, plain_loss, atol=1e-6, rtol=0)
     torch.testing.assert_close(logits, plain_logits, atol=1e-6, rtol=0)

@@ -97,6 +97,7 @@ class LM(nn.Module):
             return self.head(x), None  # [B, T, V]
         w = self.head.weight
         pad = self.head_mask.shape[0] - w.shape[0]
-        logits = F.linear(x, F.pad(w, (0, 0, 0, pad)), self.head_mask)  # [B, T, V_padded]
+        # [B, T, V_padded]; a vocabulary that is already a multiple of 64 needs no mask
+        logits = F.linear(x, F.pad(w, (0, 0, 0, pad)), self.head_mask) if pad else F.linear(x, w)
         loss = F.cross_entropy(logits.float().view(B * T, -1), targets.reshape(B * T))
         return logits[..., : w.shape[0]], loss
