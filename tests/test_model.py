@@ -18,7 +18,7 @@ from anatomy_cli.config import ConfigError, ModelConfig, validate
 from anatomy_cli.model import LM
 from anatomy_cli.model.attention import CausalSelfAttention
 from anatomy_cli.model.norms import LayerNorm, RMSNorm
-from anatomy_cli.model.positions import LearnedPositions, PositionError, RoPE, rotate_half, turn_half
+from anatomy_cli.model.positions import LearnedPositions, PositionError, RoPE, turn_half
 
 pytestmark = [pytest.mark.filterwarnings("error"), pytest.mark.usefixtures("single_thread")]
 
@@ -117,6 +117,12 @@ def qk(B=2, H=4, G=4, T=12, hd=16, seed=0):
 
 def scores(q, k):
     return q @ k.transpose(-1, -2)  # [B, H, T, T]
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """HF Llama's half-split pairing, the form turn_half replaces: (x1, x2) -> (-x2, x1)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
 
 
 def test_turn_half_is_the_rotate_half_formula_bit_for_bit():

@@ -36,12 +36,6 @@ class LearnedPositions(nn.Module):
         return q, k
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """Half-split pairing: (x1, x2) -> (-x2, x1) with x1 = first half, x2 = second half."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
 def rotate_interleaved(x: torch.Tensor) -> torch.Tensor:
     """Interleaved pairing: (x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...)."""
     even, odd = x[..., 0::2], x[..., 1::2]
@@ -49,10 +43,12 @@ def rotate_interleaved(x: torch.Tensor) -> torch.Tensor:
 
 
 def turn_half(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """x * cos + rotate_half(x) * sin, bit for bit, in three passes over x instead of five.
+    """Half-split rotation x * cos + rotate_half(x) * sin, where rotate_half maps the halves
+    (x1, x2) -> (-x2, x1) (HF Llama's form), in three passes over x instead of five.
 
     rotate_half(x) * sin == roll(x, hd/2) * signed_sin with signed_sin = (-sin_1, sin_2): the roll
-    swaps the halves, the sign lives in the table. Negation is exact, so the results are identical.
+    swaps the halves, the sign lives in the table. Negation is exact, so the results are bit-identical
+    (tests/test_model.py checks values and gradients against the rotate_half form).
     """
     return x * cos + x.roll(x.shape[-1] // 2, -1) * signed_sin
 
