@@ -35,8 +35,9 @@ class LM(nn.Module):
         self.final_norm = make_norm(cfg) if cfg.norm_pos == "pre" else nn.Identity()
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         # The loss's head matmul runs on the vocabulary padded to a multiple of 64 (compute only: the
-        # parameter stays [V, C]). MKL's sgemm is ~1.6x slower on an odd width: 1719 -> 1728 saves
-        # ~9 ms of a ~245 ms CPU step (benchmarks/RESULTS.md). The padded columns get zero weight rows
+        # parameter stays [V, C]). MKL's sgemm is ~1.7x slower at width 1719 than at 1728 (109 vs 183
+        # GFLOP/s on the 2-core dev machine): padding makes the seed-size step ~3-4% faster, measured
+        # paired against the unpadded head. The padded columns get zero weight rows
         # and a -inf "bias", so softmax gives them probability 0 and the loss and gradients are unchanged.
         padded = -(-cfg.vocab_size // HEAD_PAD) * HEAD_PAD
         mask = torch.zeros(padded)
