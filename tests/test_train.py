@@ -100,7 +100,12 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)  # page faults in
 """
 
 
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc" or platform.libc_ver()[1] < "2.33", reason="glibc mallinfo2")
+def glibc_at_least(major: int, minor: int) -> bool:
+    name, version = platform.libc_ver()
+    return name == "glibc" and tuple(int(v) for v in version.split(".")[:2]) >= (major, minor)
+
+
+@pytest.mark.skipif(not glibc_at_least(2, 33), reason="needs glibc >= 2.33 (mallinfo2)")
 def test_keep_freed_memory_lets_training_steps_reuse_their_buffers():
     """By default a 20 MiB buffer is mmapped and unmapped again on free, so every step faults its
     activations in anew; kept in the heap (and the heap not trimmed) the next step reuses them."""
