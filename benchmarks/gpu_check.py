@@ -326,7 +326,7 @@ def step_variant(cfg, batch: int, device, dtype, compile_mode: str | None):
 def time_variants(rep: Report, variants: dict, cfgs: dict, batch: int, args, peak_flops: float) -> None:
     import common
 
-    fns, warm = {}, {}
+    fns = {}
     for key, (cfg_name, dtype, mode) in variants.items():
         if mode is not None and rep.left() < args.compile_need_s:
             rep.skip(key, f"{rep.left():.0f} s left, compiling needs ~{args.compile_need_s:.0f} s")
