@@ -14,7 +14,7 @@ import typer
 from rich.table import Table
 
 from . import exams
-from .cli import JsonOut, app, console, err_console, handle_errors
+from .cli_app import JsonOut, app, console, err_console, handle_errors
 from .config import LLAMA_OVERRIDES, ConfigError, ModelConfig, validate
 
 DEVICES = ("auto", "cpu", "cuda", "mps")

@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from . import runs
-from .cli import EXIT_FAILED, JsonOut, RunsDir, _safe_dir, app, console, err_console, handle_errors
+from .cli_app import EXIT_FAILED, JsonOut, RunsDir, safe_dir, app, console, err_console, handle_errors
 from .config import ConfigError
 from .sweep import ASSUMED_FLOPS, DEFAULT_SPEC, check_data, estimate_seconds, load_spec, measured_flops
 
@@ -95,7 +95,7 @@ def ablate(
         raise ConfigError(f"--executor must be local or dask, got {executor!r}")
     s = load_spec(spec)
     plan = expand(s, parse_flips(flip), seeds, steps)
-    sweep_dir = _safe_dir(runs_dir) / s.name
+    sweep_dir = safe_dir(runs_dir) / s.name
     n_workers = workers or default_workers(len(plan))
     console.print(plan_table(plan, sweep_dir, n_workers, check_data(plan)))
     if dry_run:

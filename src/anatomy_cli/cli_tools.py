@@ -9,7 +9,8 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from .cli import EXIT_FAILED, JsonOut, RunsDir, _safe_dir, app, console, handle_errors
+from .cli_sweep import SweepDisplay
+from .cli_app import EXIT_FAILED, JsonOut, RunsDir, safe_dir, app, console, handle_errors
 from .sweep import experiments_dir, load_spec
 from .config import ConfigError
 
@@ -52,11 +53,10 @@ def check(
 
 
 def _run_spec(s, runs_dir: Path, workers: int | None, seeds: int | None = None) -> Path:
-    from .cli_sweep import SweepDisplay  # imported late: cli_sweep and cli_tools both register on cli.app
     from .sweep import default_workers, execute, expand
 
     plan = expand(s, seeds=seeds)
-    sweep_dir = _safe_dir(runs_dir) / s.name
+    sweep_dir = safe_dir(runs_dir) / s.name
     display = SweepDisplay(len(plan))
     with display.progress:
         execute(plan, sweep_dir, workers or default_workers(len(plan)), display, sweep_name=s.name)

@@ -15,41 +15,36 @@ from pathlib import Path
 
 from . import runs
 from .config import ConfigError
+from .jobs import Job, run_job
 
 
 class ExecutorError(RuntimeError):
     """The cluster cannot be reached or a worker lacks anatomy."""
 
 
-def _ship(job: tuple) -> tuple:
+def _ship(job: Job) -> tuple[Job, str | None]:
     """Attach the corpus text (file or directory source) so the worker reads nothing from our disk.
 
     Each run gets one torch thread: a dask worker's task slots are its parallelism.
     """
     from .data import read_source
 
-    run_id, cfg, run_dir, _, extra = job
-    threads = cfg["train"]["threads"] or 1
-    source = cfg["data"]["source"]
-    text = None
-    if source is not None:
-        text = read_source(source)[0]
-    return run_id, cfg, threads, extra, text
+    source = job.config["data"]["source"]
+    text = read_source(source)[0] if source is not None else None
+    return job.at(job.run_dir, threads=job.config["train"]["threads"] or 1), text
 
 
-def remote_run(shipped: tuple) -> tuple[dict, dict[str, bytes]]:
+def remote_run(shipped: tuple[Job, str | None]) -> tuple[dict, dict[str, bytes]]:
     """On a worker: train in a temp folder, return (summary, {file name: bytes})."""
-    from .sweep import run_job
-
-    run_id, cfg, threads, extra, text = shipped
+    job, text = shipped
     with tempfile.TemporaryDirectory(prefix="anatomy-") as tmp:
-        local_cfg = cfg
+        local_cfg = job.config
         if text is not None:
             corpus = Path(tmp) / "corpus.txt"
             corpus.write_text(text, encoding="utf-8")
-            local_cfg = {**cfg, "data": {**cfg["data"], "source": str(corpus)}}
-        run_dir = Path(tmp) / run_id
-        summary = run_job((run_id, local_cfg, str(run_dir), threads, extra))
+            local_cfg = {**job.config, "data": {**job.config["data"], "source": str(corpus)}}
+        run_dir = Path(tmp) / job.run_id
+        summary = run_job(job.at(run_dir, local_cfg))
         files = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file() and not p.name.startswith(".")}
     return summary, files
 
@@ -73,7 +68,7 @@ def write_returned(run_dir: Path, cfg: dict, files: dict[str, bytes]) -> None:
         raise
 
 
-def execute_dask(jobs: list[tuple], address: str | None, emit) -> None:
+def execute_dask(jobs: list[Job], address: str | None, emit) -> None:
     try:
         from distributed import Client, as_completed
     except ImportError:
@@ -87,10 +82,10 @@ def execute_dask(jobs: list[tuple], address: str | None, emit) -> None:
     with client:
         futures = {}
         for job in jobs:
-            emit({"event": "start", "run_id": job[0], "steps": job[1]["train"]["steps"]})
-            futures[client.submit(remote_run, _ship(job), key=f"anatomy-{job[0]}", pure=False)] = job
+            emit({"event": "start", "run_id": job.run_id, "steps": job.steps})
+            futures[client.submit(remote_run, _ship(job), key=f"anatomy-{job.run_id}", pure=False)] = job
         for future in as_completed(futures):
-            run_id, cfg, run_dir, _, _ = futures[future]
+            job = futures[future]
             summary, files = future.result()
-            write_returned(Path(run_dir), cfg, files)
-            emit({"event": "done", "run_id": run_id, "summary": summary})
+            write_returned(Path(job.run_dir), job.config, files)
+            emit({"event": "done", "run_id": job.run_id, "summary": summary})

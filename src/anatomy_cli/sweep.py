@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from . import runs
+from .jobs import Event, Job, execute_local
 from .config import (FLIPS, AblationSpec, ConfigError, ModelConfig, RunConfig, TrainConfig, apply_overrides,
                      load_toml, resolve_source, validate)
-
-Event = Callable[[dict], None]
 
 OFF: dict[str, dict[str, Any]] = {
     "rmsnorm": {"model.norm_type": "layernorm"},
@@ -266,78 +264,14 @@ def execute(plan: list[PlannedRun], sweep_dir: Path, workers: int = 1, on_event:
         todo = pending_runs(plan, sweep_dir)
         emit({"event": "plan", "total": len(plan), "todo": len(todo), "skipped": len(plan) - len(todo)})
         threads = max(1, (os.cpu_count() or 1) // max(1, workers))
-        jobs = [(p.run_id, p.config.model_dump(mode="json"), str(sweep_dir / p.run_id), threads,
-                 {"sweep": sweep_name, "role": p.role, "flip": p.flip}) for p in todo]
+        todo_jobs = [Job(p.run_id, p.config.model_dump(mode="json"), str(sweep_dir / p.run_id), threads,
+                         {"sweep": sweep_name, "role": p.role, "flip": p.flip}) for p in todo]
         if executor == "dask":
             from .dask_exec import execute_dask
 
-            execute_dask(jobs, address, emit)
-        elif workers <= 1 or len(jobs) <= 1:
-            for job in jobs:
-                emit({"event": "start", "run_id": job[0], "steps": job[1]["train"]["steps"]})
-                emit({"event": "done", "run_id": job[0], "summary": run_job(job, emit)})
+            execute_dask(todo_jobs, address, emit)
         else:
-            _execute_parallel(jobs, workers, emit)
+            execute_local(todo_jobs, workers, emit)
     return [runs.read_summary(sweep_dir / p.run_id) or {} for p in plan]
 
 
-def run_job(job: tuple, emit: Event | None = None) -> dict:
-    """Train one planned run; any failure becomes a 'failed' summary, never a crashed sweep."""
-    import torch
-
-    from .train import train
-
-    run_id, cfg_data, run_dir, threads, extra = job
-    torch.set_num_threads(threads)
-    cfg = RunConfig.model_validate(cfg_data)
-    on_progress = (lambda p: emit({"event": "progress", "run_id": run_id, **p})) if emit else None
-    try:
-        return train(cfg, Path(run_dir), progress=on_progress, extra_summary=extra)
-    except Exception as err:  # noqa: BLE001 - recorded in the run's summary, the sweep goes on
-        summary = {"status": runs.FAILED, "run_id": run_id, "error": f"{err.__class__.__name__}: {err}", **extra}
-        Path(run_dir).mkdir(parents=True, exist_ok=True)
-        if not (Path(run_dir) / runs.CONFIG).exists():  # so reports list the failed run too
-            runs.atomic_write_json(Path(run_dir) / runs.CONFIG, cfg_data)
-        runs.atomic_write_json(Path(run_dir) / runs.SUMMARY, summary)
-        return summary
-
-
-def _queue_emit(queue) -> Event:
-    return lambda e: queue.put(e)
-
-
-def _worker(job: tuple, queue) -> dict:
-    return run_job(job, _queue_emit(queue))
-
-
-def _execute_parallel(jobs: list[tuple], workers: int, emit: Event) -> None:
-    import multiprocessing as mp
-    import queue as queue_mod
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-
-    ctx = mp.get_context("spawn")  # a clean interpreter per worker: no forked torch thread pools
-    with ctx.Manager() as manager, ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        q = manager.Queue()
-        futures = {}
-        for job in jobs:
-            futures[pool.submit(_worker, job, q)] = job[0]
-        pending = set(futures)
-        started: set[str] = set()
-        while pending:
-            done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
-            _drain(q, emit, started, queue_mod)
-            for fut in done:
-                emit({"event": "done", "run_id": futures[fut], "summary": fut.result()})
-        _drain(q, emit, started, queue_mod)
-
-
-def _drain(q, emit: Event, started: set, queue_mod) -> None:
-    while True:
-        try:
-            event = q.get_nowait()
-        except queue_mod.Empty:
-            return
-        if event["run_id"] not in started:
-            started.add(event["run_id"])
-            emit({"event": "start", "run_id": event["run_id"], "steps": event.get("steps")})
-        emit(event)

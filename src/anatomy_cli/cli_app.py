@@ -1,0 +1,113 @@
+"""The Typer app every command module registers on: consoles, exit codes, shared options, errors.
+
+Command modules (cli_run, cli_sweep, cli_tools, cli_exams) import this module; it imports none of
+them, and `cli.py` (the entry point) imports them all. Heavy imports (torch, pandas, matplotlib)
+happen inside commands so `anatomy --help` is instant.
+
+Exit codes (stable, for scripts):
+  0  success
+  1  a check found a regression, or a run failed or diverged
+  2  bad input: options, spec, corpus, run directory, weights
+  3  the sweep directory is locked by another live process
+  130 interrupted (Ctrl-C); the run or sweep can be resumed
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from . import runs
+from .config import ConfigError
+
+app = typer.Typer(
+    name="anatomy",
+    help="Take a language model apart: train small char-level transformers and measure, one component "
+    "at a time, how a 2017 Transformer becomes a LLaMA.\n\nExit codes: 0 ok, 1 regression/failed run, "
+    "2 bad input, 3 sweep directory locked, 130 interrupted.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=True,
+)
+console = Console()
+err_console = Console(stderr=True)
+STATE = {"debug": False}
+
+EXIT_FAILED, EXIT_INPUT, EXIT_LOCKED, EXIT_INTERRUPTED = 1, 2, 3, 130
+
+RunsDir = Annotated[Path, typer.Option("--runs-dir", help="Where run directories are written.")]
+Sets = Annotated[Optional[list[str]], typer.Option("--set", help="Dotted override, e.g. model.pos_type=rope (repeatable).")]
+JsonOut = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
+
+
+def input_errors() -> tuple[type[BaseException], ...]:
+    """Domain exceptions that mean 'bad input': one line, exit 2."""
+    from .check import BaselineError
+    from .dask_exec import ExecutorError
+    from .data import DataError
+
+    errors: list[type[BaseException]] = [ConfigError, runs.RunError, DataError, BaselineError, ExecutorError]
+    if "torch" in sys.modules:  # these modules import torch; only present if a command loaded them
+        from .model.kv_cache import CacheFullError
+        from .model.positions import PositionError
+        from .sample import SampleError
+
+        errors += [SampleError, PositionError, CacheFullError]
+    return tuple(errors)
+
+
+def fail(message: str, code: int = EXIT_INPUT) -> typer.Exit:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+def handle_errors(fn):
+    """Turn domain exceptions into one-line messages and documented exit codes."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from .sweep import SweepLocked
+
+        try:
+            return fn(*args, **kwargs)
+        except (typer.Exit, typer.Abort):
+            raise
+        except SweepLocked as err:
+            if STATE["debug"]:
+                raise
+            raise fail(str(err), EXIT_LOCKED) from None
+        except KeyboardInterrupt:
+            raise fail("interrupted", EXIT_INTERRUPTED) from None
+        except input_errors() as err:
+            if STATE["debug"]:
+                raise
+            raise fail(str(err)) from None
+        except OSError as err:
+            if STATE["debug"]:
+                raise
+            where = f": {err.filename}" if getattr(err, "filename", None) else ""
+            raise fail(f"{err.strerror or err.__class__.__name__}{where}") from None
+        except Exception as err:  # a bug, not bad input: still one line unless --debug
+            if STATE["debug"]:
+                raise
+            raise fail(f"internal error: {err.__class__.__name__}: {err} (rerun with --debug for the traceback)",
+                       EXIT_FAILED) from None
+
+    return wrapper
+
+
+@app.callback()
+def _main(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks instead of one-line errors.")] = False):
+    STATE["debug"] = debug
+
+
+def safe_dir(path: Path) -> Path:
+    """A runs directory that is not a file (it may not exist yet)."""
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"runs directory is a file: {path}")
+    return path

@@ -1,0 +1,184 @@
+"""Single-run commands registered on the app: prepare, train and sample."""
+
+from __future__ import annotations
+
+import functools
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from . import runs
+from .cli_app import (EXIT_FAILED, EXIT_INTERRUPTED, JsonOut, RunsDir, Sets, app, console, err_console,
+                      handle_errors, safe_dir)
+from .config import ConfigError
+
+
+# ----------------------------------------------------------------------------------- prepare
+
+
+@app.command()
+@handle_errors
+def prepare(
+    source: Annotated[Optional[Path], typer.Argument(help="UTF-8 text file or directory of .md/.txt; default: the embedded corpus.")] = None,
+    out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("data/default"),
+    val_frac: Annotated[float, typer.Option(min=0.01, max=0.5, help="Fraction held out for validation (the end of the text).")] = 0.1,
+    ctx_len: Annotated[int, typer.Option(min=1, help="Each split must be longer than this.")] = 128,
+    json_out: JsonOut = False,
+):
+    """Corpus -> character vocabulary + compact train/val ids + meta.json."""
+    from .data import build_corpus, read_source, save_corpus
+
+    text, description = read_source(str(source) if source else None)
+    corpus = build_corpus(text, description, val_frac, ctx_len)
+    save_corpus(corpus, out)
+    info = {k: v for k, v in corpus.meta.items() if k != "char_counts"} | {"out": str(out)}
+    if json_out:
+        console.print_json(json.dumps(info))
+        return
+    for key, value in info.items():
+        console.print(f"[bold]{key:>12}[/]  {value}", highlight=False)
+
+
+# ----------------------------------------------------------------------------------- train
+
+
+class StopFlag:
+    """First Ctrl-C asks the loop to stop at the end of the step and checkpoint; a second one aborts."""
+
+    def __init__(self):
+        self.requested = False
+
+    def __enter__(self):
+        self.previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __call__(self) -> bool:
+        return self.requested
+
+    def __exit__(self, *exc):
+        signal.signal(signal.SIGINT, self.previous)
+
+
+def train_progress():
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    return Progress(
+        TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[losses]}"),
+        TimeRemainingColumn(), console=err_console, transient=False,
+    )
+
+
+@app.command()
+@handle_errors
+def train(
+    spec: Annotated[Optional[Path], typer.Argument(help="TOML run spec (sections model, train, data).")] = None,
+    sets: Sets = None,
+    steps: Annotated[Optional[int], typer.Option(help="Training steps (overrides train.steps).")] = None,
+    device: Annotated[Optional[str], typer.Option(help="auto | cpu | cuda | mps")] = None,
+    compile: Annotated[bool, typer.Option("--compile", help="torch.compile the model for training.")] = False,
+    dtype: Annotated[Optional[str], typer.Option(help="float32 | bfloat16 (autocast; weights stay fp32).")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", help="Run directory (default: RUNS_DIR/train/<run id>).")] = None,
+    runs_dir: RunsDir = Path("runs"),
+    resume: Annotated[Optional[Path], typer.Option("--resume", help="Continue an interrupted run directory.")] = None,
+):
+    """Train one model and write config, metrics, weights, samples and summary to its run directory."""
+    from .config import load_run_config
+
+    if resume is not None:
+        return _train_resume(resume)
+    overrides = list(sets or [])
+    if steps is not None:
+        overrides.append(f"train.steps={steps}")
+    if device is not None:
+        overrides.append(f"train.device={json.dumps(device)}")
+    if compile:
+        overrides.append("train.compile=true")
+    if dtype is not None:
+        overrides.append(f"train.dtype={json.dumps(dtype)}")
+    cfg = load_run_config(spec, overrides)
+    run_dir = out or safe_dir(runs_dir) / "train" / runs.run_id(f"{cfg.name}-{cfg.model.label}", cfg.seed,
+                                                                  cfg.model_dump(mode="json"))
+    from . import train as training
+
+    _run_train(functools.partial(training.train, cfg, run_dir), run_dir, cfg.train.steps)
+
+
+def _train_resume(run_dir: Path) -> None:
+    from . import train as training
+    from .checkpoint import load_run_config
+
+    cfg = load_run_config(run_dir)
+    _run_train(functools.partial(training.resume, run_dir), run_dir, cfg.train.steps)
+
+
+def _run_train(fn, run_dir: Path, total: int) -> None:
+    with StopFlag() as stop, train_progress() as bar:
+        task = bar.add_task("train", total=total, losses="")
+
+        def on_progress(p: dict) -> None:
+            bar.update(task, completed=p["step"], losses=f"train {p['train_loss']:.3f}  val {p['val_loss']:.3f}")
+
+        summary = fn(progress=on_progress, stop=stop)
+    status = summary["status"]
+    if status == runs.INTERRUPTED:
+        err_console.print(f"interrupted at step {summary['steps_done']}; resume with: anatomy train --resume {run_dir}")
+        raise typer.Exit(EXIT_INTERRUPTED)
+    render_summary(summary, run_dir)
+    if status != runs.COMPLETED:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def render_summary(s: dict, run_dir: Path) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"{run_dir}", show_header=False)
+    for key in ("status", "label", "params", "best_val_loss", "best_step", "final_val_loss", "bits_per_char",
+                "tokens_seen", "tokens_per_s", "wall_s", "device", "error"):
+        value = s.get(key)
+        if value is None:
+            continue
+        table.add_row(key, f"{value:,.4f}" if isinstance(value, float) else f"{value:,}" if isinstance(value, int) else str(value))
+    console.print(table)
+
+
+# ----------------------------------------------------------------------------------- sample
+
+
+@app.command()
+@handle_errors
+def sample(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory written by train or ablate.")],
+    prefix: Annotated[str, typer.Option(help="Text to continue.")] = "## ",
+    temp: Annotated[float, typer.Option(help="Temperature; 0 = greedy.")] = 0.8,
+    max_new: Annotated[int, typer.Option(help="Characters to generate.")] = 500,
+    top_k: Annotated[Optional[int], typer.Option(help="Sample only from the k most likely characters.")] = None,
+    seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Recompute the whole context every step.")] = False,
+    weights: Annotated[str, typer.Option(help="best | last")] = "best",
+    window: Annotated[Optional[int], typer.Option(help="Context window (default ctx_len; RoPE may go beyond).")] = None,
+):
+    """Stream text from a trained run: prefill the prefix, then one character per step via the KV cache."""
+    if weights not in ("best", "last"):
+        raise ConfigError(f"--weights must be best or last, got {weights!r}")
+    if max_new < 0:
+        raise ConfigError(f"--max-new must be >= 0, got {max_new}")
+    from .checkpoint import load_run
+    from .sample import check_options, generate
+
+    cfg, vocab, model = load_run(run_dir, weights)
+    check_options(cfg.model, temp, top_k, window)
+    ids = vocab.encode(prefix)
+    sys.stdout.write(prefix)
+    for i in generate(model, ids, max_new, temp, top_k, seed, use_cache=not no_cache, window=window):
+        sys.stdout.write(vocab.chars[i])
+        sys.stdout.flush()
+    sys.stdout.write("\n")
