@@ -29,11 +29,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 import reference  # noqa: E402
-from anatomy_cli.config import LLAMA_OVERRIDES, DataConfig, ModelConfig, RunConfig, TrainConfig  # noqa: E402
+from anatomy_cli.components import model_settings  # noqa: E402
+from anatomy_cli.config import DataConfig, ModelConfig, RunConfig, TrainConfig  # noqa: E402
 from anatomy_cli.model import LM  # noqa: E402
 from anatomy_cli.train import keep_freed_memory, make_optimizer  # noqa: E402
 
-CONFIGS = {"2017": {}, "llama": {k.split(".", 1)[1]: v for k, v in LLAMA_OVERRIDES.items()}}
+# the LLaMA parts at full K/V heads (n_kv_head stays the config's): GQA is timed separately
+CONFIGS = {"2017": {}, "llama": {k: v for k, v in model_settings().items() if k != "n_kv_head"}}
 DEFAULT_TEXT = common.REPO_ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 
 

@@ -284,9 +284,10 @@ def check_training(rep: Report, args) -> None:
 
 
 def seed_config(name: str, tiny: bool):
-    from anatomy_cli.config import LLAMA_OVERRIDES, ModelConfig
+    from anatomy_cli.components import model_settings
+    from anatomy_cli.config import ModelConfig
 
-    extra = {k.split(".", 1)[1]: v for k, v in LLAMA_OVERRIDES.items()} if name == "llama" else {}
+    extra = {k: v for k, v in model_settings().items() if k != "n_kv_head"} if name == "llama" else {}
     kv = 2 if name == "llama" else 4
     if tiny:
         return ModelConfig(vocab_size=97, d_model=64, n_layer=2, n_head=4, n_kv_head=kv, ctx_len=32, **extra)
@@ -412,9 +413,10 @@ def choose_batch(cfg, args) -> tuple[int, str]:
 def check_mfu(rep: Report, args) -> None:
     import torch
 
-    from anatomy_cli.config import LLAMA_OVERRIDES, ModelConfig
+    from anatomy_cli.components import model_settings
+    from anatomy_cli.config import ModelConfig
 
-    extra = {k.split(".", 1)[1]: v for k, v in LLAMA_OVERRIDES.items()} if args.mfu_config == "llama" else {}
+    extra = {k: v for k, v in model_settings().items() if k != "n_kv_head"} if args.mfu_config == "llama" else {}
     heads = 4 if args.tiny else 12
     kv = (args.mfu_kv_heads or heads // 2) if args.mfu_config == "llama" else heads
     cfg = ModelConfig(vocab_size=256, d_model=64 if args.tiny else 768, n_layer=2 if args.tiny else 12,

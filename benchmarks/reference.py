@@ -189,7 +189,9 @@ def check_against_anatomy(cfg, batch: int = 2, seq: int | None = None, atol: flo
     idx = torch.randint(cfg.vocab_size, (batch, seq or cfg.ctx_len))
     with torch.no_grad():
         diff = (lm(idx)[0] - ref(idx)[0]).abs().max().item()
-    assert diff < atol, f"{cfg.label}: reference logits differ from anatomy's by {diff:.2e}"
+    from anatomy_cli.components import label
+
+    assert diff < atol, f"{label(cfg)}: reference logits differ from anatomy's by {diff:.2e}"
     return n, diff
 
 

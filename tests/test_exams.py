@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from anatomy_cli import exams, runs
 from anatomy_cli.cli import app
+from anatomy_cli.components import label
 from anatomy_cli.config import AblationSpec, ConfigError, RunConfig, load_toml, validate
 from anatomy_cli.model.positions import PositionError
 from anatomy_cli.report import load_runs
@@ -210,10 +211,10 @@ def test_depth_stability_spec_flips_only_the_norm_position():
     base = spec.base
     assert spec.design == "list" and len(spec.seed_list) == 3
     assert base.model.n_layer == 12 and base.train.warmup == 0 and base.train.grad_clip == 0
-    assert base.model.label == "2017"  # every other part at its 2017 value
+    assert label(base) == "2017"  # every other part at its 2017 value
     plan = expand(spec)
     assert len(plan) == 6
-    assert {p.config.model.label for p in plan} == {"2017", "prenorm"}
+    assert {label(p.config) for p in plan} == {"2017", "prenorm"}
     assert {p.config.model.norm_pos for p in plan} == {"post", "pre"}
     without_norm_pos = {json.dumps({**p.config.model.model_dump(), "norm_pos": None}) for p in plan}
     assert len(without_norm_pos) == 1

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from pydantic import ValidationError
 from torch import nn
 
+from anatomy_cli.components import label
 from anatomy_cli.config import ConfigError, ModelConfig, validate
 from anatomy_cli.model import LM
 from anatomy_cli.model.attention import CausalSelfAttention
@@ -30,14 +31,14 @@ LLAMA = {"norm_type": "rmsnorm", "norm_pos": "pre", "pos_type": "rope", "ffn_typ
 
 def test_param_count_2017_exact():
     cfg = ModelConfig(vocab_size=1719, d_model=128, n_layer=4, n_head=4, ctx_len=128)
-    assert cfg.label == "2017"
+    assert label(cfg) == "2017"
     assert cfg.num_params() == 1_244_928
     assert LM(cfg).num_params() == 1_244_928
 
 
 def test_param_count_llama_exact():
     cfg = ModelConfig(vocab_size=1719, d_model=128, n_layer=4, n_head=4, ctx_len=128, **LLAMA)
-    assert cfg.label == "llama"
+    assert label(cfg) == "llama"
     assert cfg.num_params() == 1_178_496
     assert LM(cfg).num_params() == 1_178_496
 
@@ -484,8 +485,6 @@ def test_rope_runs_past_ctx_len(make_lm, factor):
 
 
 def test_broken_rope_variants_are_labelled():
-    from anatomy_cli.config import ModelConfig
-
-    assert "BROKEN rope:q_only" in ModelConfig(pos_type="rope", rope_variant="q_only").label
-    assert "BROKEN rope:k_interleaved" in ModelConfig(pos_type="rope", rope_variant="k_interleaved").label
-    assert "BROKEN" not in ModelConfig(pos_type="rope").label
+    assert "BROKEN rope:q_only" in label(ModelConfig(pos_type="rope", rope_variant="q_only"))
+    assert "BROKEN rope:k_interleaved" in label(ModelConfig(pos_type="rope", rope_variant="k_interleaved"))
+    assert "BROKEN" not in label(ModelConfig(pos_type="rope"))

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from anatomy_cli import report
-from anatomy_cli.config import FLIPS
+from anatomy_cli.components import FIVE as FLIPS
 from anatomy_cli.runs import RunError
 
 pytestmark = pytest.mark.filterwarnings("error")  # the report must be warnings-free
@@ -211,7 +211,7 @@ def test_speed_effect_is_percent(tmp_path):
 def test_unknown_metric_raises(tmp_path):
     make_run(tmp_path, "base")
     with pytest.raises(ValueError, match="unknown metric"):
-        report.component_effects(report.load_runs(tmp_path)[0], "nope")
+        report.component_effects(report.load_runs(tmp_path)[0], "no_such_metric")
 
 
 def test_groups_are_other_varying_settings(tmp_path):

@@ -15,7 +15,8 @@ import pytest
 from toy_data import write_spec
 
 from anatomy_cli import runs
-from anatomy_cli.config import AblationSpec, ConfigError, FLIPS, validate
+from anatomy_cli.components import FIVE as FLIPS, label, on_names
+from anatomy_cli.config import AblationSpec, ConfigError, validate
 from anatomy_cli.sweep import SweepLock, SweepLocked, execute, expand, parse_flips
 
 
@@ -30,15 +31,15 @@ def test_one_at_a_time_gives_12_distinct_configs():
     plan = expand(spec())
     assert len(plan) == 12
     assert len({p.run_id for p in plan}) == 12
-    labels = [p.config.model.label for p in plan]
+    labels = [label(p.config) for p in plan]
     assert labels[0] == "2017" and "llama" in labels
     assert {p.flip for p in plan if p.role == "add-one"} == set(FLIPS)
     assert {p.flip for p in plan if p.role == "remove-one"} == set(FLIPS)
     for p in plan:  # each add-one run has exactly its flip; each remove-one all but its flip
         if p.role == "add-one":
-            assert p.config.model.flips == (p.flip,)
+            assert on_names(p.config) == (p.flip,)
         if p.role == "remove-one":
-            assert set(p.config.model.flips) == set(FLIPS) - {p.flip}
+            assert set(on_names(p.config)) == set(FLIPS) - {p.flip}
 
 
 def test_factorial_gives_32_and_flip_filter_restricts():
@@ -54,7 +55,7 @@ def test_gqa_flip_uses_spec_kv_heads_default_half():
 
     assert add_gqa(spec()).config.model.n_kv_head == 2
     assert add_gqa(spec(gqa_kv_head=1)).config.model.n_kv_head == 1
-    with pytest.raises(ConfigError, match="gqa flip needs n_kv_head < n_head"):
+    with pytest.raises(ConfigError, match=r"2017\+gqa: planned \(add-one\) with gqa on, but model.n_kv_head=4"):
         expand(spec(gqa_kv_head=4))
 
 

@@ -15,7 +15,8 @@ from rich.table import Table
 
 from . import exams
 from .cli_app import JsonOut, app, console, err_console, handle_errors
-from .config import LLAMA_OVERRIDES, ConfigError, ModelConfig, validate
+from .components import model_settings
+from .config import ConfigError, ModelConfig, validate
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
 Device = Annotated[str, typer.Option(help="auto | cpu | cuda | mps")]
@@ -134,7 +135,7 @@ def _sized_model(sizes: dict, parts: str | None) -> ModelConfig:
         raise ConfigError(f"--parts must be llama or 2017, got {parts!r}")
     data = {k: v if v is not None else SIZE_DEFAULTS[k] for k, v in sizes.items()}
     if parts == "llama":
-        data |= {k.removeprefix("model."): v for k, v in LLAMA_OVERRIDES.items()}
+        data |= model_settings(model=data)
     return validate(ModelConfig, data | {"n_kv_head": data["n_head"]}, prefix="model.")
 
 

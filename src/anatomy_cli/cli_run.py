@@ -14,6 +14,7 @@ import typer
 from . import runs
 from .cli_app import (EXIT_FAILED, EXIT_INTERRUPTED, JsonOut, RunsDir, Sets, app, console, err_console,
                       handle_errors, safe_dir)
+from .components import label
 from .config import ConfigError
 
 
@@ -105,7 +106,7 @@ def train(
     if dtype is not None:
         overrides.append(f"train.dtype={json.dumps(dtype)}")
     cfg = load_run_config(spec, overrides)
-    run_dir = out or safe_dir(runs_dir) / "train" / runs.run_id(f"{cfg.name}-{cfg.model.label}", cfg.seed,
+    run_dir = out or safe_dir(runs_dir) / "train" / runs.run_id(f"{cfg.name}-{label(cfg)}", cfg.seed,
                                                                   cfg.model_dump(mode="json"))
     from . import train as training
 

@@ -11,8 +11,10 @@ from rich.table import Table
 
 from . import runs
 from .cli_app import EXIT_FAILED, JsonOut, RunsDir, safe_dir, app, console, err_console, handle_errors
+from . import components
+from .components import label
 from .config import ConfigError
-from .sweep import ASSUMED_FLOPS, DEFAULT_SPEC, check_data, estimate_seconds, load_spec, measured_flops
+from .sweep import ASSUMED_FLOPS, DEFAULT_SPEC, check_data, estimate_seconds, load_spec, measured_flops, spec_table
 
 def fmt_seconds(s: float) -> str:
     return f"{s:.0f}s" if s < 90 else f"{s / 60:.1f}min"
@@ -34,9 +36,21 @@ def plan_table(plan, sweep_dir: Path, workers: int, vocab: dict) -> Table:
         m = p.config.model
         params = m.model_copy(update={"vocab_size": vocab[p.config.data.source]}).num_params()
         role = f"{p.role}:{p.flip}" if p.flip else p.role
-        table.add_row(p.run_id, m.label, role, str(p.config.seed), f"{params:,}", fmt_seconds(est[p.run_id]),
+        table.add_row(p.run_id, label(p.config), role, str(p.config.seed), f"{params:,}", fmt_seconds(est[p.run_id]),
                       statuses[p.run_id] or "pending")
     return table
+
+
+def plan_json(spec, plan, sweep_dir: Path) -> dict:
+    """The plan as data: the study's components and, per run, id, role, flip, seed and resolved config."""
+    design = next((p.design for p in plan if p.design), None)
+    return {
+        "name": spec.name, "sweep_dir": str(sweep_dir), "design": spec.design,
+        "components": [components.record(c) for c in design.components] if design else [],
+        "runs": [{"run_id": p.run_id, "slug": p.slug, "role": p.role, "flip": p.flip, "seed": p.config.seed,
+                  "label": label(p.config), "status": runs.run_status(sweep_dir / p.run_id) or "pending",
+                  "config": p.config.model_dump(mode="json")} for p in plan],
+    }
 
 
 class SweepDisplay:
@@ -85,6 +99,7 @@ def ablate(
     no_report: Annotated[bool, typer.Option("--no-report", help="Skip writing the report at the end.")] = False,
     executor: Annotated[str, typer.Option(help="local (processes on this machine) | dask (an existing cluster).")] = "local",
     address: Annotated[Optional[str], typer.Option(help="Dask scheduler address, e.g. tcp://127.0.0.1:8786.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="With --dry-run: print the plan as JSON (id, role, seed, resolved config per run).")] = False,
 ):
     """Expand a spec into a grid of runs that flip components one at a time, run them, and report."""
     from .sweep import default_workers, execute, expand, parse_flips
@@ -93,10 +108,15 @@ def ablate(
         raise ConfigError(f"--steps must be > 0, got {steps}")
     if executor not in ("local", "dask"):
         raise ConfigError(f"--executor must be local or dask, got {executor!r}")
+    if json_out and not dry_run:
+        raise ConfigError("--json prints the plan: use it with --dry-run")
     s = load_spec(spec)
-    plan = expand(s, parse_flips(flip), seeds, steps)
+    plan = expand(s, parse_flips(flip, spec_table(s)), seeds, steps)
     sweep_dir = safe_dir(runs_dir) / s.name
     n_workers = workers or default_workers(len(plan))
+    if json_out:
+        console.print_json(json.dumps(plan_json(s, plan, sweep_dir)))
+        return
     console.print(plan_table(plan, sweep_dir, n_workers, check_data(plan)))
     if dry_run:
         return
@@ -169,3 +189,59 @@ def _fmt(v) -> str:
     if isinstance(v, float):
         return "-" if v != v else f"{v:.4f}" if abs(v) < 100 else f"{v:,.0f}"
     return str(v)
+
+
+# Published reference size (README): the counts `anatomy components` reports changes against.
+REFERENCE_SIZE = {"vocab_size": 1719, "d_model": 128, "n_layer": 4, "n_head": 4, "n_kv_head": 4, "ctx_len": 128}
+
+
+def param_change(c, end_on: bool) -> int | None:
+    """Parameters the component adds (negative: removes) at the published size, from the 2017 end
+    (end_on False) or the LLaMA end; None for a component that does not touch the model."""
+    from .config import ModelConfig
+
+    if not any(k.startswith("model.") for k in c.keys):
+        return None
+    model = REFERENCE_SIZE | components.model_settings(components.FIVE, on=end_on, model=REFERENCE_SIZE)
+    flat = components.flatten({"model": model})
+    counts = []
+    for state in (True, False):
+        settings = {k.removeprefix("model."): v for k, v in c.settings(state, flat).items() if k.startswith("model.")}
+        counts.append(ModelConfig.model_validate(model | settings).num_params())
+    return counts[0] - counts[1]
+
+
+@app.command("components")
+@handle_errors
+def components_cmd(
+    spec: Annotated[Optional[Path], typer.Argument(help="Also list this spec's own [components.NAME].")] = None,
+    json_out: JsonOut = False,
+):
+    """The component table: name, off -> on settings, what it changes in parameters, source."""
+    table_ = spec_table(load_spec(spec)) if spec is not None else dict(components.BY_NAME)
+    rows = []
+    for c in table_.values():
+        rows.append(components.record(c) | {
+            "off_text": c.describe("off"), "on_text": c.describe("on"),
+            "params_from_2017": param_change(c, False), "params_from_llama": param_change(c, True)})
+    if json_out:
+        console.print_json(json.dumps({"reference_size": REFERENCE_SIZE, "components": rows}))
+        return
+    out = Table(title="components: parameters each adds at vocab 1719, d 128, 4 layers, 4 heads, ctx 128",
+                caption="anatomy components --json for sources and settings in full")
+    for col in ("name", "off -> on", "from 2017", "from LLaMA", "about"):
+        out.add_column(col, justify="right" if col.startswith("from") else "left",
+                       no_wrap=col != "about", overflow="fold")
+    fmt = lambda v: "-" if v is None else f"{v:+,}"  # noqa: E731
+    for r, c in zip(rows, table_.values()):
+        out.add_row(r["name"], change_text(c), fmt(r["params_from_2017"]), fmt(r["params_from_llama"]), r["about"])
+    console.print(out)
+
+
+def change_text(c) -> str:
+    """'norm_type: layernorm -> rmsnorm' (one key), else the settings in full."""
+    if len(c.keys) == 1:
+        key = c.keys[0]
+        off = "(base)" if c.off is None else c.off[key]
+        return f"{key.removeprefix('model.')}: {off} -> {c.on[key]}"
+    return f"{c.describe('off')} -> {c.describe('on')}"

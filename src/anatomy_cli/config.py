@@ -7,6 +7,7 @@ is frozen and rejects unknown keys, so a typo in a spec is an error, not a silen
 from __future__ import annotations
 
 import math
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -15,12 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 NormType = Literal["layernorm", "rmsnorm"]
 NormPos = Literal["post", "pre"]
-PosType = Literal["learned", "rope"]
+PosType = Literal["learned", "rope", "nope"]
 FfnType = Literal["gelu", "swiglu"]
 # The article's "break it" exercises (issue 4): deliberately wrong RoPE wirings, labelled as such.
 RopeVariant = Literal["standard", "q_only", "k_interleaved"]
-Flip = Literal["rmsnorm", "prenorm", "rope", "swiglu", "gqa"]
-FLIPS: tuple[str, ...] = ("rmsnorm", "prenorm", "rope", "swiglu", "gqa")
 
 
 class ConfigError(ValueError):
@@ -36,7 +35,7 @@ def ceil_to(n: int, multiple: int) -> int:
 
 
 class ModelConfig(_Frozen):
-    """Sizes and the five component switches. Defaults are the 2017 Transformer's parts."""
+    """Sizes and the component switches (see components.py). Defaults are the 2017 Transformer's parts."""
 
     vocab_size: int | None = Field(default=None, gt=0)  # None: taken from the data at train time
     d_model: int = Field(default=128, gt=0)
@@ -51,6 +50,10 @@ class ModelConfig(_Frozen):
     rope_base: float = Field(default=10000.0, gt=0)
     norm_eps: float = Field(default=1e-5, gt=0)
     rope_variant: RopeVariant = "standard"
+    qk_norm: bool = False  # RMSNorm over head_dim on Q and K before RoPE (qknorm)
+    tie_embeddings: bool = False  # the LM head shares the embedding matrix (tied)
+    parallel_block: bool = False  # attention and FFN read one normed input (parallel)
+    logit_softcap: float = Field(default=0.0, ge=0)  # c * tanh(logits / c); 0 = off (softcap)
 
     @model_validator(mode="after")
     def _check_shapes(self) -> ModelConfig:
@@ -94,27 +97,6 @@ class ModelConfig(_Frozen):
         matmul -= self.ctx_len * self.d_model if self.pos_type == "learned" else 0
         return 6 * matmul + 6 * self.n_layer * self.ctx_len * self.d_model
 
-    @property
-    def flips(self) -> tuple[str, ...]:
-        """Which LLaMA parts this config has, in the canonical flip order."""
-        on = {
-            "rmsnorm": self.norm_type == "rmsnorm",
-            "prenorm": self.norm_pos == "pre",
-            "rope": self.pos_type == "rope",
-            "swiglu": self.ffn_type == "swiglu",
-            "gqa": self.n_kv_head < self.n_head,
-        }
-        return tuple(f for f in FLIPS if on[f])
-
-    @property
-    def label(self) -> str:
-        """'2017', 'llama', or the flips present, e.g. 'rope+swiglu'; break-it variants say so."""
-        flips = self.flips
-        name = "2017" if not flips else "llama" if len(flips) == len(FLIPS) else "+".join(flips)
-        if self.rope_variant != "standard":
-            name += f" [BROKEN rope:{self.rope_variant}]"  # the article's break-it exercise, not a real part
-        return name
-
 
 class TrainConfig(_Frozen):
     steps: int = Field(default=2000, gt=0)
@@ -127,6 +109,7 @@ class TrainConfig(_Frozen):
     beta1: float = Field(default=0.9, ge=0, lt=1)
     beta2: float = Field(default=0.95, ge=0, lt=1)
     grad_clip: float = Field(default=1.0, ge=0)  # 0 disables clipping (the norm is still logged)
+    z_loss: float = Field(default=0.0, ge=0)  # auxiliary z-loss coefficient on log^2 Z (zloss); 0 = off
     eval_interval: int = Field(default=100, gt=0)
     eval_batches: int = Field(default=8, gt=0)
     log_interval: int = Field(default=10, gt=0)  # train-loss/grad-norm lines are flushed this often
@@ -164,12 +147,30 @@ class NamedConfig(_Frozen):
     set: dict[str, Any] = {}
 
 
+class ComponentSpec(_Frozen):
+    """A spec's own component ([components.NAME]); checked against the model/train/data fields by
+    components.from_spec. `off` left out means "whatever the spec's base has"."""
+
+    about: str = ""
+    source: str = ""
+    on: dict[str, Any]
+    off: dict[str, Any] | None = None
+
+
+COMPONENT_NAME = r"^[a-z][a-z0-9_]{0,31}$"
+
+
 class AblationSpec(_Frozen):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$", max_length=64)
     base: RunConfig = RunConfig()
     seeds: list[int] | int = 1
     design: Literal["one-at-a-time", "factorial", "list"] = "one-at-a-time"
-    flips: list[Flip] = list(FLIPS)
+    # The design's components (built-in or declared below); default: the five 2017 -> LLaMA parts
+    # plus every component the spec declares.
+    flips: list[str] | None = None
+    components: dict[str, ComponentSpec] = {}
+    # one-at-a-time: add each flip to the reference end, remove each from the all-on end, or both
+    directions: list[Literal["add-one", "remove-one"]] = ["add-one", "remove-one"]
     gqa_kv_head: int | None = Field(default=None, gt=0)  # n_kv_head the gqa flip uses
     configs: list[NamedConfig] = []  # the `list` design's entries
     axes: dict[str, list[Any]] = {}  # dotted key -> values, crossed with the design
@@ -180,8 +181,13 @@ class AblationSpec(_Frozen):
             raise ValueError("seeds must be a positive count or a non-empty list")
         if isinstance(self.seeds, list) and (not self.seeds or len(set(self.seeds)) != len(self.seeds)):
             raise ValueError("seeds must be a non-empty list of distinct integers")
-        if len(set(self.flips)) != len(self.flips):
-            raise ValueError("flips must not repeat")
+        if self.flips is not None and (not self.flips or len(set(self.flips)) != len(self.flips)):
+            raise ValueError("flips must be a non-empty list without repeats")
+        if not self.directions or len(set(self.directions)) != len(self.directions):
+            raise ValueError("directions must be a non-empty list without repeats")
+        for name in self.components:
+            if not re.match(COMPONENT_NAME, name):
+                raise ValueError(f"components.{name}: a name is lower-case letters, digits and _ (<= 32)")
         if self.design == "list" and not self.configs:
             raise ValueError("design 'list' needs at least one [[configs]] entry")
         if self.design != "list" and self.configs:
@@ -290,11 +296,3 @@ def load_run_config(spec: Path | None = None, overrides: list[str] | None = None
         data = resolve_source(load_toml(spec), Path(spec).parent)
     data = apply_overrides(data, overrides or [])
     return validate(RunConfig, data)
-
-
-LLAMA_OVERRIDES = {
-    "model.norm_type": "rmsnorm",
-    "model.norm_pos": "pre",
-    "model.pos_type": "rope",
-    "model.ffn_type": "swiglu",
-}

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from . import runs
+from . import components
 from .config import ConfigError, ModelConfig, validate
 
 EVAL = "eval.json"  # the file report.load_runs reads val_loss_ctx_<N> columns from
@@ -119,7 +120,7 @@ def eval_lengths(run_dir: Path, ctx: list[tuple[int, bool]], batches: int | None
         else:
             losses[str(n)] = val_loss_at(model, corpus.val, n, bs, nb)
     return {"val_loss_by_ctx": losses, "ctx_len": cfg.model.ctx_len, "pos_type": cfg.model.pos_type,
-            "notes": notes, "label": cfg.model.label, "weights": "best", "batch_size": bs, "batches": nb}
+            "notes": notes, "label": components.label(cfg), "weights": "best", "batch_size": bs, "batches": nb}
 
 
 MERGE_KEYS = ("weights", "batch_size", "batches")

@@ -1,7 +1,8 @@
 """Export a LLaMA-shaped run as a Hugging Face `LlamaForCausalLM` folder (no transformers import).
 
-A run with norm_type=rmsnorm, norm_pos=pre, pos_type=rope (standard variant) and ffn_type=swiglu
-is a dense LLaMA, any n_kv_head. The mapping is a pure rename, plus one split:
+A run with the four LLaMA parts the component table marks as needed (rmsnorm, prenorm, rope in its
+standard variant, swiglu) and none it marks as inexpressible (qknorm, parallel, softcap, nope) is a
+dense LLaMA, any n_kv_head. The mapping is a pure rename, plus one split:
 
     tok.weight                    -> model.embed_tokens.weight
     blocks.{i}.norm1.weight       -> model.layers.{i}.input_layernorm.weight
@@ -27,7 +28,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from . import runs
+from . import components, runs
 from .checkpoint import load_run, load_run_config
 
 CONFIG_FILE = "config.json"
@@ -36,13 +37,6 @@ VOCAB_FILE = "vocab.json"
 README_FILE = "README.md"
 EXPORT_FILES = (CONFIG_FILE, WEIGHTS_FILE, VOCAB_FILE, README_FILE)
 
-# (config field, the value LLaMA needs, how the 2017 value is named in messages)
-LLAMA_PARTS: tuple[tuple[str, str, str], ...] = (
-    ("norm_type", "rmsnorm", "LayerNorm"),
-    ("norm_pos", "pre", "post-norm"),
-    ("pos_type", "rope", "learned positions"),
-    ("ffn_type", "swiglu", "GELU FFN"),
-)
 
 # anatomy block-local names -> HF layer-local names (the qkv split is handled separately)
 LAYER_RENAMES: dict[str, str] = {
@@ -68,8 +62,20 @@ class ExportError(ValueError):
 
 
 def llama_mismatches(model_cfg) -> list[str]:
-    """The parts of `model_cfg` with no Llama equivalent, e.g. ['LayerNorm (needs rmsnorm)']."""
-    bad = [f"{name} (needs {want})" for field, want, name in LLAMA_PARTS if getattr(model_cfg, field) != want]
+    """The parts of `model_cfg` with no Llama equivalent, e.g. ['LayerNorm (needs rmsnorm)'].
+
+    Read from the component table: a part Llama needs (`llama="on"`) that is off, and a part it
+    cannot express (`llama="off"`) that is on. Parts marked "either" (GQA, tied embeddings, z-loss)
+    export as they are.
+    """
+    flat = components.flat_config(model_cfg)
+    bad = []
+    for c in components.BUILTINS:
+        on = c.state(flat)
+        if c.llama == "on" and on is False:
+            bad.append(f"{c.parts[0]} (needs {'/'.join(str(v) for v in c.on.values())})")
+        elif c.llama == "off" and on:
+            bad.append(f"{c.parts[1]} ({c.name})")
     if model_cfg.rope_variant != "standard":
         bad.append(f"RoPE variant {model_cfg.rope_variant!r} (needs standard)")
     return bad
@@ -200,7 +206,7 @@ def readme_text(run_cfg, chars: list[str], run_dir: Path, which: str, n_params: 
     m = run_cfg.model
     prompt = readme_prompt(run_cfg, chars)
     n_new = max(1, m.ctx_len - len(prompt))
-    return f"""# {run_cfg.name} ({m.label}): a char-level Llama exported by anatomy
+    return f"""# {run_cfg.name} ({components.label(run_cfg)}): a char-level Llama exported by anatomy
 
 Exported from the anatomy run `{run_dir.name}` ({which} weights) as a plain
 `LlamaForCausalLM`: {m.n_layer} layers, d_model {m.d_model}, {m.n_head} query heads,
@@ -254,7 +260,7 @@ def export_hf(run_dir: Path | str, out_dir: Path | str, which: str = "best",
         "files": list(EXPORT_FILES),
         "run_dir": str(run_dir),
         "which": which,
-        "label": run_cfg.model.label,
+        "label": components.label(run_cfg),
         "params": n_params,
         "tensors": len(tensors),
         "config": config,

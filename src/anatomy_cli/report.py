@@ -6,13 +6,15 @@
   plot_effects       mean delta with a 95% CI per flip -> PNG
   write_report       all of the above -> runs.csv, effects.csv, report.md/.html/.json, two PNGs
 
-How an effect is measured. A run's role comes from its own config.json, never from its name: the
-2017 end has none of the five LLaMA parts, the LLaMA end has all five, an add-one run has exactly
-one, a remove-one run has all but one. Runs are compared only inside a group that shares every
-config value except the five switches (norm_type, norm_pos, pos_type, ffn_type, n_kv_head) and
-the seed, and only pairs with the same seed are differenced (same data order, same init stream):
-  add-one f     delta = metric(2017 + f)        - metric(2017 end)
-  remove-one f  delta = metric(LLaMA end - f)   - metric(LLaMA end)
+How an effect is measured. A run's role comes from its own config.json, never from its name, read
+against the components of its study (the sweep directory's sweep.json; the five 2017 -> LLaMA
+parts where there is none): the reference end ("2017") has every component off, the all-on end
+("llama") every one on, an add-one run exactly one, a remove-one run all but one. Runs are
+compared only inside a group that shares the study and every config value except the settings
+its components switch and the seed, and only pairs with the same seed are differenced (same data
+order, same init stream):
+  add-one f     delta = metric(reference + f)   - metric(reference end)
+  remove-one f  delta = metric(all-on end - f)  - metric(all-on end)
 For speed-like metrics (RELATIVE_METRICS) the delta is a relative change in percent instead:
 100 * (variant / reference - 1). Only pairs whose two runs completed count; the rest are tallied
 in `excluded` (a diverged run is a result to report, not a number to average).
@@ -37,15 +39,15 @@ from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from anatomy_cli.config import FLIPS, ModelConfig, TrainConfig
+from anatomy_cli import components as comp
+from anatomy_cli.config import ModelConfig, TrainConfig
 from anatomy_cli.runs import (
-    COMPLETED, CONFIG, SAMPLES, RunError, atomic_write_text, find_runs, read_json, read_metrics,
+    COMPLETED, CONFIG, SAMPLES, RunError, atomic_write_text, find_runs, read_design, read_json, read_metrics,
     read_summary,
 )
 
 EVAL = "eval.json"  # optional: {"val_loss_by_ctx": {"128": 1.52, "512": null}, ...}
 INCOMPLETE = "incomplete"  # status of a run dir without summary.json (never finished, or killed)
-SWITCH_KEYS = ("norm_type", "norm_pos", "pos_type", "ffn_type", "n_kv_head")
 SPIKE_FACTOR = 1.5
 # Metrics whose effect is a relative change in percent (their scale depends on the hardware).
 RELATIVE_METRICS = ("tokens_per_s", "step_time_ms", "wall_s", "params")
@@ -58,11 +60,11 @@ T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
          2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 
 RUN_COLUMNS = [
-    "run_id", "path", "label", *FLIPS, "n_layer", "n_head", "n_kv_head", "d_model", "seed",
+    "run_id", "path", "label", "role", *comp.BUILTIN_NAMES, "n_layer", "n_head", "n_kv_head", "d_model", "seed",
     "params", "status", "best_val_loss", "best_step", "final_val_loss", "overfit_gap",
     "bits_per_char", "tokens_per_s", "step_time_ms", "wall_s", "diverged_at", "max_grad_norm",
-    "loss_spikes", "settings",
-]  # + one val_loss_ctx_<N> column per context length found in eval.json files
+    "loss_spikes", "design", "settings",
+]  # + a column per spec component found in sweep.json files, one val_loss_ctx_<N> per eval.json length
 INT_COLUMNS = ("n_layer", "n_head", "n_kv_head", "d_model", "seed", "params", "best_step",
                "diverged_at", "loss_spikes")
 FLOAT_COLUMNS = ("best_val_loss", "final_val_loss", "bits_per_char", "tokens_per_s",
@@ -70,7 +72,7 @@ FLOAT_COLUMNS = ("best_val_loss", "final_val_loss", "bits_per_char", "tokens_per
 SUMMARY_KEYS = ("params", "best_val_loss", "best_step", "final_val_loss", "bits_per_char",
                 "tokens_per_s", "step_time_ms", "wall_s", "diverged_at")
 CURVE_COLUMNS = ["run_id", "step", "split", "loss"]
-EFFECT_COLUMNS = ["metric", "flip", "direction", "group", "n_pairs", "excluded", "mean_delta",
+EFFECT_COLUMNS = ["metric", "flip", "direction", "against", "group", "n_pairs", "excluded", "mean_delta",
                   "ci_low", "ci_high", "unit", "within_noise", "note"]
 CTX_PREFIX = "val_loss_ctx_"
 
@@ -81,17 +83,33 @@ CTX_PREFIX = "val_loss_ctx_"
 def load_runs(root: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(runs, curves): one row per run dir under root, and every logged loss in long form.
 
-    runs has RUN_COLUMNS plus val_loss_ctx_<N> columns; curves has run_id, step, split
-    ('train' | 'val'), loss. `settings` is the JSON of every config value except name, seed and
-    the five switches: runs with equal settings differ only in components and seed.
+    runs has RUN_COLUMNS plus spec components' and val_loss_ctx_<N> columns; curves has run_id,
+    step, split ('train' | 'val'), loss. `role` is 'reference', 'all-on', '+f', '-f' or '' within
+    the run's study (`design`: its component names joined by '+'); `settings` is the JSON of every
+    config value except name, seed and what the study's components switch: runs with equal design
+    and settings differ only in components and seed.
     """
     dirs = _run_dirs(Path(root))
+    designs: dict[Path, tuple[comp.Component, ...]] = {}
     rows, curves = [], []
     for run_id, run_dir in zip(_run_ids(Path(root), dirs), dirs):
+        if run_dir.parent not in designs:
+            designs[run_dir.parent] = _design(run_dir.parent)
         metrics = read_metrics(run_dir)
-        rows.append(_run_row(run_id, run_dir, metrics))
+        rows.append(_run_row(run_id, run_dir, metrics, designs[run_dir.parent]))
         curves.extend(_curve_rows(run_id, metrics))
     return _runs_frame(rows), pd.DataFrame(curves, columns=CURVE_COLUMNS)
+
+
+def _design(sweep_dir: Path) -> tuple[comp.Component, ...]:
+    """The components a sweep directory's runs were planned with (the five when it has no sweep.json)."""
+    design = read_design(sweep_dir)
+    if design is None:
+        return tuple(comp.BY_NAME[n] for n in comp.FIVE)
+    try:
+        return tuple(comp.from_record(r) for r in design["components"])
+    except (KeyError, TypeError, AttributeError) as err:
+        raise RunError(f"corrupt sweep.json in {sweep_dir}: {err!r}") from None
 
 
 def _run_dirs(root: Path) -> list[Path]:
@@ -109,13 +127,17 @@ def _run_ids(root: Path, dirs: list[Path]) -> list[str]:
     return [d.relative_to(root).as_posix() if names.count(d.name) > 1 else d.name for d in dirs]
 
 
-def _run_row(run_id: str, run_dir: Path, metrics: list[dict]) -> dict:
+def _run_row(run_id: str, run_dir: Path, metrics: list[dict], design: tuple[comp.Component, ...]) -> dict:
     config = read_json(run_dir / CONFIG)
     model = _model_config(config, run_dir)
-    row = {"run_id": run_id, "path": str(run_dir), "label": model.label}
-    row |= {f: f in model.flips for f in FLIPS}
+    flat = comp.flat_config({**config, "model": model.model_dump(mode="json")})
+    known = [*comp.BUILTINS, *(c for c in design if c.name not in comp.BY_NAME)]
+    row = {"run_id": run_id, "path": str(run_dir), "label": comp.label(flat, known),
+           "role": _role({c.name: c.state(flat) for c in design}, [c.name for c in design])}
+    row |= {c.name: bool(c.state(flat)) for c in known}
     row |= {k: getattr(model, k) for k in ("n_layer", "n_head", "n_kv_head", "d_model")}
-    row |= {"seed": config.get("seed"), "settings": _settings_key(config)}
+    row |= {"seed": config.get("seed"), "design": "+".join(c.name for c in design),
+            "settings": _settings_key(flat, design)}
     row |= _outcome(read_summary(run_dir), metrics)
     warmup = config.get("train", {}).get("warmup", TrainConfig.model_fields["warmup"].default)
     row |= _stability(metrics, warmup)
@@ -133,21 +155,11 @@ def _model_config(config: dict, run_dir: Path) -> ModelConfig:
         raise RunError(f"invalid model config in {run_dir / CONFIG}: {first}") from None
 
 
-def _settings_key(config: dict) -> str:
-    """JSON of the flattened config minus name, seed and the five component switches."""
-    flat = _flatten({k: v for k, v in config.items() if k not in ("name", "seed")})
-    return json.dumps({k: v for k, v in flat.items() if k.removeprefix("model.") not in SWITCH_KEYS},
-                      sort_keys=True)
-
-
-def _flatten(data: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in data.items():
-        if isinstance(value, dict):
-            out |= _flatten(value, f"{prefix}{key}.")
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
+def _settings_key(flat: dict, design: tuple[comp.Component, ...]) -> str:
+    """JSON of the flattened config minus name, seed and every setting the study's components switch."""
+    switched = {k for c in design for k in c.keys}
+    return json.dumps({k: v for k, v in flat.items() if k not in switched and k not in ("name", "seed")},
+                      sort_keys=True, default=str)
 
 
 def _outcome(summary: dict | None, metrics: list[dict]) -> dict:
@@ -211,6 +223,8 @@ def _curve_rows(run_id: str, metrics: list[dict]) -> list[tuple]:
 
 def _runs_frame(rows: list[dict]) -> pd.DataFrame:
     df = pd.DataFrame(rows)
+    custom = [c for c in df.columns if c not in RUN_COLUMNS and not c.startswith(CTX_PREFIX)]
+    df[custom] = df[custom].fillna(False).astype(bool) if custom else df[custom]
     ctx = sorted((c for c in df.columns if c.startswith(CTX_PREFIX)),
                  key=lambda c: int(c.removeprefix(CTX_PREFIX)))
     for col in INT_COLUMNS:  # nullable ints: a missing params or diverged_at stays <NA>
@@ -218,7 +232,7 @@ def _runs_frame(rows: list[dict]) -> pd.DataFrame:
     for col in (*FLOAT_COLUMNS, *ctx):
         df[col] = pd.to_numeric(df[col]).astype(float)
     df["overfit_gap"] = df["final_val_loss"] - df["best_val_loss"]
-    return df[RUN_COLUMNS + ctx]
+    return df[RUN_COLUMNS + custom + ctx]
 
 
 # ------------------------------------------------------------------------------- effects
@@ -239,47 +253,50 @@ def component_effects(runs_df: pd.DataFrame, metric: str = "best_val_loss") -> p
 def _effect_rows(runs_df: pd.DataFrame, metric: str) -> list[dict]:
     if metric not in runs_df.columns:
         raise ValueError(f"unknown metric {metric!r}: not a column of the runs frame")
-    runs = runs_df.assign(role=[_role(r) for r in runs_df[list(FLIPS)].itertuples(index=False)])
-    runs = runs[runs["role"].notna()]
+    runs = runs_df[runs_df["role"] != ""]
     rows = []
     for group, members in _groups(runs):
         rows += _group_effects(members, group, metric)
     return rows
 
 
-def _role(flags: tuple) -> str | None:
-    """'2017' | 'llama' | '+f' (add-one) | '-f' (remove-one); None for any other mix."""
-    on = [f for f, flag in zip(FLIPS, flags) if flag]
+def _role(states: dict[str, bool | None], names: list[str]) -> str:
+    """'reference' | 'all-on' | '+f' (add-one) | '-f' (remove-one); '' for any other mix or a
+    component the run's config cannot place (neither its on nor its off settings)."""
+    if any(v is None for v in states.values()):
+        return ""
+    on = [n for n in names if states[n]]
     if not on:
-        return "2017"
-    if len(on) == len(FLIPS):
-        return "llama"
+        return "reference"
+    if len(on) == len(names):
+        return "all-on"
     if len(on) == 1:
         return f"+{on[0]}"
-    if len(on) == len(FLIPS) - 1:
-        return f"-{next(f for f in FLIPS if f not in on)}"
-    return None
+    if len(on) == len(names) - 1:
+        return f"-{next(n for n in names if n not in on)}"
+    return ""
 
 
 def _groups(runs: pd.DataFrame):
-    """(label, runs) per shared settings. Where gqa runs use several n_kv_head values (an axis),
-    each value gets its own group, sharing the runs without gqa (they have no such value)."""
-    names = _group_names(runs["settings"])
-    for settings, members in runs.groupby("settings", sort=True):
-        kvs = sorted(members.loc[members["gqa"], "n_kv_head"].unique())
+    """(label, runs) per study and shared settings. Where GQA runs use several n_kv_head values
+    (hand-made runs; a sweep refuses an n_kv_head axis), each value gets its own group, sharing
+    the runs without GQA (they have no such value)."""
+    names = _group_names(runs["design"] + "|" + runs["settings"])
+    for key, members in runs.groupby(runs["design"] + "|" + runs["settings"], sort=True):
+        kvs = sorted(members.loc[members["gqa"], "n_kv_head"].unique()) if "gqa" in key.split("|")[0].split("+") else []
         if len(kvs) <= 1:
-            yield names[settings], members
+            yield names[key], members
             continue
         for kv in kvs:
             keep = ~members["gqa"] | (members["n_kv_head"] == kv)
-            yield ", ".join(filter(None, [names[settings], f"n_kv_head={kv}"])), members[keep]
+            yield ", ".join(filter(None, [names[key], f"n_kv_head={kv}"])), members[keep]
 
 
-def _group_names(settings: pd.Series) -> dict[str, str]:
-    """'n_layer=12, train.lr=0.001': only the settings that differ between groups ('' if none)."""
-    parsed = {s: json.loads(s) for s in settings.unique()}
-    keys = sorted(set().union(*parsed.values())) if parsed else []
-    varying = [k for k in keys if len({json.dumps(p.get(k)) for p in parsed.values()}) > 1]
+def _group_names(keys: pd.Series) -> dict[str, str]:
+    """'n_layer=12, train.lr=0.001': only the settings (and studies) that differ between groups."""
+    parsed = {s: {"study": s.split("|", 1)[0], **json.loads(s.split("|", 1)[1])} for s in keys.unique()}
+    fields = sorted(set().union(*parsed.values())) if parsed else []
+    varying = [k for k in fields if len({json.dumps(p.get(k)) for p in parsed.values()}) > 1]
     return {s: ", ".join(f"{k.removeprefix('model.')}={p.get(k)}" for k in varying)
             for s, p in parsed.items()}
 
@@ -289,12 +306,17 @@ def _group_effects(members: pd.DataFrame, group: str, metric: str) -> list[dict]
     members = members.sort_values("run_id").drop_duplicates(["role", "seed"])
     by_role = {role: sub.set_index("seed") for role, sub in members.groupby("role")}
     rows = []
-    for flip in FLIPS:
-        for direction, ref, var in (("add-one", "2017", f"+{flip}"), ("remove-one", "llama", f"-{flip}")):
+    design = members["design"].iloc[0].split("+")
+    ends = comp.end_names(design)
+    ends = ("2017", "LLaMA") if ends == ("2017", "llama") else ends
+    for flip in design:
+        for direction, ref, var, end in (("add-one", "reference", f"+{flip}", ends[0]),
+                                         ("remove-one", "all-on", f"-{flip}", ends[1])):
             if ref in by_role and var in by_role:
                 row = _paired(by_role[ref], by_role[var], metric)
                 if row:
-                    rows.append({"flip": flip, "direction": direction, "group": group, **row})
+                    rows.append({"flip": flip, "direction": direction, "against": f"{end} end", "group": group,
+                                 **row})
     return rows
 
 
@@ -333,9 +355,9 @@ def t_interval(deltas: np.ndarray) -> dict:
 
 def _effects_frame(rows: list[dict]) -> pd.DataFrame:
     df = pd.DataFrame(rows, columns=EFFECT_COLUMNS)
-    order = {"flip": {f: i for i, f in enumerate(FLIPS)}}
+    order = {"flip": {f: i for i, f in enumerate(comp.BUILTIN_NAMES)}}  # built-ins in table order, then others
     df = df.sort_values(["metric", "direction", "flip", "group"], kind="stable",
-                        key=lambda s: s.map(order[s.name]) if s.name in order else s)
+                        key=lambda s: s.map(lambda f: order[s.name].get(f, len(order[s.name]))) if s.name in order else s)
     return df.reset_index(drop=True)
 
 
@@ -389,7 +411,7 @@ def plot_effects(effects_df: pd.DataFrame, path: Path) -> Path:
     for row, metric in enumerate(metrics):
         for col, direction in enumerate(("add-one", "remove-one")):
             cell = effects_df[(effects_df["metric"] == metric) & (effects_df["direction"] == direction)]
-            ref = "2017 end" if direction == "add-one" else "LLaMA end"
+            ref = " / ".join(dict.fromkeys(cell["against"])) or ("reference end" if col == 0 else "all-on end")
             _effect_bars(axes[row][col], cell, f"{direction} vs {ref}: {metric}")
     fig.suptitle("mean paired delta, 95% CI; grey = CI contains 0 or one seed", fontsize="medium")
     return _save(fig, path)
@@ -425,19 +447,20 @@ def _save(fig: Figure, path: Path) -> Path:
 
 LOSS_METRIC, SPEED_METRIC = "best_val_loss", "tokens_per_s"
 LOSS_NOTE = ("delta = best val loss of the variant minus its reference run with the same seed "
-             "(add-one: the 2017 end; remove-one: the LLaMA end). Negative = the variant learns "
+             "(add-one: against the end with every component off, the 2017 end for the five 2017 -> LLaMA "
+             "parts; remove-one: against the end with every component on, the LLaMA end). Negative = the variant learns "
              "better. 95% Student-t CI over seeds; within_noise = the CI contains 0.")
 SPEED_NOTE = ("delta = 100 x (variant tokens/s / reference tokens/s - 1), paired by seed. "
               "Positive = the variant trains faster. Only meaningful on one machine.")
 RUN_TABLE = ["run_id", "label", "seed", "status", "params", "best_val_loss", "best_step",
              "final_val_loss", "overfit_gap", "bits_per_char", "tokens_per_s", "step_time_ms",
              "max_grad_norm", "loss_spikes", "diverged_at"]
-EFFECT_TABLE = ["flip", "direction", "group", "n_pairs", "excluded", "mean_delta", "ci_low",
+EFFECT_TABLE = ["flip", "direction", "against", "group", "n_pairs", "excluded", "mean_delta", "ci_low",
                 "ci_high", "within_noise", "note"]
 FLOAT_FORMATS = {"tokens_per_s": "{:,.0f}", "step_time_ms": "{:.1f}", "wall_s": "{:.1f}",
                  "max_grad_norm": "{:.3g}"}
 PCT_FORMATS = {"mean_delta": "{:+.1f}", "ci_low": "{:+.1f}", "ci_high": "{:+.1f}"}
-TEXT_COLUMNS = ("run_id", "label", "status", "flip", "direction", "group", "within_noise", "note")
+TEXT_COLUMNS = ("run_id", "label", "status", "flip", "direction", "against", "group", "within_noise", "note")
 PCT_HEADERS = {"mean_delta": "mean_delta_pct", "ci_low": "ci_low_pct", "ci_high": "ci_high_pct"}
 
 
@@ -510,7 +533,7 @@ def _json_value(value: Any) -> Any:
 def _sections(runs: pd.DataFrame, effects: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
     """(title, note, display table of strings) for the run table and the two effect tables."""
     ctx = [c for c in runs.columns if c.startswith(CTX_PREFIX)]
-    ordered = runs.assign(_n=runs[list(FLIPS)].sum(axis=1)).sort_values(["_n", "label", "seed", "run_id"])
+    ordered = _by_components(runs)
     speed = effects[effects["metric"] == SPEED_METRIC]
     return [
         ("Runs", f"{len(runs)} runs: {_status_counts(runs)}.", _display(ordered, RUN_TABLE + ctx)),
@@ -519,6 +542,17 @@ def _sections(runs: pd.DataFrame, effects: pd.DataFrame) -> list[tuple[str, str,
         (f"Component effects: speed ({SPEED_METRIC})", SPEED_NOTE,
          _display(speed, _effect_columns(effects), PCT_FORMATS).rename(columns=PCT_HEADERS)),
     ]
+
+
+def component_columns(runs: pd.DataFrame) -> list[str]:
+    """The runs frame's per-component on/off columns: the built-ins, then spec components."""
+    return [c for c in runs.columns if c in comp.BY_NAME or (c not in RUN_COLUMNS and not c.startswith(CTX_PREFIX))]
+
+
+def _by_components(runs: pd.DataFrame) -> pd.DataFrame:
+    """Runs ordered by how many components they have on (the reference end first), then label."""
+    n_on = runs[component_columns(runs)].sum(axis=1)
+    return runs.assign(_n=n_on).sort_values(["_n", "label", "seed", "run_id"])
 
 
 def _status_counts(runs: pd.DataFrame) -> str:
@@ -550,9 +584,9 @@ def _cell(value: Any, column: str, formats: dict) -> str:
 
 
 def _samples(runs: pd.DataFrame) -> list[tuple[str, str]]:
-    """(heading, text) for each run with a samples.txt, 2017 end first, LLaMA end last."""
+    """(heading, text) for each run with a samples.txt, reference end first, all-on end last."""
     out = []
-    ordered = runs.assign(_n=runs[list(FLIPS)].sum(axis=1)).sort_values(["_n", "label", "seed", "run_id"])
+    ordered = _by_components(runs)
     for run in ordered.itertuples():
         path = Path(run.path) / SAMPLES
         if path.is_file():

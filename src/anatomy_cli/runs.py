@@ -30,6 +30,7 @@ BEST = "best.safetensors"
 LAST = "last.safetensors"
 RESUME = "resume.pt"
 SAMPLES = "samples.txt"
+SWEEP = "sweep.json"  # in a sweep directory: the components its runs were planned with
 
 COMPLETED = "completed"
 DIVERGED = "diverged"
@@ -97,6 +98,17 @@ def read_metrics(run_dir: Path) -> list[dict]:
 def read_summary(run_dir: Path) -> dict | None:
     path = Path(run_dir) / SUMMARY
     return read_json(path) if path.exists() else None
+
+
+def read_design(sweep_dir: Path) -> dict | None:
+    """sweep.json of a sweep directory ({"components": [record, ...]}), or None when there is none."""
+    path = Path(sweep_dir) / SWEEP
+    if not path.is_file():
+        return None
+    data = read_json(path)
+    if not isinstance(data, dict) or not isinstance(data.get("components"), list):
+        raise RunError(f"corrupt {SWEEP} in {Path(sweep_dir)}: no components list")
+    return data
 
 
 def run_status(run_dir: Path) -> str | None:

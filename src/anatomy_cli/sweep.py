@@ -1,7 +1,8 @@
 """Ablation sweeps: expand(spec) -> [PlannedRun] (pure, no torch), then execute the plan.
 
-Designs:
-  one-at-a-time  the 2017 end, each flip added alone to it, the LLaMA end, each flip removed alone
+Designs (components from components.py, built-in or declared in the spec):
+  one-at-a-time  the reference end (every component off; "2017" for the five), each flip added
+                 alone to it, the all-on end ("llama"), each flip removed alone
   factorial      every combination of the chosen flips (others keep the base's values)
   list           named configs given as dotted overrides of the base
 Extra `axes` are crossed with the design; every config is validated before any run starts.
@@ -15,26 +16,14 @@ import itertools
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from collections.abc import Iterable
 
 from . import runs
 from .jobs import Event, Job, execute_local
-from .config import (FLIPS, AblationSpec, ConfigError, ModelConfig, RunConfig, TrainConfig, apply_overrides,
-                     load_toml, resolve_source, validate)
-
-OFF: dict[str, dict[str, Any]] = {
-    "rmsnorm": {"model.norm_type": "layernorm"},
-    "prenorm": {"model.norm_pos": "post"},
-    "rope": {"model.pos_type": "learned"},
-    "swiglu": {"model.ffn_type": "gelu"},
-}
-ON: dict[str, dict[str, Any]] = {
-    "rmsnorm": {"model.norm_type": "rmsnorm"},
-    "prenorm": {"model.norm_pos": "pre"},
-    "rope": {"model.pos_type": "rope"},
-    "swiglu": {"model.ffn_type": "swiglu"},
-}
-
+from . import components
+from .components import Component, Design
+from .config import (AblationSpec, ConfigError, ModelConfig, RunConfig, TrainConfig, apply_overrides, load_toml,
+                     resolve_source, validate)
 
 DEFAULT_SPEC = "five-flips.toml"
 
@@ -78,20 +67,41 @@ class SweepLocked(RuntimeError):
 class PlannedRun:
     run_id: str
     slug: str  # e.g. '2017', '2017+rope', 'llama', 'llama-rope', with axis values appended
-    role: str  # '2017', 'add-one', 'llama', 'remove-one', 'factorial', 'list'
+    role: str  # 'reference', 'add-one', 'all-on', 'remove-one', 'factorial', 'list'
     flip: str | None  # the flipped component for add-one / remove-one
     config: RunConfig
+    design: Design | None = None  # the study's components (None for a list design)
 
 
-def parse_flips(text: str | None) -> list[str] | None:
+def spec_table(spec: AblationSpec) -> dict[str, Component]:
+    """The built-in components plus the spec's own, by name."""
+    return components.table(spec.components, f"spec {spec.name}", spec.gqa_kv_head)
+
+
+def parse_flips(text: str | None, known: Iterable[str] = components.BUILTIN_NAMES) -> list[str] | None:
     """'rope,swiglu' -> ['rope', 'swiglu']; unknown names are a ConfigError naming them."""
     if text is None:
         return None
+    known = list(known)
     names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in FLIPS]
+    unknown = [n for n in names if n not in known]
     if unknown or not names:
-        raise ConfigError(f"unknown --flip name(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(FLIPS)}")
+        raise ConfigError(f"unknown --flip name(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(known)}")
     return list(dict.fromkeys(names))
+
+
+def design_of(spec: AblationSpec, flips: list[str] | None = None) -> Design:
+    """The study's components: the spec's flips (default: the five plus the spec's own), and any
+    --flip names; runs of their own (add-one, remove-one, factorial) go to --flip's names only."""
+    table = spec_table(spec)
+    names = spec.flips if spec.flips is not None else [*components.FIVE, *spec.components]
+    unknown = [n for n in [*names, *(flips or [])] if n not in table]
+    if unknown:
+        raise ConfigError(f"flips: unknown component(s) {', '.join(dict.fromkeys(unknown))}; "
+                          f"choose from {', '.join(table)} (or declare one under [components.NAME])")
+    design = Design(tuple(table[n] for n in dict.fromkeys([*names, *(flips or [])])), tuple(flips or names))
+    components.check_conflicts(design.components)
+    return design
 
 
 def axis_key(key: str) -> str:
@@ -105,72 +115,91 @@ def axis_key(key: str) -> str:
     raise ConfigError(f"axes.{key}: not a model or train field (use a dotted key such as train.warmup)")
 
 
-def flip_overrides(spec: AblationSpec, flip: str, on: bool) -> dict[str, Any]:
-    if flip != "gqa":
-        return (ON if on else OFF)[flip]
-    n_head = spec.base.model.n_head
-    g = spec.gqa_kv_head or max(1, n_head // 2)
-    if on and g >= n_head:
-        raise ConfigError(f"gqa flip needs n_kv_head < n_head={n_head}; set gqa_kv_head (got {g})")
-    return {"model.n_kv_head": g if on else n_head}
+Point = tuple[str, str, "str | None", dict[str, bool]]  # slug, role, flip, intended state per component
 
 
-def merged(spec: AblationSpec, flips_on: list[str], flips_off: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for f in flips_off:
-        out.update(flip_overrides(spec, f, False))
-    for f in flips_on:
-        out.update(flip_overrides(spec, f, True))
-    return out
-
-
-def design_points(spec: AblationSpec, flips: list[str]) -> list[tuple[str, str, str | None, dict]]:
-    """(slug, role, flip, overrides) for each config of the design, before axes and seeds."""
-    if spec.design == "list":
-        return [(c.name, "list", None, dict(c.set)) for c in spec.configs]
+def design_points(spec: AblationSpec, design: Design) -> list[Point]:
+    """(slug, role, flip, states) for each config of the design, before axes and seeds."""
+    names, varied = design.names, design.varied
     if spec.design == "factorial":
         points = []
-        for mask in itertools.product((False, True), repeat=len(flips)):
-            on = [f for f, m in zip(flips, mask) if m]
-            off = [f for f, m in zip(flips, mask) if not m]
-            points.append(("+".join(on) or "none", "factorial", None, merged(spec, on, off)))
+        for mask in itertools.product((False, True), repeat=len(varied)):
+            on = [f for f, m in zip(varied, mask) if m]
+            points.append(("+".join(on) or "none", "factorial", None, dict(zip(varied, mask))))
         return points
-    everything = list(FLIPS)
-    points = [("2017", "2017", None, merged(spec, [], everything))]
-    points += [(f"2017+{f}", "add-one", f, merged(spec, [f], [g for g in everything if g != f])) for f in flips]
-    points.append(("llama", "llama", None, merged(spec, everything, [])))
-    points += [(f"llama-{f}", "remove-one", f, merged(spec, [g for g in everything if g != f], [f])) for f in flips]
+    ref, top = design.ends
+    points = [(ref, "reference", None, {n: False for n in names})]
+    if "add-one" in spec.directions:
+        points += [(f"{ref}+{f}", "add-one", f, {n: n == f for n in names}) for f in varied]
+    if "remove-one" in spec.directions:
+        points.append((top, "all-on", None, {n: True for n in names}))
+        points += [(f"{top}-{f}", "remove-one", f, {n: n != f for n in names}) for f in varied]
     return points
 
 
 def expand(spec: AblationSpec, flips: list[str] | None = None, seeds: int | None = None,
            steps: int | None = None) -> list[PlannedRun]:
-    """The full plan; raises ConfigError listing every invalid config before anything runs."""
-    flips = flips or list(spec.flips)
+    """The full plan; raises ConfigError listing every invalid config before anything runs.
+
+    Component settings are resolved against the base with its axis values (so gqa follows an
+    n_head axis), then axes apply on top; every run's actual component states are checked against
+    its intended role, so an axis or base setting that contradicts the role is an error, never a
+    silently mislabelled run.
+    """
+    design = design_of(spec, flips) if spec.design != "list" else None
     base = spec.base.model_dump(mode="json")
     if steps is not None:
         base["train"]["steps"] = steps
     seed_list = [spec.base.seed + i for i in range(seeds)] if seeds else spec.seed_list
     axes = {axis_key(k): v for k, v in spec.axes.items()}
+    points = design_points(spec, design) if design else [(c.name, "list", None, {}) for c in spec.configs]
+    sets = {c.name: dict(c.set) for c in spec.configs}
     plan, errors, seen = [], [], set()
-    for slug, role, flip, overrides in design_points(spec, flips):
+    for slug, role, flip, want in points:
         for values in itertools.product(*axes.values()):
             axis_over = dict(zip(axes, values))
             full_slug = "_".join([slug] + [f"{k.split('.')[-1]}={v}" for k, v in axis_over.items()])
+            start = apply_overrides(base, {**sets.get(slug, {}), **axis_over})
+            flat = components.flatten(start)
+            settings = {k: v for c in (design.components if design else ()) if c.name in want
+                        for k, v in c.settings(want[c.name], flat).items()}
             for seed in seed_list:
-                data = apply_overrides(base, {**overrides, **axis_over, "seed": seed, "name": f"{spec.name}/{full_slug}"})
+                data = apply_overrides(start, {**settings, **axis_over, "seed": seed, "name": f"{spec.name}/{full_slug}"})
                 try:
                     cfg = validate(RunConfig, data)
                 except ConfigError as err:
                     errors.append(f"{full_slug} (seed {seed}): {err}")
                     continue
+                wrong = role_errors(cfg, design, want, axis_over, role)
+                if wrong:
+                    errors.append(f"{full_slug}: {wrong}")
+                    break  # the same for every seed
                 rid = runs.run_id(full_slug, seed, cfg.model_dump(mode="json"))
                 if rid not in seen:
                     seen.add(rid)
-                    plan.append(PlannedRun(rid, full_slug, role, flip, cfg))
+                    plan.append(PlannedRun(rid, full_slug, role, flip, cfg, design))
     if errors:
-        raise ConfigError("invalid configs in the plan: " + "; ".join(errors))
+        more = f"; and {len(errors) - 4} more" if len(errors) > 4 else ""
+        raise ConfigError(f"invalid configs in the plan ({len(errors)}): " + "; ".join(errors[:4]) + more)
     return plan
+
+
+def role_errors(cfg: RunConfig, design: Design | None, want: dict[str, bool], axis_over: dict, role: str) -> str:
+    """'' when every component is in its intended state, else what contradicts the role and why."""
+    flat = components.flat_config(cfg)
+    problems = []
+    for c in design.components if design else ():
+        if c.name not in want or c.state(flat) == want[c.name]:
+            continue
+        shown = ", ".join(f"{k}={flat.get(k)!r}" for k in c.keys)
+        by_axis = [k for k in c.keys if k in axis_over]
+        cause = (f"set by axes.{by_axis[0].removeprefix('model.')}" if by_axis
+                 else "the base's value" if c.off is None and not want[c.name]
+                 else f"its {'on' if want[c.name] else 'off'} setting {c.describe('on' if want[c.name] else 'off')} "
+                      f"does not hold here")
+        problems.append(f"planned ({role}) with {c.name} {'on' if want[c.name] else 'off'}, but {shown} ({cause}) "
+                        f"makes it {'off' if want[c.name] else 'on'}")
+    return "; ".join(problems)
 
 
 # Throughput assumed for plan estimates when no run of the sweep has finished yet (no torch import
@@ -246,6 +275,25 @@ def default_workers(n_runs: int) -> int:
     return max(1, min(os.cpu_count() or 1, n_runs))
 
 
+def record_design(sweep_dir: Path, design: Design) -> None:
+    """Add the design's components to sweep_dir/sweep.json, which the report reads to tell roles.
+
+    A sweep directory may hold several invocations (other --flip choices, more seeds): the file keeps
+    the union of their components. A spec component redefined under the same name is refused, since
+    runs already written were planned with the old definition.
+    """
+    path = Path(sweep_dir) / runs.SWEEP
+    old = runs.read_design(sweep_dir) or {"components": []}
+    rows = {r["name"]: r for r in old["components"]}
+    for c in design.components:
+        row = components.record(c)
+        if c.origin != "built-in" and c.name in rows and rows[c.name] != row:
+            raise ConfigError(f"{path}: component {c.name} was defined differently by an earlier sweep in this "
+                              f"directory; rename it or use another spec name")
+        rows.setdefault(c.name, row)
+    runs.atomic_write_json(path, {"components": list(rows.values())})
+
+
 def pending_runs(plan: list[PlannedRun], sweep_dir: Path) -> list[PlannedRun]:
     return [p for p in plan if runs.run_status(Path(sweep_dir) / p.run_id) not in runs.DONE_STATES]
 
@@ -261,6 +309,9 @@ def execute(plan: list[PlannedRun], sweep_dir: Path, workers: int = 1, on_event:
     sweep_dir.mkdir(parents=True, exist_ok=True)
     emit = on_event or (lambda e: None)
     with SweepLock(sweep_dir):
+        design = next((p.design for p in plan if p.design), None)
+        if design is not None:
+            record_design(sweep_dir, design)
         todo = pending_runs(plan, sweep_dir)
         emit({"event": "plan", "total": len(plan), "todo": len(todo), "skipped": len(plan) - len(todo)})
         threads = max(1, (os.cpu_count() or 1) // max(1, workers))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from . import runs
+from . import components, runs
 from .checkpoint import load_run_config, load_state, load_weights, save_state, save_weights
 from .config import ConfigError, RunConfig
 from .data import BatchSampler, Corpus, fixed_windows, load_corpus
@@ -280,8 +280,8 @@ def summarize(tr: Trainer, status: str, diverged_at: int | None, extra: dict | N
     return {
         "status": status,
         "run_id": tr.run_dir.name,
-        "label": tr.cfg.model.label,
-        "flips": list(tr.cfg.model.flips),
+        "label": components.label(tr.cfg),
+        "components": list(components.on_names(tr.cfg)),
         "seed": tr.cfg.seed,
         "params": tr.model.num_params(),
         "best_val_loss": best,

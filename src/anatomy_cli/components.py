@@ -1,0 +1,313 @@
+"""The component table: every part anatomy can switch, declared once as data (no torch import).
+
+A component is a name, a one-line description, its source, and two states given as dotted
+settings of a run config: `off` (the reference part) and `on`. `off` may be None, meaning
+"whatever the spec's base has" (NoPE compares against learned positions from the 2017 end and
+against RoPE from the LLaMA end). Everything that knows about components reads this table:
+
+  state / label       which components a config has                 (train summaries, reports)
+  sweep.expand        the ends, add-one, remove-one, factorial runs; the role check
+  report              roles, grouping keys, effects, colours per component
+  export              which parts Hugging Face's LlamaForCausalLM can express
+  `anatomy components` the table, printed
+
+A spec adds its own components (`[components.NAME]` with about/source/off/on), validated like
+built-ins: a setting must name a field of model, train or data.
+
+Adding a built-in component = its model code, one row in BUILTINS, its tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from .config import ConfigError, DataConfig, ModelConfig, TrainConfig
+
+SECTIONS = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig}
+
+
+@dataclass(frozen=True)
+class Follows:
+    """A setting relative to another field of the same config (gqa: n_kv_head against n_head).
+
+    less=False: equal to `key`'s value. less=True: fewer than it; planned as `value` when the spec
+    gives one (gqa_kv_head), else half of it. A state test asks the relation, not the value, so any
+    n_kv_head < n_head counts as GQA, whatever axis or base put it there.
+    """
+
+    key: str
+    less: bool = False
+    value: int | None = None
+
+    def resolve(self, flat: Mapping[str, Any]) -> Any:
+        other = flat[self.key]
+        if not self.less:
+            return other
+        return self.value if self.value is not None else max(1, other // 2)
+
+    def holds(self, value: Any, flat: Mapping[str, Any]) -> bool:
+        other = flat[self.key]
+        return value < other if self.less else value == other
+
+    def __str__(self) -> str:
+        short = self.key.split(".")[-1]
+        if not self.less:
+            return f"= {short}"
+        return f"{self.value} (< {short})" if self.value is not None else f"{short}/2"
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str
+    about: str
+    source: str
+    on: Mapping[str, Any]
+    off: Mapping[str, Any] | None = None  # None: the base's values
+    family: str = ""  # "llama": one of the five parts of the 2017 -> LLaMA question
+    llama: str = "either"  # in an HF LlamaForCausalLM this part must be: "on" | "off" | "either"
+    origin: str = "built-in"  # or the spec file that declared it
+    parts: tuple[str, str] = ("", "")  # human names of the off and on parts, for messages
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys([*self.on, *(self.off or {})]))
+
+    def settings(self, on: bool, flat: Mapping[str, Any]) -> dict[str, Any]:
+        """Dotted settings that put a config (flattened as `flat`) into this component's state."""
+        chosen = self.on if on else self.off or {}
+        return {k: v.resolve(flat) if isinstance(v, Follows) else v for k, v in chosen.items()}
+
+    def state(self, flat: Mapping[str, Any]) -> bool | None:
+        """True (on), False (off) or None (neither: a config this component cannot place)."""
+        if _matches(self.on, flat):
+            return True
+        if self.off is None or _matches(self.off, flat):
+            return False
+        return None
+
+    def describe(self, which: str) -> str:
+        chosen = self.on if which == "on" else self.off
+        if chosen is None:
+            return "(the base's)"
+        return ", ".join(f"{k.removeprefix('model.')}={_show(v)}" for k, v in chosen.items())
+
+
+def _matches(settings: Mapping[str, Any], flat: Mapping[str, Any]) -> bool:
+    for key, want in settings.items():
+        if key not in flat:
+            return False
+        have = flat[key]
+        if isinstance(want, Follows):
+            if not want.holds(have, flat):
+                return False
+        elif have != want:
+            return False
+    return True
+
+
+def _show(v: Any) -> str:
+    return str(v) if isinstance(v, Follows) else repr(v) if isinstance(v, str) else f"{v}"
+
+
+# The five parts of the 2017 -> LLaMA question first (their order is the canonical flip order),
+# then six parts of today's models.
+BUILTINS: tuple[Component, ...] = (
+    Component("rmsnorm", "RMSNorm instead of LayerNorm: scale only, no mean, no bias",
+              "Zhang & Sennrich 2019; LLaMA", on={"model.norm_type": "rmsnorm"},
+              off={"model.norm_type": "layernorm"}, family="llama", llama="on", parts=("LayerNorm", "RMSNorm")),
+    Component("prenorm", "pre-norm blocks plus a final norm instead of post-norm",
+              "Xiong et al. 2020; GPT-2, LLaMA", on={"model.norm_pos": "pre"},
+              off={"model.norm_pos": "post"}, family="llama", llama="on", parts=("post-norm", "pre-norm")),
+    Component("rope", "rotary positions on Q and K (half-split pairing) instead of a learned table",
+              "Su et al. 2021; LLaMA", on={"model.pos_type": "rope"}, off={"model.pos_type": "learned"},
+              family="llama", llama="on", parts=("learned positions", "RoPE")),
+    Component("swiglu", "SwiGLU FFN at 2/3 of the hidden size instead of GELU at 4d",
+              "Shazeer 2020; LLaMA", on={"model.ffn_type": "swiglu"}, off={"model.ffn_type": "gelu"},
+              family="llama", llama="on", parts=("GELU FFN", "SwiGLU")),
+    Component("gqa", "grouped-query attention: fewer K/V heads than query heads",
+              "Ainslie et al. 2023; LLaMA 2", on={"model.n_kv_head": Follows("model.n_head", less=True)},
+              off={"model.n_kv_head": Follows("model.n_head")}, family="llama", parts=("MHA", "GQA")),
+    Component("qknorm", "RMSNorm over head_dim on Q and K of every head, before RoPE",
+              "OLMo 2; Qwen3; Gemma 3", on={"model.qk_norm": True}, off={"model.qk_norm": False},
+              llama="off", parts=("no QK-norm", "QK-norm")),
+    Component("tied", "the LM head shares the embedding matrix", "GPT-2 (Radford et al. 2019); Gemma",
+              on={"model.tie_embeddings": True}, off={"model.tie_embeddings": False},
+              parts=("untied head", "tied embeddings")),
+    Component("parallel", "attention and FFN read one normed input and add to the residual together",
+              "GPT-J (Wang & Komatsuzaki 2021); PaLM (Chowdhery et al. 2022)", on={"model.parallel_block": True},
+              off={"model.parallel_block": False}, llama="off", parts=("sequential block", "parallel block")),
+    Component("zloss", "auxiliary z-loss 1e-4 * log^2 Z on the softmax normaliser (training only)",
+              "PaLM (Chowdhery et al. 2022)", on={"train.z_loss": 1e-4}, off={"train.z_loss": 0.0},
+              parts=("no z-loss", "z-loss")),
+    Component("softcap", "final-logit soft-capping 30 * tanh(logits / 30)", "Gemma 2 (2024)",
+              on={"model.logit_softcap": 30.0}, off={"model.logit_softcap": 0.0}, llama="off",
+              parts=("uncapped logits", "soft-capped logits")),
+    Component("nope", "no position information at all (causal attention alone)",
+              "Kazemnejad et al. 2023", on={"model.pos_type": "nope"}, llama="off",
+              parts=("positions", "NoPE")),
+)
+BUILTIN_NAMES: tuple[str, ...] = tuple(c.name for c in BUILTINS)
+FIVE: tuple[str, ...] = tuple(c.name for c in BUILTINS if c.family == "llama")
+BY_NAME: dict[str, Component] = {c.name: c for c in BUILTINS}
+
+
+# ------------------------------------------------------------------------------ configs
+
+
+def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'model': {'d_model': 64}} -> {'model.d_model': 64}."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, Mapping):
+            out |= flatten(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def flat_config(cfg: Any) -> dict[str, Any]:
+    """A RunConfig, ModelConfig or config dict as dotted settings; a model-only one gets the
+    defaults of train and data (so a train-side component reads as off)."""
+    if isinstance(cfg, ModelConfig):
+        cfg = {"model": cfg.model_dump(mode="json")}
+    elif hasattr(cfg, "model_dump"):
+        cfg = cfg.model_dump(mode="json")
+    defaults = {f"{s}.{k}": f.default for s, cls in SECTIONS.items() for k, f in cls.model_fields.items()
+                if s != "model"}
+    return defaults | flatten(cfg)
+
+
+def states(cfg: Any, components: Iterable[Component] = BUILTINS) -> dict[str, bool | None]:
+    flat = flat_config(cfg)
+    return {c.name: c.state(flat) for c in components}
+
+
+def on_names(cfg: Any, components: Iterable[Component] = BUILTINS) -> tuple[str, ...]:
+    return tuple(name for name, on in states(cfg, components).items() if on)
+
+
+def label(cfg: Any, components: Iterable[Component] = BUILTINS) -> str:
+    """'2017', 'llama', the five-part flips present ('rope+swiglu'), then any other part on
+    ('llama+qknorm'); the article's deliberately broken RoPE variants say so."""
+    on = on_names(cfg, components)
+    five = [n for n in FIVE if n in on]
+    name = "2017" if not five else "llama" if len(five) == len(FIVE) else "+".join(five)
+    name = "+".join([name, *(n for n in on if n not in FIVE)])
+    variant = flat_config(cfg).get("model.rope_variant", "standard")
+    if variant != "standard":
+        name += f" [BROKEN rope:{variant}]"  # the article's break-it exercise, not a real part
+    return name
+
+
+# ------------------------------------------------------------------------------ spec components
+
+
+def from_spec(name: str, spec: Mapping[str, Any], origin: str) -> Component:
+    """A component declared in a spec's [components.NAME] table, validated like a built-in."""
+    if name in BY_NAME:
+        raise ConfigError(f"components.{name}: a built-in component has this name; choose another")
+    on, off = dict(spec.get("on") or {}), spec.get("off")
+    if not on:
+        raise ConfigError(f"components.{name}.on: give at least one dotted setting, e.g. \"train.weight_decay\" = 0.0")
+    for which, settings in (("on", on), ("off", off or {})):
+        for key, value in settings.items():
+            check_setting(f"components.{name}.{which}", key, value)
+    if off is not None and dict(off) == on:
+        raise ConfigError(f"components.{name}: on and off are the same settings")
+    return Component(name, spec.get("about") or "", spec.get("source") or "", on,
+                     dict(off) if off is not None else None, origin=origin)
+
+
+def check_setting(where: str, key: str, value: Any) -> None:
+    """A dotted key must name a field of model, train or data, and the value must validate."""
+    section, _, fld = key.partition(".")
+    cls = SECTIONS.get(section)
+    if cls is None or not fld or fld not in cls.model_fields:
+        raise ConfigError(f"{where}: {key!r} is not a field of model, train or data (e.g. model.qk_norm)")
+    info = cls.model_fields[fld]
+    try:  # the field's own type and bounds; cross-field checks run when the plan validates each run
+        TypeAdapter(Annotated[info.annotation, *info.metadata]).validate_python(value)
+    except ValidationError as err:
+        raise ConfigError(f"{where}.{key}: {err.errors()[0]['msg']}") from None
+
+
+def table(declared: Mapping[str, Any] | None = None, origin: str = "spec", gqa_kv_head: int | None = None
+          ) -> dict[str, Component]:
+    """Built-ins (gqa planned at gqa_kv_head K/V heads when given) plus a spec's own components."""
+    out = dict(BY_NAME)
+    if gqa_kv_head is not None:
+        gqa = BY_NAME["gqa"]
+        out["gqa"] = Component(**{**gqa.__dict__, "on": {"model.n_kv_head": Follows("model.n_head", True, gqa_kv_head)}})
+    for name, spec in (declared or {}).items():
+        out[name] = from_spec(name, spec if isinstance(spec, Mapping) else spec.model_dump(), origin)
+    return out
+
+
+def check_conflicts(design: Iterable[Component]) -> None:
+    """Two components that set the same field cannot share a design (rope and nope both set pos_type)."""
+    owner: dict[str, str] = {}
+    for c in design:
+        for key in c.keys:
+            if key in owner:
+                raise ConfigError(f"components {owner[key]} and {c.name} both set {key}: they cannot be in one "
+                                  f"design (drop one from flips)")
+            owner[key] = c.name
+
+
+def end_names(names: Iterable[str]) -> tuple[str, str]:
+    """('2017', 'llama') for the five parts of the article's question, else ('reference', 'all-on')."""
+    return ("2017", "llama") if set(names) == set(FIVE) else ("reference", "all-on")
+
+
+def record(c: Component) -> dict[str, Any]:
+    """A JSON-able row (for `anatomy components --json` and a sweep's sweep.json)."""
+    return {"name": c.name, "about": c.about, "source": c.source, "origin": c.origin,
+            "off": None if c.off is None else {k: _plain(v) for k, v in c.off.items()},
+            "on": {k: _plain(v) for k, v in c.on.items()}, "family": c.family, "llama": c.llama}
+
+
+def _plain(v: Any) -> Any:
+    return str(v) if isinstance(v, Follows) else v
+
+
+def from_record(row: Mapping[str, Any]) -> Component:
+    """The inverse of record() for a spec's component (built-ins are looked up by name)."""
+    if row.get("origin", "built-in") == "built-in" and row["name"] in BY_NAME:
+        return BY_NAME[row["name"]]
+    return Component(row["name"], row.get("about", ""), row.get("source", ""), dict(row["on"]),
+                     None if row.get("off") is None else dict(row["off"]), origin=row.get("origin", "spec"))
+
+
+@dataclass(frozen=True)
+class Design:
+    """The components of one study: which define its ends, which get their own runs."""
+
+    components: tuple[Component, ...]
+    varied: tuple[str, ...] = field(default=())  # add-one / remove-one runs for these
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.components)
+
+    @property
+    def ends(self) -> tuple[str, str]:
+        return end_names(self.names)
+
+    @property
+    def keys(self) -> set[str]:
+        return {k for c in self.components for k in c.keys}
+
+
+def model_settings(names: Iterable[str] = FIVE, on: bool = True, model: Mapping[str, Any] | None = None
+                   ) -> dict[str, Any]:
+    """Model fields that turn the named built-ins on (or off) in a model config (default sizes when
+    `model` is None): {'norm_type': 'rmsnorm', ...}. Train-side settings are left out."""
+    flat = flatten({"model": ModelConfig.model_construct().model_dump(mode="json") | dict(model or {})})
+    out: dict[str, Any] = {}
+    for name in names:
+        out |= BY_NAME[name].settings(on, flat)
+    return {k.removeprefix("model."): v for k, v in out.items() if k.startswith("model.")}
