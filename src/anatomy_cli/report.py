@@ -268,10 +268,10 @@ def _role(states: dict[str, bool | None], names: list[str]) -> str:
     on = [n for n in names if states[n]]
     if not on:
         return "reference"
+    if len(on) == 1:  # before all-on: with one component, its add-one run is also the all-on end
+        return f"+{on[0]}"
     if len(on) == len(names):
         return "all-on"
-    if len(on) == 1:
-        return f"+{on[0]}"
     if len(on) == len(names) - 1:
         return f"-{next(n for n in names if n not in on)}"
     return ""
@@ -307,6 +307,10 @@ def _group_effects(members: pd.DataFrame, group: str, metric: str) -> list[dict]
     by_role = {role: sub.set_index("seed") for role, sub in members.groupby("role")}
     rows = []
     design = members["design"].iloc[0].split("+")
+    if len(design) == 2:  # with two components, "A alone" is also "all-on minus B"
+        for a, b in (design, design[::-1]):
+            if f"+{a}" in by_role:
+                by_role.setdefault(f"-{b}", by_role[f"+{a}"])
     ends = comp.end_names(design)
     ends = ("2017", "LLaMA") if ends == ("2017", "llama") else ends
     for flip in design:

@@ -91,15 +91,23 @@ def parse_flips(text: str | None, known: Iterable[str] = components.BUILTIN_NAME
 
 
 def design_of(spec: AblationSpec, flips: list[str] | None = None) -> Design:
-    """The study's components: the spec's flips (default: the five plus the spec's own), and any
-    --flip names; runs of their own (add-one, remove-one, factorial) go to --flip's names only."""
+    """The study's components and which of them get runs of their own.
+
+    The components are the spec's flips (default: the five plus the spec's own) and any --flip
+    names; runs of their own (add-one, remove-one, factorial) go to --flip's names when given. The
+    five 2017 -> LLaMA parts travel together: a study that flips any of them has all five at its
+    ends, so `flips = ["rope"]` still compares against the 2017 and LLaMA ends.
+    """
     table = spec_table(spec)
     names = spec.flips if spec.flips is not None else [*components.FIVE, *spec.components]
     unknown = [n for n in [*names, *(flips or [])] if n not in table]
     if unknown:
         raise ConfigError(f"flips: unknown component(s) {', '.join(dict.fromkeys(unknown))}; "
                           f"choose from {', '.join(table)} (or declare one under [components.NAME])")
-    design = Design(tuple(table[n] for n in dict.fromkeys([*names, *(flips or [])])), tuple(flips or names))
+    members = list(dict.fromkeys([*names, *(flips or [])]))
+    if set(members) & set(components.FIVE):
+        members = list(dict.fromkeys([*components.FIVE, *members]))
+    design = Design(tuple(table[n] for n in members), tuple(flips or names))
     components.check_conflicts(design.components)
     return design
 
@@ -174,9 +182,13 @@ def expand(spec: AblationSpec, flips: list[str] | None = None, seeds: int | None
                 if wrong:
                     errors.append(f"{full_slug}: {wrong}")
                     break  # the same for every seed
-                rid = runs.run_id(full_slug, seed, cfg.model_dump(mode="json"))
-                if rid not in seen:
-                    seen.add(rid)
+                dumped = cfg.model_dump(mode="json")
+                rid = runs.run_id(full_slug, seed, dumped)
+                # A design plans each config once (with two components, A alone is all-on minus B);
+                # a list design's entries are runs of their own even when their settings agree.
+                same = runs.config_hash({k: v for k, v in dumped.items() if k != "name"}) if design else rid
+                if same not in seen:
+                    seen.add(same)
                     plan.append(PlannedRun(rid, full_slug, role, flip, cfg, design))
     if errors:
         more = f"; and {len(errors) - 4} more" if len(errors) > 4 else ""
