@@ -11,7 +11,8 @@ is a dense LLaMA, any n_kv_head. The mapping is a pure rename, plus one split:
     blocks.{i}.norm2.weight       -> model.layers.{i}.post_attention_layernorm.weight
     blocks.{i}.ffn.{gate,up,down} -> model.layers.{i}.mlp.{gate,up,down}_proj.weight
     final_norm.weight             -> model.norm.weight
-    head.weight                   -> lm_head.weight  (untied)
+    head.weight                   -> lm_head.weight  (untied; a tied run writes embed_tokens only
+                                     and says tie_word_embeddings: true)
 
 Both sides rotate with the half-split RoPE pairing (dimension i with i + head_dim/2), so Q/K rows
 need no permutation (the Meta -> HF conversion script permutes because Meta's code pairs
@@ -44,6 +45,15 @@ LLAMA_PARTS: tuple[tuple[str, str, str], ...] = (
     ("ffn_type", "swiglu", "GELU FFN"),
 )
 
+# Post-LLaMA parts Llama has no switch for: (config field, the value Llama needs, the part's name).
+# train.z_loss is not here: it changes training, not the network, which stays a plain Llama.
+NON_LLAMA_PARTS: tuple[tuple[str, object, str], ...] = (
+    ("qk_norm", False, "QK-norm"),
+    ("parallel_block", False, "parallel attention+FFN block"),
+    ("logit_softcap", 0.0, "logit soft-capping"),
+)
+OTHER_NAMES = {"nope": "NoPE (no positions)"}  # a non-2017 value of a LLAMA_PARTS field
+
 # anatomy block-local names -> HF layer-local names (the qkv split is handled separately)
 LAYER_RENAMES: dict[str, str] = {
     "norm1.weight": "input_layernorm.weight",
@@ -69,9 +79,12 @@ class ExportError(ValueError):
 
 def llama_mismatches(model_cfg) -> list[str]:
     """The parts of `model_cfg` with no Llama equivalent, e.g. ['LayerNorm (needs rmsnorm)']."""
-    bad = [f"{name} (needs {want})" for field, want, name in LLAMA_PARTS if getattr(model_cfg, field) != want]
+    bad = [f"{OTHER_NAMES.get(getattr(model_cfg, field), name)} (needs {want})"
+           for field, want, name in LLAMA_PARTS if getattr(model_cfg, field) != want]
     if model_cfg.rope_variant != "standard":
         bad.append(f"RoPE variant {model_cfg.rope_variant!r} (needs standard)")
+    bad += [f"{name} (needs {field}={str(want).lower()})" for field, want, name in NON_LLAMA_PARTS
+            if getattr(model_cfg, field) != want]
     return bad
 
 
@@ -115,7 +128,7 @@ def llama_config(model_cfg) -> dict[str, Any]:
         "attention_bias": False,
         "attention_dropout": 0.0,
         "mlp_bias": False,
-        "tie_word_embeddings": False,
+        "tie_word_embeddings": bool(model_cfg.tie_embeddings),
         "initializer_range": 0.02,
         "pretraining_tp": 1,
         "use_cache": True,
@@ -168,6 +181,8 @@ def state_dict_to_hf(state_dict: dict[str, torch.Tensor], model_cfg) -> dict[str
     check_llama_shaped(model_cfg)
     check_keys(state_dict, model_cfg)
     out = {hf: own_tensor(state_dict[ours]) for ours, hf in GLOBAL_RENAMES.items()}
+    if model_cfg.tie_embeddings:  # HF ties lm_head to embed_tokens on load (tie_word_embeddings)
+        del out["lm_head.weight"]
     for i in range(model_cfg.n_layer):
         src, dst = f"blocks.{i}.", f"model.layers.{i}."
         q, k, v = split_qkv(state_dict[f"{src}attn.qkv.weight"], model_cfg)
@@ -200,12 +215,13 @@ def readme_text(run_cfg, chars: list[str], run_dir: Path, which: str, n_params: 
     m = run_cfg.model
     prompt = readme_prompt(run_cfg, chars)
     n_new = max(1, m.ctx_len - len(prompt))
+    tied = ", the LM head tied to the token embedding" if m.tie_embeddings else ""
     return f"""# {run_cfg.name} ({m.label}): a char-level Llama exported by anatomy
 
 Exported from the anatomy run `{run_dir.name}` ({which} weights) as a plain
 `LlamaForCausalLM`: {m.n_layer} layers, d_model {m.d_model}, {m.n_head} query heads,
 {m.n_kv_head} key/value heads, SwiGLU hidden {m.ffn_hidden}, RoPE base {m.rope_base:g},
-RMSNorm eps {m.norm_eps:g}, trained context {m.ctx_len}, {n_params:,} parameters (float32).
+RMSNorm eps {m.norm_eps:g}, trained context {m.ctx_len}, {n_params:,} parameters (float32){tied}.
 
 ## Tokenizer: one character = one id
 
