@@ -199,8 +199,9 @@ class Trainer:
         """Write pending per-step lines (one host read for all of them); return a diverged step."""
         lines, diverged = [], None
         if self.pending:
-            values = torch.stack([torch.stack((l.float(), n.float(), *(() if z is None else (z.float(),))))
-                                  for _, _, l, n, z in self.pending]).tolist()
+            rows = [torch.stack([l.float(), n.float()] + ([] if z is None else [z.float()]))
+                    for _, _, l, n, z in self.pending]
+            values = torch.stack(rows).tolist()
             for (step, lr, *_), (loss, norm, *z) in zip(self.pending, values):
                 tokens = step * self.cfg.train.batch_size * self.cfg.model.ctx_len
                 lines.append({"step": step, "train_loss": loss, "grad_norm": norm, "lr": lr, "tokens": tokens})
