@@ -13,7 +13,6 @@ from anatomy_cli import components as comp
 from anatomy_cli import report
 from anatomy_cli.cli import app
 from anatomy_cli.config import AblationSpec, ConfigError, ModelConfig, RunConfig, validate
-from anatomy_cli.export import ExportError, check_llama_shaped
 from anatomy_cli.sweep import design_of, execute, expand, load_spec, parse_flips, spec_table
 
 runner = CliRunner()
@@ -238,19 +237,6 @@ def test_report_pairs_gqa_under_an_n_head_axis(tmp_path):
     assert add.loc["n_head=2", "mean_delta"] == pytest.approx(0.02)
     assert add.loc["n_head=4", "mean_delta"] == pytest.approx(0.04)
     assert (add["n_pairs"] == 2).all() and set(add["against"]) == {"2017 end"}
-
-
-# ------------------------------------------------------------------------------ export guard
-
-
-def test_export_guard_reads_the_table():
-    llama = dict(vocab_size=50, d_model=32, n_layer=1, n_head=4, **LLAMA_BASE)
-    check_llama_shaped(ModelConfig(**llama, tie_embeddings=True))  # tied: tie_word_embeddings
-    for field, value, named in (("qk_norm", True, "QK-norm (qknorm)"), ("parallel_block", True, "parallel block (parallel)"),
-                                ("logit_softcap", 30.0, "soft-capped logits (softcap)"), ("pos_type", "nope", "NoPE (nope)")):
-        with pytest.raises(ExportError) as err:
-            check_llama_shaped(ModelConfig(**{**llama, field: value}))
-        assert str(err.value) == f"cannot export to Llama: {named} has no Llama equivalent"
 
 
 def test_two_component_study_pairs_both_directions(tmp_path):

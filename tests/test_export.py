@@ -54,15 +54,16 @@ def model_kwargs(n_kv_head: int = 2, **parts) -> dict:
                 rope_base=500.0, norm_eps=1e-4, **{**LLAMA, **parts})
 
 
-def train_run(root, name: str, **model) -> object:
-    """Train a few real steps into root/name; return the run directory."""
+def train_run(root, name: str, train_opts: dict | None = None, **model) -> object:
+    """Train a few real steps into root/name (train_opts: extra train settings); return the run dir."""
     src = root / "text.txt"
     if not src.exists():
         src.write_text(TEXT, encoding="utf-8")
     cfg = RunConfig.model_validate({
         "name": name, "seed": 7, "model": model,
         "train": {"steps": 5, "batch_size": 4, "lr": 1e-2, "warmup": 0, "eval_interval": 5,
-                  "eval_batches": 2, "log_interval": 5, "sample_len": 0, "device": "cpu", "threads": 2},
+                  "eval_batches": 2, "log_interval": 5, "sample_len": 0, "device": "cpu", "threads": 2,
+                  **(train_opts or {})},
         "data": {"source": str(src)},
     })
     run_dir = root / name
@@ -77,11 +78,17 @@ def load_hf(out_dir):
     return hf.eval()
 
 
-@pytest.fixture(scope="module", params=[2, 4], ids=["gqa-kv2", "mha-kv4"])
+# (n_kv_head, extra model settings, extra train settings); z_loss changes training, not the network
+EXPORTED = {"gqa-kv2": (2, {}, {}), "mha-kv4": (4, {}, {}),
+            "tied-zloss": (2, {"tie_embeddings": True}, {"z_loss": 1e-2, "steps": 20})}  # 5 steps: one id
+
+
+@pytest.fixture(scope="module", params=list(EXPORTED))
 def exported(request, tmp_path_factory):
     """(anatomy model, HF model, out_dir, export result) for one trained LLaMA-shaped run."""
-    root = tmp_path_factory.mktemp(f"kv{request.param}")
-    run_dir = train_run(root, "llama", **model_kwargs(request.param))
+    n_kv_head, parts, train_opts = EXPORTED[request.param]
+    root = tmp_path_factory.mktemp(request.param)
+    run_dir = train_run(root, "llama", train_opts, **model_kwargs(n_kv_head, **parts))
     result = export_hf(run_dir, root / "hf")
     _, _, model = load_run(run_dir, "best")
     return model, load_hf(root / "hf"), root / "hf", result
@@ -136,6 +143,20 @@ def test_export_writes_the_files(exported):
     assert cfg == result["config"]
     assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["model_type"] == "llama"
     assert result["params"] == model.num_params() == model.cfg.num_params()
+    assert cfg["tie_word_embeddings"] is model.cfg.tie_embeddings
+
+
+def test_tied_export_writes_the_embedding_once(exported):
+    model, hf, out_dir, _ = exported
+    from safetensors import safe_open
+
+    with safe_open(str(out_dir / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+    assert "model.embed_tokens.weight" in keys
+    assert ("lm_head.weight" in keys) is not model.cfg.tie_embeddings
+    tied = hf.lm_head.weight.data_ptr() == hf.model.embed_tokens.weight.data_ptr()
+    assert tied is model.cfg.tie_embeddings
+    torch.testing.assert_close(hf.lm_head.weight, model.head.weight, atol=0, rtol=0)
 
 
 def test_readme_example_runs(exported, monkeypatch, capsys):
@@ -168,11 +189,13 @@ def test_llama_config_fields():
     assert hf_cfg.rope_parameters["rope_theta"] == 500.0 and hf_cfg.head_dim == 8
 
 
-def test_state_dict_to_hf_matches_llama_names_and_shapes():
-    cfg = ModelConfig(vocab_size=50, **model_kwargs(1))
+@pytest.mark.parametrize("tied", [False, True])
+def test_state_dict_to_hf_matches_llama_names_and_shapes(tied):
+    cfg = ModelConfig(vocab_size=50, tie_embeddings=tied, **model_kwargs(1))
     hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**llama_config(cfg)))
     tensors = state_dict_to_hf(LM(cfg).state_dict(), cfg)
-    want = {k: tuple(v.shape) for k, v in hf.state_dict().items()}
+    # a tied HF model lists lm_head.weight too, as a second name of embed_tokens.weight
+    want = {k: tuple(v.shape) for k, v in hf.state_dict().items() if not (tied and k == "lm_head.weight")}
     assert {k: tuple(v.shape) for k, v in tensors.items()} == want
     assert all(t.is_contiguous() for t in tensors.values())
 
@@ -204,6 +227,35 @@ def test_every_2017_part_is_named():
         "cannot export to Llama: LayerNorm (needs rmsnorm), post-norm (needs pre), "
         "learned positions (needs rope), GELU FFN (needs swiglu) have no Llama equivalent"
     )
+
+
+MODERN_NAMES = {
+    "qk_norm": (True, "QK-norm (qknorm)"),
+    "parallel_block": (True, "parallel block (parallel)"),
+    "logit_softcap": (30.0, "soft-capped logits (softcap)"),
+    "pos_type": ("nope", "NoPE (nope)"),
+}
+
+
+@pytest.mark.parametrize("field", list(MODERN_NAMES))
+def test_a_post_llama_part_is_refused(field):
+    value, name = MODERN_NAMES[field]
+    with pytest.raises(ExportError) as err:
+        check_llama_shaped(ModelConfig(vocab_size=50, **model_kwargs(2, **{field: value})))
+    assert str(err.value) == f"cannot export to Llama: {name} has no Llama equivalent"
+
+
+def test_every_post_llama_part_is_named_in_one_line(tmp_path):
+    parts = {field: value for field, (value, _) in MODERN_NAMES.items()}
+    with pytest.raises(ExportError) as err:
+        check_llama_shaped(ModelConfig(vocab_size=50, **model_kwargs(2, **parts)))
+    names = [MODERN_NAMES[f][1] for f in ("qk_norm", "parallel_block", "logit_softcap", "pos_type")]  # table order
+    assert str(err.value) == f"cannot export to Llama: {', '.join(names)} have no Llama equivalent"
+    assert "\n" not in str(err.value)
+    run_dir = train_run(tmp_path, "qknorm", **model_kwargs(2, qk_norm=True))  # refused before any file
+    with pytest.raises(ExportError, match="QK-norm"):
+        export_hf(run_dir, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
 
 
 @pytest.mark.parametrize("variant", ["q_only", "k_interleaved"])

@@ -43,11 +43,18 @@ def test_param_count_llama_exact():
     assert LM(cfg).num_params() == 1_178_496
 
 
+# the post-LLaMA parts (tests/test_modern.py), one at a time and all together
+MODERN = [{}, {"qk_norm": True}, {"tie_embeddings": True}, {"parallel_block": True}, {"logit_softcap": 30.0},
+          {"pos_type": "nope"},
+          {"qk_norm": True, "tie_embeddings": True, "parallel_block": True, "logit_softcap": 30.0}]
+
+
+@pytest.mark.parametrize("modern", MODERN, ids=lambda m: "+".join(m) or "none")
 @pytest.mark.parametrize("n_kv_head", [4, 2])
-def test_param_count_formula_matches_model(components, n_kv_head):
+def test_param_count_formula_matches_model(components, n_kv_head, modern):
     # d=64: SwiGLU hidden int(2/3*256)=170 -> 192, so the rounding is exercised too
     cfg = ModelConfig(vocab_size=67, d_model=64, n_layer=2, n_head=4, n_kv_head=n_kv_head, ctx_len=24,
-                      **components)
+                      **{**components, **modern})
     assert cfg.num_params() == LM(cfg).num_params()
 
 

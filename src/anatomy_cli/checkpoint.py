@@ -21,7 +21,14 @@ from .model import LM
 
 
 def save_weights(model: torch.nn.Module, path: Path) -> None:
-    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    """Every state-dict key, tied ones too: safetensors refuses tensors that share memory, so a
+    second name for one tensor (head.weight when tied to tok.weight) is written as a copy, and
+    loading copies both names back into the one parameter."""
+    state, seen = {}, set()
+    for k, v in model.state_dict().items():
+        v = v.detach().contiguous().cpu()
+        state[k] = v.clone() if v.data_ptr() in seen else v
+        seen.add(v.data_ptr())
     fd, tmp = tempfile.mkstemp(dir=Path(path).parent, prefix=f".{Path(path).name}.", suffix=".tmp")
     os.close(fd)
     try:

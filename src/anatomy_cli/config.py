@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 NormType = Literal["layernorm", "rmsnorm"]
 NormPos = Literal["post", "pre"]
-PosType = Literal["learned", "rope", "nope"]
+PosType = Literal["learned", "rope", "nope"]  # nope: no position signal (Kazemnejad et al. 2023)
 FfnType = Literal["gelu", "swiglu"]
 # The article's "break it" exercises (issue 4): deliberately wrong RoPE wirings, labelled as such.
 RopeVariant = Literal["standard", "q_only", "k_interleaved"]
@@ -35,7 +35,13 @@ def ceil_to(n: int, multiple: int) -> int:
 
 
 class ModelConfig(_Frozen):
-    """Sizes and the component switches (see components.py). Defaults are the 2017 Transformer's parts."""
+    """Sizes and the component switches (see components.py). Defaults are the 2017 Transformer's parts.
+
+    The last four switches are post-LLaMA parts, each off by default (off = today's model exactly):
+    qk_norm (RMSNorm of each head's Q and K, OLMo 2 / Qwen3 / Gemma 3), tie_embeddings (head = token
+    embedding, GPT-2 / Gemma), parallel_block (attention and FFN side by side, GPT-J / PaLM) and
+    logit_softcap (c * tanh(logits / c), Gemma 2). pos_type="nope" is NoPE (no positions at all).
+    """
 
     vocab_size: int | None = Field(default=None, gt=0)  # None: taken from the data at train time
     d_model: int = Field(default=128, gt=0)
@@ -84,17 +90,26 @@ class ModelConfig(_Frozen):
             raise ConfigError("model.vocab_size is not set")
         d, hd = self.d_model, self.head_dim
         attn = d * (self.n_head + 2 * self.n_kv_head) * hd + self.n_head * hd * d
+        attn += 2 * hd if self.qk_norm else 0  # one RMSNorm weight for Q, one for K, shared by heads
         ffn = (3 if self.ffn_type == "swiglu" else 2) * d * self.ffn_hidden
         norm = d * (2 if self.norm_type == "layernorm" else 1)
-        layers = self.n_layer * (attn + ffn + 2 * norm)
-        positions = self.ctx_len * d if self.pos_type == "learned" else 0
+        layers = self.n_layer * (attn + ffn + (1 if self.parallel_block else 2) * norm)
         final = norm if self.norm_pos == "pre" else 0
-        return 2 * self.vocab_size * d + positions + layers + final
+        embeddings = (1 if self.tie_embeddings else 2) * self.vocab_size * d  # token table (+ head)
+        return embeddings + self.position_params + layers + final
+
+    @property
+    def position_params(self) -> int:
+        return self.ctx_len * self.d_model if self.pos_type == "learned" else 0  # RoPE, NoPE: none
 
     def flops_per_token(self) -> int:
-        """Training FLOPs per token: 6 per matmul weight (fwd + bwd) + attention scores (Kaplan 2020)."""
-        matmul = self.num_params() - self.vocab_size * self.d_model  # the embedding lookup is free
-        matmul -= self.ctx_len * self.d_model if self.pos_type == "learned" else 0
+        """Training FLOPs per token: 6 per matmul weight (fwd + bwd) + attention scores (Kaplan 2020).
+
+        Lookups are free: the position table, and the token table unless it is also the (tied) head,
+        whose matmul is done either way.
+        """
+        matmul = self.num_params() - self.position_params
+        matmul -= 0 if self.tie_embeddings else self.vocab_size * self.d_model
         return 6 * matmul + 6 * self.n_layer * self.ctx_len * self.d_model
 
 
@@ -109,7 +124,9 @@ class TrainConfig(_Frozen):
     beta1: float = Field(default=0.9, ge=0, lt=1)
     beta2: float = Field(default=0.95, ge=0, lt=1)
     grad_clip: float = Field(default=1.0, ge=0)  # 0 disables clipping (the norm is still logged)
-    z_loss: float = Field(default=0.0, ge=0)  # auxiliary z-loss coefficient on log^2 Z (zloss); 0 = off
+    # PaLM's auxiliary z-loss (Chowdhery et al. 2022 used 1e-4): + z_loss * mean(logsumexp(logits)^2)
+    # on the training loss only; 0 = off. Keeps log Z near 0 so the softmax stays well-conditioned.
+    z_loss: float = Field(default=0.0, ge=0)
     eval_interval: int = Field(default=100, gt=0)
     eval_batches: int = Field(default=8, gt=0)
     log_interval: int = Field(default=10, gt=0)  # train-loss/grad-norm lines are flushed this often

@@ -9,7 +9,7 @@
 
 Length extrapolation is measured, never faked: a learned position table has no row past ctx_len,
 so those lengths are "n/a" (null in eval.json), not silently cropped; RoPE simply rotates by
-larger angles and is evaluated as is. A val split too short for a length is also n/a, with a note
+larger angles and NoPE has nothing that ends, so both are evaluated as is. A val split too short for a length is also n/a, with a note
 saying so (skipped, not an error: in a sweep, one impossible length must not stop the others).
 
 Library code: returns data, never prints or exits; bad input raises ConfigError, RunError or
@@ -224,11 +224,11 @@ def kv_head_list(n_head: int, text: str | None = None) -> list[int]:
 
 
 def decode_lengths(cfg: ModelConfig, prefix_len: int, new: int) -> tuple[int, int, str | None]:
-    """(prefix, new, note): RoPE keeps both (window = prefix + new, no context shift); a learned
-    table caps prefix + new at ctx_len, with a note saying so."""
+    """(prefix, new, note): RoPE and NoPE keep both (window = prefix + new, no context shift); a
+    learned table caps prefix + new at ctx_len, with a note saying so."""
     if prefix_len < 1 or new < 1:
         raise ConfigError(f"--prefix-len and --new must be >= 1, got {prefix_len} and {new}")
-    if cfg.pos_type == "rope" or prefix_len + new <= cfg.ctx_len:
+    if cfg.pos_type != "learned" or prefix_len + new <= cfg.ctx_len:
         return prefix_len, new, None
     p = min(prefix_len, cfg.ctx_len // 2)
     n = min(new, cfg.ctx_len - p)

@@ -12,7 +12,8 @@ dense LLaMA, any n_kv_head. The mapping is a pure rename, plus one split:
     blocks.{i}.norm2.weight       -> model.layers.{i}.post_attention_layernorm.weight
     blocks.{i}.ffn.{gate,up,down} -> model.layers.{i}.mlp.{gate,up,down}_proj.weight
     final_norm.weight             -> model.norm.weight
-    head.weight                   -> lm_head.weight  (untied)
+    head.weight                   -> lm_head.weight  (untied; a tied run writes embed_tokens only
+                                     and says tie_word_embeddings: true)
 
 Both sides rotate with the half-split RoPE pairing (dimension i with i + head_dim/2), so Q/K rows
 need no permutation (the Meta -> HF conversion script permutes because Meta's code pairs
@@ -121,7 +122,7 @@ def llama_config(model_cfg) -> dict[str, Any]:
         "attention_bias": False,
         "attention_dropout": 0.0,
         "mlp_bias": False,
-        "tie_word_embeddings": False,
+        "tie_word_embeddings": bool(model_cfg.tie_embeddings),
         "initializer_range": 0.02,
         "pretraining_tp": 1,
         "use_cache": True,
@@ -174,6 +175,8 @@ def state_dict_to_hf(state_dict: dict[str, torch.Tensor], model_cfg) -> dict[str
     check_llama_shaped(model_cfg)
     check_keys(state_dict, model_cfg)
     out = {hf: own_tensor(state_dict[ours]) for ours, hf in GLOBAL_RENAMES.items()}
+    if model_cfg.tie_embeddings:  # HF ties lm_head to embed_tokens on load (tie_word_embeddings)
+        del out["lm_head.weight"]
     for i in range(model_cfg.n_layer):
         src, dst = f"blocks.{i}.", f"model.layers.{i}."
         q, k, v = split_qkv(state_dict[f"{src}attn.qkv.weight"], model_cfg)
@@ -206,12 +209,13 @@ def readme_text(run_cfg, chars: list[str], run_dir: Path, which: str, n_params: 
     m = run_cfg.model
     prompt = readme_prompt(run_cfg, chars)
     n_new = max(1, m.ctx_len - len(prompt))
+    tied = ", the LM head tied to the token embedding" if m.tie_embeddings else ""
     return f"""# {run_cfg.name} ({components.label(run_cfg)}): a char-level Llama exported by anatomy
 
 Exported from the anatomy run `{run_dir.name}` ({which} weights) as a plain
 `LlamaForCausalLM`: {m.n_layer} layers, d_model {m.d_model}, {m.n_head} query heads,
 {m.n_kv_head} key/value heads, SwiGLU hidden {m.ffn_hidden}, RoPE base {m.rope_base:g},
-RMSNorm eps {m.norm_eps:g}, trained context {m.ctx_len}, {n_params:,} parameters (float32).
+RMSNorm eps {m.norm_eps:g}, trained context {m.ctx_len}, {n_params:,} parameters (float32){tied}.
 
 ## Tokenizer: one character = one id
 

@@ -278,18 +278,27 @@ def _role(states: dict[str, bool | None], names: list[str]) -> str:
 
 
 def _groups(runs: pd.DataFrame):
-    """(label, runs) per study and shared settings. Where GQA runs use several n_kv_head values
-    (hand-made runs; a sweep refuses an n_kv_head axis), each value gets its own group, sharing
-    the runs without GQA (they have no such value)."""
-    names = _group_names(runs["design"] + "|" + runs["settings"])
-    for key, members in runs.groupby(runs["design"] + "|" + runs["settings"], sort=True):
-        kvs = sorted(members.loc[members["gqa"], "n_kv_head"].unique()) if "gqa" in key.split("|")[0].split("+") else []
-        if len(kvs) <= 1:
+    """(label, runs) per study and shared settings. A component whose on state is a range (gqa: any
+    n_kv_head < n_head) may appear with several values in hand-made runs (a sweep refuses an
+    n_kv_head axis); each value then gets its own group, sharing the runs without it."""
+    keys = runs["design"] + "|" + runs["settings"]
+    names = _group_names(keys)
+    for key, members in runs.groupby(keys, sort=True):
+        split = [(c, col) for c, col in _ranged(key.split("|")[0].split("+")) if col in members.columns]
+        values = sorted(members.loc[members[split[0][0]], split[0][1]].unique()) if split else []
+        if len(values) <= 1:
             yield names[key], members
             continue
-        for kv in kvs:
-            keep = ~members["gqa"] | (members["n_kv_head"] == kv)
-            yield ", ".join(filter(None, [names[key], f"n_kv_head={kv}"])), members[keep]
+        name, col = split[0]
+        for value in values:
+            keep = ~members[name] | (members[col] == value)
+            yield ", ".join(filter(None, [names[key], f"{col}={value}"])), members[keep]
+
+
+def _ranged(design: list[str]) -> list[tuple[str, str]]:
+    """(component, runs-frame column) for the design's components whose on state is a relation."""
+    return [(c.name, key.removeprefix("model.")) for c in (comp.BY_NAME.get(n) for n in design) if c
+            for key, v in c.on.items() if isinstance(v, comp.Follows) and v.less]
 
 
 def _group_names(keys: pd.Series) -> dict[str, str]:

@@ -3,7 +3,8 @@
 A run directory holds, in the order they are written:
   config.json       the resolved RunConfig (vocab_size filled in), written before training
   metrics.jsonl     one JSON object per line: every step has step, train_loss, grad_norm, lr,
-                    tokens; evaluation steps add val_loss and elapsed_s
+                    tokens (train_loss is the cross-entropy; with train.z_loss > 0 each step
+                    also has z_loss, the term added to it); evaluation steps add val_loss, elapsed_s
   vocab.json        the character vocabulary (a JSON list of characters, index = id)
   best.safetensors  weights at the best val loss;  last.safetensors  weights at the end
   resume.pt         optimizer/RNG/step state of an interrupted run (torch.load(weights_only=True))

@@ -123,7 +123,8 @@ class Trainer:
         self.autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=t.dtype == "bfloat16")
         self.step, self.best, self.best_step, self.ref_loss = 0, math.inf, -1, None
         self.last_val, self.elapsed, self.train_time = math.nan, 0.0, 0.0
-        self.pending: list[tuple[int, float, torch.Tensor, torch.Tensor]] = []
+        # (step, lr, cross-entropy, grad norm, z term or None): device tensors until the next flush
+        self.pending: list[tuple[int, float, torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
 
     # ------------------------------------------------------------------ state
     def save_resume(self) -> None:
@@ -166,29 +167,46 @@ class Trainer:
         self.model.train()
         return float(total) / len(self.val)
 
+    def losses(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(loss to minimise, cross-entropy, z term or None) of one batch; the z term only when z_loss > 0.
+
+        z term = z_loss * mean over positions of logsumexp(logits)^2 (PaLM, Chowdhery et al. 2022,
+        sec. 5). It is on the device like the loss: no host read. Evaluation never adds it.
+        """
+        with self.autocast:
+            logits, loss = self.fwd(x, y)
+        coef = self.cfg.train.z_loss
+        if coef == 0:
+            return loss, loss, None
+        z = coef * logits.float().logsumexp(dim=-1).square().mean()  # logits: [B, T, V], unpadded
+        return loss + z, loss, z
+
     def train_step(self) -> None:
         t = self.cfg.train
         lr = lr_at(self.step, t)
         for group in self.opt.param_groups:
             group["lr"] = lr
         x, y = self.sampler.next()
-        with self.autocast:
-            _, loss = self.fwd(x, y)
-        loss.backward()
+        total, loss, z = self.losses(x, y)
+        total.backward()
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip if t.grad_clip > 0 else math.inf)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         self.step += 1
-        self.pending.append((self.step, lr, loss.detach(), norm.detach()))
+        self.pending.append((self.step, lr, loss.detach(), norm.detach(), None if z is None else z.detach()))
 
     def flush(self, val_loss: float | None = None) -> int | None:
         """Write pending per-step lines (one host read for all of them); return a diverged step."""
         lines, diverged = [], None
         if self.pending:
-            values = torch.stack([torch.stack((l.float(), n.float())) for _, _, l, n in self.pending]).tolist()
-            for (step, lr, _, _), (loss, norm) in zip(self.pending, values):
+            rows = [torch.stack([l.float(), n.float()] + ([] if z is None else [z.float()]))
+                    for _, _, l, n, z in self.pending]
+            values = torch.stack(rows).tolist()
+            for (step, lr, *_), (loss, norm, *z) in zip(self.pending, values):
                 tokens = step * self.cfg.train.batch_size * self.cfg.model.ctx_len
                 lines.append({"step": step, "train_loss": loss, "grad_norm": norm, "lr": lr, "tokens": tokens})
+                if z:  # z_loss > 0: the z term added to the minimised loss (train_loss stays the CE)
+                    lines[-1]["z_loss"] = z[0]
                 if diverged is None and self.is_diverged(loss):
                     diverged = step
             self.pending = []

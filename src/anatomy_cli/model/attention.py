@@ -3,12 +3,20 @@
 Q has n_head (H) heads; K and V have n_kv_head (G) heads, each shared by H/G query heads
 (Ainslie et al. 2023). K/V are never repeated to H heads in memory: SDPA's enable_gqa does the
 grouping inside the kernel, and the KV cache stores G heads.
+
+QK-norm (cfg.qk_norm): RMSNorm over head_dim on Q and on K of every head, one weight of size
+head_dim for Q and one for K, shared across heads, as Qwen3 (Yang et al. 2025) and Gemma 3 (Gemma
+Team 2025) do; OLMo 2 (Team OLMo 2024) norms the whole Q and K projections instead. Applied before
+RoPE and before K enters the cache. It bounds the attention logits, which otherwise grow with the
+Q/K weight norms and destabilise training (Dehghani et al. 2023, ViT-22B).
 """
 
 from __future__ import annotations
 
 import torch.nn.functional as F
 from torch import nn
+
+from .norms import RMSNorm
 
 
 class CausalSelfAttention(nn.Module):
@@ -19,6 +27,9 @@ class CausalSelfAttention(nn.Module):
         self.split = (q_dim, kv_dim, kv_dim)
         self.qkv = nn.Linear(cfg.d_model, q_dim + 2 * kv_dim, bias=False)  # one matmul for Q, K, V
         self.out = nn.Linear(q_dim, cfg.d_model, bias=False)
+        # absent unless qk_norm; norm weights are ones, so init draws no random numbers either way
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else nn.Identity()
 
     def forward(self, x, pos, end, rotate, mask=None, cache=None, layer: int = 0):
         """x: [B, T, C]; pos: [T] or [B, T] position ids; end = last position + 1.
@@ -31,6 +42,7 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # [B, H, T, hd]
         k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # [B, G, T, hd]
         v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # [B, G, T, hd]
+        q, k = self.q_norm(q), self.k_norm(k)  # QK-norm over hd (identity when off)
         q, k = rotate(q, k, pos, end)  # RoPE on Q and K only; V carries content, not position
         if cache is not None:
             k, v = cache.update(layer, k, v)  # [B, G, past + T, hd]

@@ -3,7 +3,10 @@
 One forward serves training, evaluation and cached decoding:
     forward(idx [B, T], targets [B, T] | None, cache: KVCache | None, pos [T] | [B, T] | None)
 Positions default to past_len .. past_len + T - 1, so decoding continues where the cache stopped.
-Embedding and head are untied; no linear layer has a bias.
+No linear layer has a bias. Embedding and head are untied unless cfg.tie_embeddings, where the head
+reuses the token table (Press & Wolf 2017; GPT-2, Gemma): V * d fewer parameters, one init draw.
+cfg.logit_softcap = c > 0 caps every logit to c * tanh(logits / c) (Gemma 2, Gemma Team 2024, c = 30;
+Bello et al. 2016 for attention logits), in training, evaluation and generation alike.
 """
 
 from __future__ import annotations
@@ -34,11 +37,15 @@ class LM(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.final_norm = make_norm(cfg) if cfg.norm_pos == "pre" else nn.Identity()
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:  # one shared [V, C] Parameter; named_parameters lists it once, as tok.weight
+            self.head.weight = self.tok.weight
+        self.softcap = SoftCap(cfg.logit_softcap) if cfg.logit_softcap > 0 else nn.Identity()
         # The loss's head matmul runs on the vocabulary padded to a multiple of 64 (compute only: the
         # parameter stays [V, C]). MKL's sgemm is ~1.7x slower at width 1719 than at 1728 (109 vs 183
         # GFLOP/s on the 2-core dev machine): padding makes the seed-size step ~3-4% faster, measured
         # paired against the unpadded head. The padded columns get zero weight rows
         # and a -inf "bias", so softmax gives them probability 0 and the loss and gradients are unchanged.
+        # With a soft cap the -inf is added after the cap: tanh(-inf / c) = -1 would give them weight.
         padded = -(-cfg.vocab_size // HEAD_PAD) * HEAD_PAD
         mask = torch.zeros(padded)
         mask[cfg.vocab_size :] = float("-inf")
@@ -95,10 +102,26 @@ class LM(nn.Module):
             x = x[:, -1:]  # [B, 1, C]
         x = self.final_norm(x)
         if targets is None:
-            return self.head(x), None  # [B, T, V]
+            return self.softcap(self.head(x)), None  # [B, T, V]
         w = self.head.weight
         pad = self.head_mask.shape[0] - w.shape[0]
         # [B, T, V_padded]; a vocabulary that is already a multiple of 64 needs no mask
-        logits = F.linear(x, F.pad(w, (0, 0, 0, pad)), self.head_mask) if pad else F.linear(x, w)
+        if not pad:
+            logits = self.softcap(F.linear(x, w))
+        elif isinstance(self.softcap, SoftCap):  # cap first, then mask (see __init__)
+            logits = self.softcap(F.linear(x, F.pad(w, (0, 0, 0, pad)))) + self.head_mask
+        else:
+            logits = F.linear(x, F.pad(w, (0, 0, 0, pad)), self.head_mask)
         loss = F.cross_entropy(logits.float().view(B * T, -1), targets.reshape(B * T))
         return logits[..., : w.shape[0]], loss
+
+
+class SoftCap(nn.Module):
+    """c * tanh(x / c): smooth, monotone, |out| < c (Gemma 2's final-logit soft-capping, c = 30)."""
+
+    def __init__(self, cap: float):
+        super().__init__()
+        self.cap = cap
+
+    def forward(self, x):
+        return self.cap * torch.tanh(x / self.cap)

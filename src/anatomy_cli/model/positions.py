@@ -1,9 +1,10 @@
-"""Where a token is: a learned position table (2017) or RoPE (Su et al. 2021, LLaMA).
+"""Where a token is: a learned position table (2017), RoPE (Su et al. 2021, LLaMA), or nowhere (NoPE).
 
 Both are indexed by explicit position ids `pos` (shape [T] or [B, T]), so cached decoding
 continues from past_len instead of restarting at 0. Each class has the same two hooks:
   embed(x, pos)     -> x plus position vectors (learned table) or x unchanged (RoPE)
   rotate(q, k, pos) -> q, k rotated by position (RoPE) or unchanged (learned table)
+NoPE (Kazemnejad et al. 2023) does neither: the causal mask is the only order signal a decoder gets.
 RoPE touches only Q and K, never V, and uses the half-split pairing of HF Llama: dimension i is
 paired with i + head_dim/2 (not with its neighbour 2i+1, the interleaved convention of the paper).
 """
@@ -28,7 +29,7 @@ class LearnedPositions(nn.Module):
         if end > self.ctx_len:  # `end` = last position + 1, known on the host: no device sync
             raise PositionError(
                 f"learned position table ends at ctx_len={self.ctx_len}; position {end - 1} requested "
-                f"(use pos_type='rope' to run past the training length)"
+                f"(use pos_type='rope' or 'nope' to run past the training length)"
             )
         return x + self.table(pos)  # [T, C] or [B, T, C] broadcasts over B
 
@@ -115,7 +116,23 @@ class RoPE(nn.Module):
         return self.rotate_one(q, pos, end, start), self.rotate_one(k, pos, end, start)
 
 
-POSITIONS: dict[str, type[nn.Module]] = {"learned": LearnedPositions, "rope": RoPE}
+class NoPositions(nn.Module):
+    """NoPE (Kazemnejad et al. 2023, "The Impact of Positional Encoding on Length Generalization in
+    Transformers"): no position information at all. A causal decoder can still infer order from the
+    mask (how many keys a query sees), so NoPE learns; nothing here ends at ctx_len.
+    """
+
+    def __init__(self, cfg):
+        super().__init__()
+
+    def embed(self, x, pos, end):
+        return x
+
+    def rotate(self, q, k, pos, end, start=None):
+        return q, k
+
+
+POSITIONS: dict[str, type[nn.Module]] = {"learned": LearnedPositions, "rope": RoPE, "nope": NoPositions}
 
 
 def make_positions(cfg) -> nn.Module:
