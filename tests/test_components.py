@@ -87,6 +87,15 @@ def test_five_flips_plan_keeps_its_slugs_roles_and_states():
         assert on == want, p.slug
 
 
+def test_run_ids_of_existing_studies_do_not_change():
+    """Fields added at their old-behaviour default stay out of the id: finished runs are still skipped."""
+    ci = expand(load_spec(Path(__file__).resolve().parents[1] / "experiments" / "ci-regression.toml"))
+    ids = {p.slug: p.run_id for p in ci}
+    assert ids["2017"] == "2017-s1337-01654518" and ids["llama-gqa"] == "llama-gqa-s1337-d9440539"
+    tied = expand(spec(flips=["tied"]))
+    assert len({p.run_id.rsplit("-", 1)[1] for p in tied}) == len(tied)  # switched on, it is hashed
+
+
 def test_a_subset_of_the_five_still_compares_against_the_2017_and_llama_ends():
     plan = expand(spec(flips=["rope"]))
     assert [p.slug for p in plan] == ["2017", "2017+rope", "llama", "llama-rope"]

@@ -141,7 +141,17 @@ def slugify(text: str) -> str:
     return slug[:80]
 
 
+# Fields added after runs already existed, with the default that reproduces the earlier model: at
+# that default they stay out of the hash, so a finished run keeps its id and a rerun skips it.
+HASH_NEUTRAL: dict[str, dict[str, Any]] = {
+    "model": {"qk_norm": False, "tie_embeddings": False, "parallel_block": False, "logit_softcap": 0.0},
+    "train": {"z_loss": 0.0},
+}
+
+
 def config_hash(config: dict) -> str:
+    config = {k: {f: v for f, v in section.items() if f not in HASH_NEUTRAL.get(k, {}) or v != HASH_NEUTRAL[k][f]}
+              if isinstance(section, dict) else section for k, section in config.items()}
     blob = json.dumps(config, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:8]
 
