@@ -96,7 +96,7 @@ def test_runs_frame_columns_and_values(tmp_path):
     assert nosum["best_val_loss"] == 2.0 and nosum["best_step"] == 4  # from metrics.jsonl
     assert pd.isna(nosum["params"])
 
-    assert list(curves.columns) == ["run_id", "step", "split", "loss"]
+    assert list(curves.columns) == ["run_id", "step", "tokens", "split", "loss", "grad_norm"]
     assert set(curves["split"]) == {"train", "val"}
     assert len(curves) == 3 * (5 + 1)
 

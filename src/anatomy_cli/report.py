@@ -40,6 +40,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from anatomy_cli import components as comp
+from anatomy_cli import stats
+from anatomy_cli.stats import t_interval
 from anatomy_cli.config import ModelConfig, TrainConfig
 from anatomy_cli.runs import (
     COMPLETED, CONFIG, SAMPLES, RunError, atomic_write_text, find_runs, read_design, read_json, read_metrics,
@@ -54,11 +56,6 @@ RELATIVE_METRICS = ("tokens_per_s", "step_time_ms", "wall_s", "params")
 FORMATS = ("md", "html", "csv", "json")
 SAMPLE_CHARS = 2000  # a report shows at most this much of each samples.txt
 
-# Two-sided 95% Student-t quantiles t(0.975, df) for df = 1..30; beyond 30 the normal 1.96.
-T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-         2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-         2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-
 RUN_COLUMNS = [
     "run_id", "path", "label", "role", *comp.BUILTIN_NAMES, "n_layer", "n_head", "n_kv_head", "d_model", "seed",
     "params", "status", "best_val_loss", "best_step", "final_val_loss", "overfit_gap",
@@ -71,9 +68,9 @@ FLOAT_COLUMNS = ("best_val_loss", "final_val_loss", "bits_per_char", "tokens_per
                  "step_time_ms", "wall_s", "max_grad_norm")
 SUMMARY_KEYS = ("params", "best_val_loss", "best_step", "final_val_loss", "bits_per_char",
                 "tokens_per_s", "step_time_ms", "wall_s", "diverged_at")
-CURVE_COLUMNS = ["run_id", "step", "split", "loss"]
+CURVE_COLUMNS = ["run_id", "step", "tokens", "split", "loss", "grad_norm"]  # grad_norm on train rows
 EFFECT_COLUMNS = ["metric", "flip", "direction", "against", "group", "n_pairs", "excluded", "mean_delta",
-                  "ci_low", "ci_high", "unit", "within_noise", "note"]
+                  "ci_low", "ci_high", "unit", "p_value", "p_holm", "within_noise", "note"]
 CTX_PREFIX = "val_loss_ctx_"
 
 
@@ -217,7 +214,9 @@ def _curve_rows(run_id: str, metrics: list[dict]) -> list[tuple]:
     for m in metrics:
         for split in ("train", "val"):
             if m.get(f"{split}_loss") is not None and m.get("step") is not None:
-                rows.append((run_id, int(m["step"]), split, float(m[f"{split}_loss"])))
+                grad = m.get("grad_norm") if split == "train" else None
+                rows.append((run_id, int(m["step"]), math.nan if m.get("tokens") is None else float(m["tokens"]),
+                             split, float(m[f"{split}_loss"]), math.nan if grad is None else float(grad)))
     return rows
 
 
@@ -243,7 +242,9 @@ def component_effects(runs_df: pd.DataFrame, metric: str = "best_val_loss") -> p
 
     mean_delta/ci_low/ci_high are in the metric's units (unit 'abs'), or, for RELATIVE_METRICS
     such as tokens_per_s, a relative change in percent (unit '%'). The CI is a 95% Student-t
-    interval over the paired differences; within_noise is True when it contains 0 and None with
+    interval over the paired differences (uncorrected); p_value is the paired t-test's, p_holm
+    the Holm-Bonferroni adjusted one over every effect of this call; within_noise is True when
+    p_holm >= 0.05 (the corrected call: m effects are tested at once) and None with
     fewer than two pairs. `excluded` counts pairs skipped because a run did not complete (or
     lacks the metric).
     """
@@ -301,11 +302,11 @@ def _group_names(keys: pd.Series) -> dict[str, str]:
             for s, p in parsed.items()}
 
 
-def _group_effects(members: pd.DataFrame, group: str, metric: str) -> list[dict]:
+def _pairings(members: pd.DataFrame):
+    """(flip, direction, against, reference runs, variant runs) of one group, both indexed by seed."""
     # One run per role and seed: a config run twice (two sweeps) counts once, the first by id.
     members = members.sort_values("run_id").drop_duplicates(["role", "seed"])
     by_role = {role: sub.set_index("seed") for role, sub in members.groupby("role")}
-    rows = []
     design = members["design"].iloc[0].split("+")
     ends = comp.end_names(design)
     ends = ("2017", "LLaMA") if ends == ("2017", "llama") else ends
@@ -313,11 +314,52 @@ def _group_effects(members: pd.DataFrame, group: str, metric: str) -> list[dict]
         for direction, ref, var, end in (("add-one", "reference", f"+{flip}", ends[0]),
                                          ("remove-one", "all-on", f"-{flip}", ends[1])):
             if ref in by_role and var in by_role:
-                row = _paired(by_role[ref], by_role[var], metric)
-                if row:
-                    rows.append({"flip": flip, "direction": direction, "against": f"{end} end", "group": group,
-                                 **row})
+                yield flip, direction, f"{end} end", by_role[ref], by_role[var]
+
+
+def _group_effects(members: pd.DataFrame, group: str, metric: str) -> list[dict]:
+    rows = []
+    for flip, direction, against, ref, var in _pairings(members):
+        row = _paired(ref, var, metric)
+        if row:
+            rows.append({"flip": flip, "direction": direction, "against": against, "group": group, **row})
     return rows
+
+
+EVAL_EFFECT_COLUMNS = ["flip", "direction", "against", "group", "step", "tokens", "n_pairs", "mean_delta",
+                       "ci_low", "ci_high"]
+
+
+def effects_by_eval(runs_df: pd.DataFrame, curves_df: pd.DataFrame) -> pd.DataFrame:
+    """The paired val-loss effect of each flip at every evaluation step (EVAL_EFFECT_COLUMNS).
+
+    Same pairs as component_effects on best_val_loss (same seed, both runs completed), but the
+    delta is val loss(variant) - val loss(reference) at one step, with a 95% t interval over
+    seeds at that step: whether an effect is a head start that fades or a lasting gain.
+    """
+    val = curves_df[curves_df["split"] == "val"]
+    curves = {rid: sub.drop_duplicates("step").set_index("step") for rid, sub in val.groupby("run_id")}
+    rows = []
+    for group, members in _groups(runs_df[runs_df["role"] != ""]):
+        for flip, direction, against, ref, var in _pairings(members):
+            deltas = []
+            for seed in ref.index.intersection(var.index).sort_values():
+                r, v = ref.loc[seed], var.loc[seed]
+                if r["status"] == COMPLETED and v["status"] == COMPLETED and r.run_id in curves and v.run_id in curves:
+                    a, b = curves[r.run_id], curves[v.run_id]
+                    deltas.append((b["loss"] - a["loss"]).dropna().rename(seed))
+            if not deltas:
+                continue
+            table = pd.concat(deltas, axis=1)
+            tokens = curves[ref.iloc[0].run_id]["tokens"] if ref.iloc[0].run_id in curves else None
+            for step, values in table.iterrows():
+                values = values.to_numpy(float)
+                ci = t_interval(values[np.isfinite(values)])
+                rows.append({"flip": flip, "direction": direction, "against": against, "group": group,
+                             "step": int(step), "tokens": float(tokens.get(step, math.nan)) if tokens is not None
+                             else math.nan, "n_pairs": int(np.isfinite(values).sum()),
+                             **{k: ci[k] for k in ("mean_delta", "ci_low", "ci_high")}})
+    return pd.DataFrame(rows, columns=EVAL_EFFECT_COLUMNS)
 
 
 def _paired(ref: pd.DataFrame, var: pd.DataFrame, metric: str) -> dict | None:
@@ -336,25 +378,17 @@ def _paired(ref: pd.DataFrame, var: pd.DataFrame, metric: str) -> dict | None:
             "unit": "%" if relative else "abs", **t_interval(delta[ok])}
 
 
-def t_interval(deltas: np.ndarray) -> dict:
-    """Mean and 95% Student-t CI of paired differences, within_noise, and a note."""
-    n = len(deltas)
-    out = {"mean_delta": float(np.mean(deltas)) if n else math.nan, "ci_low": math.nan,
-           "ci_high": math.nan, "within_noise": None, "note": ""}
-    if n == 0:
-        out["note"] = "no completed pairs"
-    elif n == 1:
-        out["note"] = "CI unavailable with one seed"
-    else:
-        t = T_975[n - 2] if n - 1 <= len(T_975) else 1.96
-        half = t * float(np.std(deltas, ddof=1)) / math.sqrt(n)
-        out |= {"ci_low": out["mean_delta"] - half, "ci_high": out["mean_delta"] + half}
-        out["within_noise"] = bool(out["ci_low"] <= 0.0 <= out["ci_high"])
-    return out
-
-
 def _effects_frame(rows: list[dict]) -> pd.DataFrame:
+    """Rows -> EFFECT_COLUMNS, with the Holm correction over every effect of the same metric."""
     df = pd.DataFrame(rows, columns=EFFECT_COLUMNS)
+    for _, idx in df.groupby("metric").groups.items():
+        df.loc[idx, "p_holm"] = stats.holm(df.loc[idx, "p_value"].to_numpy(float))
+    df["p_holm"] = df["p_holm"].astype(float)
+    df["within_noise"] = [None if not np.isfinite(p) else bool(p >= stats.ALPHA) for p in df["p_holm"]]
+    m = df.groupby("metric")["p_value"].transform(lambda s: int(np.isfinite(s.to_numpy(float)).sum()))
+    crossed = (df["ci_low"] > 0) | (df["ci_high"] < 0)
+    df.loc[crossed & df["within_noise"].eq(True), "note"] = [
+        f"95% CI excludes 0, but not after Holm over {k} effects" for k in m[crossed & df["within_noise"].eq(True)]]
     order = {"flip": {f: i for i, f in enumerate(comp.BUILTIN_NAMES)}}  # built-ins in table order, then others
     df = df.sort_values(["metric", "direction", "flip", "group"], kind="stable",
                         key=lambda s: s.map(lambda f: order[s.name].get(f, len(order[s.name]))) if s.name in order else s)
