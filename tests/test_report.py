@@ -13,13 +13,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from anatomy_cli import report
+from anatomy_cli import figures, report, verdict
 from anatomy_cli.components import FIVE as FLIPS
 from anatomy_cli.runs import RunError
 
 pytestmark = pytest.mark.filterwarnings("error")  # the report must be warnings-free
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+FIGURES = {"forest.png", "speed.png", "curves.png", "effects-over-training.png"}
 T2 = 4.303  # t(0.975, df=2), by hand
 
 
@@ -238,33 +239,48 @@ def sweep(root):
 def test_plots_write_pngs(tmp_path):
     sweep(tmp_path / "runs")
     runs, curves = report.load_runs(tmp_path / "runs")
-    paths = [report.plot_curves(curves, tmp_path / "c.png"),
-             report.plot_effects(report.component_effects(runs), tmp_path / "e.png"),
-             report.plot_effects(report.component_effects(runs.iloc[:0]), tmp_path / "none.png"),
-             report.plot_curves(curves.iloc[:0], tmp_path / "nocurves.png")]
+    effects = report.component_effects(runs)
+    panels = report._curve_panels(runs)
+    assert {(p["flip"], p["direction"]) for p in panels} >= {("rope", "add-one"), ("swiglu", "add-one")}
+    paths = [figures.plot_curves(curves, panels, tmp_path / "c.png"),
+             figures.plot_curves(curves, panels, tmp_path / "g.png", value="grad_norm"),
+             figures.plot_curves(curves.iloc[:0], [], tmp_path / "nocurves.png"),
+             figures.plot_forest(verdict.verdict_frame(effects), tmp_path / "f.png", floor=0.05),
+             figures.plot_forest(verdict.verdict_frame(effects.iloc[:0]), tmp_path / "nof.png"),
+             figures.plot_effects(effects, tmp_path / "e.png"),
+             figures.plot_effects(effects.iloc[:0], tmp_path / "none.png"),
+             figures.plot_eval_effects(report.effects_by_eval(runs, curves), tmp_path / "t.png"),
+             figures.plot_eval_effects(report.effects_by_eval(runs.iloc[:0], curves), tmp_path / "not.png")]
     for path in paths:
         data = Path(path).read_bytes()
         assert len(data) > 1000 and data.startswith(PNG_MAGIC)
+
+
+def test_component_colours_are_stable_and_distinct():
+    five = [figures.colour(n) for n in FLIPS]
+    assert len(set(five)) == 5 and five == [figures.colour(n) for n in FLIPS]
+    assert figures.colour("wd0") == figures.colour("wd0") and figures.colour("wd0").startswith("#")
 
 
 def test_write_report_all_formats(tmp_path):
     root = tmp_path / "runs"
     sweep(root)
     paths = report.write_report(root)
-    assert set(paths) == {"curves.png", "effects.png", "runs.csv", "effects.csv", "report.md",
-                          "report.html", "report.json"}
+    assert set(paths) == {*FIGURES, "grad-norm.png", "runs.csv", "effects.csv", "eval-effects.csv", "report.md",
+                          "report.html", "report.json"}  # grad-norm: the sweep has a diverged run
     assert all(p.parent == root / "report" and p.stat().st_size > 0 for p in paths.values())
-    for name in ("curves.png", "effects.png"):
+    for name in FIGURES:
         assert paths[name].read_bytes().startswith(PNG_MAGIC)
 
     md = paths["report.md"].read_text()
     for run_id in ("base-s1", "llama-s2", "rope-s1", "swiglu-s1", "gqa-s1"):
         assert run_id in md
-    assert "![curves](curves.png)" in md and "````text\n## the ``` base\n````" in md
+    assert "![curves](curves.png)" in md and "![forest](forest.png)" in md
+    assert "````text\n## the ``` base\n````" in md
     assert "mean_delta_pct" in md  # the speed table
 
     page = paths["report.html"].read_text()
-    assert page.count("data:image/png;base64,") == 2 and "<table" in page
+    assert page.count("data:image/png;base64,") == len(FIGURES) + 1 and "<table" in page
     assert "base-s1" in page and "## llama &lt;b&gt;" in page  # samples are escaped
 
     doc = json.loads(paths["report.json"].read_text(),
@@ -283,7 +299,7 @@ def test_write_report_rerun_and_formats(tmp_path):
     sweep(root)
     report.write_report(root)
     paths = report.write_report(root, out_dir=tmp_path / "out", formats=("md",))  # report/ is no run
-    assert set(paths) == {"curves.png", "effects.png", "report.md"}
+    assert set(paths) == {*FIGURES, "grad-norm.png", "report.md"}
     with pytest.raises(ValueError, match="unknown report format"):
         report.write_report(root, formats=("pdf",))
 
