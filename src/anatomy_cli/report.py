@@ -381,11 +381,12 @@ def _effects_frame(rows: list[dict]) -> pd.DataFrame:
     for _, idx in df.groupby("metric").groups.items():
         df.loc[idx, "p_holm"] = stats.holm(df.loc[idx, "p_value"].to_numpy(float))
     df["p_holm"] = df["p_holm"].astype(float)
-    df["within_noise"] = [None if not np.isfinite(p) else bool(p >= stats.ALPHA) for p in df["p_holm"]]
+    df["within_noise"] = pd.Series([None if not np.isfinite(p) else bool(p >= stats.ALPHA) for p in df["p_holm"]],
+                                   index=df.index, dtype=object)
     m = df.groupby("metric")["p_value"].transform(lambda s: int(np.isfinite(s.to_numpy(float)).sum()))
-    crossed = (df["ci_low"] > 0) | (df["ci_high"] < 0)
-    df.loc[crossed & df["within_noise"].eq(True), "note"] = [
-        f"95% CI excludes 0, but not after Holm over {k} effects" for k in m[crossed & df["within_noise"].eq(True)]]
+    chance = ((df["ci_low"] > 0) | (df["ci_high"] < 0)) & df["within_noise"].eq(True)
+    df.loc[chance, "note"] = ["; ".join(filter(None, [f"95% CI excludes 0, but not after Holm over {k} effects", note]))
+                              for k, note in zip(m[chance], df.loc[chance, "note"])]
     order = {"flip": {f: i for i, f in enumerate(comp.BUILTIN_NAMES)}}  # built-ins in table order, then others
     df = df.sort_values(["metric", "direction", "flip", "group"], kind="stable",
                         key=lambda s: s.map(lambda f: order[s.name].get(f, len(order[s.name]))) if s.name in order else s)
@@ -553,7 +554,7 @@ def _verdict_blocks(root: Path, runs: pd.DataFrame, loss: pd.DataFrame, verdict:
                      f"t intervals over seeds.")
     blocks = [("p", "What each component is worth in best val loss (nats/char; positive = having the component "
                     "helps), largest first. Added = to the " + f"{ref_name} end; removed = from the {top_name} end."),
-              ("table", _verdict_table(verdict), False), ("list", lines)]
+              ("table", verdict_table(verdict), False), ("list", lines)]
     if one_seed or (verdict["n_pairs"] < vd.SEEDS_WANTED).any():
         cmd, est = vd.more_seeds(root, runs)
         when = f" (est. {_fmt_time(est[0])} with {est[1]} worker{'s' * (est[1] > 1)})" if est else ""
@@ -589,7 +590,8 @@ def _fmt_time(s: float) -> str:
     return f"{s:.0f} s" if s < 90 else f"{s / 60:.1f} min"
 
 
-def _verdict_table(verdict: pd.DataFrame) -> pd.DataFrame:
+def verdict_table(verdict: pd.DataFrame) -> pd.DataFrame:
+    """The verdict as display strings (rank, component, change, gain, interval, seeds, p_holm, call)."""
     rows = []
     for r in verdict.itertuples():
         rows.append({"rank": str(r.rank), "component": r.flip,

@@ -87,6 +87,8 @@ def time_round(jobs: list[tuple[str, dict]], steps: int, warmup: int, threads: i
                 tr.train_step()
             _sync(tr)
             dt = time.perf_counter() - t0
+            if tr.events is not None:
+                tr.events.close()
         out[slug] = steps * cfg.train.batch_size * cfg.model.ctx_len / dt
     return out
 

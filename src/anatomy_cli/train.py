@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from . import components, runs
+from . import components, runs, tb_events
 from .checkpoint import load_run_config, load_state, load_weights, save_state, save_weights
 from .config import ConfigError, RunConfig
 from .data import BatchSampler, Corpus, fixed_windows, load_corpus
@@ -124,6 +124,7 @@ class Trainer:
         self.step, self.best, self.best_step, self.ref_loss = 0, math.inf, -1, None
         self.last_val, self.elapsed, self.train_time = math.nan, 0.0, 0.0
         self.pending: list[tuple[int, float, torch.Tensor, torch.Tensor]] = []
+        self.events = tb_events.for_run(self.run_dir, cfg.model_dump(mode="json"))  # None without tensorboard
 
     # ------------------------------------------------------------------ state
     def save_resume(self) -> None:
@@ -200,6 +201,8 @@ class Trainer:
                 diverged = self.step
         with open(self.run_dir / runs.METRICS, "a", encoding="utf-8") as f:
             f.write("".join(runs.json_line(r) for r in lines))
+        if self.events is not None:
+            self.events.rows(lines)
         return diverged
 
     def is_diverged(self, loss: float) -> bool:
@@ -348,5 +351,7 @@ def _finish(tr: Trainer, stop, extra: dict | None) -> dict:
         if status == runs.COMPLETED:
             write_samples(tr)
         summary = summarize(tr, status, diverged_at, extra)
+    if tr.events is not None:
+        tr.events.close()
     runs.atomic_write_json(tr.run_dir / runs.SUMMARY, summary)  # last
     return summary
