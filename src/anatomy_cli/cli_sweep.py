@@ -174,7 +174,7 @@ def _write_report(root: Path, out: Path | None, formats: tuple[str, ...], frames
 
     paths = write_report(root, out, formats, frames)
     for kind, path in paths.items():
-        console.print(f"  {kind:>8}: {path}", highlight=False)
+        console.print(f"  {kind}: {path}", highlight=False)
     return paths
 
 
@@ -216,7 +216,7 @@ def report(
         from .verdict import verdict_frame
 
         console.print(frame_table(rep.verdict_table(verdict_frame(loss)), ["rank", "component", "change", "gain",
-                                  "interval", "seeds", "p_holm", "call"],
+                                  "interval", "call"],
                                   "verdict: gain in best val loss (nats/char, > 0 = the component helps)"))
     _write_report(runs_dir, out, formats, frames)
     if events is not None:

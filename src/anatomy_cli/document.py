@@ -64,7 +64,8 @@ line-height:1.45;color:#222}h1{margin-bottom:.2em}h2{margin-top:1.8em;border-bot
 nav{font-size:14px;margin:.5em 0 1em}nav a{margin-right:1em}
 table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 7px}
 td{text-align:right}td.t{text-align:left}th{background:#f3f3f3;position:sticky;top:0}
-.scroll{max-height:26em;overflow:auto;border:1px solid #ddd;display:inline-block;max-width:100%}
+.scroll{max-height:30em;overflow:auto;border:1px solid #ddd;display:inline-block;max-width:100%}
+.scroll td{white-space:nowrap}
 img{max-width:100%;height:auto}code{background:#f3f3f3;padding:0 .25em}
 pre{white-space:pre-wrap;background:#f7f7f7;padding:.6em;font-size:12px}pre.cmd{background:#eef3fb}
 .samples{display:grid;gap:1em;grid-template-columns:repeat(auto-fill,minmax(24em,1fr))}

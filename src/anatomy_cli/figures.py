@@ -82,8 +82,8 @@ def plot_forest(verdict: pd.DataFrame, path: Path, floor: float = math.nan, unit
     ax.invert_yaxis()
     ax.set_xlabel(f"gain in best val loss ({unit}); > 0: the component helps")
     ax.grid(axis="x", alpha=0.3)
-    ax.set_title("what each component is worth: ● added to the reference end, ■ removed from the all-on end; "
-                 "hollow = within noise or one seed", fontsize="medium")
+    ax.set_title("● added to the reference end   ■ removed from the all-on end   hollow: within noise or one seed",
+                 fontsize="small")
     if math.isfinite(floor):
         ax.legend(loc="lower right", fontsize="small")
     return save(fig, path)
@@ -237,6 +237,9 @@ def plot_eval_effects(eval_effects: pd.DataFrame, path: Path) -> Path:
         ax.legend(fontsize="x-small")
     for ax in list(axes.flat)[len(flips):]:
         ax.set_axis_off()
+    from matplotlib.ticker import EngFormatter
+
+    axes[0][0].xaxis.set_major_formatter(EngFormatter(sep=""))  # 400k, 800k, 1.2M (axes share x)
     fig.supxlabel("tokens seen")
     fig.supylabel("gain in val loss (nats/char); > 0: helps")
     fig.suptitle("effect at every evaluation, paired by seed: solid = added to the reference end, dashed = "

@@ -527,8 +527,8 @@ def _sections(root: Path, runs, effects, verdict, eval_effects, images: dict[str
         ("Effects over training", _eval_blocks(eval_effects) + [("img", images["effects-over-training.png"])]),
         ("Runs", [("p", f"{len(runs)} runs: {_status_counts(runs)}."),
                   ("table", _display(_by_components(runs), RUN_TABLE + ctx), True)]),
-        ("Effect details", [("p", LOSS_NOTE), ("table", _display(loss, _effect_columns(loss)), True)]),
-        ("Samples", [("samples", _samples(runs))]),
+        ("Effect details", [("p", LOSS_NOTE), ("table", _display(loss, _effect_columns(loss)), False)]),
+        ("Samples", [("p", "One per config (its lowest seed), from the best weights."), ("samples", _samples(runs))]),
     ]
 
 
@@ -602,7 +602,10 @@ def verdict_table(verdict: pd.DataFrame) -> pd.DataFrame:
                      (vd.ONE_SEED if r.n_pairs == 1 else ""),
                      "seeds": str(r.n_pairs), "p_holm": f"{r.p_holm:.3g}" if math.isfinite(r.p_holm) else "",
                      "call": r.call})
-    return pd.DataFrame(rows, columns=["rank", "component", "change", "gain", "interval", "seeds", "p_holm", "call"])
+    columns = ["rank", "component", "change", "gain", "interval", "seeds", "p_holm", "call"]
+    if len(verdict) and (verdict["n_pairs"] <= 1).all():  # one seed: the interval column says it once per row
+        columns = columns[:5]
+    return pd.DataFrame(rows, columns=columns)
 
 
 def _speed_blocks(root: Path, speed: pd.DataFrame) -> list:
@@ -614,8 +617,9 @@ def _speed_blocks(root: Path, speed: pd.DataFrame) -> list:
         head = ("No timing pass in this directory: the effects below come from the training runs' tokens/s, which "
                 "shared the CPU with whichever runs overlapped them, so they measure scheduling as much as the "
                 "component. For a fair timing run the same `anatomy ablate` command with `--time`.")
-    table = _display(speed, [c for c in _effect_columns(speed) if c != "against"], PCT_FORMATS).rename(columns=PCT_HEADERS)
-    return [("p", head), ("table", table, False)]
+    shown = speed.assign(note=speed["note"].str.replace(OVERLAP_NOTE, "", regex=False).str.strip("; "))  # said above
+    columns = [c for c in _effect_columns(speed) if c not in ("against", "excluded", "p_value")]
+    return [("p", head), ("table", _display(shown, columns, PCT_FORMATS).rename(columns=PCT_HEADERS), False)]
 
 
 def _eval_blocks(eval_effects: pd.DataFrame) -> list:
@@ -623,26 +627,24 @@ def _eval_blocks(eval_effects: pd.DataFrame) -> list:
             "head start that fades comes back to zero, a lasting gain stays apart.")
     if eval_effects.empty:
         return [("p", text)]
-    moves = _ranking_moves(eval_effects)
-    return [("p", text)] + ([("p", moves)] if moves else [])
+    moves = ranking_moves(eval_effects)
+    return [("p", text)] + ([("p", "Ranking by gain (nats/char) early, midway and at the end:"), ("list", moves)]
+                            if moves else [])
 
 
-def _ranking_moves(eval_effects: pd.DataFrame) -> str:
-    """'Ranking at the first evaluation after step 0: ...; at the last: ...' (add-one direction first)."""
+def ranking_moves(eval_effects: pd.DataFrame) -> list[str]:
+    """'added, step 50: prenorm +0.272 > rope +0.246 > ...' at the first evaluation after step 0, the
+    middle one and the last, per direction (the first group's effects)."""
     ev = eval_effects[(eval_effects["step"] > 0) & (eval_effects["group"] == eval_effects["group"].iloc[0])]
     out = []
-    for direction in ("add-one", "remove-one"):
+    for direction, word in (("add-one", "added"), ("remove-one", "removed")):
         d = ev[ev["direction"] == direction]
-        if d.empty:
-            continue
         steps = sorted(d["step"].unique())
         sign = -1.0 if direction == "add-one" else 1.0
-        ranks = []
-        for step in (steps[0], steps[len(steps) // 2], steps[-1]):
+        for step in dict.fromkeys([steps[0], steps[len(steps) // 2], steps[-1]] if steps else []):
             at = d[d["step"] == step].assign(g=lambda x: sign * x["mean_delta"]).sort_values("g", ascending=False)
-            ranks.append(f"step {step}: " + " > ".join(f"{r.flip} {r.g:+.3f}" for r in at.itertuples()))
-        out.append(f"{direction} ranking by gain at " + "; ".join(ranks) + ".")
-    return " ".join(out)
+            out.append(f"{word}, step {step}: " + " > ".join(f"{r.flip} {r.g:+.3f}" for r in at.itertuples()))
+    return out
 
 
 def component_columns(runs: pd.DataFrame) -> list[str]:
@@ -685,9 +687,9 @@ def _cell(value: Any, column: str, formats: dict) -> str:
 
 
 def _samples(runs: pd.DataFrame) -> list[tuple[str, str]]:
-    """(heading, text) for each run with a samples.txt, reference end first, all-on end last."""
+    """(heading, text) for one run per config (its lowest seed) with a samples.txt, reference end first."""
     out = []
-    for run in _by_components(runs).itertuples():
+    for run in _by_components(runs).drop_duplicates(["label", "settings"]).itertuples():
         path = Path(run.path) / SAMPLES
         if path.is_file():
             text = path.read_text(encoding="utf-8", errors="replace")
