@@ -374,9 +374,9 @@ def test_effects_are_holm_corrected_by_hand(tmp_path):
     holm = {"rope": 3 * p["rope"]}  # Holm by hand: ascending p times 3, 2, 1, running max
     holm["swiglu"] = max(holm["rope"], 2 * p["swiglu"])
     holm["gqa"] = min(1.0, max(holm["swiglu"], p["gqa"]))
-    for name in p:
+    for name, p_hand in p.items():
         row = effect(effects, name, "add-one")
-        assert row["p_value"] == pytest.approx(p[name], rel=1e-6)
+        assert row["p_value"] == pytest.approx(p_hand, rel=1e-6)
         assert row["p_holm"] == pytest.approx(holm[name], rel=1e-6)
     assert effect(effects, "rope", "add-one")["within_noise"] is False  # 3p = 0.04 < 0.05
     sw = effect(effects, "swiglu", "add-one")
@@ -497,7 +497,7 @@ def test_timing_effects_pair_within_rounds(tmp_path):
     md = paths["report.md"].read_text()  # no timing pass: the speed effects say what they are
     assert "No timing pass in this directory" in md and report.OVERLAP_NOTE in paths["effects.csv"].read_text()
     timing.write_timing(tmp_path / "runs", timing_record())
-    runs, _, effects = report.report_frames(tmp_path / "runs")
+    _, _, effects = report.report_frames(tmp_path / "runs")
     speed = effects[effects["metric"] == "tokens_per_s"]
     assert set(speed["flip"]) == {"gqa"} and speed["note"].str.contains("timing pass: 3 rounds").all()
     md = report.write_report(tmp_path / "runs")["report.md"].read_text()

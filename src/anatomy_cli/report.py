@@ -38,12 +38,20 @@ import pandas as pd
 from anatomy_cli import components as comp
 from anatomy_cli import document, figures, stats, timing
 from anatomy_cli import verdict as vd
-from anatomy_cli.stats import t_interval
 from anatomy_cli.config import ModelConfig, TrainConfig
 from anatomy_cli.runs import (
-    COMPLETED, CONFIG, SAMPLES, RunError, atomic_write_text, find_runs, read_design, read_json, read_metrics,
+    COMPLETED,
+    CONFIG,
+    SAMPLES,
+    RunError,
+    atomic_write_text,
+    find_runs,
+    read_design,
+    read_json,
+    read_metrics,
     read_summary,
 )
+from anatomy_cli.stats import t_interval
 
 EVAL = "eval.json"  # optional: {"val_loss_by_ctx": {"128": 1.52, "512": null}, ...}
 INCOMPLETE = "incomplete"  # status of a run dir without summary.json (never finished, or killed)
@@ -378,7 +386,7 @@ def _paired(ref: pd.DataFrame, var: pd.DataFrame, metric: str) -> dict | None:
 def _effects_frame(rows: list[dict]) -> pd.DataFrame:
     """Rows -> EFFECT_COLUMNS, with the Holm correction over every effect of the same metric."""
     df = pd.DataFrame(rows, columns=EFFECT_COLUMNS)
-    for _, idx in df.groupby("metric").groups.items():
+    for idx in df.groupby("metric").groups.values():
         df.loc[idx, "p_holm"] = stats.holm(df.loc[idx, "p_value"].to_numpy(float))
     df["p_holm"] = df["p_holm"].astype(float)
     df["within_noise"] = pd.Series([None if not np.isfinite(p) else bool(p >= stats.ALPHA) for p in df["p_holm"]],
@@ -522,8 +530,8 @@ def _sections(root: Path, runs, effects, verdict, eval_effects, images: dict[str
     return [
         ("Verdict", _verdict_blocks(root, runs, loss, verdict) + [("img", images["forest.png"])]),
         ("Speed", _speed_blocks(root, speed) + [("img", images["speed.png"])]),
-        ("Curves", [("p", "One panel per component: the runs with it flipped (its colour) against the end they "
-                          "are compared with (grey); mean over seeds.")] + curves),
+        ("Curves", [("p", ("One panel per component: the runs with it flipped (its colour) against the end they "
+                           "are compared with (grey); mean over seeds."))] + curves),
         ("Effects over training", _eval_blocks(eval_effects) + [("img", images["effects-over-training.png"])]),
         ("Runs", [("p", f"{len(runs)} runs: {_status_counts(runs)}."),
                   ("table", _display(_by_components(runs), RUN_TABLE + ctx), True)]),
@@ -642,7 +650,8 @@ def ranking_moves(eval_effects: pd.DataFrame) -> list[str]:
         steps = sorted(d["step"].unique())
         sign = -1.0 if direction == "add-one" else 1.0
         for step in dict.fromkeys([steps[0], steps[len(steps) // 2], steps[-1]] if steps else []):
-            at = d[d["step"] == step].assign(g=lambda x: sign * x["mean_delta"]).sort_values("g", ascending=False)
+            at = d[d["step"] == step]
+            at = at.assign(g=sign * at["mean_delta"]).sort_values("g", ascending=False)
             out.append(f"{word}, step {step}: " + " > ".join(f"{r.flip} {r.g:+.3f}" for r in at.itertuples()))
     return out
 
