@@ -114,13 +114,14 @@ def config_text(config: dict) -> str:
 
 
 def for_run(run_dir: Path, config: dict) -> EventWriter | None:
-    """The training hook: a new event file in run_dir (None when tensorboard is not installed).
+    """The training hook: a new event file in run_dir (None without tensorboard, or without a run
+    directory: a Trainer built for a test or a timing pass writes nothing).
 
     A fresh run (no metrics.jsonl yet) first drops event files a previous attempt left behind.
     """
-    if not available():
-        return None
     run_dir = Path(run_dir)
+    if not run_dir.is_dir() or not available():
+        return None
     if not (run_dir / runs.METRICS).exists():
         for old in run_dir.glob(f"{PREFIX}*"):
             old.unlink(missing_ok=True)
