@@ -15,6 +15,7 @@ tab20b picked by a CRC of its name, so a component has its colour in every repor
 from __future__ import annotations
 
 import math
+import textwrap
 import zlib
 from pathlib import Path
 
@@ -23,6 +24,7 @@ import pandas as pd
 from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
 
 from anatomy_cli import components as comp
 
@@ -45,6 +47,11 @@ def save(fig: Figure, path: Path) -> Path:
     FigureCanvasAgg(fig)  # attach an Agg canvas explicitly: no backend switching, no pyplot
     fig.savefig(path, dpi=100)
     return Path(path)
+
+
+def _title(fig: Figure, text: str, ncols: int) -> None:
+    """A suptitle wrapped to the figure's width (about 13 characters per inch at this size)."""
+    fig.suptitle(textwrap.fill(text, max(40, int(13 * 3.3 * ncols))), fontsize="medium")
 
 
 def _empty(ax, text: str) -> None:
@@ -157,9 +164,13 @@ def plot_curves(curves: pd.DataFrame, panels: list[dict], path: Path, value: str
         if id(ax) not in used:
             ax.set_axis_off()
     _limits(axes[0][0], data, value)
+    if value != "loss":  # plain numbers at 1-2-5 on the log axis, not 6x10^0
+        axes[0][0].yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        axes[0][0].yaxis.set_major_formatter(FormatStrFormatter("%g"))
+        axes[0][0].yaxis.set_minor_formatter(NullFormatter())
     what = ("val loss (solid, mean over seeds) and train loss (faint, smoothed), nats/char" if value == "loss"
             else "gradient norm per step (smoothed, mean over seeds)")
-    fig.suptitle(f"{what}; grey = the end the component is compared with", fontsize="medium")
+    _title(fig, f"{what}; grey = the end the component is compared with", ncols)
     fig.supxlabel("step")
     return save(fig, path)
 
@@ -176,7 +187,7 @@ def _mean_curve(data: pd.DataFrame, run_ids: list[str], split: str, value: str) 
 
 def _panel(ax, data: pd.DataFrame, p: dict, value: str) -> None:
     c = colour(p["flip"])
-    for ids, col, name in ((p["ref"], END_COLOUR, p.get("ref_name", "end")), (p["var"], c, p["flip"])):
+    for ids, col, name in ((p["ref"], END_COLOUR, p.get("ref_name", "end")), (p["var"], c, p.get("var_name", p["flip"]))):
         if value == "loss":
             train = _mean_curve(data, ids, "train", value)
             val = _mean_curve(data, ids, "val", value)
@@ -242,6 +253,6 @@ def plot_eval_effects(eval_effects: pd.DataFrame, path: Path) -> Path:
     axes[0][0].xaxis.set_major_formatter(EngFormatter(sep=""))  # 400k, 800k, 1.2M (axes share x)
     fig.supxlabel("tokens seen")
     fig.supylabel("gain in val loss (nats/char); > 0: helps")
-    fig.suptitle("effect at every evaluation, paired by seed: solid = added to the reference end, dashed = "
-                 "removed from the all-on end; band = 95% interval over seeds", fontsize="medium")
+    _title(fig, "effect at every evaluation, paired by seed: solid = added to the reference end, dashed = "
+                "removed from the all-on end; band = 95% interval over seeds", ncols)
     return save(fig, path)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -488,7 +489,7 @@ def _curve_panels(runs: pd.DataFrame) -> list[dict]:
     for group, members in _groups(runs[runs["role"] != ""]):
         for flip, direction, against, ref, var in _pairings(members):
             sign = "+" if direction == "add-one" else "−"
-            panels.append({"flip": flip, "direction": direction, "ref_name": against,
+            panels.append({"flip": flip, "direction": direction, "ref_name": against, "var_name": f"{sign}{flip}",
                            "title": f"{sign}{flip} vs {against}" + (f" [{group}]" if group else ""),
                            "ref": list(ref["run_id"]), "var": list(var["run_id"])})
     return panels
@@ -625,8 +626,10 @@ def _speed_blocks(root: Path, speed: pd.DataFrame) -> list:
         head = ("No timing pass in this directory: the effects below come from the training runs' tokens/s, which "
                 "shared the CPU with whichever runs overlapped them, so they measure scheduling as much as the "
                 "component. For a fair timing run the same `anatomy ablate` command with `--time`.")
-    shown = speed.assign(note=speed["note"].str.replace(OVERLAP_NOTE, "", regex=False).str.strip("; "))  # said above
-    columns = [c for c in _effect_columns(speed) if c not in ("against", "excluded", "p_value")]
+    said_above = f"{re.escape(OVERLAP_NOTE)}|{timing.NOTE_RE}"  # the paragraph says where the numbers come from
+    shown = speed.assign(note=[re.sub(said_above, "", n).strip("; ") for n in speed["note"]])
+    columns = [c for c in _effect_columns(speed) if c not in ("against", "excluded", "p_value")
+               and (c != "note" or (shown["note"] != "").any())]
     return [("p", head), ("table", _display(shown, columns, PCT_FORMATS).rename(columns=PCT_HEADERS), False)]
 
 

@@ -31,6 +31,7 @@ from anatomy_cli.stats import t_interval
 
 TIMING = "timing.json"
 METRIC = "tokens_per_s"
+NOTE_RE = r"timing pass: [^;]*"  # the note every timing effect carries
 
 
 # --------------------------------------------------------------------------- running (torch in the worker)
