@@ -62,7 +62,9 @@ def input_errors() -> tuple[type[BaseException], ...]:
 
 
 def fail(message: str, code: int = EXIT_INPUT) -> typer.Exit:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    from rich.markup import escape  # a message may hold brackets: anatomy-cli[tb], a [components.X] table
+
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 

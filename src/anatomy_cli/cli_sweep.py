@@ -100,6 +100,9 @@ def ablate(
     executor: Annotated[str, typer.Option(help="local (processes on this machine) | dask (an existing cluster).")] = "local",
     address: Annotated[Optional[str], typer.Option(help="Dask scheduler address, e.g. tcp://127.0.0.1:8786.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="With --dry-run: print the plan as JSON (id, role, seed, resolved config per run).")] = False,
+    time_pass: Annotated[bool, typer.Option("--time", help="Instead of training: time every config (one seed) for a few steps, interleaved in rounds in one idle worker, into SWEEP_DIR/timing.json; the report's speed effects then come from it.")] = False,
+    time_steps: Annotated[int, typer.Option(min=1, help="With --time: timed steps per config and round.")] = 20,
+    time_rounds: Annotated[int, typer.Option(min=2, help="With --time: rounds (the speed interval is over rounds).")] = 5,
 ):
     """Expand a spec into a grid of runs that flip components one at a time, run them, and report."""
     from .sweep import default_workers, execute, expand, parse_flips
@@ -117,13 +120,18 @@ def ablate(
     if json_out:
         console.print_json(json.dumps(plan_json(s, plan, sweep_dir)))
         return
+    if time_pass and not dry_run:
+        check_data(plan)
+        _time(plan, sweep_dir, n_workers, time_steps, time_rounds)
+        return
     console.print(plan_table(plan, sweep_dir, n_workers, check_data(plan)))
     if dry_run:
         return
     display = SweepDisplay(len(plan))
     with display.progress:
         summaries = execute(plan, sweep_dir, n_workers, display, sweep_name=s.name, executor=executor,
-                            address=address)
+                            address=address, invocation={"spec": None if spec is None else str(spec), "flip": flip,
+                                                         "steps": steps})
     if not no_report:
         _write_report(sweep_dir, None, ("md", "html", "csv", "json"))
     statuses = [x.get("status") for x in summaries]
@@ -133,12 +141,40 @@ def ablate(
         raise typer.Exit(EXIT_FAILED)
 
 
+def _time(plan, sweep_dir: Path, workers: int, steps: int, rounds: int) -> None:
+    """The timing pass: rounds of every config in one spawned worker, then the speed effects."""
+    import os
+
+    from rich.progress import Progress
+
+    from . import timing
+    from .sweep import SweepLock
+
+    threads = max(1, (os.cpu_count() or 1) // max(1, workers))  # what each run of the sweep trains with
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    with SweepLock(sweep_dir), Progress(console=err_console) as progress:
+        task = progress.add_task(f"timing {len({p.slug for p in plan})} configs", total=rounds)
+        record = timing.time_plan(plan, steps, rounds, threads=threads,
+                                  on_round=lambda r, n: progress.update(task, completed=r))
+        path = timing.write_timing(sweep_dir, record)
+    console.print(timing.summary_line(record), highlight=False)
+    rows = timing.timing_effects(record)
+    table = Table(title=f"speed effect (tokens/s, % vs its end, 95% interval over {rounds} rounds) -> {path}")
+    for col in ("flip", "direction", "against", "effect"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["flip"], r["direction"], r["against"], timing.fmt_ci(r))
+    console.print(table)
+    if runs.find_runs(sweep_dir):
+        _write_report(sweep_dir, None, ("md", "html", "csv", "json"))
+
+
 def _write_report(root: Path, out: Path | None, formats: tuple[str, ...], frames=None) -> dict:
     from .report import write_report
 
     paths = write_report(root, out, formats, frames)
     for kind, path in paths.items():
-        console.print(f"  {kind:>8}: {path}", highlight=False)
+        console.print(f"  {kind}: {path}", highlight=False)
     return paths
 
 
@@ -149,9 +185,14 @@ def report(
     format: Annotated[Optional[list[str]], typer.Option("--format", help="md | csv | html | json (repeatable; default all).")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default RUNS_DIR/report).")] = None,
     json_out: JsonOut = False,
+    tensorboard: Annotated[bool, typer.Option("--tensorboard", help="Also back-fill TensorBoard event files for runs that have none, from metrics.jsonl (needs the tb extra).")] = False,
 ):
     """Turn run directories into comparison tables, component effects with CIs, and figures."""
     from . import report as rep
+    from . import tb_events
+
+    if tensorboard:
+        tb_events.require()
 
     formats = tuple(format or rep.FORMATS)
     bad = [f for f in formats if f not in rep.FORMATS]
@@ -161,18 +202,26 @@ def report(
         raise runs.RunError(f"runs directory not found: {runs_dir}")
     frames = rep.report_frames(runs_dir)  # read once: shown here and written below
     frame, _, effects = frames
+    events = tb_events.backfill(runs_dir) if tensorboard else None
     if json_out:
         paths = rep.write_report(runs_dir, out, formats, frames)
         console.print_json(json.dumps({"runs": rep.records(frame), "effects": rep.records(effects),
-                                       "files": {k: str(v) for k, v in paths.items()}}))
+                                       "files": {k: str(v) for k, v in paths.items()},
+                                       **({"tensorboard": events} if events else {})}))
         return
     console.print(frame_table(frame, ["run_id", "label", "seed", "status", "best_val_loss", "best_step",
                                       "overfit_gap", "tokens_per_s"], "runs"))
     loss = effects[effects["metric"] == rep.LOSS_METRIC]
-    if len(loss):
-        console.print(frame_table(loss, ["flip", "direction", "group", "n_pairs", "mean_delta", "ci_low", "ci_high",
-                                         "within_noise", "note"], "component effects (delta best val loss)"))
+    if len(loss):  # the answer last, where the terminal leaves it
+        from .verdict import verdict_frame
+
+        console.print(frame_table(rep.verdict_table(verdict_frame(loss)), ["rank", "component", "change", "gain",
+                                  "interval", "call"],
+                                  "verdict: gain in best val loss (nats/char, > 0 = the component helps)"))
     _write_report(runs_dir, out, formats, frames)
+    if events is not None:
+        console.print(f"tensorboard: event files written for {events['written']} runs ({events['skipped']} had their "
+                      f"own); view with: tensorboard --logdir {runs_dir}", highlight=False)
 
 
 def frame_table(frame, columns: list[str], title: str) -> Table:

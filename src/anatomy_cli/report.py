@@ -1,10 +1,12 @@
 """Read run directories into pandas frames and write the comparison report (no torch).
 
   load_runs          every run dir under a root -> (runs frame, long curves frame)
-  component_effects  runs frame -> add-one / remove-one effect of each LLaMA part, paired by seed
-  plot_curves        val (solid) and train (dashed) loss of every run -> PNG
-  plot_effects       mean delta with a 95% CI per flip -> PNG
-  write_report       all of the above -> runs.csv, effects.csv, report.md/.html/.json, two PNGs
+  component_effects  runs frame -> add-one / remove-one effect of each component, paired by seed,
+                     Holm-corrected over every effect of the metric (stats.py)
+  effects_by_eval    the same pairs at every evaluation step (effects over training)
+  report_frames      runs, curves, loss and speed effects (speed from a timing pass when there is one)
+  write_report       the files: report.md/.html (verdict first: verdict.py), CSV, JSON, figures
+                     (figures.py), rendered by document.py
 
 How an effect is measured. A run's role comes from its own config.json, never from its name, read
 against the components of its study (the sweep directory's sweep.json; the five 2017 -> LLaMA
@@ -25,8 +27,6 @@ ValueError with a one-line message. Figures use matplotlib's object API (no pypl
 
 from __future__ import annotations
 
-import base64
-import html
 import json
 import math
 import re
@@ -35,16 +35,24 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from matplotlib import colormaps
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
 from anatomy_cli import components as comp
+from anatomy_cli import document, figures, stats, timing
+from anatomy_cli import verdict as vd
 from anatomy_cli.config import ModelConfig, TrainConfig
 from anatomy_cli.runs import (
-    COMPLETED, CONFIG, SAMPLES, RunError, atomic_write_text, find_runs, read_design, read_json, read_metrics,
+    COMPLETED,
+    CONFIG,
+    SAMPLES,
+    RunError,
+    atomic_write_text,
+    find_runs,
+    read_design,
+    read_json,
+    read_metrics,
     read_summary,
 )
+from anatomy_cli.stats import t_interval
 
 EVAL = "eval.json"  # optional: {"val_loss_by_ctx": {"128": 1.52, "512": null}, ...}
 INCOMPLETE = "incomplete"  # status of a run dir without summary.json (never finished, or killed)
@@ -53,11 +61,6 @@ SPIKE_FACTOR = 1.5
 RELATIVE_METRICS = ("tokens_per_s", "step_time_ms", "wall_s", "params")
 FORMATS = ("md", "html", "csv", "json")
 SAMPLE_CHARS = 2000  # a report shows at most this much of each samples.txt
-
-# Two-sided 95% Student-t quantiles t(0.975, df) for df = 1..30; beyond 30 the normal 1.96.
-T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-         2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-         2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 
 RUN_COLUMNS = [
     "run_id", "path", "label", "role", *comp.BUILTIN_NAMES, "n_layer", "n_head", "n_kv_head", "d_model", "seed",
@@ -71,9 +74,9 @@ FLOAT_COLUMNS = ("best_val_loss", "final_val_loss", "bits_per_char", "tokens_per
                  "step_time_ms", "wall_s", "max_grad_norm")
 SUMMARY_KEYS = ("params", "best_val_loss", "best_step", "final_val_loss", "bits_per_char",
                 "tokens_per_s", "step_time_ms", "wall_s", "diverged_at")
-CURVE_COLUMNS = ["run_id", "step", "split", "loss"]
+CURVE_COLUMNS = ["run_id", "step", "tokens", "split", "loss", "grad_norm"]  # grad_norm on train rows
 EFFECT_COLUMNS = ["metric", "flip", "direction", "against", "group", "n_pairs", "excluded", "mean_delta",
-                  "ci_low", "ci_high", "unit", "within_noise", "note"]
+                  "ci_low", "ci_high", "unit", "p_value", "p_holm", "within_noise", "note"]
 CTX_PREFIX = "val_loss_ctx_"
 
 
@@ -217,7 +220,9 @@ def _curve_rows(run_id: str, metrics: list[dict]) -> list[tuple]:
     for m in metrics:
         for split in ("train", "val"):
             if m.get(f"{split}_loss") is not None and m.get("step") is not None:
-                rows.append((run_id, int(m["step"]), split, float(m[f"{split}_loss"])))
+                grad = m.get("grad_norm") if split == "train" else None
+                rows.append((run_id, int(m["step"]), math.nan if m.get("tokens") is None else float(m["tokens"]),
+                             split, float(m[f"{split}_loss"]), math.nan if grad is None else float(grad)))
     return rows
 
 
@@ -243,7 +248,9 @@ def component_effects(runs_df: pd.DataFrame, metric: str = "best_val_loss") -> p
 
     mean_delta/ci_low/ci_high are in the metric's units (unit 'abs'), or, for RELATIVE_METRICS
     such as tokens_per_s, a relative change in percent (unit '%'). The CI is a 95% Student-t
-    interval over the paired differences; within_noise is True when it contains 0 and None with
+    interval over the paired differences (uncorrected); p_value is the paired t-test's, p_holm
+    the Holm-Bonferroni adjusted one over every effect of this call; within_noise is True when
+    p_holm >= 0.05 (the corrected call: m effects are tested at once) and None with
     fewer than two pairs. `excluded` counts pairs skipped because a run did not complete (or
     lacks the metric).
     """
@@ -310,11 +317,11 @@ def _group_names(keys: pd.Series) -> dict[str, str]:
             for s, p in parsed.items()}
 
 
-def _group_effects(members: pd.DataFrame, group: str, metric: str) -> list[dict]:
+def _pairings(members: pd.DataFrame):
+    """(flip, direction, against, reference runs, variant runs) of one group, both indexed by seed."""
     # One run per role and seed: a config run twice (two sweeps) counts once, the first by id.
     members = members.sort_values("run_id").drop_duplicates(["role", "seed"])
     by_role = {role: sub.set_index("seed") for role, sub in members.groupby("role")}
-    rows = []
     design = members["design"].iloc[0].split("+")
     if len(design) == 2:  # with two components, "A alone" is also "all-on minus B"
         for a, b in (design, design[::-1]):
@@ -326,11 +333,52 @@ def _group_effects(members: pd.DataFrame, group: str, metric: str) -> list[dict]
         for direction, ref, var, end in (("add-one", "reference", f"+{flip}", ends[0]),
                                          ("remove-one", "all-on", f"-{flip}", ends[1])):
             if ref in by_role and var in by_role:
-                row = _paired(by_role[ref], by_role[var], metric)
-                if row:
-                    rows.append({"flip": flip, "direction": direction, "against": f"{end} end", "group": group,
-                                 **row})
+                yield flip, direction, f"{end} end", by_role[ref], by_role[var]
+
+
+def _group_effects(members: pd.DataFrame, group: str, metric: str) -> list[dict]:
+    rows = []
+    for flip, direction, against, ref, var in _pairings(members):
+        row = _paired(ref, var, metric)
+        if row:
+            rows.append({"flip": flip, "direction": direction, "against": against, "group": group, **row})
     return rows
+
+
+EVAL_EFFECT_COLUMNS = ["flip", "direction", "against", "group", "step", "tokens", "n_pairs", "mean_delta",
+                       "ci_low", "ci_high"]
+
+
+def effects_by_eval(runs_df: pd.DataFrame, curves_df: pd.DataFrame) -> pd.DataFrame:
+    """The paired val-loss effect of each flip at every evaluation step (EVAL_EFFECT_COLUMNS).
+
+    Same pairs as component_effects on best_val_loss (same seed, both runs completed), but the
+    delta is val loss(variant) - val loss(reference) at one step, with a 95% t interval over
+    seeds at that step: whether an effect is a head start that fades or a lasting gain.
+    """
+    val = curves_df[curves_df["split"] == "val"]
+    curves = {rid: sub.drop_duplicates("step").set_index("step") for rid, sub in val.groupby("run_id")}
+    rows = []
+    for group, members in _groups(runs_df[runs_df["role"] != ""]):
+        for flip, direction, against, ref, var in _pairings(members):
+            deltas = []
+            for seed in ref.index.intersection(var.index).sort_values():
+                r, v = ref.loc[seed], var.loc[seed]
+                if r["status"] == COMPLETED and v["status"] == COMPLETED and r.run_id in curves and v.run_id in curves:
+                    a, b = curves[r.run_id], curves[v.run_id]
+                    deltas.append((b["loss"] - a["loss"]).dropna().rename(seed))
+            if not deltas:
+                continue
+            table = pd.concat(deltas, axis=1)
+            tokens = curves[ref.iloc[0].run_id]["tokens"] if ref.iloc[0].run_id in curves else None
+            for step, values in table.iterrows():
+                values = values.to_numpy(float)
+                ci = t_interval(values[np.isfinite(values)])
+                rows.append({"flip": flip, "direction": direction, "against": against, "group": group,
+                             "step": int(step), "tokens": float(tokens.get(step, math.nan)) if tokens is not None
+                             else math.nan, "n_pairs": int(np.isfinite(values).sum()),
+                             **{k: ci[k] for k in ("mean_delta", "ci_low", "ci_high")}})
+    return pd.DataFrame(rows, columns=EVAL_EFFECT_COLUMNS)
 
 
 def _paired(ref: pd.DataFrame, var: pd.DataFrame, metric: str) -> dict | None:
@@ -349,148 +397,66 @@ def _paired(ref: pd.DataFrame, var: pd.DataFrame, metric: str) -> dict | None:
             "unit": "%" if relative else "abs", **t_interval(delta[ok])}
 
 
-def t_interval(deltas: np.ndarray) -> dict:
-    """Mean and 95% Student-t CI of paired differences, within_noise, and a note."""
-    n = len(deltas)
-    out = {"mean_delta": float(np.mean(deltas)) if n else math.nan, "ci_low": math.nan,
-           "ci_high": math.nan, "within_noise": None, "note": ""}
-    if n == 0:
-        out["note"] = "no completed pairs"
-    elif n == 1:
-        out["note"] = "CI unavailable with one seed"
-    else:
-        t = T_975[n - 2] if n - 1 <= len(T_975) else 1.96
-        half = t * float(np.std(deltas, ddof=1)) / math.sqrt(n)
-        out |= {"ci_low": out["mean_delta"] - half, "ci_high": out["mean_delta"] + half}
-        out["within_noise"] = bool(out["ci_low"] <= 0.0 <= out["ci_high"])
-    return out
-
-
 def _effects_frame(rows: list[dict]) -> pd.DataFrame:
+    """Rows -> EFFECT_COLUMNS, with the Holm correction over every effect of the same metric."""
     df = pd.DataFrame(rows, columns=EFFECT_COLUMNS)
+    for idx in df.groupby("metric").groups.values():
+        df.loc[idx, "p_holm"] = stats.holm(df.loc[idx, "p_value"].to_numpy(float))
+    df["p_holm"] = df["p_holm"].astype(float)
+    df["within_noise"] = pd.Series([None if not np.isfinite(p) else bool(p >= stats.ALPHA) for p in df["p_holm"]],
+                                   index=df.index, dtype=object)
+    m = df.groupby("metric")["p_value"].transform(lambda s: int(np.isfinite(s.to_numpy(float)).sum()))
+    chance = ((df["ci_low"] > 0) | (df["ci_high"] < 0)) & df["within_noise"].eq(True)
+    df.loc[chance, "note"] = ["; ".join(filter(None, [f"95% CI excludes 0, but not after Holm over {k} effects", note]))
+                              for k, note in zip(m[chance], df.loc[chance, "note"])]
     order = {"flip": {f: i for i, f in enumerate(comp.BUILTIN_NAMES)}}  # built-ins in table order, then others
     df = df.sort_values(["metric", "direction", "flip", "group"], kind="stable",
                         key=lambda s: s.map(lambda f: order[s.name].get(f, len(order[s.name]))) if s.name in order else s)
     return df.reset_index(drop=True)
 
 
-# ------------------------------------------------------------------------------- figures
-
-
-def plot_curves(curves_df: pd.DataFrame, path: Path) -> Path:
-    """Val loss (solid) and train loss (dashed, same colour) of every run, overlaid.
-
-    Per-step train losses are smoothed for the figure only (a centred rolling mean over ~2% of the
-    run): raw minibatch noise hides the differences the figure is for. The CSV/JSON keep raw values.
-    """
-    fig = Figure(figsize=(10, 5.5), layout="constrained")
-    ax = fig.add_subplot()
-    data = curves_df[np.isfinite(curves_df["loss"].to_numpy(dtype=float))]
-    colors = colormaps["tab20"]
-    for i, (run_id, run) in enumerate(data.groupby("run_id", sort=True)):
-        for split, style, alpha in (("val", ".-", 1.0), ("train", "--", 0.45)):
-            part = run[run["split"] == split].sort_values("step")
-            if split == "train" and len(part) > 50:
-                window = max(2, len(part) // 50)
-                part = part.assign(loss=part["loss"].rolling(window, center=True, min_periods=1).mean())
-            label = run_id if split == "val" or not (run["split"] == "val").any() else None
-            if len(part):
-                ax.plot(part["step"], part["loss"], style, color=colors(i % 20), alpha=alpha,
-                        linewidth=1.2, markersize=4, label=label, zorder=3 if split == "val" else 2)
-    _curve_axes(fig, ax, data)
-    return _save(fig, path)
-
-
-def _curve_axes(fig: Figure, ax, data: pd.DataFrame) -> None:
-    ax.set(xlabel="step", ylabel="loss (nats/char)", title="val loss (solid), train loss (dashed, smoothed)")
-    if data.empty:
-        ax.text(0.5, 0.5, "no losses logged yet", ha="center", va="center", transform=ax.transAxes)
-        return
-    val = data.loc[data["split"] == "val", "loss"]
-    train = data.loc[data["split"] == "train", "loss"]
-    if len(val):  # a diverged run's huge train loss should not flatten everyone else's curve
-        top = max(val.max(), train.quantile(0.9) if len(train) else val.max())
-        ax.set_ylim(data["loss"].min() * 0.97, top * 1.05)
-    ax.grid(alpha=0.3)
-    fig.legend(loc="outside right upper", fontsize="small", ncols=1 + data["run_id"].nunique() // 25)
-
-
-def plot_effects(effects_df: pd.DataFrame, path: Path) -> Path:
-    """Horizontal bars of mean delta with 95% CI error bars: add-one | remove-one, a row per metric."""
-    metrics = list(dict.fromkeys(effects_df["metric"])) or ["best_val_loss"]
-    n_bars = max([len(effects_df[effects_df["metric"] == m]) for m in metrics] + [2])
-    fig = Figure(figsize=(12, 1.5 + 0.3 * n_bars * len(metrics)), layout="constrained")
-    axes = fig.subplots(len(metrics), 2, squeeze=False)
-    for row, metric in enumerate(metrics):
-        for col, direction in enumerate(("add-one", "remove-one")):
-            cell = effects_df[(effects_df["metric"] == metric) & (effects_df["direction"] == direction)]
-            ref = " / ".join(dict.fromkeys(cell["against"])) or ("reference end" if col == 0 else "all-on end")
-            _effect_bars(axes[row][col], cell, f"{direction} vs {ref}: {metric}")
-    fig.suptitle("mean paired delta, 95% CI; grey = CI contains 0 or one seed", fontsize="medium")
-    return _save(fig, path)
-
-
-def _effect_bars(ax, cell: pd.DataFrame, title: str) -> None:
-    ax.set_title(title, fontsize="medium")
-    if cell.empty:
-        ax.text(0.5, 0.5, "no paired runs", ha="center", va="center", transform=ax.transAxes)
-        ax.set_axis_off()
-        return
-    mean = cell["mean_delta"].to_numpy(dtype=float)
-    err = np.nan_to_num([mean - cell["ci_low"].to_numpy(float), cell["ci_high"].to_numpy(float) - mean])
-    # Blue only where the CI excludes 0; None (one seed) and NaN count as not established.
-    colors = ["tab:gray" if w is None or bool(w) else "tab:blue" for w in cell["within_noise"]]
-    y = np.arange(len(cell))
-    ax.barh(y, np.nan_to_num(mean), xerr=err, color=colors, capsize=3)
-    ax.axvline(0.0, color="black", linewidth=0.8)
-    labels = [f"{r.flip}{f' [{r.group}]' if r.group else ''} (n={r.n_pairs})" for r in cell.itertuples()]
-    ax.set_yticks(y, labels)
-    ax.invert_yaxis()
-    ax.set_xlabel("delta (%)" if (cell["unit"] == "%").all() else "delta")
-
-
-def _save(fig: Figure, path: Path) -> Path:
-    FigureCanvasAgg(fig)  # attach an Agg canvas explicitly: no backend switching, no pyplot
-    fig.savefig(path, dpi=110)
-    return Path(path)
-
-
 # ------------------------------------------------------------------------------- report files
 
 
 LOSS_METRIC, SPEED_METRIC = "best_val_loss", "tokens_per_s"
-LOSS_NOTE = ("delta = best val loss of the variant minus its reference run with the same seed "
-             "(add-one: against the end with every component off, the 2017 end for the five 2017 -> LLaMA "
-             "parts; remove-one: against the end with every component on, the LLaMA end). Negative = the variant learns "
-             "better. 95% Student-t CI over seeds; within_noise = the CI contains 0.")
-SPEED_NOTE = ("delta = 100 x (variant tokens/s / reference tokens/s - 1), paired by seed. "
-              "Positive = the variant trains faster. Only meaningful on one machine.")
+OVERLAP_NOTE = "from training runs that may have shared the CPU: not a fair timing"
 RUN_TABLE = ["run_id", "label", "seed", "status", "params", "best_val_loss", "best_step",
              "final_val_loss", "overfit_gap", "bits_per_char", "tokens_per_s", "step_time_ms",
              "max_grad_norm", "loss_spikes", "diverged_at"]
 EFFECT_TABLE = ["flip", "direction", "against", "group", "n_pairs", "excluded", "mean_delta", "ci_low",
-                "ci_high", "within_noise", "note"]
+                "ci_high", "p_value", "p_holm", "within_noise", "note"]
 FLOAT_FORMATS = {"tokens_per_s": "{:,.0f}", "step_time_ms": "{:.1f}", "wall_s": "{:.1f}",
-                 "max_grad_norm": "{:.3g}"}
+                 "max_grad_norm": "{:.3g}", "p_value": "{:.3g}", "p_holm": "{:.3g}"}
 PCT_FORMATS = {"mean_delta": "{:+.1f}", "ci_low": "{:+.1f}", "ci_high": "{:+.1f}"}
-TEXT_COLUMNS = ("run_id", "label", "status", "flip", "direction", "against", "group", "within_noise", "note")
 PCT_HEADERS = {"mean_delta": "mean_delta_pct", "ci_low": "ci_low_pct", "ci_high": "ci_high_pct"}
 
 
 def report_frames(root: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """(runs, curves, effects) of every run under root; effects hold loss and speed, told apart by `metric`."""
+    """(runs, curves, effects) of every run under root; effects hold loss and speed, told apart by `metric`.
+
+    Speed effects come from root/timing.json when a timing pass wrote one (`anatomy ablate --time`),
+    else from the training runs' tokens/s, each row noted as not a fair timing.
+    """
     runs, curves = load_runs(Path(root))
-    return runs, curves, _effects_frame(_effect_rows(runs, LOSS_METRIC) + _effect_rows(runs, SPEED_METRIC))
+    record = timing.read_timing(Path(root))
+    if record is not None:
+        speed = timing.timing_effects(record)
+    else:
+        speed = _effect_rows(runs, SPEED_METRIC)
+        for row in speed:
+            row["note"] = "; ".join(filter(None, [OVERLAP_NOTE, row["note"]]))
+    return runs, curves, _effects_frame(_effect_rows(runs, LOSS_METRIC) + speed)
 
 
 def write_report(root: Path, out_dir: Path | None = None, formats: tuple[str, ...] = FORMATS,
                  frames: tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame] | None = None) -> dict[str, Path]:
     """Write the report files into out_dir (default <root>/report/); returns {file name: path}.
 
-    Always curves.png and effects.png; 'csv' adds runs.csv and effects.csv (loss and speed effects
-    in one table, told apart by `metric`), 'md' report.md, 'html' a self-contained report.html,
-    'json' report.json ({"root", "runs", "effects"} as records, NaN -> null). `frames`, from
-    report_frames(root), spares reading the runs again when the caller already has them.
+    Always the figures (forest.png, speed.png, curves.png, effects-over-training.png, and
+    grad-norm.png for a stability study); 'csv' adds runs.csv, effects.csv (loss and speed, told
+    apart by `metric`) and eval-effects.csv, 'md' report.md, 'html' a self-contained report.html,
+    'json' report.json ({"root", "runs", "effects", "verdict", "eval_effects"}, NaN -> null).
+    `frames`, from report_frames(root), spares reading the runs again.
     """
     unknown = sorted(set(formats) - set(FORMATS))
     if unknown:
@@ -498,31 +464,54 @@ def write_report(root: Path, out_dir: Path | None = None, formats: tuple[str, ..
     runs, curves, effects = frames if frames is not None else report_frames(root)
     out = Path(out_dir) if out_dir is not None else Path(root) / "report"
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"curves.png": plot_curves(curves, out / "curves.png"),
-             "effects.png": plot_effects(effects, out / "effects.png")}
-    texts = _report_texts(Path(root), runs, effects, paths, formats)
+    loss, speed = effects[effects["metric"] == LOSS_METRIC], effects[effects["metric"] == SPEED_METRIC]
+    verdict = vd.verdict_frame(loss)
+    eval_effects = effects_by_eval(runs, curves)
+    floor = vd.noise_floor(runs)
+    panels = _curve_panels(runs)
+    paths = {"forest.png": figures.plot_forest(verdict, out / "forest.png", floor.get("reference", (math.nan,))[0]),
+             "speed.png": figures.plot_effects(speed, out / "speed.png"),
+             "curves.png": figures.plot_curves(curves, panels, out / "curves.png"),
+             "effects-over-training.png": figures.plot_eval_effects(eval_effects, out / "effects-over-training.png")}
+    if _stability_study(Path(root), runs):
+        paths["grad-norm.png"] = figures.plot_curves(curves, panels, out / "grad-norm.png", value="grad_norm")
+    texts = {}
+    if "csv" in formats:
+        texts |= {"runs.csv": runs.to_csv(index=False), "effects.csv": effects.to_csv(index=False),
+                  "eval-effects.csv": eval_effects.to_csv(index=False)}
+    if "json" in formats:
+        doc = {"root": str(root), "runs": records(runs), "effects": records(effects), "verdict": records(verdict),
+               "eval_effects": records(eval_effects)}
+        texts["report.json"] = json.dumps(doc, indent=2, allow_nan=False) + "\n"
+    if "md" in formats or "html" in formats:
+        sections = _sections(Path(root), runs, effects, verdict, eval_effects, paths)
+        lead = f"Runs under `{root}`: {len(runs)} runs ({_status_counts(runs)})."
+        if "md" in formats:
+            texts["report.md"] = document.markdown("anatomy report", lead, sections)
+        if "html" in formats:
+            texts["report.html"] = document.html_page("anatomy report", lead, sections)
     for name, text in texts.items():
         atomic_write_text(out / name, text)
         paths[name] = out / name
     return paths
 
 
-def _report_texts(root: Path, runs: pd.DataFrame, effects: pd.DataFrame,
-                  images: dict[str, Path], formats: tuple[str, ...]) -> dict[str, str]:
-    texts = {}
-    if "csv" in formats:
-        texts["runs.csv"] = runs.to_csv(index=False)
-        texts["effects.csv"] = effects.to_csv(index=False)
-    if "json" in formats:
-        doc = {"root": str(root), "runs": records(runs), "effects": records(effects)}
-        texts["report.json"] = json.dumps(doc, indent=2, allow_nan=False) + "\n"
-    sections = _sections(runs, effects)
-    samples = _samples(runs)
-    if "md" in formats:
-        texts["report.md"] = _markdown(root, sections, images, samples)
-    if "html" in formats:
-        texts["report.html"] = _html(root, sections, images, samples)
-    return texts
+def _curve_panels(runs: pd.DataFrame) -> list[dict]:
+    """One small-multiple panel per component and direction (and group): its runs and its end's."""
+    panels = []
+    for group, members in _groups(runs[runs["role"] != ""]):
+        for flip, direction, against, ref, var in _pairings(members):
+            sign = "+" if direction == "add-one" else "−"
+            panels.append({"flip": flip, "direction": direction, "ref_name": against, "var_name": f"{sign}{flip}",
+                           "title": f"{sign}{flip} vs {against}" + (f" [{group}]" if group else ""),
+                           "ref": list(ref["run_id"]), "var": list(var["run_id"])})
+    return panels
+
+
+def _stability_study(root: Path, runs: pd.DataFrame) -> bool:
+    """Show gradient norms where stability is the question: a diverged run, loss spikes, or the name says so."""
+    return bool((runs["status"] == "diverged").any() or (runs["loss_spikes"].fillna(0) > 0).any()
+                or "stability" in root.name)
 
 
 def records(df: pd.DataFrame) -> list[dict]:
@@ -543,18 +532,144 @@ def _json_value(value: Any) -> Any:
     return None if pd.isna(value) else value
 
 
-def _sections(runs: pd.DataFrame, effects: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
-    """(title, note, display table of strings) for the run table and the two effect tables."""
-    ctx = [c for c in runs.columns if c.startswith(CTX_PREFIX)]
-    ordered = _by_components(runs)
+# ------------------------------------------------------------------------------- sections
+
+
+def _sections(root: Path, runs, effects, verdict, eval_effects, images: dict[str, Path]) -> list[tuple[str, list]]:
+    """The report in reading order: verdict, speed, curves, effects over training, runs, details, samples."""
+    loss = effects[effects["metric"] == LOSS_METRIC]
     speed = effects[effects["metric"] == SPEED_METRIC]
+    ctx = [c for c in runs.columns if c.startswith(CTX_PREFIX)]
+    curves = [("img", images["curves.png"])] + ([("img", images["grad-norm.png"])] if "grad-norm.png" in images else [])
     return [
-        ("Runs", f"{len(runs)} runs: {_status_counts(runs)}.", _display(ordered, RUN_TABLE + ctx)),
-        (f"Component effects: {LOSS_METRIC}", LOSS_NOTE,
-         _display(effects[effects["metric"] == LOSS_METRIC], _effect_columns(effects))),
-        (f"Component effects: speed ({SPEED_METRIC})", SPEED_NOTE,
-         _display(speed, _effect_columns(effects), PCT_FORMATS).rename(columns=PCT_HEADERS)),
+        ("Verdict", _verdict_blocks(root, runs, loss, verdict) + [("img", images["forest.png"])]),
+        ("Speed", _speed_blocks(root, speed) + [("img", images["speed.png"])]),
+        ("Curves", [("p", ("One panel per component: the runs with it flipped (its colour) against the end they "
+                           "are compared with (grey); mean over seeds."))] + curves),
+        ("Effects over training", _eval_blocks(eval_effects) + [("img", images["effects-over-training.png"])]),
+        ("Runs", [("p", f"{len(runs)} runs: {_status_counts(runs)}."),
+                  ("table", _display(_by_components(runs), RUN_TABLE + ctx), True)]),
+        ("Effect details", [("p", LOSS_NOTE), ("table", _display(loss, _effect_columns(loss)), False)]),
+        ("Samples", [("p", "One per config (its lowest seed), from the best weights."), ("samples", _samples(runs))]),
     ]
+
+
+LOSS_NOTE = ("delta = best val loss of the variant minus its end's run with the same seed (add-one: against "
+             "the end with every component off, the 2017 end for the five 2017 -> LLaMA parts; remove-one: "
+             "against the end with every component on, the LLaMA end); negative = the variant learns better. "
+             "ci_low/ci_high: 95% Student-t interval over seeds, uncorrected; p_holm: the paired t-test's p "
+             "after Holm-Bonferroni over every effect of the table; within_noise: p_holm >= 0.05.")
+
+
+def _verdict_blocks(root: Path, runs: pd.DataFrame, loss: pd.DataFrame, verdict: pd.DataFrame) -> list:
+    if verdict.empty:
+        return [("p", "No paired runs yet: the verdict needs an end and at least one variant with a shared seed.")]
+    bud, floor = vd.budget(runs), vd.noise_floor(runs)
+    one_seed = (verdict["n_pairs"] <= 1).all()
+    names = comp.end_names(runs.loc[runs["role"] != "", "design"].iloc[0].split("+"))
+    ref_name, top_name = ("2017", "LLaMA") if names == ("2017", "llama") else names
+    tested = int(np.isfinite(loss["p_value"].to_numpy(float)).sum())
+    lines = [_budget_line(bud, ref_name, top_name), _noise_line(floor, ref_name, top_name)]
+    if tested:
+        lines.append(f"**Multiple comparisons**: {tested} effects are tested at once, so the within-noise call is "
+                     f"Holm-Bonferroni corrected (family-wise 5%); the intervals shown are the uncorrected 95% "
+                     f"t intervals over seeds.")
+    blocks = [("p", "What each component is worth in best val loss (nats/char; positive = having the component "
+                    "helps), largest first. Added = to the " + f"{ref_name} end; removed = from the {top_name} end."),
+              ("table", verdict_table(verdict), False), ("list", lines)]
+    if one_seed or (verdict["n_pairs"] < vd.SEEDS_WANTED).any():
+        cmd, est = vd.more_seeds(root, runs)
+        when = f" (est. {_fmt_time(est[0])} with {est[1]} worker{'s' * (est[1] > 1)})" if est else ""
+        say = "One seed: each effect is a point estimate, no interval." if one_seed else "Fewer than 3 seeds for some configs."
+        blocks += [("p", f"{say} To add seeds to {vd.SEEDS_WANTED} (finished runs are skipped){when}:"), ("code", cmd)]
+    return blocks
+
+
+def _budget_line(bud: dict, ref_name: str, top_name: str) -> str:
+    if "steps" not in bud:
+        return "**Budget**: unknown."
+    text = (f"**Budget**: this holds for {bud['steps']:,} training steps"
+            + (f" ({bud['tokens']:,} tokens: batch {bud['batch_size']} x ctx {bud['ctx_len']})" if "tokens" in bud else "")
+            + ".")
+    if "reference" in bud and "all-on" in bud:
+        text += (f" There the {ref_name} end reaches {bud['reference']:.3f} and the {top_name} end "
+                 f"{bud['all-on']:.3f} ({bud['reference'] - bud['all-on']:+.3f} apart).")
+    if bud.get("still_improving"):
+        text += (f" The {ref_name} end was still improving at its last evaluation, so a longer budget can "
+                 f"shrink or reorder effects: see Effects over training.")
+    return text
+
+
+def _noise_line(floor: dict, ref_name: str, top_name: str) -> str:
+    parts = [f"{name} end sd {sd:.4f} over {n} seeds" for role, name in (("reference", ref_name), ("all-on", top_name))
+             if role in floor for sd, n in [floor[role]] if math.isfinite(sd)]
+    if not parts:
+        return "**Noise floor**: unknown with one seed per config (seed-to-seed spread of the ends' best val loss)."
+    return f"**Noise floor** (seed-to-seed sd of best val loss): {'; '.join(parts)}."
+
+
+def _fmt_time(s: float) -> str:
+    return f"{s:.0f} s" if s < 90 else f"{s / 60:.1f} min"
+
+
+def verdict_table(verdict: pd.DataFrame) -> pd.DataFrame:
+    """The verdict as display strings (rank, component, change, gain, interval, seeds, p_holm, call)."""
+    rows = []
+    for r in verdict.itertuples():
+        rows.append({"rank": str(r.rank), "component": r.flip,
+                     "change": ("added to " if r.direction == "add-one" else "removed from ") + r.against
+                     + (f" [{r.group}]" if r.group else ""),
+                     "gain": "" if not math.isfinite(r.gain) else f"{r.gain:+.3f}",
+                     "interval": f"[{r.gain_low:+.3f}, {r.gain_high:+.3f}]" if math.isfinite(r.gain_low) else
+                     (vd.ONE_SEED if r.n_pairs == 1 else ""),
+                     "seeds": str(r.n_pairs), "p_holm": f"{r.p_holm:.3g}" if math.isfinite(r.p_holm) else "",
+                     "call": r.call})
+    columns = ["rank", "component", "change", "gain", "interval", "seeds", "p_holm", "call"]
+    if len(verdict) and (verdict["n_pairs"] <= 1).all():  # one seed: the interval column says it once per row
+        columns = columns[:5]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _speed_blocks(root: Path, speed: pd.DataFrame) -> list:
+    record = timing.read_timing(root)
+    if record is not None:
+        head = (timing.summary_line(record) + ". Each component's effect is paired within a round: 100 x (variant "
+                "tokens/s / its end's - 1); positive = faster; 95% interval over rounds, within_noise Holm-corrected.")
+    else:
+        head = ("No timing pass in this directory: the effects below come from the training runs' tokens/s, which "
+                "shared the CPU with whichever runs overlapped them, so they measure scheduling as much as the "
+                "component. For a fair timing run the same `anatomy ablate` command with `--time`.")
+    said_above = f"{re.escape(OVERLAP_NOTE)}|{timing.NOTE_RE}"  # the paragraph says where the numbers come from
+    shown = speed.assign(note=[re.sub(said_above, "", n).strip("; ") for n in speed["note"]])
+    columns = [c for c in _effect_columns(speed) if c not in ("against", "excluded", "p_value")
+               and (c != "note" or (shown["note"] != "").any())]
+    return [("p", head), ("table", _display(shown, columns, PCT_FORMATS).rename(columns=PCT_HEADERS), False)]
+
+
+def _eval_blocks(eval_effects: pd.DataFrame) -> list:
+    text = ("Each component's paired effect on val loss at every evaluation, as a gain (positive = helps): a "
+            "head start that fades comes back to zero, a lasting gain stays apart.")
+    if eval_effects.empty:
+        return [("p", text)]
+    moves = ranking_moves(eval_effects)
+    return [("p", text)] + ([("p", "Ranking by gain (nats/char) early, midway and at the end:"), ("list", moves)]
+                            if moves else [])
+
+
+def ranking_moves(eval_effects: pd.DataFrame) -> list[str]:
+    """'added, step 50: prenorm +0.272 > rope +0.246 > ...' at the first evaluation after step 0, the
+    middle one and the last, per direction (the first group's effects)."""
+    ev = eval_effects[(eval_effects["step"] > 0) & (eval_effects["group"] == eval_effects["group"].iloc[0])]
+    out = []
+    for direction, word in (("add-one", "added"), ("remove-one", "removed")):
+        d = ev[ev["direction"] == direction]
+        steps = sorted(d["step"].unique())
+        sign = -1.0 if direction == "add-one" else 1.0
+        for step in dict.fromkeys([steps[0], steps[len(steps) // 2], steps[-1]] if steps else []):
+            at = d[d["step"] == step]
+            at = at.assign(g=sign * at["mean_delta"]).sort_values("g", ascending=False)
+            out.append(f"{word}, step {step}: " + " > ".join(f"{r.flip} {r.g:+.3f}" for r in at.itertuples()))
+    return out
 
 
 def component_columns(runs: pd.DataFrame) -> list[str]:
@@ -597,62 +712,12 @@ def _cell(value: Any, column: str, formats: dict) -> str:
 
 
 def _samples(runs: pd.DataFrame) -> list[tuple[str, str]]:
-    """(heading, text) for each run with a samples.txt, reference end first, all-on end last."""
+    """(heading, text) for one run per config (its lowest seed) with a samples.txt, reference end first."""
     out = []
-    ordered = _by_components(runs)
-    for run in ordered.itertuples():
+    for run in _by_components(runs).drop_duplicates(["label", "settings"]).itertuples():
         path = Path(run.path) / SAMPLES
         if path.is_file():
             text = path.read_text(encoding="utf-8", errors="replace")
             text = text[:SAMPLE_CHARS] + ("\n[...]" if len(text) > SAMPLE_CHARS else "")
             out.append((f"{run.label} · seed {run.seed} · {run.run_id}", text))
     return out
-
-
-def _markdown(root: Path, sections, images: dict[str, Path], samples) -> str:
-    parts = [f"# anatomy report\n\nRuns under `{root}`."]
-    for title, note, table in sections:
-        body = _md_table(table) if len(table) else "_No paired runs._"
-        parts.append(f"## {title}\n\n{note}\n\n{body}")
-    parts.append("## Figures\n\n" + "\n\n".join(f"![{p.stem}]({p.name})" for p in images.values()))
-    parts.append("## Samples\n\n" + ("\n\n".join(_md_sample(h, t) for h, t in samples) or "_None._"))
-    return "\n\n".join(parts) + "\n"
-
-
-def _md_table(table: pd.DataFrame) -> str:
-    # Cells are preformatted strings: no number parsing, but numbers still align right.
-    align = ["left" if c in TEXT_COLUMNS else "right" for c in table.columns]
-    return table.to_markdown(index=False, disable_numparse=True, colalign=align)
-
-
-def _md_sample(heading: str, text: str) -> str:
-    # The corpus is markdown, so a sample may hold ``` itself: fence with one backtick more.
-    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
-    fence = "`" * max(3, longest + 1)
-    return f"### {heading}\n\n{fence}text\n{text.rstrip()}\n{fence}"
-
-
-HTML_STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px}
-table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px}
-th{background:#f3f3f3}img{max-width:100%}.samples{display:grid;gap:1em;
-grid-template-columns:repeat(auto-fill,minmax(24em,1fr))}pre{white-space:pre-wrap;
-background:#f7f7f7;padding:.6em;font-size:12px}figcaption{font-weight:600}"""
-
-
-def _html(root: Path, sections, images: dict[str, Path], samples) -> str:
-    esc = html.escape
-    parts = [f"<h1>anatomy report</h1><p>Runs under <code>{esc(str(root))}</code>.</p>"]
-    for title, note, table in sections:
-        body = table.to_html(index=False, border=0) if len(table) else "<p><em>No paired runs.</em></p>"
-        parts.append(f"<h2>{esc(title)}</h2><p>{esc(note)}</p>{body}")
-    parts.append("<h2>Figures</h2>" + "".join(_img_tag(p) for p in images.values()))
-    cards = "".join(f"<figure><figcaption>{esc(h)}</figcaption><pre>{esc(t)}</pre></figure>"
-                    for h, t in samples)
-    parts.append(f"<h2>Samples</h2><div class=\"samples\">{cards or '<p><em>None.</em></p>'}</div>")
-    return (f"<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>anatomy report</title>"
-            f"<style>{HTML_STYLE}</style></head><body>\n" + "\n".join(parts) + "\n</body></html>\n")
-
-
-def _img_tag(path: Path) -> str:
-    data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
-    return f"<p><img alt=\"{html.escape(path.stem)}\" src=\"data:image/png;base64,{data}\"></p>"

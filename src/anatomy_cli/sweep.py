@@ -287,7 +287,7 @@ def default_workers(n_runs: int) -> int:
     return max(1, min(os.cpu_count() or 1, n_runs))
 
 
-def record_design(sweep_dir: Path, design: Design) -> None:
+def record_design(sweep_dir: Path, design: Design, invocation: dict | None = None) -> None:
     """Add the design's components to sweep_dir/sweep.json, which the report reads to tell roles.
 
     A sweep directory may hold several invocations (other --flip choices, more seeds): the file keeps
@@ -303,7 +303,8 @@ def record_design(sweep_dir: Path, design: Design) -> None:
             raise ConfigError(f"{path}: component {c.name} was defined differently by an earlier sweep in this "
                               f"directory; rename it or use another spec name")
         rows.setdefault(c.name, row)
-    runs.atomic_write_json(path, {"components": list(rows.values())})
+    extra = {"invocation": invocation} if invocation is not None else {k: v for k, v in old.items() if k != "components"}
+    runs.atomic_write_json(path, {"components": list(rows.values()), **extra})
 
 
 def pending_runs(plan: list[PlannedRun], sweep_dir: Path) -> list[PlannedRun]:
@@ -311,11 +312,14 @@ def pending_runs(plan: list[PlannedRun], sweep_dir: Path) -> list[PlannedRun]:
 
 
 def execute(plan: list[PlannedRun], sweep_dir: Path, workers: int = 1, on_event: Event | None = None,
-            sweep_name: str | None = None, executor: str = "local", address: str | None = None) -> list[dict]:
+            sweep_name: str | None = None, executor: str = "local", address: str | None = None,
+            invocation: dict | None = None) -> list[dict]:
     """Run every pending run of the plan into sweep_dir/<run_id>; return all summaries.
 
     executor 'local' runs in this process (workers=1) or a process pool; 'dask' submits each run
-    to an existing dask.distributed cluster at `address` (see dask_exec.py).
+    to an existing dask.distributed cluster at `address` (see dask_exec.py). `invocation` (spec,
+    flip, steps: how the CLI was called) goes into sweep.json, so a report can say the command
+    that adds seeds.
     """
     sweep_dir = Path(sweep_dir)
     sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -323,7 +327,7 @@ def execute(plan: list[PlannedRun], sweep_dir: Path, workers: int = 1, on_event:
     with SweepLock(sweep_dir):
         design = next((p.design for p in plan if p.design), None)
         if design is not None:
-            record_design(sweep_dir, design)
+            record_design(sweep_dir, design, invocation)
         todo = pending_runs(plan, sweep_dir)
         emit({"event": "plan", "total": len(plan), "todo": len(todo), "skipped": len(plan) - len(todo)})
         threads = max(1, (os.cpu_count() or 1) // max(1, workers))

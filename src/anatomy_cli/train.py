@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from . import components, runs
+from . import components, runs, tb_events
 from .checkpoint import load_run_config, load_state, load_weights, save_state, save_weights
 from .config import ConfigError, RunConfig
 from .data import BatchSampler, Corpus, fixed_windows, load_corpus
@@ -125,6 +125,7 @@ class Trainer:
         self.last_val, self.elapsed, self.train_time = math.nan, 0.0, 0.0
         # (step, lr, cross-entropy, grad norm, z term or None): device tensors until the next flush
         self.pending: list[tuple[int, float, torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
+        self.events = tb_events.for_run(self.run_dir, cfg.model_dump(mode="json"))  # None without tensorboard
 
     # ------------------------------------------------------------------ state
     def save_resume(self) -> None:
@@ -218,6 +219,8 @@ class Trainer:
                 diverged = self.step
         with open(self.run_dir / runs.METRICS, "a", encoding="utf-8") as f:
             f.write("".join(runs.json_line(r) for r in lines))
+        if self.events is not None:
+            self.events.rows(lines)
         return diverged
 
     def is_diverged(self, loss: float) -> bool:
@@ -366,5 +369,7 @@ def _finish(tr: Trainer, stop, extra: dict | None) -> dict:
         if status == runs.COMPLETED:
             write_samples(tr)
         summary = summarize(tr, status, diverged_at, extra)
+    if tr.events is not None:
+        tr.events.close()
     runs.atomic_write_json(tr.run_dir / runs.SUMMARY, summary)  # last
     return summary

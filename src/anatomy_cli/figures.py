@@ -1,0 +1,258 @@
+"""The report's figures (matplotlib's object API, Agg canvas, no pyplot; no torch).
+
+  colour           one colour per component, from its name: the same in every figure
+  plot_forest      each component's gain in best val loss with its 95% interval, ranked (the verdict)
+  plot_effects     mean paired delta with its interval per component, a panel per metric (speed)
+  plot_curves      small multiples: a panel per component and direction, the variant (component
+                   colour) against its end (grey); val solid, train faint
+  plot_eval_effects  each component's paired effect at every evaluation against tokens seen
+
+Colours. The built-ins take tab10 in table order (rmsnorm blue, prenorm orange, rope green, swiglu
+red, gqa purple, ...); any other name (a spec's `wd0`, the eleventh built-in) takes a colour of
+tab20b picked by a CRC of its name, so a component has its colour in every report of every study.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib import colormaps
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
+
+from anatomy_cli import components as comp
+
+END_COLOUR = "#555555"  # the end a variant is compared with
+MARKERS = {"add-one": "o", "remove-one": "s"}
+MAX_COLUMNS = 5
+
+
+def colour(name: str) -> str:
+    """A hex colour for a component name: tab10 by built-in position, else tab20b by a CRC of the name."""
+    from matplotlib.colors import to_hex
+
+    i = comp.BUILTIN_NAMES.index(name) if name in comp.BUILTIN_NAMES else -1
+    if 0 <= i < 10:
+        return to_hex(colormaps["tab10"](i))
+    return to_hex(colormaps["tab20b"](zlib.crc32(name.encode()) % 20))
+
+
+def save(fig: Figure, path: Path) -> Path:
+    FigureCanvasAgg(fig)  # attach an Agg canvas explicitly: no backend switching, no pyplot
+    fig.savefig(path, dpi=100)
+    return Path(path)
+
+
+def _title(fig: Figure, text: str, ncols: int) -> None:
+    """A suptitle wrapped to the figure's width (about 13 characters per inch at this size)."""
+    fig.suptitle(textwrap.fill(text, max(40, int(13 * 3.3 * ncols))), fontsize="medium")
+
+
+def _empty(ax, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
+    ax.set_axis_off()
+
+
+# --------------------------------------------------------------------------- verdict / effects
+
+
+def plot_forest(verdict: pd.DataFrame, path: Path, floor: float = math.nan, unit: str = "nats/char") -> Path:
+    """Gain (positive = the component helps) with its 95% interval, one row per component and
+    direction in verdict order; a grey band of +-1 baseline seed sd marks the noise floor."""
+    fig = Figure(figsize=(9, 1.4 + 0.42 * max(2, len(verdict))), layout="constrained")
+    ax = fig.add_subplot()
+    if verdict.empty:
+        _empty(ax, "no paired runs")
+        return save(fig, path)
+    y = np.arange(len(verdict))
+    if math.isfinite(floor):
+        ax.axvspan(-floor, floor, color="#dddddd", zorder=0, label=f"±1 sd of the reference end over seeds ({floor:.3f})")
+    ax.axvline(0.0, color="black", linewidth=0.8, zorder=1)
+    for yi, r in zip(y, verdict.itertuples()):
+        c = colour(r.flip)
+        if math.isfinite(r.gain_low):
+            ax.plot([r.gain_low, r.gain_high], [yi, yi], color=c, linewidth=2.2, solid_capstyle="butt", zorder=2)
+        hollow = r.call.startswith("within") or r.n_pairs < 2
+        ax.plot([r.gain], [yi], MARKERS.get(r.direction, "o"), color=c, markersize=8, zorder=3,
+                markerfacecolor="white" if hollow else c, markeredgewidth=1.8)
+    labels = [f"{r.flip} ({'added to' if r.direction == 'add-one' else 'removed from'} {r.against})"
+              + (f" [{r.group}]" if r.group else "") for r in verdict.itertuples()]
+    ax.set_yticks(y, labels)
+    for tick, r in zip(ax.get_yticklabels(), verdict.itertuples()):
+        tick.set_color(colour(r.flip))
+    ax.invert_yaxis()
+    ax.set_xlabel(f"gain in best val loss ({unit}); > 0: the component helps")
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_title("● added to the reference end   ■ removed from the all-on end   hollow: within noise or one seed",
+                 fontsize="small")
+    if math.isfinite(floor):
+        ax.legend(loc="lower right", fontsize="small")
+    return save(fig, path)
+
+
+def plot_effects(effects: pd.DataFrame, path: Path, title: str = "") -> Path:
+    """Mean paired delta with its 95% interval per component and direction, a panel per metric."""
+    metrics = list(dict.fromkeys(effects["metric"])) or ["best_val_loss"]
+    n = max([len(effects[effects["metric"] == m]) for m in metrics] + [2])
+    fig = Figure(figsize=(9, 1.2 + 0.4 * n * len(metrics)), layout="constrained")
+    axes = fig.subplots(len(metrics), 1, squeeze=False)[:, 0]
+    for ax, metric in zip(axes, metrics):
+        cell = effects[effects["metric"] == metric].reset_index(drop=True)
+        if cell.empty:
+            _empty(ax, "no paired runs")
+            continue
+        ax.axvline(0.0, color="black", linewidth=0.8)
+        for i, r in cell.iterrows():
+            c = colour(r["flip"])
+            if np.isfinite(r["ci_low"]):
+                ax.plot([r["ci_low"], r["ci_high"]], [i, i], color=c, linewidth=2.2)
+            ax.plot([r["mean_delta"]], [i], MARKERS.get(r["direction"], "o"), color=c, markersize=8)
+        ax.set_yticks(range(len(cell)), [f"{r.flip} ({r.direction} vs {r.against}, n={r.n_pairs})" for r in cell.itertuples()])
+        for tick, r in zip(ax.get_yticklabels(), cell.itertuples()):
+            tick.set_color(colour(r.flip))
+        ax.invert_yaxis()
+        ax.grid(axis="x", alpha=0.3)
+        unit = "%" if (cell["unit"] == "%").all() else ""
+        ax.set_xlabel(f"{metric}: mean paired delta{f' ({unit})' if unit else ''}, 95% interval")
+    if title:
+        fig.suptitle(title, fontsize="medium")
+    return save(fig, path)
+
+
+# --------------------------------------------------------------------------- curves
+
+
+def _grid(n_panels_per_row: list[int]):
+    ncols = max(1, min(MAX_COLUMNS, max(n_panels_per_row, default=1)))
+    nrows = sum(max(1, math.ceil(k / ncols)) for k in n_panels_per_row) or 1
+    return nrows, ncols
+
+
+def plot_curves(curves: pd.DataFrame, panels: list[dict], path: Path, value: str = "loss") -> Path:
+    """Small multiples: one panel per (direction, component), the variant's runs in the component's
+    colour against its end's runs in grey, mean over seeds. value 'loss': val solid with markers,
+    train faint (smoothed); value 'grad_norm': the train-step gradient norm (smoothed, log scale).
+
+    panels: [{"flip", "direction", "title", "ref": [run ids], "var": [run ids]}], in display order.
+    """
+    directions = list(dict.fromkeys(p["direction"] for p in panels))
+    per_row = [sum(p["direction"] == d for p in panels) for d in directions]
+    nrows, ncols = _grid(per_row)
+    fig = Figure(figsize=(3.3 * ncols + 0.6, 2.7 * nrows + 0.8), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False, sharex=True, sharey=True)
+    data = curves[np.isfinite(curves[value].to_numpy(dtype=float))] if len(curves) else curves
+    if not panels:
+        _empty(axes[0][0], "no runs with a role (reference end, add-one, all-on end, remove-one)")
+        for ax in axes.flat[1:]:
+            ax.set_axis_off()
+        return save(fig, path)
+    row0, used = 0, set()
+    for d, k in zip(directions, per_row):
+        mine = [p for p in panels if p["direction"] == d]
+        for j, p in enumerate(mine):
+            ax = axes[row0 + j // ncols][j % ncols]
+            used.add(id(ax))
+            _panel(ax, data, p, value)
+        row0 += max(1, math.ceil(k / ncols))
+    for ax in axes.flat:
+        if id(ax) not in used:
+            ax.set_axis_off()
+    _limits(axes[0][0], data, value)
+    if value != "loss":  # plain numbers at 1-2-5 on the log axis, not 6x10^0
+        axes[0][0].yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        axes[0][0].yaxis.set_major_formatter(FormatStrFormatter("%g"))
+        axes[0][0].yaxis.set_minor_formatter(NullFormatter())
+    what = ("val loss (solid, mean over seeds) and train loss (faint, smoothed), nats/char" if value == "loss"
+            else "gradient norm per step (smoothed, mean over seeds)")
+    _title(fig, f"{what}; grey = the end the component is compared with", ncols)
+    fig.supxlabel("step")
+    return save(fig, path)
+
+
+def _mean_curve(data: pd.DataFrame, run_ids: list[str], split: str, value: str) -> pd.Series:
+    part = data[data["run_id"].isin(run_ids) & (data["split"] == split)]
+    if part.empty:
+        return pd.Series(dtype=float)
+    curve = part.groupby("step")[value].mean().sort_index()
+    if split == "train" and len(curve) > 50:
+        curve = curve.rolling(max(2, len(curve) // 50), center=True, min_periods=1).mean()
+    return curve
+
+
+def _panel(ax, data: pd.DataFrame, p: dict, value: str) -> None:
+    c = colour(p["flip"])
+    for ids, col, name in ((p["ref"], END_COLOUR, p.get("ref_name", "end")), (p["var"], c, p.get("var_name", p["flip"]))):
+        if value == "loss":
+            train = _mean_curve(data, ids, "train", value)
+            val = _mean_curve(data, ids, "val", value)
+            if len(train):
+                ax.plot(train.index, train.to_numpy(), color=col, alpha=0.3, linewidth=1.0)
+            if len(val):
+                ax.plot(val.index, val.to_numpy(), ".-", color=col, linewidth=1.6, markersize=3, label=name)
+        else:
+            g = _mean_curve(data, ids, "train", value)
+            if len(g):
+                ax.plot(g.index, g.to_numpy(), color=col, linewidth=1.2, label=name)
+    if value != "loss":
+        ax.set_yscale("log")
+    ax.set_title(p["title"], fontsize="small", color=c)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="x-small", loc="upper right")
+
+
+def _limits(ax, data: pd.DataFrame, value: str) -> None:
+    if value != "loss" or data.empty:
+        return
+    val = data.loc[data["split"] == "val", value]
+    train = data.loc[data["split"] == "train", value]
+    if len(val):  # a diverged run's huge loss, or step 0's, should not flatten everyone else's curve
+        top = float(val.quantile(0.98)) if len(val) > 20 else float(val.max())
+        low = float(min(val.min(), train.quantile(0.02) if len(train) else val.min()))
+        ax.set_ylim(low - 0.03 * abs(low), top * 1.03)
+
+
+# --------------------------------------------------------------------------- effects over training
+
+
+def plot_eval_effects(eval_effects: pd.DataFrame, path: Path) -> Path:
+    """Per component: its gain in val loss at every evaluation (add-one solid, remove-one dashed),
+    mean over seeds with the 95% interval as a band, against tokens seen."""
+    flips = list(dict.fromkeys(eval_effects["flip"]))
+    nrows, ncols = _grid([len(flips)])
+    fig = Figure(figsize=(3.4 * ncols + 0.6, 2.8 * nrows + 0.8), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False, sharex=True, sharey=True)
+    if not flips:
+        _empty(axes[0][0], "no paired runs")
+    for ax, flip in zip(axes.flat, flips):
+        c = colour(flip)
+        rows = eval_effects[eval_effects["flip"] == flip]
+        ax.axhline(0.0, color="black", linewidth=0.8)
+        for (direction, group), cell in rows.groupby(["direction", "group"], sort=False):
+            cell = cell[cell["step"] > 0].sort_values("step")  # step 0: untrained, no effect yet
+            sign = -1.0 if direction == "add-one" else 1.0
+            x = cell["tokens"].to_numpy(float) if cell["tokens"].notna().all() else cell["step"].to_numpy(float)
+            style = "-" if direction == "add-one" else "--"
+            name = ("added" if direction == "add-one" else "removed") + (f" [{group}]" if group else "")
+            ax.plot(x, sign * cell["mean_delta"].to_numpy(float), style, color=c, linewidth=1.6, label=name)
+            lo, hi = sign * cell["ci_low"].to_numpy(float), sign * cell["ci_high"].to_numpy(float)
+            if np.isfinite(lo).any():
+                ax.fill_between(x, np.fmin(lo, hi), np.fmax(lo, hi), color=c, alpha=0.15, linewidth=0)
+        ax.set_title(flip, fontsize="small", color=c)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="x-small")
+    for ax in list(axes.flat)[len(flips):]:
+        ax.set_axis_off()
+    from matplotlib.ticker import EngFormatter
+
+    axes[0][0].xaxis.set_major_formatter(EngFormatter(sep=""))  # 400k, 800k, 1.2M (axes share x)
+    fig.supxlabel("tokens seen")
+    fig.supylabel("gain in val loss (nats/char); > 0: helps")
+    _title(fig, "effect at every evaluation, paired by seed: solid = added to the reference end, dashed = "
+                "removed from the all-on end; band = 95% interval over seeds", ncols)
+    return save(fig, path)

@@ -1,0 +1,164 @@
+"""A fair timing pass: every config of a sweep timed for a few steps, interleaved in rounds.
+
+Why. A sweep's tokens/s come from runs that shared the CPU with whichever other runs happened to
+overlap them (two workers, a neighbour's job), so their ratios measure scheduling as much as the
+component. Here every config runs the same short stretch of training (`warmup` untimed steps, then
+`steps` timed ones) in one otherwise idle worker process, one config at a time, and the configs take
+turns in rounds (the order rotates each round, so no config always runs first or after the same
+one). A component's speed effect is paired within a round, where both configs met the same machine
+state: delta_r = 100 * (tokens/s of the variant / tokens/s of its end - 1), with a 95% t interval
+over rounds.
+
+  time_plan        plan -> timing record (runs in a spawned worker; needs torch there, not here)
+  write_timing / read_timing   sweep_dir/timing.json
+  timing_effects   timing record -> effect rows (report.EFFECT_COLUMNS) for tokens_per_s
+
+This module imports torch only inside the worker function.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from anatomy_cli import runs
+from anatomy_cli.stats import t_interval
+
+TIMING = "timing.json"
+METRIC = "tokens_per_s"
+NOTE_RE = r"timing pass: [^;]*"  # the note every timing effect carries
+
+
+# --------------------------------------------------------------------------- running (torch in the worker)
+
+
+def time_plan(plan, steps: int = 20, rounds: int = 5, warmup: int = 3, threads: int = 1,
+              on_round: Callable[[int, int], None] | None = None) -> dict:
+    """Time one run per config of the plan (its first seed), `rounds` times, in a spawned worker."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    first = {}
+    for p in plan:
+        first.setdefault(p.slug, p)
+    configs = list(first.values())
+    design = next((p.design for p in configs if p.design), None)
+    record = {"steps": steps, "warmup": warmup, "rounds": rounds, "threads": threads,
+              "ends": list(design.ends) if design else ["reference", "all-on"],
+              "configs": [{"slug": p.slug, "role": p.role, "flip": p.flip} for p in configs], "rounds_data": []}
+    jobs = [(p.slug, p.config.model_dump(mode="json")) for p in configs]
+    ctx = mp.get_context("spawn")  # a clean interpreter: no thread pools or caches of this process
+    with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+        for r in range(rounds):
+            k = r % len(jobs)
+            order = jobs[k:] + jobs[:k]  # rotate: each config takes each position once per len(jobs) rounds
+            result = pool.submit(time_round, order, steps, warmup, threads).result()
+            record["rounds_data"].append(result)
+            if on_round:
+                on_round(r + 1, rounds)
+    return record
+
+
+def time_round(jobs: list[tuple[str, dict]], steps: int, warmup: int, threads: int) -> dict[str, float]:
+    """{slug: tokens/s} for each config, timed one after another in this process."""
+    import torch
+
+    from anatomy_cli.config import RunConfig
+    from anatomy_cli.data import load_corpus
+    from anatomy_cli.train import Trainer, resolve_config
+
+    torch.set_num_threads(threads)
+    out = {}
+    for slug, config in jobs:
+        cfg = RunConfig.model_validate(config)
+        corpus = _corpus(load_corpus, cfg)
+        cfg = resolve_config(cfg, corpus)
+        with tempfile.TemporaryDirectory(prefix="anatomy-time-") as tmp:
+            tr = Trainer(cfg, Path(tmp) / "run", corpus)  # no folder: no event file; no flush, no metrics
+            for _ in range(warmup):
+                tr.train_step()
+            _sync(tr)
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                tr.train_step()
+            _sync(tr)
+            dt = time.perf_counter() - t0
+        out[slug] = steps * cfg.train.batch_size * cfg.model.ctx_len / dt
+    return out
+
+
+_CORPORA: dict = {}
+
+
+def _corpus(load_corpus, cfg):
+    key = (cfg.data.source, cfg.data.val_frac, cfg.model.ctx_len)
+    if key not in _CORPORA:
+        _CORPORA[key] = load_corpus(*key)
+    return _CORPORA[key]
+
+
+def _sync(tr) -> None:
+    import torch
+
+    if tr.pending:
+        float(tr.pending[-1][2])  # the host read waits for every queued step
+    if tr.device.type == "cuda":
+        torch.cuda.synchronize(tr.device)
+    tr.pending.clear()
+
+
+# --------------------------------------------------------------------------- files and effects (no torch)
+
+
+def write_timing(sweep_dir: Path, record: dict) -> Path:
+    path = Path(sweep_dir) / TIMING
+    Path(sweep_dir).mkdir(parents=True, exist_ok=True)
+    runs.atomic_write_json(path, record)
+    return path
+
+
+def read_timing(sweep_dir: Path) -> dict | None:
+    path = Path(sweep_dir) / TIMING
+    return runs.read_json(path) if path.is_file() else None
+
+
+def timing_effects(record: dict) -> list[dict]:
+    """Speed effect rows of a timing record: each variant against its end, paired within rounds."""
+    by_role = {(c["role"], c["flip"]): c["slug"] for c in record["configs"]}
+    ends = record.get("ends") or ["reference", "all-on"]
+    ends = ["LLaMA" if e == "llama" else e for e in ends]
+    rows = []
+    for (role, flip), slug in by_role.items():
+        if role not in ("add-one", "remove-one"):
+            continue
+        end_role = "reference" if role == "add-one" else "all-on"
+        ref = by_role.get((end_role, None))
+        if ref is None:
+            continue
+        deltas = np.array([100.0 * (r[slug] / r[ref] - 1.0) for r in record["rounds_data"]
+                           if slug in r and ref in r and r[ref] > 0], dtype=float)
+        deltas = deltas[np.isfinite(deltas)]
+        rows.append({"metric": METRIC, "flip": flip, "direction": role, "against": f"{ends[role == 'remove-one']} end",
+                     "group": "", "n_pairs": len(deltas), "excluded": len(record["rounds_data"]) - len(deltas),
+                     "unit": "%", **t_interval(deltas)})
+        rows[-1]["note"] = rows[-1]["note"] or (f"timing pass: {len(deltas)} rounds x {record['steps']} steps, "
+                                                f"{record['threads']} thread(s), paired within rounds")
+    return rows
+
+
+def summary_line(record: dict) -> str:
+    tps = [v for r in record["rounds_data"] for v in r.values()]
+    return (f"timing pass: {len(record['configs'])} configs x {len(record['rounds_data'])} rounds x "
+            f"{record['steps']} timed steps (after {record['warmup']} untimed), one config at a time in one "
+            f"worker process with {record['threads']} thread(s); tokens/s from {min(tps):,.0f} to {max(tps):,.0f}"
+            if tps else "timing pass: no rounds")
+
+
+def fmt_ci(row: dict) -> str:
+    lo, hi = row.get("ci_low", math.nan), row.get("ci_high", math.nan)
+    return f"{row['mean_delta']:+.1f}% [{lo:+.1f}, {hi:+.1f}]" if math.isfinite(lo) else f"{row['mean_delta']:+.1f}%"
