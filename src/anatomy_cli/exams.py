@@ -64,20 +64,22 @@ def length_problem(cfg: ModelConfig, n: int, n_val: int) -> str | None:
     return None
 
 
-def val_loss_at(model, val_ids, n: int, batch_size: int, batches: int) -> float:
+def val_loss_at(model, val_ids, n: int, batch_size: int, batches: int, dtype: str = "float32") -> float:
     """Mean loss over data.fixed_windows of length n (raises PositionError past a learned table).
 
-    Same windows, batching and averaging as Trainer.evaluate, so at n = ctx_len with the run's
-    batch_size and eval_batches this reproduces the run's best_val_loss.
+    Same windows, batching, averaging and dtype (bf16 autocast or fp32) as Trainer.evaluate, so at
+    n = ctx_len with the run's batch_size, eval_batches and dtype, on the device it was trained on,
+    this reproduces the run's best_val_loss (exactly for an eager run).
     """
     import torch
 
     from .data import fixed_windows
+    from .devices import autocast
 
     device = next(model.parameters()).device
     total = torch.zeros((), device=device)
     windows = fixed_windows(val_ids, batch_size, n, batches, device)
-    with torch.no_grad():
+    with torch.no_grad(), autocast(device, dtype):
         for x, y in windows:  # x, y: [B, n]
             _, loss = model(x, y)
             total += loss.float()
@@ -117,12 +119,13 @@ def eval_lengths(run_dir: Path, ctx: list[tuple[int, bool]], batches: int | None
         if problem:
             losses[str(n)], notes[str(n)] = None, problem
         else:
-            losses[str(n)] = val_loss_at(model, corpus.val, n, bs, nb)
+            losses[str(n)] = val_loss_at(model, corpus.val, n, bs, nb, cfg.train.dtype)  # the run's own dtype
     return {"val_loss_by_ctx": losses, "ctx_len": cfg.model.ctx_len, "pos_type": cfg.model.pos_type,
-            "notes": notes, "label": cfg.model.label, "weights": "best", "batch_size": bs, "batches": nb}
+            "notes": notes, "label": cfg.model.label, "weights": "best", "batch_size": bs, "batches": nb,
+            "dtype": cfg.train.dtype}
 
 
-MERGE_KEYS = ("weights", "batch_size", "batches")
+MERGE_KEYS = ("weights", "batch_size", "batches", "dtype")
 
 
 def write_eval(run_dir: Path, result: dict) -> dict:
