@@ -36,6 +36,9 @@ class OnDevice(torch.Tensor):
     def __repr__(self):
         return f"OnDevice({self.inner!r})"
 
+    def tolist(self):  # a host read, as on CUDA (which copies to the host and converts)
+        return self.inner.tolist()
+
     @property
     def is_meta(self) -> bool:  # it holds real data: load_state_dict must copy into it, not skip it
         return False

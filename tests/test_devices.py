@@ -46,21 +46,49 @@ def test_train_eval_and_sample_leave_no_tensor_behind(tmp_path, monkeypatch, mod
     cfg = run_cfg(tmp_path, model, sample_len=40)
     on_cpu = training.train(cfg, tmp_path / "cpu")
     monkeypatch.setattr(training, "resolve_device", lambda name: DEVICE)
+
+    def left_behind(phase: str) -> str:
+        return f"{phase}: " + "\n".join(dict.fromkeys(fd.problems))
+
     with FakeDevice() as fd:
-        summary = training.train(cfg, tmp_path / "dev")
+        summary = training.train(cfg, tmp_path / "dev")  # train steps, evals, and samples.txt
+        assert fd.problems == [], left_behind("train")
         ctx = [(1, True), (2, True)]  # 2x: RoPE grows its tables past ctx_len
         evaluated = exams.eval_lengths(tmp_path / "dev", ctx, device=DEVICE)
+        assert fd.problems == [], left_behind("eval")
         _, vocab, lm = load_run(tmp_path / "dev", device=DEVICE)
         window = 2 * cfg.model.ctx_len if cfg.model.pos_type == "rope" else None
         for use_cache in (True, False):
             ids = list(generate(lm, vocab.encode("The "), 40, temp=0.8, seed=1, use_cache=use_cache, window=window))
             assert len(ids) == 40
-    assert fd.problems == [], "\n".join(dict.fromkeys(fd.problems))
+        assert fd.problems == [], left_behind("sample")
     assert fd.device_ops > 1000 and summary["device"] == "meta" and summary["status"] == runs.COMPLETED
     assert isinstance(lm.head.weight, OnDevice)
     assert summary["best_val_loss"] == on_cpu["best_val_loss"]
     assert evaluated["val_loss_by_ctx"][str(cfg.model.ctx_len)] == summary["best_val_loss"]
     assert (tmp_path / "dev" / runs.SAMPLES).read_text() == (tmp_path / "cpu" / runs.SAMPLES).read_text()
+
+
+def test_rope_tables_grow_in_float64_on_the_host_then_move():
+    """Past ctx_len RoPE rebuilds its tables: in float64 on the CPU, cast to fp32, then moved (MPS has
+    no float64); the grown tables equal a CPU model's bit for bit."""
+    from anatomy_cli.model import LM
+
+    from conftest import toy_config
+
+    cfg = toy_config(pos_type="rope", ctx_len=8)
+    torch.manual_seed(0)
+    cpu = LM(cfg).eval()
+    idx = torch.randint(cfg.vocab_size, (1, 20))
+    with FakeDevice() as fd, torch.no_grad():
+        lm = LM(cfg).to(DEVICE).eval()
+        lm.load_state_dict(cpu.state_dict())
+        logits, _ = lm(idx.to(DEVICE))  # 20 > ctx_len: the tables grow
+    assert fd.problems == [], "\n".join(dict.fromkeys(fd.problems))
+    cpu(idx)
+    assert isinstance(lm.positions.cos, OnDevice) and lm.positions.cos.shape[0] >= 20
+    assert torch.equal(lm.positions.cos.inner, cpu.positions.cos)
+    assert torch.equal(lm.positions.signed_sin.inner, cpu.positions.signed_sin)
 
 
 def test_fake_device_catches_what_a_gpu_would_refuse():
@@ -103,10 +131,9 @@ def test_tf32_on_cuda_is_recorded_as_tf32():
 def test_eval_of_a_bf16_run_reproduces_its_best_val_loss(tmp_path):
     cfg = run_cfg(tmp_path, LLAMA, sample_len=0, dtype="bfloat16")
     s = training.train(cfg, tmp_path / "bf16")
-    assert s["matmul_precision"] == "bf16-autocast"
     out = exams.eval_lengths(tmp_path / "bf16", [(1, True)])
-    assert out["dtype"] == "bfloat16"
     assert out["val_loss_by_ctx"][str(cfg.model.ctx_len)] == s["best_val_loss"]
+    assert out["dtype"] == "bfloat16" and s["matmul_precision"] == "bf16-autocast"
 
 
 # ------------------------------------------------------------------------------- N runs on one device

@@ -171,7 +171,7 @@ class Trainer:
         """Write pending per-step lines (one host read for all of them); return a diverged step."""
         lines, diverged = [], None
         if self.pending:
-            values = torch.stack([torch.stack((l.float(), n.float())) for _, _, l, n in self.pending]).cpu().tolist()
+            values = torch.stack([torch.stack((l.float(), n.float())) for _, _, l, n in self.pending]).tolist()
             for (step, lr, _, _), (loss, norm) in zip(self.pending, values):
                 tokens = step * self.cfg.train.batch_size * self.cfg.model.ctx_len
                 lines.append({"step": step, "train_loss": loss, "grad_norm": norm, "lr": lr, "tokens": tokens})
