@@ -181,5 +181,22 @@ def test_ablate_device_workers_n_equals_workers_1(tmp_path):
         assert len(found) == 4
         for d in found:
             assert json.loads((d / runs.CONFIG).read_text())["train"]["device"] == "cpu"
-        results[n] = {d.name: runs.read_summary(d)["best_val_loss"] for d in found}
-    assert results[1] == results[2]
+        results[n] = {d.name: (runs.read_summary(d)["best_val_loss"], metrics_without_time(d)) for d in found}
+    assert results[1] == results[2]  # bit-identical on the CPU: same best losses, same metric lines
+
+
+def metrics_without_time(run_dir):
+    return [{k: v for k, v in r.items() if k not in runs.TIMING_KEYS} for r in runs.read_metrics(run_dir)]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
+def test_gpu_sweep_fails_cleanly_without_cuda():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_sweep.sh"
+    result = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHON": sys.executable})
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "no CUDA device" in result.stderr and "Traceback" not in result.stderr
