@@ -145,7 +145,8 @@ def run(args) -> int:
     result = {"spec": args.spec.name, "device": args.device, "best_workers": n, "passes": {}}
     if not args.no_warmup:
         warm = ablate(args.spec, root / "warm", n, 1, args, deadline)
-        print(f"warm-up (1 step each, compiles every graph once): {warm['wall_s']:.1f} s, exit {warm['rc']}", flush=True)
+        print(f"warm-up (1 step each, compiles every graph once): {warm['wall_s']:.1f} s, exit {warm['rc']}",
+              flush=True)
     passes = {}
     for label, workers in (("sequential", 1), ("concurrent", n)):
         if time.monotonic() >= deadline:
@@ -185,7 +186,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     r.add_argument("--budget", type=float, default=450.0, help="seconds for all passes")
     r.add_argument("--runs-dir", type=Path, default=None, help="default: a new temp folder")
     r.add_argument("--no-warmup", action="store_true")
-    r.add_argument("--no-compile", dest="compile", action="store_false", help="eager (CPU smoke tests)")
+    r.add_argument("--no-compile", dest="compile", action="store_false", help="eager (CPU smoke test)")
     r.add_argument("--tiny", action="store_true", help="2 steps per run (CPU smoke test of the script)")
     r.add_argument("--json", type=Path, default=None)
     return p.parse_args(argv)

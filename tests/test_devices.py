@@ -72,11 +72,10 @@ def test_train_eval_and_sample_leave_no_tensor_behind(tmp_path, monkeypatch, mod
 def test_rope_tables_grow_in_float64_on_the_host_then_move():
     """Past ctx_len RoPE rebuilds its tables: in float64 on the CPU, cast to fp32, then moved (MPS has
     no float64); the grown tables equal a CPU model's bit for bit."""
+    from anatomy_cli.config import ModelConfig
     from anatomy_cli.model import LM
 
-    from conftest import toy_config
-
-    cfg = toy_config(pos_type="rope", ctx_len=8)
+    cfg = ModelConfig(vocab_size=50, d_model=32, n_layer=2, n_head=4, pos_type="rope", ctx_len=8)
     torch.manual_seed(0)
     cpu = LM(cfg).eval()
     idx = torch.randint(cfg.vocab_size, (1, 20))

@@ -79,7 +79,7 @@ def ablate(
     flip: Annotated[Optional[str], typer.Option(help="Only these flips, e.g. rope,swiglu.")] = None,
     seeds: Annotated[Optional[int], typer.Option(min=1, help="Number of seeds (overrides the spec).")] = None,
     steps: Annotated[Optional[int], typer.Option(help="Training steps per run (overrides the spec).")] = None,
-    workers: Annotated[Optional[int], typer.Option(min=1, help="Parallel processes (default: one per core; on a GPU, as many as its free memory holds).")] = None,
+    workers: Annotated[Optional[int], typer.Option(min=1, help="Parallel processes (default: one per core; on a GPU, what its memory holds).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the plan and stop.")] = False,
     runs_dir: RunsDir = Path("runs"),
     no_report: Annotated[bool, typer.Option("--no-report", help="Skip writing the report at the end.")] = False,

@@ -123,6 +123,14 @@ def accelerator_name(device: torch.device) -> str:
     return str(device)
 
 
+def peak_rss_bytes() -> int:
+    """The process's peak resident set: ru_maxrss is KiB on Linux but bytes on macOS."""
+    import resource
+    import sys
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * (1 if sys.platform == "darwin" else 1024)
+
+
 def compile_model(model: torch.nn.Module, mode: str):
     """torch.compile with dynamo's in-memory cache reset first.
 

@@ -283,16 +283,16 @@ def time_decode(model, prefix: list[int], new: int, window: int, use_cache: bool
 
 def memory_fields(model, cache_bytes: int, device) -> dict:
     """CUDA: the allocator's peak. CPU: model + cache bytes, and the process peak RSS so far."""
-    import resource
-
     import torch
+
+    from .devices import peak_rss_bytes
 
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     out = {"param_bytes": param_bytes, "model_cache_bytes": param_bytes + cache_bytes}
     if torch.device(device).type == "cuda":
         out["peak_cuda_bytes"] = int(torch.cuda.max_memory_allocated(device))
     else:
-        out["peak_rss_bytes"] = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
+        out["peak_rss_bytes"] = peak_rss_bytes()
     return out
 
 

@@ -10,7 +10,6 @@ import contextlib
 import ctypes
 import math
 import platform
-import resource
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,8 +20,8 @@ from . import runs
 from .checkpoint import load_run_config, load_state, load_weights, save_state, save_weights
 from .config import ConfigError, RunConfig
 from .data import BatchSampler, Corpus, fixed_windows, load_corpus
-from .devices import (accelerator_name, autocast, compile_model, configure, matmul_precision, resolve_device,
-                      sdpa_kernel)
+from .devices import (accelerator_name, autocast, compile_model, configure, matmul_precision, peak_rss_bytes,
+                      resolve_device, sdpa_kernel)
 from .model import LM
 from .sample import generate
 
@@ -256,7 +255,7 @@ def write_samples(tr: Trainer) -> str:
 def peak_memory(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # process peak RSS (Linux: KiB)
+    return peak_rss_bytes()  # process peak RSS (MPS memory is the OS's: no separate peak counter)
 
 
 def summarize(tr: Trainer, status: str, diverged_at: int | None, extra: dict | None = None) -> dict:
