@@ -151,11 +151,14 @@ def test_default_workers_on_cuda_come_from_free_memory(tmp_path, monkeypatch):
 
 
 def test_compile_cache_is_shared_by_every_worker_of_a_sweep(tmp_path, monkeypatch):
-    for key in ("TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_FX_GRAPH_CACHE", "TORCHINDUCTOR_AUTOGRAD_CACHE"):
+    for key in ("TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_FX_GRAPH_CACHE", "TORCHINDUCTOR_AUTOGRAD_CACHE",
+                "TORCHINDUCTOR_COMPILE_THREADS"):
         monkeypatch.delenv(key, raising=False)
-    path = devices.share_compile_cache(tmp_path / "sweep")
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    path = devices.share_compile_cache(tmp_path / "sweep", workers=8)
     assert path.is_dir() and os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(path.resolve())
-    assert os.environ["TORCHINDUCTOR_FX_GRAPH_CACHE"] == "1"
+    assert os.environ["TORCHINDUCTOR_FX_GRAPH_CACHE"] == "1" and os.environ["TORCHINDUCTOR_AUTOGRAD_CACHE"] == "1"
+    assert os.environ["TORCHINDUCTOR_COMPILE_THREADS"] == "2"  # 16 cores / 8 workers
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
     assert cache_dir() == str(path.resolve())  # read per call: spawned workers inherit the variable

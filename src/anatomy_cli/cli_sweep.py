@@ -112,7 +112,7 @@ def ablate(
     if any(p.config.train.compile for p in plan):  # before the workers spawn: they inherit it
         from .devices import share_compile_cache
 
-        share_compile_cache(sweep_dir)
+        share_compile_cache(sweep_dir, n_workers)
     display = SweepDisplay(len(plan))
     with display.progress:
         summaries = execute(plan, sweep_dir, n_workers, display, sweep_name=s.name, executor=executor,

@@ -147,15 +147,18 @@ def compile_model(model: torch.nn.Module, mode: str):
 CACHE_DIR = ".compile-cache"
 
 
-def share_compile_cache(root: Path) -> Path:
+def share_compile_cache(root: Path, workers: int = 1) -> Path:
     """Point inductor's FX-graph and AOT-autograd caches at root/.compile-cache (unless the user set
     TORCHINDUCTOR_CACHE_DIR): worker processes spawned after this inherit it, so a graph compiled by
-    one run is loaded, not recompiled, by every other run of the same shape."""
+    one run is loaded, not recompiled, by every other run of the same shape. With several workers,
+    each one's pool of kernel-compile processes gets its share of the cores, not all of them."""
     path = Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or Path(root) / CACHE_DIR)
     path.mkdir(parents=True, exist_ok=True)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path.resolve())
     os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
     os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "1")
+    if workers > 1:
+        os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
     return path
 
 
