@@ -70,27 +70,28 @@ def configure(device: torch.device) -> None:
 
 
 def _fp32_mode(backend) -> str:
-    """'ieee' | 'tf32' | 'bf16' of a torch.backends.<x>.matmul (torch >= 2.9 API; 'none' = inherit)."""
-    mode = getattr(backend, "fp32_precision", None)
-    if mode in (None, "none"):
+    """'ieee' | 'tf32' | 'bf16' of a torch.backends.<x>.matmul: its fp32_precision (torch >= 2.9; 'none'
+    inherits torch.backends.fp32_precision), else the legacy allow_tf32 flag (older torch)."""
+    try:
+        mode = backend.fp32_precision
+    except AttributeError:  # torch < 2.9 (or no such backend): only the legacy flag
+        return "tf32" if getattr(backend, "allow_tf32", False) else "ieee"
+    if mode == "none":
         mode = getattr(torch.backends, "fp32_precision", "none")
-    return "ieee" if mode in (None, "none") else mode
+    return "ieee" if mode == "none" else mode
 
 
 def matmul_precision(device: torch.device, dtype: str) -> str:
-    """The precision fp32 matmuls effectively ran at: 'bf16-autocast', 'tf32', 'bf16x3' or 'fp32'."""
+    """What fp32 matmuls effectively ran at: 'bf16-autocast', 'tf32', 'bf16x3', 'fp32' ('unknown' if
+    torch refuses to say: it raises when a program mixed the legacy and the new precision flags)."""
     if dtype == "bfloat16":
         return "bf16-autocast"
-    if device.type == "cuda":
-        try:
-            mode = _fp32_mode(torch.backends.cuda.matmul)
-        except RuntimeError:  # legacy and new flags mixed by the caller: torch refuses to say
-            mode = "tf32" if torch.get_float32_matmul_precision() != "highest" else "ieee"
-    elif device.type == "cpu":
-        mode = _fp32_mode(torch.backends.mkldnn.matmul)
-    else:
-        mode = "ieee"
-    return {"tf32": "tf32", "bf16": "bf16x3"}.get(mode, "fp32")
+    backend = {"cuda": torch.backends.cuda, "cpu": torch.backends.mkldnn}.get(device.type)
+    try:
+        mode = _fp32_mode(getattr(backend, "matmul", None)) if backend is not None else "ieee"
+    except RuntimeError:
+        return "unknown"
+    return {"ieee": "fp32", "tf32": "tf32", "bf16": "bf16x3"}.get(mode, mode)
 
 
 def sdpa_kernel(cfg, batch: int, device: torch.device, dtype: str) -> str:
@@ -100,6 +101,8 @@ def sdpa_kernel(cfg, batch: int, device: torch.device, dtype: str) -> str:
     lowers to the same aten kernel."""
     from torch.nn.attention import SDPBackend
 
+    if device.type not in ("cpu", "cuda"):  # MPS and others: torch's math path (MPS: its own math kernel)
+        return "math"
     choose = getattr(torch, "_fused_sdp_choice", None)
     if choose is None:
         return "unknown"
