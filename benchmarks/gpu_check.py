@@ -276,7 +276,8 @@ def check_training(rep: Report, args) -> None:
         rep.check("train() on " + args.device, ok,
                   f"{summary['status']}, {steps} steps in {secs:.1f} s "
                   f"({summary['step_time_ms']:.1f} ms/step, "
-                  f"{summary['dtype']}, compile={summary['compiled']}), val loss {first:.3f} -> {best:.3f}, "
+                  f"{summary['dtype']}, matmul {summary.get('matmul_precision')}, sdpa {summary.get('sdpa_kernel')}, "
+                  f"compile={summary['compiled']}), val loss {first:.3f} -> {best:.3f}, "
                   f"device {summary['device']} ({summary['hardware']})")
         sample = Path(tmp) / "run" / "samples.txt"
         rep.check("samples written", sample.is_file(),

@@ -44,7 +44,7 @@ def load_weights(model: torch.nn.Module, path: Path) -> None:
     if not Path(path).is_file():
         raise runs.RunError(f"missing weights file {path}")
     try:
-        state = load_file(str(path), device=str(next(model.parameters()).device))
+        state = load_file(str(path), device="cpu")  # load_state_dict copies to the model's device, any kind
     except (SafetensorError, OSError, ValueError) as err:
         raise runs.RunError(f"corrupt weights file {path}: {str(err).splitlines()[0]}") from None
     try:

@@ -25,7 +25,7 @@ Device = Annotated[str, typer.Option(help="auto | cpu | cuda | mps")]
 def _device(name: str):
     if name not in DEVICES:
         raise ConfigError(f"--device must be one of {', '.join(DEVICES)}, got {name!r}")
-    from .train import resolve_device
+    from .devices import resolve_device
 
     return resolve_device(name)
 

@@ -93,7 +93,7 @@ def ablate(
     flip: Annotated[Optional[str], typer.Option(help="Only these flips, e.g. rope,swiglu.")] = None,
     seeds: Annotated[Optional[int], typer.Option(min=1, help="Number of seeds (overrides the spec).")] = None,
     steps: Annotated[Optional[int], typer.Option(help="Training steps per run (overrides the spec).")] = None,
-    workers: Annotated[Optional[int], typer.Option(min=1, help="Parallel processes (default: one per core).")] = None,
+    workers: Annotated[Optional[int], typer.Option(min=1, help="Parallel processes (default: one per core; on a GPU, what its memory holds).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the plan and stop.")] = False,
     runs_dir: RunsDir = Path("runs"),
     no_report: Annotated[bool, typer.Option("--no-report", help="Skip writing the report at the end.")] = False,
@@ -103,8 +103,16 @@ def ablate(
     time_pass: Annotated[bool, typer.Option("--time", help="Instead of training: time every config (one seed) for a few steps, interleaved in rounds in one idle worker, into SWEEP_DIR/timing.json; the report's speed effects then come from it.")] = False,
     time_steps: Annotated[int, typer.Option(min=1, help="With --time: timed steps per config and round.")] = 20,
     time_rounds: Annotated[int, typer.Option(min=2, help="With --time: rounds (the speed interval is over rounds).")] = 5,
+    device: Annotated[Optional[str], typer.Option(help="auto | cpu | cuda | mps (overrides base.train.device).")] = None,
+    compile: Annotated[bool, typer.Option("--compile", help="torch.compile every run (sets base.train.compile).")] = False,
+    dtype: Annotated[Optional[str], typer.Option(help="float32 | bfloat16 (overrides base.train.dtype).")] = None,
 ):
-    """Expand a spec into a grid of runs that flip components one at a time, run them, and report."""
+    """Expand a spec into a grid of runs that flip components one at a time, run them, and report.
+
+    On one GPU, --workers N runs N processes at once on it (default: as many as its free memory
+    holds at the plan's largest run, at most one per core); compiled graphs are cached once in
+    RUNS_DIR/<spec>/.compile-cache for every run of the same shape.
+    """
     from .sweep import default_workers, execute, expand, parse_flips
 
     if steps is not None and steps <= 0:
@@ -113,20 +121,24 @@ def ablate(
         raise ConfigError(f"--executor must be local or dask, got {executor!r}")
     if json_out and not dry_run:
         raise ConfigError("--json prints the plan: use it with --dry-run")
-    s = load_spec(spec)
+    s = with_train(load_spec(spec), device=device, compile=compile or None, dtype=dtype)
     plan = expand(s, parse_flips(flip, spec_table(s)), seeds, steps)
     sweep_dir = safe_dir(runs_dir) / s.name
-    n_workers = workers or default_workers(len(plan))
     if json_out:
         console.print_json(json.dumps(plan_json(s, plan, sweep_dir)))
         return
+    vocab = check_data(plan)
+    n_workers = workers or sweep_workers(plan, vocab, default_workers(len(plan)))
     if time_pass and not dry_run:
-        check_data(plan)
         _time(plan, sweep_dir, n_workers, time_steps, time_rounds)
         return
-    console.print(plan_table(plan, sweep_dir, n_workers, check_data(plan)))
+    console.print(plan_table(plan, sweep_dir, n_workers, vocab))
     if dry_run:
         return
+    if any(p.config.train.compile for p in plan):  # before the workers spawn: they inherit it
+        from .devices import share_compile_cache
+
+        share_compile_cache(sweep_dir, n_workers)
     display = SweepDisplay(len(plan))
     with display.progress:
         summaries = execute(plan, sweep_dir, n_workers, display, sweep_name=s.name, executor=executor,
@@ -167,6 +179,25 @@ def _time(plan, sweep_dir: Path, workers: int, steps: int, rounds: int) -> None:
     console.print(table)
     if runs.find_runs(sweep_dir):
         _write_report(sweep_dir, None, ("md", "html", "csv", "json"))
+
+
+def with_train(spec, **overrides):
+    """The spec with base.train fields overridden (None = keep the spec's), validated again."""
+    from .config import AblationSpec, apply_overrides, validate
+
+    sets = {f"base.train.{k}": v for k, v in overrides.items() if v is not None}
+    return validate(AblationSpec, apply_overrides(spec.model_dump(mode="json"), sets)) if sets else spec
+
+
+def sweep_workers(plan, vocab: dict, cpu_default: int) -> int:
+    """Default parallel runs: one per core on the CPU; on a GPU, from its free memory (devices.py)."""
+    names = {p.config.train.device for p in plan}
+    if names <= {"cpu"} or not plan:
+        return cpu_default
+    from .devices import default_workers, resolve_device
+
+    device = resolve_device(names.pop() if len(names) == 1 else "auto")
+    return default_workers(device, [p.config for p in plan], vocab, len(plan))
 
 
 def _write_report(root: Path, out: Path | None, formats: tuple[str, ...], frames=None) -> dict:

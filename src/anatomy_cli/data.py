@@ -220,9 +220,9 @@ class BatchSampler:
         offsets = starts[:, None] + torch.arange(self.ctx_len + 1)  # [B, T + 1]
         window = self.data[offsets]
         x, y = window[:, :-1], window[:, 1:]  # [B, T] inputs and next-token targets
-        if self.device.type == "cuda":
-            return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
-        return x, y
+        from .devices import to_device
+
+        return to_device(x, self.device), to_device(y, self.device)  # whatever the device: CUDA, MPS, CPU
 
     def state(self):
         return self.gen.get_state()

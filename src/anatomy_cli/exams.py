@@ -65,20 +65,22 @@ def length_problem(cfg: ModelConfig, n: int, n_val: int) -> str | None:
     return None
 
 
-def val_loss_at(model, val_ids, n: int, batch_size: int, batches: int) -> float:
+def val_loss_at(model, val_ids, n: int, batch_size: int, batches: int, dtype: str = "float32") -> float:
     """Mean loss over data.fixed_windows of length n (raises PositionError past a learned table).
 
-    Same windows, batching and averaging as Trainer.evaluate, so at n = ctx_len with the run's
-    batch_size and eval_batches this reproduces the run's best_val_loss.
+    Same windows, batching, averaging and dtype (bf16 autocast or fp32) as Trainer.evaluate, so at
+    n = ctx_len with the run's batch_size, eval_batches and dtype, on the device it was trained on,
+    this reproduces the run's best_val_loss (exactly for an eager run).
     """
     import torch
 
     from .data import fixed_windows
+    from .devices import autocast
 
     device = next(model.parameters()).device
     total = torch.zeros((), device=device)
     windows = fixed_windows(val_ids, batch_size, n, batches, device)
-    with torch.no_grad():
+    with torch.no_grad(), autocast(device, dtype):
         for x, y in windows:  # x, y: [B, n]
             _, loss = model(x, y)
             total += loss.float()
@@ -118,12 +120,13 @@ def eval_lengths(run_dir: Path, ctx: list[tuple[int, bool]], batches: int | None
         if problem:
             losses[str(n)], notes[str(n)] = None, problem
         else:
-            losses[str(n)] = val_loss_at(model, corpus.val, n, bs, nb)
+            losses[str(n)] = val_loss_at(model, corpus.val, n, bs, nb, cfg.train.dtype)  # the run's own dtype
     return {"val_loss_by_ctx": losses, "ctx_len": cfg.model.ctx_len, "pos_type": cfg.model.pos_type,
-            "notes": notes, "label": components.label(cfg), "weights": "best", "batch_size": bs, "batches": nb}
+            "notes": notes, "label": components.label(cfg), "weights": "best", "batch_size": bs, "batches": nb,
+            "dtype": cfg.train.dtype}
 
 
-MERGE_KEYS = ("weights", "batch_size", "batches")
+MERGE_KEYS = ("weights", "batch_size", "batches", "dtype")
 
 
 def write_eval(run_dir: Path, result: dict) -> dict:
@@ -135,6 +138,8 @@ def write_eval(run_dir: Path, result: dict) -> dict:
             old = runs.read_json(path)
         except runs.RunError:
             old = {}  # a corrupt eval.json is replaced, not merged
+    if isinstance(old, dict):
+        old.setdefault("dtype", "float32")  # written before eval ran in the run's dtype: always fp32
     same = isinstance(old, dict) and all(old.get(k) == result.get(k) for k in MERGE_KEYS)
     losses = {**(old.get("val_loss_by_ctx", {}) if same else {}), **result["val_loss_by_ctx"]}
     losses = dict(sorted(losses.items(), key=lambda kv: int(kv[0])))
@@ -281,16 +286,16 @@ def time_decode(model, prefix: list[int], new: int, window: int, use_cache: bool
 
 def memory_fields(model, cache_bytes: int, device) -> dict:
     """CUDA: the allocator's peak. CPU: model + cache bytes, and the process peak RSS so far."""
-    import resource
-
     import torch
+
+    from .devices import peak_rss_bytes
 
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     out = {"param_bytes": param_bytes, "model_cache_bytes": param_bytes + cache_bytes}
     if torch.device(device).type == "cuda":
         out["peak_cuda_bytes"] = int(torch.cuda.max_memory_allocated(device))
     else:
-        out["peak_rss_bytes"] = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
+        out["peak_rss_bytes"] = peak_rss_bytes()
     return out
 
 

@@ -10,7 +10,6 @@ import contextlib
 import ctypes
 import math
 import platform
-import resource
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,29 +20,17 @@ from . import components, runs, tb_events
 from .checkpoint import load_run_config, load_state, load_weights, save_state, save_weights
 from .config import ConfigError, RunConfig
 from .data import BatchSampler, Corpus, fixed_windows, load_corpus
+from .devices import (accelerator_name, autocast, compile_model, configure, matmul_precision, peak_rss_bytes,
+                      resolve_device, sdpa_kernel)
 from .model import LM
 from .sample import generate
 
 Progress = Callable[[dict], None]
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("train.device: cuda requested but no CUDA device is available")
-    if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise ConfigError("train.device: mps requested but MPS is not available")
-    return torch.device(name)
-
-
 def hardware(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
+    if device.type != "cpu":
+        return accelerator_name(device)
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -111,16 +98,14 @@ class Trainer:
         self.device = resolve_device(t.device)
         if self.device.type == "cpu":
             keep_freed_memory()
-        if self.device.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = True
-            torch.backends.cudnn.allow_tf32 = True
+        configure(self.device)
         torch.manual_seed(cfg.seed)  # model init depends on the seed alone
         self.model = LM(cfg.model).to(self.device)
-        self.fwd = torch.compile(self.model, mode=t.compile_mode) if t.compile else self.model
+        self.fwd = compile_model(self.model, t.compile_mode) if t.compile else self.model
         self.opt = make_optimizer(self.model, t, self.device)
         self.sampler = BatchSampler(corpus.train, t.batch_size, cfg.model.ctx_len, cfg.seed, self.device)
         self.val = fixed_windows(corpus.val, t.batch_size, cfg.model.ctx_len, t.eval_batches, self.device)
-        self.autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=t.dtype == "bfloat16")
+        self.autocast = autocast(self.device, t.dtype)
         self.step, self.best, self.best_step, self.ref_loss = 0, math.inf, -1, None
         self.last_val, self.elapsed, self.train_time = math.nan, 0.0, 0.0
         # (step, lr, cross-entropy, grad norm, z term or None): device tensors until the next flush
@@ -291,7 +276,7 @@ def write_samples(tr: Trainer) -> str:
 def peak_memory(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # process peak RSS (Linux: KiB)
+    return peak_rss_bytes()  # process peak RSS (MPS memory is the OS's: no separate peak counter)
 
 
 def summarize(tr: Trainer, status: str, diverged_at: int | None, extra: dict | None = None) -> dict:
@@ -320,6 +305,8 @@ def summarize(tr: Trainer, status: str, diverged_at: int | None, extra: dict | N
         "threads": torch.get_num_threads(),
         "torch_version": torch.__version__,
         "dtype": t.dtype,
+        "matmul_precision": matmul_precision(tr.device, t.dtype),  # what "float32" really ran at
+        "sdpa_kernel": sdpa_kernel(tr.cfg.model, t.batch_size, tr.device, t.dtype),
         "compiled": t.compile,
         "diverged_at": diverged_at,
         "error": f"diverged at step {diverged_at}" if diverged_at is not None else None,

@@ -65,21 +65,23 @@ class RoPE(nn.Module):
         # Built eagerly so torch.compile sees plain buffers, not a cache being filled mid-graph.
         self._build(cfg.ctx_len)
 
-    def _angles(self, n: int, interleaved: bool, device=None) -> torch.Tensor:
-        inv_freq = 1.0 / self.base ** (torch.arange(0, self.head_dim, 2, device=device).double() / self.head_dim)
-        angles = torch.outer(torch.arange(n, device=device).double(), inv_freq)  # [n, hd/2]: pos * theta_i
+    def _angles(self, n: int, interleaved: bool) -> torch.Tensor:
+        """float64 angles on the host (exact there, and MPS has no float64); _build casts and moves."""
+        inv_freq = 1.0 / self.base ** (torch.arange(0, self.head_dim, 2).double() / self.head_dim)
+        angles = torch.outer(torch.arange(n).double(), inv_freq)  # [n, hd/2]: pos * theta_i
         return angles.repeat_interleave(2, -1) if interleaved else torch.cat((angles, angles), -1)  # [n, hd]
 
     def _build(self, n: int, device=None) -> None:
-        half = self._angles(n, False, device)
+        half = self._angles(n, False)
         sin = half.sin()
         sin[:, : self.head_dim // 2].neg_()  # signed: the sign of rotate_half, see turn_half
-        self.register_buffer("cos", half.cos().float(), persistent=False)
-        self.register_buffer("signed_sin", sin.float(), persistent=False)
+        # cast to fp32 on the host, then one copy to the device (device None: stay on the host)
+        self.register_buffer("cos", half.cos().float().to(device), persistent=False)
+        self.register_buffer("signed_sin", sin.float().to(device), persistent=False)
         if self.variant == "k_interleaved":
-            inter = self._angles(n, True, device)
-            self.register_buffer("cos_i", inter.cos().float(), persistent=False)
-            self.register_buffer("sin_i", inter.sin().float(), persistent=False)
+            inter = self._angles(n, True)
+            self.register_buffer("cos_i", inter.cos().float().to(device), persistent=False)
+            self.register_buffer("sin_i", inter.sin().float().to(device), persistent=False)
 
     def tables(self, end: int, interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """fp32 cos and sin of shape [n >= end, head_dim]; half-split sin is signed (see turn_half)."""

@@ -1,0 +1,199 @@
+"""Where tensors live and at what precision: every device decision of training, evaluation and sampling.
+
+  resolve_device     'auto' | 'cpu' | 'cuda' | 'mps' -> torch.device (auto: CUDA, then MPS, then CPU)
+  to_device          a host batch -> the model's device (pinned, non-blocking copy on CUDA)
+  autocast           the run's dtype as a context: bf16 autocast, or nothing at all for fp32
+  configure          per-device numerics set once per run (TF32 matmuls on CUDA)
+  matmul_precision   what fp32 matmuls really ran at: 'fp32', 'tf32' or 'bf16-autocast'
+  sdpa_kernel        which scaled_dot_product_attention kernel family the run's shapes dispatch to
+  compile_model      torch.compile with a fresh dynamo cache per run
+  share_compile_cache / default_workers   concurrent sweep runs sharing one GPU
+
+Host-side tensors (the id arrays, the sampling generator, RoPE tables while they are built) stay
+on the CPU in whatever dtype is exact there; they are cast and moved once, never rebuilt on the
+device: MPS has no float64. tests/test_devices.py runs training, eval and sampling on a fake
+accelerator that fails on any tensor left behind and on any float64 tensor on the device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+import torch
+
+from .config import ConfigError
+
+
+def mps_available() -> bool:
+    return bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        return torch.device("mps") if mps_available() else torch.device("cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("train.device: cuda requested but no CUDA device is available")
+    if name == "mps" and not mps_available():
+        raise ConfigError("train.device: mps requested but MPS is not available")
+    return torch.device(name)
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Move a host tensor to `device`: pinned + non-blocking on CUDA, a plain copy elsewhere."""
+    if device.type == "cpu":
+        return t
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+def autocast(device: torch.device, dtype: str):
+    """bf16 autocast for dtype 'bfloat16' (weights stay fp32); no context at all for fp32."""
+    if dtype == "bfloat16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def configure(device: torch.device) -> None:
+    """Per-device numerics, once per run: TF32 for fp32 matmuls on CUDA (recorded by matmul_precision).
+
+    The CUDA-only flags are set through the legacy allow_tf32 attributes (not
+    set_float32_matmul_precision, which would also switch the CPU's oneDNN matmuls to TF32).
+    """
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+
+def _fp32_mode(backend) -> str:
+    """'ieee' | 'tf32' | 'bf16' of a torch.backends.<x>.matmul: its fp32_precision (torch >= 2.9; 'none'
+    inherits torch.backends.fp32_precision), else the legacy allow_tf32 flag (older torch)."""
+    try:
+        mode = backend.fp32_precision
+    except AttributeError:  # torch < 2.9 (or no such backend): only the legacy flag
+        return "tf32" if getattr(backend, "allow_tf32", False) else "ieee"
+    if mode == "none":
+        mode = getattr(torch.backends, "fp32_precision", "none")
+    return "ieee" if mode == "none" else mode
+
+
+def matmul_precision(device: torch.device, dtype: str) -> str:
+    """What fp32 matmuls effectively ran at: 'bf16-autocast', 'tf32', 'bf16x3', 'fp32' ('unknown' if
+    torch refuses to say: it raises when a program mixed the legacy and the new precision flags)."""
+    if dtype == "bfloat16":
+        return "bf16-autocast"
+    backend = {"cuda": torch.backends.cuda, "cpu": torch.backends.mkldnn}.get(device.type)
+    try:
+        mode = _fp32_mode(getattr(backend, "matmul", None)) if backend is not None else "ieee"
+    except RuntimeError:
+        return "unknown"
+    return {"ieee": "fp32", "tf32": "tf32", "bf16": "bf16x3"}.get(mode, mode)
+
+
+def sdpa_kernel(cfg, batch: int, device: torch.device, dtype: str) -> str:
+    """The SDPA kernel family ('flash', 'efficient', 'cudnn', 'math', ...) torch dispatches the run's
+    causal training attention to: torch._fused_sdp_choice on q [B, H, T, hd], k/v [B, G, T, hd]
+    of the autocast dtype. On CPU 'flash' is the CPU flash kernel. Under torch.compile inductor
+    lowers to the same aten kernel."""
+    from torch.nn.attention import SDPBackend
+
+    if device.type not in ("cpu", "cuda"):  # MPS and others: torch's math path (MPS: its own math kernel)
+        return "math"
+    choose = getattr(torch, "_fused_sdp_choice", None)
+    if choose is None:
+        return "unknown"
+    tdtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+    q = torch.zeros(batch, cfg.n_head, cfg.ctx_len, cfg.head_dim, device=device, dtype=tdtype)
+    kv = torch.zeros(batch, cfg.n_kv_head, cfg.ctx_len, cfg.head_dim, device=device, dtype=tdtype)
+    try:
+        choice = choose(q, kv, kv, is_causal=True, enable_gqa=cfg.n_kv_head != cfg.n_head)
+        return SDPBackend(choice).name.lower().removesuffix("_attention")
+    except (RuntimeError, TypeError, ValueError):
+        return "unknown"
+
+
+def accelerator_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == "mps":
+        import platform
+
+        return f"Apple {platform.machine()} (mps)"
+    return str(device)
+
+
+def peak_rss_bytes() -> int:
+    """The process's peak resident set: ru_maxrss is KiB on Linux but bytes on macOS."""
+    import resource
+    import sys
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * (1 if sys.platform == "darwin" else 1024)
+
+
+def compile_model(model: torch.nn.Module, mode: str):
+    """torch.compile with dynamo's in-memory cache reset first.
+
+    A sweep trains many configs in one process; without the reset every new LM recompiles the same
+    forward code objects until dynamo's recompile limit (8) is hit, after which the remaining runs
+    silently fall back to eager. The on-disk inductor cache (share_compile_cache) still applies.
+    """
+    torch._dynamo.reset()
+    return torch.compile(model, mode=mode)
+
+
+# ----------------------------------------------------------------------- concurrent runs on one GPU
+
+CACHE_DIR = ".compile-cache"
+
+
+def share_compile_cache(root: Path, workers: int = 1) -> Path:
+    """Point inductor's FX-graph and AOT-autograd caches at root/.compile-cache (unless the user set
+    TORCHINDUCTOR_CACHE_DIR): worker processes spawned after this inherit it, so a graph compiled by
+    one run is loaded, not recompiled, by every other run of the same shape. With several workers,
+    each one's pool of kernel-compile processes gets its share of the cores, not all of them."""
+    path = Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or Path(root) / CACHE_DIR)
+    path.mkdir(parents=True, exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path.resolve())
+    os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
+    os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "1")
+    if workers > 1:
+        os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
+    return path
+
+
+PROCESS_BYTES = 1 << 30  # per worker: CUDA context (~0.5 GiB) + allocator and compile slack
+MEMORY_FILL = 0.8  # fraction of free GPU memory the sweep may plan to use
+
+
+def run_bytes(cfg, vocab_size: int) -> int:
+    """Estimated peak CUDA bytes of one training run (x2 for allocator caching), not counting the context.
+
+    Weights, grads and Adam's two moments: 16 bytes a parameter. Activations saved for backward per
+    layer ~ B*T*(16*d + 3*ffn_hidden) values; the loss head ~ 3 * B*T*V_padded (logits, fp32 copy,
+    gradient). Values are 4 bytes (fp32 master paths dominate even under bf16 autocast).
+    """
+    m = cfg.model.model_copy(update={"vocab_size": vocab_size})
+    t = cfg.train
+    tokens = t.batch_size * m.ctx_len
+    vpad = -(-vocab_size // 64) * 64
+    act = tokens * (m.n_layer * (16 * m.d_model + 3 * m.ffn_hidden) + 3 * vpad) * 4
+    return 2 * (16 * m.num_params() + act)
+
+
+def default_workers(device: torch.device, configs: list, vocab_size: dict, n_runs: int) -> int:
+    """Concurrent runs: CPU -> one per core; MPS -> 1; CUDA -> as many as fit in MEMORY_FILL of free memory
+    (torch.cuda.mem_get_info) at the largest run's estimate, at most one per core (each process
+    needs a core to launch its kernels) and one per run."""
+    cores = os.cpu_count() or 1
+    limit = max(1, min(cores, n_runs))
+    if device.type == "mps":  # one GPU whose memory the OS shares; concurrency there is unmeasured
+        return 1
+    if device.type != "cuda" or not configs:
+        return limit
+    free, _ = torch.cuda.mem_get_info(device)
+    per_run = max(run_bytes(c, vocab_size[c.data.source]) for c in configs) + PROCESS_BYTES
+    return max(1, min(limit, int(MEMORY_FILL * free // per_run)))
