@@ -26,6 +26,7 @@ def save_weights(model: torch.nn.Module, path: Path) -> None:
     os.close(fd)
     try:
         save_file(state, tmp)
+        runs.normal_mode(tmp)  # after save_file: a mode set on the mkstemp file before it does not survive
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -49,6 +50,7 @@ def load_weights(model: torch.nn.Module, path: Path) -> None:
 
 def save_state(state: dict, path: Path) -> None:
     fd, tmp = tempfile.mkstemp(dir=Path(path).parent, prefix=f".{Path(path).name}.", suffix=".tmp")
+    runs.normal_mode(fd)
     os.close(fd)
     torch.save(state, tmp)
     os.replace(tmp, path)

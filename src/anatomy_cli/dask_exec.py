@@ -54,6 +54,7 @@ def write_returned(run_dir: Path, cfg: dict, files: dict[str, bytes]) -> None:
     run_dir = Path(run_dir)
     tmp = Path(tempfile.mkdtemp(dir=run_dir.parent, prefix=f".{run_dir.name}."))
     try:
+        runs.normal_mode(tmp, directory=True)  # mkdtemp makes 0700; a run directory is an ordinary folder
         for name, blob in files.items():
             if name == runs.CONFIG:  # the worker saw its own corpus path: restore ours
                 worker_cfg = json.loads(blob)

@@ -47,11 +47,34 @@ class RunError(ValueError):
     """A run directory that is missing, incomplete or corrupt."""
 
 
+def umask() -> int:
+    """The process umask, read without changing it where Linux allows (os.umask() alone must set one)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    old = os.umask(0o022)  # elsewhere: set and restore at once (a brief race with other threads)
+    os.umask(old)
+    return old
+
+
+def normal_mode(target: int | str | Path, directory: bool = False) -> None:
+    """Give a mkstemp file (0600) or mkdtemp folder (0700) the mode open()/mkdir() would: 0666/0777 minus umask."""
+    mode = (0o777 if directory else 0o666) & ~umask()
+    if isinstance(target, int):
+        os.fchmod(target, mode)
+    else:
+        os.chmod(target, mode)
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Write via a temp file in the same folder + rename, so readers never see half a file."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        normal_mode(fd)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
