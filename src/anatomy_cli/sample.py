@@ -8,6 +8,7 @@ never the global RNG.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import torch
@@ -21,7 +22,10 @@ def pick(logits: torch.Tensor, temp: float, top_k: int | None, gen: torch.Genera
     """logits: [V] -> next id. temp 0 = argmax; top_k keeps the k most likely ids."""
     if temp == 0:
         return int(logits.argmax())
-    logits = logits.float() / temp
+    scaled = logits.float() / temp
+    if not bool(torch.isfinite(scaled).all()):  # a temperature so small that logits/temp overflows:
+        scaled = (logits.float() - logits.float().max()) / temp  # shift first (softmax ignores it): ~argmax
+    logits = scaled
     if top_k is not None and top_k < logits.numel():
         kth = torch.topk(logits, top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -30,8 +34,8 @@ def pick(logits: torch.Tensor, temp: float, top_k: int | None, gen: torch.Genera
 
 
 def check_options(cfg, temp: float, top_k: int | None, window: int | None) -> int:
-    if temp < 0:
-        raise SampleError(f"temperature must be >= 0, got {temp}")
+    if not math.isfinite(temp) or temp < 0:
+        raise SampleError(f"temperature must be >= 0 and finite, got {temp}")
     if top_k is not None and top_k < 1:
         raise SampleError(f"top-k must be >= 1, got {top_k}")
     window = window or cfg.ctx_len
