@@ -14,7 +14,7 @@ import typer
 from . import runs
 from .cli_app import (EXIT_FAILED, EXIT_INTERRUPTED, JsonOut, RunsDir, Sets, app, console, err_console,
                       handle_errors, safe_dir)
-from .config import ConfigError
+from .config import SEED_MAX, SEED_MIN, ConfigError
 
 
 # ----------------------------------------------------------------------------------- prepare
@@ -161,7 +161,7 @@ def sample(
     temp: Annotated[float, typer.Option(help="Temperature; 0 = greedy.")] = 0.8,
     max_new: Annotated[int, typer.Option(help="Characters to generate.")] = 500,
     top_k: Annotated[Optional[int], typer.Option(help="Sample only from the k most likely characters.")] = None,
-    seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
+    seed: Annotated[int, typer.Option(min=SEED_MIN, max=SEED_MAX, help="Sampling seed.")] = 0,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Recompute the whole context every step.")] = False,
     weights: Annotated[str, typer.Option(help="best | last")] = "best",
     window: Annotated[Optional[int], typer.Option(help="Context window (default ctx_len; RoPE may go beyond).")] = None,

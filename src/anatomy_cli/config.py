@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -28,7 +28,14 @@ class ConfigError(ValueError):
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # allow_inf_nan=False: `lr = inf` or `rope_base = nan` is a typo or an attack, never a setting.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+# Every seed torch.manual_seed accepts; past these it raises an overflow deep inside a run.
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+Seed = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)]
+MAX_SEEDS = 1000  # a seed count beyond this is a typo (each seed is a full set of runs)
 
 
 def ceil_to(n: int, multiple: int) -> int:
@@ -151,7 +158,7 @@ class DataConfig(_Frozen):
 
 class RunConfig(_Frozen):
     name: str = "run"
-    seed: int = 1337
+    seed: Seed = 1337
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
     data: DataConfig = DataConfig()
@@ -167,7 +174,7 @@ class NamedConfig(_Frozen):
 class AblationSpec(_Frozen):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$", max_length=64)
     base: RunConfig = RunConfig()
-    seeds: list[int] | int = 1
+    seeds: Annotated[list[Seed], Field(max_length=MAX_SEEDS)] | Annotated[int, Field(le=MAX_SEEDS)] = 1
     design: Literal["one-at-a-time", "factorial", "list"] = "one-at-a-time"
     flips: list[Flip] = list(FLIPS)
     gqa_kv_head: int | None = Field(default=None, gt=0)  # n_kv_head the gqa flip uses

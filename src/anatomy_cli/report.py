@@ -39,7 +39,7 @@ from matplotlib.figure import Figure
 
 from anatomy_cli.config import FLIPS, ModelConfig, TrainConfig
 from anatomy_cli.runs import (
-    COMPLETED, CONFIG, SAMPLES, RunError, atomic_write_text, find_runs, read_json, read_metrics,
+    COMPLETED, CONFIG, SAMPLES, RunError, atomic_write_text, find_runs, read_config, read_ctx_losses, read_metrics,
     read_summary,
 )
 
@@ -110,7 +110,7 @@ def _run_ids(root: Path, dirs: list[Path]) -> list[str]:
 
 
 def _run_row(run_id: str, run_dir: Path, metrics: list[dict]) -> dict:
-    config = read_json(run_dir / CONFIG)
+    config = read_config(run_dir)
     model = _model_config(config, run_dir)
     row = {"run_id": run_id, "path": str(run_dir), "label": model.label}
     row |= {f: f in model.flips for f in FLIPS}
@@ -196,8 +196,7 @@ def _ctx_losses(run_dir: Path) -> dict:
     path = run_dir / EVAL
     if not path.exists():
         return {}
-    by_ctx = read_json(path).get("val_loss_by_ctx", {})
-    return {f"{CTX_PREFIX}{int(n)}": math.nan if v is None else v for n, v in by_ctx.items()}
+    return {f"{CTX_PREFIX}{n}": math.nan if v is None else v for n, v in read_ctx_losses(path).items()}
 
 
 def _curve_rows(run_id: str, metrics: list[dict]) -> list[tuple]:
