@@ -30,10 +30,9 @@ def prepare(
     json_out: JsonOut = False,
 ):
     """Corpus -> character vocabulary + compact train/val ids + meta.json."""
-    from .data import build_corpus, read_source, save_corpus
+    from .data import corpus_from_source, save_corpus
 
-    text, description = read_source(str(source) if source else None)
-    corpus = build_corpus(text, description, val_frac, ctx_len)
+    corpus = corpus_from_source(str(source) if source else None, val_frac, ctx_len)
     save_corpus(corpus, out)
     info = {k: v for k, v in corpus.meta.items() if k != "char_counts"} | {"out": str(out)}
     if json_out:
