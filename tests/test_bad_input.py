@@ -190,3 +190,26 @@ def test_check_rejects_an_infinite_tolerance(tmp_path):
     baseline.write_text('{"configs": {"2017": {"best_val_loss": 3.0}}}')
     result = invoke("check", write_spec(tmp_path), "--baseline", baseline, "--from-runs", tmp_path, "--tolerance", "inf")
     one_error_line(result, 2, "--tolerance must be a finite number")
+
+
+# ------------------------------------------------------------------------------- absurd sizes
+
+
+@pytest.mark.parametrize("setting, fragment", [
+    ("model.d_model=18446744073709551616", "model.d_model: Input should be less than or equal to 2147483647"),
+    ("train.threads=100000000", "train.threads: Input should be less than or equal to 4096"),
+    ("model.d_model=100000", "run too large for this machine: d_model=100000"),
+    ("train.batch_size=1000000000", "batch_size=1000000000"),
+    ("train.eval_batches=1000000000", "eval_batches=1000000000"),
+])
+def test_absurd_sizes_are_refused_before_allocating(corpus, tmp_path, setting, fragment):
+    result = invoke("train", *run_sets(corpus), "--set", setting, "--out", tmp_path / "o")
+    one_error_line(result, 2, fragment)
+    if "too large" in result.output or "=1000000000" in setting:
+        assert "GiB for one training step" in result.output and "GiB is available on cpu" in result.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_sample_window_that_cannot_fit_is_refused(trained):
+    one_error_line(invoke("sample", trained, "--window", 10**9, "--max-new", 3), 2, "--window 1000000000 needs about")
+    one_error_line(invoke("sample", trained, "--window", 2**40, "--max-new", 3), 2, "window must be between 2 and")

@@ -171,10 +171,15 @@ def sample(
     if max_new < 0:
         raise ConfigError(f"--max-new must be >= 0, got {max_new}")
     from .checkpoint import load_run
-    from .sample import check_options, generate
+    from .sample import SampleError, check_options, generate, window_bytes
+    from .train import available_bytes
 
     cfg, vocab, model = load_run(run_dir, weights)
-    check_options(cfg.model, temp, top_k, window)
+    window = check_options(cfg.model, temp, top_k, window)
+    need, have = window_bytes(cfg.model, window), available_bytes(next(model.parameters()).device)
+    if have is not None and need > have:
+        raise SampleError(f"--window {window} needs about {need / 2**30:,.1f} GiB (KV cache and position tables); "
+                          f"{have / 2**30:,.1f} GiB is available")
     ids = vocab.encode(prefix)
     sys.stdout.write(prefix)
     for i in generate(model, ids, max_new, temp, top_k, seed, use_cache=not no_cache, window=window):

@@ -23,6 +23,11 @@ Flip = Literal["rmsnorm", "prenorm", "rope", "swiglu", "gqa"]
 FLIPS: tuple[str, ...] = ("rmsnorm", "prenorm", "rope", "swiglu", "gqa")
 
 
+# Upper bound of every size: past it torch's int32 indexing overflows (a C++ error, not a message);
+# sizes below it that still cannot fit in memory are refused by ModelConfig.train_bytes's estimate.
+MAX_SIZE = 2**31 - 1
+
+
 class ConfigError(ValueError):
     """A spec or option that does not validate; the message is one line per problem."""
 
@@ -45,12 +50,12 @@ def ceil_to(n: int, multiple: int) -> int:
 class ModelConfig(_Frozen):
     """Sizes and the five component switches. Defaults are the 2017 Transformer's parts."""
 
-    vocab_size: int | None = Field(default=None, gt=0)  # None: taken from the data at train time
-    d_model: int = Field(default=128, gt=0)
-    n_layer: int = Field(default=4, gt=0)
-    n_head: int = Field(default=4, gt=0)
-    n_kv_head: int = Field(default=4, gt=0)
-    ctx_len: int = Field(default=128, gt=0)
+    vocab_size: int | None = Field(default=None, gt=0, le=MAX_SIZE)  # None: taken from the data at train time
+    d_model: int = Field(default=128, gt=0, le=MAX_SIZE)
+    n_layer: int = Field(default=4, gt=0, le=MAX_SIZE)
+    n_head: int = Field(default=4, gt=0, le=MAX_SIZE)
+    n_kv_head: int = Field(default=4, gt=0, le=MAX_SIZE)
+    ctx_len: int = Field(default=128, gt=0, le=MAX_SIZE)
     norm_type: NormType = "layernorm"
     norm_pos: NormPos = "post"
     pos_type: PosType = "learned"
@@ -95,6 +100,17 @@ class ModelConfig(_Frozen):
         final = norm if self.norm_pos == "pre" else 0
         return 2 * self.vocab_size * d + positions + layers + final
 
+    def train_bytes(self, batch_size: int) -> int:
+        """Rough fp32 bytes of one training step, to refuse before allocating what cannot fit.
+
+        16 B per parameter (weights, grads, AdamW's two moments) plus what backward keeps per token:
+        per layer ~16 d + 3 ffn_hidden floats and n_head x ctx_len attention probabilities, and the
+        logits three times over (logits, softmax, their grad).
+        """
+        per_token = self.n_layer * (16 * self.d_model + 3 * self.ffn_hidden + self.n_head * self.ctx_len)
+        per_token += 3 * self.vocab_size
+        return 16 * self.num_params() + 4 * batch_size * self.ctx_len * per_token
+
     def flops_per_token(self) -> int:
         """Training FLOPs per token: 6 per matmul weight (fwd + bwd) + attention scores (Kaplan 2020)."""
         matmul = self.num_params() - self.vocab_size * self.d_model  # the embedding lookup is free
@@ -125,7 +141,7 @@ class ModelConfig(_Frozen):
 
 class TrainConfig(_Frozen):
     steps: int = Field(default=2000, gt=0)
-    batch_size: int = Field(default=32, gt=0)
+    batch_size: int = Field(default=32, gt=0, le=MAX_SIZE)
     lr: float = Field(default=3e-4, gt=0)
     min_lr_frac: float = Field(default=0.1, ge=0, le=1)
     schedule: Literal["constant", "cosine"] = "cosine"
@@ -135,7 +151,7 @@ class TrainConfig(_Frozen):
     beta2: float = Field(default=0.95, ge=0, lt=1)
     grad_clip: float = Field(default=1.0, ge=0)  # 0 disables clipping (the norm is still logged)
     eval_interval: int = Field(default=100, gt=0)
-    eval_batches: int = Field(default=8, gt=0)
+    eval_batches: int = Field(default=8, gt=0, le=MAX_SIZE)
     log_interval: int = Field(default=10, gt=0)  # train-loss/grad-norm lines are flushed this often
     diverge_factor: float = Field(default=3.0, gt=1)  # loss above factor x initial loss = diverged
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
@@ -143,7 +159,7 @@ class TrainConfig(_Frozen):
     compile: bool = False
     # torch.compile mode: "reduce-overhead" captures CUDA graphs (small models on a GPU are launch-bound)
     compile_mode: Literal["default", "reduce-overhead", "max-autotune"] = "default"
-    threads: int | None = Field(default=None, gt=0)  # torch intra-op threads; None = torch default
+    threads: int | None = Field(default=None, gt=0, le=4096)  # torch intra-op threads; None = torch default
     sample_prefix: str = "## "
     sample_temp: float = Field(default=0.8, ge=0)
     sample_len: int = Field(default=300, ge=0)

@@ -13,6 +13,8 @@ from collections.abc import Iterator
 
 import torch
 
+from .config import MAX_SIZE
+
 
 class SampleError(ValueError):
     """Generation options that cannot work (window past the learned table, bad temperature)."""
@@ -39,11 +41,18 @@ def check_options(cfg, temp: float, top_k: int | None, window: int | None) -> in
     if top_k is not None and top_k < 1:
         raise SampleError(f"top-k must be >= 1, got {top_k}")
     window = window or cfg.ctx_len
-    if window < 2:
-        raise SampleError(f"window must be at least 2, got {window}")
+    if not 2 <= window <= MAX_SIZE:
+        raise SampleError(f"window must be between 2 and {MAX_SIZE}, got {window}")
     if cfg.pos_type == "learned" and window > cfg.ctx_len:
         raise SampleError(f"learned position table ends at ctx_len={cfg.ctx_len}; window {window} needs RoPE")
     return window
+
+
+def window_bytes(cfg, window: int) -> int:
+    """fp32 bytes generation allocates for a window: the KV cache (2 L G T hd) and RoPE's cos/sin tables."""
+    cache = 2 * cfg.n_layer * cfg.n_kv_head * window * cfg.head_dim
+    tables = 4 * window * cfg.head_dim if cfg.pos_type == "rope" else 0
+    return 4 * (cache + tables)
 
 
 @torch.no_grad()
