@@ -60,7 +60,7 @@ def main() -> None:
             "prepare": ["prepare", str(corpus), "--out", str(prepared), "--ctx-len", "64"],
             "train from the prepared folder": ["train", *sets, f'--set=data.source="{prepared}"', "--out", f"{tmp}/r2"],
         }
-        rows = [f"| command | exit | peak RSS | / corpus bytes |", "|---|---|---|---|"]
+        rows = ["| command | exit | peak RSS | / corpus bytes |", "|---|---|---|---|"]
         for name, args in cases.items():
             code, rss = peak_rss(args, a.src)
             rows.append(f"| {name} | {code} | {rss / 2**20:,.0f} MiB | {rss / size:.2f}x |")

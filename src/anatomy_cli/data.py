@@ -182,7 +182,9 @@ def id_typecode(vocab_size: int) -> str:
 
 
 def build_corpus(text: str, description: str, val_frac: float = 0.1, min_len: int = 1) -> Corpus:
-    pieces = lambda: (text[i : i + CHUNK_CHARS] for i in range(0, len(text), CHUNK_CHARS))  # noqa: E731
+    def pieces() -> Iterator[str]:
+        return (text[i : i + CHUNK_CHARS] for i in range(0, len(text), CHUNK_CHARS))
+
     return build_from_pieces(pieces, description, val_frac, min_len)
 
 
