@@ -213,3 +213,11 @@ def test_absurd_sizes_are_refused_before_allocating(corpus, tmp_path, setting, f
 def test_sample_window_that_cannot_fit_is_refused(trained):
     one_error_line(invoke("sample", trained, "--window", 10**9, "--max-new", 3), 2, "--window 1000000000 needs about")
     one_error_line(invoke("sample", trained, "--window", 2**40, "--max-new", 3), 2, "window must be between 2 and")
+
+
+def test_a_device_file_is_not_a_corpus(tmp_path):
+    one_error_line(invoke("prepare", "/dev/zero", "--out", tmp_path / "p"), 2, "corpus is not a regular file: /dev/zero")
+
+
+def test_an_absurdly_nested_set_key_is_one_line():
+    one_error_line(invoke("train", "--set", "a." * 5000 + "b=1"), 2, "is nested deeper than any spec section")

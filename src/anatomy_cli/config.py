@@ -291,6 +291,8 @@ def _split_override(text: str) -> tuple[str, Any]:
     key, eq, value = text.partition("=")
     if not eq or not key.strip():
         raise ConfigError(f"--set expects key=value (e.g. model.pos_type=rope), got {text!r}")
+    if key.count(".") > 8:  # no spec is this deep; set_dotted would recurse until Python gives up
+        raise ConfigError(f"--set key {key[:60]!r}... is nested deeper than any spec section")
     return key.strip(), parse_value(value.strip())
 
 

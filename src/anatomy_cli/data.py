@@ -115,6 +115,8 @@ def text_pieces(source: str | Path | None) -> tuple[Pieces, str]:
         return pieces, f"{len(files)} files under {path}"
     if not path.exists():
         raise DataError(f"corpus not found: {path}")
+    if not path.is_file():  # /dev/zero, a FIFO: would be read forever
+        raise DataError(f"corpus is not a regular file: {path}")
     return (lambda: iter_file_text(path)), str(path)
 
 
