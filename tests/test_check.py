@@ -22,8 +22,51 @@ def test_compare_verdicts_and_default_tolerance():
     rows = gate.compare(baseline, {"a": {1: 2.005}, "b": {1: 2.02}, "c": {1: None}})
     assert [r["verdict"] for r in rows] == ["ok", "REGRESSED", "MISSING"]
     assert not gate.passed(rows)
-    assert gate.compare(baseline, {"a": {1: 1.5}, "b": {1: 1.9}, "c": {1: 2.0}})[0]["verdict"] == "ok"  # better is fine
     assert [r["verdict"] for r in gate.compare(baseline, {"b": {1: 2.02}}, tolerance=0.05)][1] == "ok"
+
+
+def test_gate_is_two_sided_a_fall_past_tolerance_fails():
+    # A leak (attention seeing the next character) made RoPE configs' val loss fall by ~2 nats: not "ok".
+    baseline = {"gate_seed": 1, "configs": {c: {"best_val_loss": 3.3, "tolerance": 0.07} for c in ("2017", "rope")}}
+    rows = gate.compare(baseline, {"2017": {1: 3.28}, "rope": {1: 1.3}})
+    assert [r["verdict"] for r in rows] == ["ok", "IMPROVED"] and not gate.passed(rows)
+    (line,) = gate.failure_lines(rows)
+    assert line.startswith("improved: rope:") and "anatomy check --update" in line and "leak" in line
+    assert gate.compare(baseline, {"2017": {1: 3.3 - 0.069}, "rope": {1: 3.3 + 0.069}})[0]["verdict"] == "ok"
+
+
+def test_environment_warnings_name_torch_and_machine():
+    base = {"torch_version": "2.13.0+cpu", "machine": "AMD EPYC (2 threads)", "configs": {}}
+    assert gate.environment_warnings(base, "2.13.0+cpu", "AMD EPYC (2 threads)") == []
+    warnings = gate.environment_warnings(base, "2.14.0", "Apple M3 (8 threads)")
+    assert len(warnings) == 2 and "torch '2.13.0+cpu'" in warnings[0] and "'Apple M3 (8 threads)'" in warnings[1]
+    assert gate.environment_warnings({"configs": {}}, "2.14.0", "x") == []  # an old baseline without the fields
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ('{"configs": {"a": {"best_val_loss": 3.0, "tolerance": "x"}}}', "tolerance 'x'"),
+    ('{"configs": {"a": {"best_val_loss": 3.0, "tolerance": -1}}}', "tolerance -1"),
+    ('{"configs": {"a": {"best_val_loss": NaN}}}', "finite numeric best_val_loss"),
+    ('{"configs": {"a": {"best_val_loss": true}}}', "finite numeric best_val_loss"),
+    ('{"gate_seed": "1337", "configs": {"a": {"best_val_loss": 3.0}}}', "gate_seed must be an integer"),
+    ('{"torch_version": 2.1, "configs": {"a": {"best_val_loss": 3.0}}}', "torch_version must be a string"),
+    ('{"configs": {}}', "empty 'configs' table"),
+])
+def test_malformed_baseline_fields_are_named(tmp_path, text, fragment):
+    path = tmp_path / "baseline.json"
+    path.write_text(text)
+    with pytest.raises(gate.BaselineError, match="baseline .*") as err:
+        gate.load_baseline(path)
+    assert fragment in str(err.value)
+
+
+def test_collect_refuses_a_missing_or_empty_directory(tmp_path):
+    from anatomy_cli.runs import RunError
+
+    with pytest.raises(RunError, match="runs directory not found"):
+        gate.collect(tmp_path / "nowhere")
+    with pytest.raises(RunError, match="no runs under"):
+        gate.collect(tmp_path)
 
 
 def test_baseline_tolerance_comes_from_seed_spread():
@@ -60,3 +103,13 @@ def test_gate_passes_then_fails_against_lower_numbers(tmp_path):
                               str(tmp_path / "again" / "gate")])
     assert bad.exit_code == 1
     assert "REGRESSED" in bad.output and "2017+rope (regressed)" in bad.output
+    data["configs"]["2017+rope"]["best_val_loss"] += 2.5  # now main used to be 2 nats worse: a leak?
+    data["torch_version"], data["machine"] = "1.0.0", "a PDP-11"
+    baseline.write_text(json.dumps(data))
+    leak = runner.invoke(app, ["check", str(spec), "--baseline", str(baseline), "--from-runs",
+                               str(tmp_path / "again" / "gate")])
+    assert leak.exit_code == 1
+    assert "2017+rope (improved)" in leak.output and "anatomy check --update" in leak.output
+    assert "warning: baseline recorded with torch '1.0.0'" in leak.output and "'a PDP-11'" in leak.output
+    missing = runner.invoke(app, ["check", str(spec), "--baseline", str(baseline), "--from-runs", str(tmp_path / "no")])
+    assert missing.exit_code == 2 and "runs directory not found" in missing.output

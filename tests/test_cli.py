@@ -76,7 +76,7 @@ def test_prepare_file_dir_and_default(tmp_path, corpus):
     meta = json.loads((tmp_path / "a" / "meta.json").read_text())
     assert meta["characters"] == len(corpus.read_text()) and meta["train_ids"] + meta["val_ids"] == meta["characters"]
     assert len(meta["sha256"]) == 64 and sum(meta["char_counts"].values()) == meta["characters"]
-    assert (tmp_path / "a" / "train.bin").stat().st_size == 2 * meta["train_ids"]  # uint16 ids
+    assert (tmp_path / "a" / "train.bin").stat().st_size == meta["train_ids"]  # uint8 ids
     docs = tmp_path / "docs"
     docs.mkdir()
     (docs / "b.md").write_text("---\ntitle: b\n---\n" + tiny_text(500, 1))

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from toy_data import write_spec
+from toy_data import tiny_text, write_corpus, write_spec
 from typer.testing import CliRunner
 
 from anatomy_cli import runs
@@ -43,8 +43,9 @@ def wait_port(port: int, timeout: float = 60) -> None:
     raise TimeoutError(f"scheduler did not open port {port}")
 
 
-@pytest.fixture
-def cluster(tmp_path):
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("cluster")
     port, dash = free_port(), free_port()
     address = f"tcp://127.0.0.1:{port}"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -109,3 +110,35 @@ def test_unreachable_scheduler_is_one_line(tmp_path):
     result = CliRunner().invoke(app, ["ablate", str(spec), "--runs-dir", str(tmp_path / "r"), "--executor", "dask",
                                       "--address", f"tcp://127.0.0.1:{free_port()}", "--no-report"])
     assert result.exit_code == 2 and "cannot reach the dask scheduler" in result.output
+
+
+def _source(tmp_path: Path, kind: str) -> Path:
+    """A corpus of each kind the local executor accepts."""
+    if kind == "prepared":  # a folder written by `anatomy prepare`
+        out = tmp_path / "prepared"
+        assert CliRunner().invoke(app, ["prepare", str(write_corpus(tmp_path)), "--out", str(out),
+                                        "--ctx-len", "16"]).exit_code == 0
+        return out
+    docs = tmp_path / "docs"  # a folder of .md/.txt files (front matter stripped, joined)
+    docs.mkdir()
+    (docs / "a.md").write_text("---\ntitle: a\n---\n" + tiny_text(3000, 1), encoding="utf-8")
+    (docs / "b.txt").write_text(tiny_text(3000, 2), encoding="utf-8")
+    return docs
+
+
+@pytest.mark.parametrize("kind", ["prepared", "docs"])
+def test_dask_accepts_every_source_the_local_executor_does(tmp_path, cluster, kind):
+    spec = write_spec(tmp_path, corpus=_source(tmp_path, kind), top={"flips": ["rope"]})
+    runner = CliRunner()
+    for where, extra in (("local", ["--workers", "1"]), ("dask", ["--executor", "dask", "--address", cluster])):
+        result = runner.invoke(app, ["ablate", str(spec), "--runs-dir", str(tmp_path / where), "--no-report", *extra])
+        assert result.exit_code == 0, result.output
+    a, b = tmp_path / "local" / "toy", tmp_path / "dask" / "toy"
+    names = sorted(d.name for d in a.iterdir() if d.is_dir())
+    assert names == sorted(d.name for d in b.iterdir() if d.is_dir()) and len(names) == 4
+    for name in names:
+        strip = lambda d: [{k: v for k, v in r.items() if k not in runs.TIMING_KEYS} for r in runs.read_metrics(d)]  # noqa: E731
+        assert strip(a / name) == strip(b / name), name
+        for file in (runs.CONFIG, runs.VOCAB, runs.SAMPLES):
+            assert (a / name / file).read_text() == (b / name / file).read_text(), (name, file)
+        assert runs.read_summary(b / name)["status"] == runs.COMPLETED

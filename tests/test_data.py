@@ -62,7 +62,7 @@ def test_split_is_contiguous_90_10():
     assert len(corpus.train) == n - len(corpus.val)
     assert corpus.vocab.decode(corpus.train) == TEXT[: len(corpus.train)]  # first 90%
     assert corpus.vocab.decode(corpus.val) == TEXT[len(corpus.train) :]  # last 10%
-    assert corpus.train.typecode == "H"
+    assert corpus.train.typecode == "B"  # uint8: the vocabulary has fewer than 256 characters
     assert corpus.meta["characters"] == n and corpus.meta["vocab_size"] == len(corpus.vocab)
 
 
@@ -201,10 +201,10 @@ def test_save_and_load_prepared_round_trip(tmp_path):
     corpus = build_corpus(TEXT + "Ω", "toy")
     out = tmp_path / "prepared"
     data.save_corpus(corpus, out)
-    assert (out / data.TRAIN_BIN).stat().st_size == 2 * len(corpus.train)  # uint16 on disk
-    assert np.array_equal(np.fromfile(out / data.VAL_BIN, dtype=np.uint16), np.array(corpus.val))
+    assert (out / data.TRAIN_BIN).stat().st_size == len(corpus.train)  # uint8 on disk
+    assert np.array_equal(np.fromfile(out / data.VAL_BIN, dtype=np.uint8), np.array(corpus.val))
     loaded = data.load_prepared(out)
-    assert loaded.train.typecode == "H" and loaded.meta["dtype"] == "H"
+    assert loaded.train.typecode == "B" and loaded.meta["dtype"] == "B"
     assert loaded.train == corpus.train and loaded.val == corpus.val
     assert loaded.vocab.chars == corpus.vocab.chars
     assert loaded.meta["sha256"] == corpus.meta["sha256"]
@@ -215,8 +215,8 @@ def test_save_and_load_prepared_round_trip(tmp_path):
 def test_load_prepared_rejects_corruption(tmp_path):
     out = tmp_path / "prepared"
     data.save_corpus(build_corpus(TEXT, "toy"), out)
-    (out / data.VAL_BIN).write_bytes(b"\x07")  # odd byte count: not a uint16 array
-    with pytest.raises(DataError, match="corrupt"):
+    (out / data.VAL_BIN).write_bytes(b"\xff" * 20)  # id 255: past the vocabulary
+    with pytest.raises(DataError, match="outside its vocabulary"):
         data.load_prepared(out)
 
 
@@ -239,3 +239,103 @@ def test_front_matter_with_crlf_or_alone_is_stripped():
     assert strip_front_matter("---\r\ntitle: x\r\n---\r\nbody\r\n") == "body\n"
     assert strip_front_matter("---\ntitle: x\n---") == ""
     assert strip_front_matter("plain\n---\ntext") == "plain\n---\ntext"
+
+
+def test_prepared_uint16_directories_still_load(tmp_path):
+    corpus = build_corpus(TEXT, "toy")
+    out = tmp_path / "old"
+    data.save_corpus(data.Corpus(corpus.vocab, array("H", corpus.train), array("H", corpus.val), corpus.meta), out)
+    assert (out / data.TRAIN_BIN).stat().st_size == 2 * len(corpus.train)  # what prepare wrote before uint8
+    loaded = data.load_prepared(out)
+    assert loaded.train.typecode == "H" and list(loaded.train) == list(corpus.train)
+    (out / data.VAL_BIN).write_bytes(b"\x07" * 21)  # odd byte count: not a uint16 array
+    with pytest.raises(DataError, match="corrupt"):
+        data.load_prepared(out)
+    (out / data.META).write_text('{"dtype": "Q"}')
+    with pytest.raises(DataError, match="corrupt"):
+        data.load_prepared(out)
+
+
+# ------------------------------------------------------------------------- large corpora
+
+
+def test_ids_use_the_smallest_unsigned_type():
+    assert [data.id_typecode(n) for n in (1, 256, 257, 65536, 65537)] == ["B", "B", "H", "H", "I"]
+    assert build_corpus("".join(chr(0x4E00 + i) for i in range(300)) * 2, "cjk").train.typecode == "H"
+    wide = "".join(chr(0x10000 + i) for i in range(65537)) * 2
+    assert build_corpus(wide, "wide", val_frac=0.5).train.typecode == "I"
+
+
+def _reference_build(text: str, val_frac: float = 0.1):
+    """What build_corpus computed before it streamed: the whole text at once."""
+    import hashlib
+    from collections import Counter
+
+    chars = sorted(set(text))
+    ids = [chars.index(c) for c in text]
+    n_val = int(len(ids) * val_frac)
+    meta = {"characters": len(text), "vocab_size": len(chars), "train_ids": len(ids) - n_val, "val_ids": n_val,
+            "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
+            "char_counts": dict(Counter(text).most_common())}
+    return chars, ids[: len(ids) - n_val], ids[len(ids) - n_val :], meta
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 64])
+def test_streamed_corpus_equals_the_whole_text(tmp_path, monkeypatch, chunk):
+    monkeypatch.setattr(data, "CHUNK_CHARS", chunk)  # pieces (and file blocks) split multi-byte characters
+    text = "Grüße — naïve café ∑ 🙂\n" * 7 + TEXT[:300]
+    (tmp_path / "t.txt").write_text(text, encoding="utf-8")
+    chars, train, val, meta = _reference_build(text)
+    for corpus in (build_corpus(text, "t"), data.corpus_from_source(tmp_path / "t.txt")):
+        assert corpus.vocab.chars == chars and list(corpus.train) == train and list(corpus.val) == val
+        assert {k: corpus.meta[k] for k in meta} == meta
+        assert list(corpus.meta["char_counts"]) == list(meta["char_counts"])  # same order too
+    (tmp_path / "bad.txt").write_bytes(text.encode()[:41] + b"\xff" + b"abc")
+    with pytest.raises(DataError, match="invalid byte at offset 41"):
+        data.corpus_from_source(tmp_path / "bad.txt")
+    (tmp_path / "cut.txt").write_bytes("abc🙂".encode()[:5])  # ends inside a character
+    with pytest.raises(DataError, match="invalid byte at offset 3"):
+        data.corpus_from_source(tmp_path / "cut.txt")
+
+
+def _old_batches(ids, batch_size, ctx_len, seed, n):
+    """The sampler as it was: an int64 copy of every id, indexed by torch."""
+    data_t = torch.tensor(list(ids), dtype=torch.int64)
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        starts = torch.randint(len(data_t) - ctx_len, (batch_size,), generator=gen)
+        out.append(data_t[starts[:, None] + torch.arange(ctx_len + 1)])
+    return out
+
+
+def test_batches_and_windows_are_bit_identical_to_the_int64_sampler():
+    ids = train_ids()
+    sampler = BatchSampler(ids, 4, 16, seed=5)
+    for window in _old_batches(ids, 4, 16, 5, 6):
+        x, y = sampler.next()
+        assert x.dtype == torch.int64 and torch.equal(x, window[:, :-1]) and torch.equal(y, window[:, 1:])
+    val = build_corpus(TEXT, "toy").val
+    data_t = torch.tensor(list(val), dtype=torch.int64)
+    starts = torch.linspace(0, len(val) - 9, 6).long()  # the float32 placement fixed_windows always used
+    old = data_t[starts[:, None] + torch.arange(9)]
+    new = torch.cat([torch.cat((x, y[:, -1:]), 1) for x, y in fixed_windows(val, 2, 8, 3)])
+    assert torch.equal(new, old)
+
+
+def test_window_starts_never_pass_the_end_beyond_2_24_ids():
+    ctx = 8
+    n_ids = 2**24 + 3 + ctx + 1  # last start 2^24 + 3: float32 rounds it up to 2^24 + 4
+    last = n_ids - ctx - 1
+    assert int(torch.linspace(0, last, 256).long().max()) == last + 1  # the IndexError of issue 5
+    starts = data.window_starts(n_ids, ctx, 256)
+    assert int(starts.max()) == last and int(starts.min()) == 0 and bool((starts[1:] >= starts[:-1]).all())
+    for n in (100, 5_000, 2**20 + 7):  # below 2^24 nothing moves: validation sets stay comparable
+        assert torch.equal(data.window_starts(n, ctx, 64), torch.linspace(0, n - ctx - 1, 64).long())
+
+
+def test_fixed_windows_over_more_than_2_24_ids():
+    ids = array("B", bytes(2**24 + 12))  # 16 MiB of uint8 ids: the corpus is never widened to int64
+    ids[-1] = 7
+    windows = fixed_windows(ids, 4, 8, 2)
+    assert windows[-1][1][-1, -1] == 7  # the last window ends at the last id

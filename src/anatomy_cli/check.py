@@ -4,9 +4,12 @@ Baseline file (JSON): per config slug, the best val loss of the gate seed measur
 machine, plus every seed's value. The default tolerance comes from that measured spread, not a
 guess: TOLERANCE_SIGMAS x the pooled seed-to-seed standard deviation (pooled over all configs,
 which share one noise level; a per-config std from 4 seeds is itself too noisy), never below
-MIN_TOLERANCE. A config regresses when now > baseline + tolerance: a move larger than reseeding
-explains. Getting better never fails the gate. On the same machine and torch the gate seed
-reproduces its numbers exactly, so the table also says whether each number is identical.
+MIN_TOLERANCE. The gate is two-sided: a config REGRESSED when now > baseline + tolerance, and
+IMPROVED when now < baseline - tolerance. Both are moves larger than reseeding explains, and an
+unexplained fall is as suspect as a rise (attention that sees the next character makes loss fall
+by nats): an improvement passes only once it is recorded deliberately with `anatomy check --update`.
+On the same machine and torch the gate seed reproduces its numbers exactly, so the table also says
+whether each number is identical, and `environment_warnings` names a baseline from elsewhere.
 """
 
 from __future__ import annotations
@@ -22,6 +25,15 @@ from . import runs
 TOLERANCE_SIGMAS = 2.0
 MIN_TOLERANCE = 0.005
 
+OK, REGRESSED, IMPROVED, MISSING = "ok", "REGRESSED", "IMPROVED", "MISSING"
+VERDICTS = {  # verdict -> what a failure of that kind asks of whoever reads it
+    OK: None,
+    REGRESSED: "best val loss rose past the tolerance",
+    IMPROVED: "best val loss fell past the tolerance: a real improvement must be recorded deliberately "
+              "with `anatomy check --update` (or it is a leak, e.g. attention seeing the next character)",
+    MISSING: "no completed run with the gate seed",
+}
+
 
 class BaselineError(ValueError):
     """A missing or malformed baseline file."""
@@ -29,14 +41,30 @@ class BaselineError(ValueError):
 
 def collect(sweep_dir: Path) -> dict[str, dict[int, float | None]]:
     """{slug: {seed: best val loss or None when the run did not complete}}."""
+    sweep_dir = Path(sweep_dir)
+    if not sweep_dir.is_dir():
+        raise runs.RunError(f"runs directory not found: {sweep_dir}")
     out: dict[str, dict[int, float | None]] = {}
     for run_dir in runs.find_runs(sweep_dir):
         summary = runs.read_summary(run_dir) or {}
-        config = runs.read_json(run_dir / runs.CONFIG)
-        slug = config["name"].rsplit("/", 1)[-1]  # sweeps name runs '<spec>/<slug>'
+        config = runs.read_config(run_dir)
+        name, seed = config.get("name"), config.get("seed")
+        if not isinstance(name, str) or not _is_int(seed):
+            raise runs.RunError(f"{run_dir / runs.CONFIG}: needs a string 'name' and an integer 'seed'")
+        slug = name.rsplit("/", 1)[-1]  # sweeps name runs '<spec>/<slug>'
         ok = summary.get("status") == runs.COMPLETED
-        out.setdefault(slug, {})[config["seed"]] = summary.get("best_val_loss") if ok else None
+        out.setdefault(slug, {})[seed] = summary.get("best_val_loss") if ok else None
+    if not out:
+        raise runs.RunError(f"no runs under {sweep_dir} (no run directory with a {runs.CONFIG})")
     return out
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def build_baseline(results: dict[str, dict[int, float | None]], gate_seed: int, spec_name: str,
@@ -72,20 +100,31 @@ def build_baseline(results: dict[str, dict[int, float | None]], gate_seed: int, 
 
 
 def load_baseline(path: Path) -> dict:
+    """The baseline file, every field compare() and the warnings read checked: BaselineError names the first bad one."""
     try:
         data = runs.read_json(path)
     except runs.RunError as err:
         raise BaselineError(f"baseline {path}: {err}") from None
     if not isinstance(data, dict) or not isinstance(data.get("configs"), dict):
         raise BaselineError(f"baseline {path} has no 'configs' table")
+    if not data["configs"]:
+        raise BaselineError(f"baseline {path} has an empty 'configs' table: nothing to gate")
+    if "gate_seed" in data and not _is_int(data["gate_seed"]):
+        raise BaselineError(f"baseline {path}: gate_seed must be an integer, got {data['gate_seed']!r}")
+    for key in ("torch_version", "machine"):
+        if data.get(key) is not None and not isinstance(data[key], str):
+            raise BaselineError(f"baseline {path}: {key} must be a string, got {data[key]!r}")
     for slug, entry in data["configs"].items():
-        if not isinstance(entry, dict) or not isinstance(entry.get("best_val_loss"), (int, float)):
-            raise BaselineError(f"baseline {path}: config {slug!r} lacks a numeric best_val_loss")
+        if not isinstance(entry, dict) or not _is_number(entry.get("best_val_loss")):
+            raise BaselineError(f"baseline {path}: config {slug!r} lacks a finite numeric best_val_loss")
+        tol = entry.get("tolerance", MIN_TOLERANCE)
+        if not _is_number(tol) or tol < 0:
+            raise BaselineError(f"baseline {path}: config {slug!r} has tolerance {tol!r}, not a finite number >= 0")
     return data
 
 
 def compare(baseline: dict, results: dict[str, dict[int, float | None]], tolerance: float | None = None) -> list[dict]:
-    """One row per baseline config: baseline, now, delta, allowed, verdict ('ok' | 'REGRESSED' | 'MISSING')."""
+    """One row per baseline config: baseline, now, delta, allowed, verdict (VERDICTS)."""
     seed = baseline.get("gate_seed")
     rows = []
     for slug, entry in baseline["configs"].items():
@@ -94,13 +133,35 @@ def compare(baseline: dict, results: dict[str, dict[int, float | None]], toleran
         base = float(entry["best_val_loss"])
         if now is None or not math.isfinite(now):
             rows.append({"config": slug, "baseline": base, "now": None, "delta": None, "allowed": allowed,
-                         "verdict": "MISSING"})
+                         "verdict": MISSING})
             continue
         delta = now - base
+        verdict = REGRESSED if delta > allowed else IMPROVED if delta < -allowed else OK
         rows.append({"config": slug, "baseline": base, "now": now, "delta": delta, "allowed": allowed,
-                     "identical": now == base, "verdict": "REGRESSED" if delta > allowed else "ok"})
+                     "identical": now == base, "verdict": verdict})
     return rows
 
 
 def passed(rows: list[dict]) -> bool:
-    return all(r["verdict"] == "ok" for r in rows)
+    return all(r["verdict"] == OK for r in rows)
+
+
+def failure_lines(rows: list[dict]) -> list[str]:
+    """What each kind of failure means and what to do about it, one line per kind present."""
+    lines = []
+    for verdict, advice in VERDICTS.items():
+        names = [r["config"] for r in rows if r["verdict"] == verdict]
+        if names and advice:
+            lines.append(f"{verdict.lower()}: {', '.join(names)}: {advice}")
+    return lines
+
+
+def environment_warnings(baseline: dict, torch_version: str, machine: str) -> list[str]:
+    """Lines naming each way this environment differs from the one the baseline was recorded in."""
+    out = []
+    for key, now, what in (("torch_version", torch_version, "torch"), ("machine", machine, "machine")):
+        then = baseline.get(key)
+        if then is not None and then != now:
+            out.append(f"baseline recorded with {what} {then!r}, this is {now!r}: numbers will not be identical "
+                       f"and may move by more than seed noise")
+    return out

@@ -33,20 +33,27 @@ def save_weights(model: torch.nn.Module, path: Path) -> None:
     os.close(fd)
     try:
         save_file(state, tmp)
+        runs.normal_mode(tmp)  # after save_file: a mode set on the mkstemp file before it does not survive
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
-def load_weights(model: torch.nn.Module, path: Path) -> None:
-    """Load safetensors weights into `model`; any mismatch is a one-line RunError."""
+def load_weights(model: torch.nn.Module, path: Path, hint: str = "") -> None:
+    """Load safetensors weights into `model`; a mismatch or a NaN/inf weight is a one-line RunError (+ hint)."""
     if not Path(path).is_file():
         raise runs.RunError(f"missing weights file {path}")
     try:
         state = load_file(str(path), device="cpu")  # load_state_dict copies to the model's device, any kind
     except (SafetensorError, OSError, ValueError) as err:
         raise runs.RunError(f"corrupt weights file {path}: {str(err).splitlines()[0]}") from None
+    # A diverged run's weights hold NaN/inf: every logit would be NaN (argmax 0, multinomial refuses).
+    bad = [k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if bad:
+        more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+        raise runs.RunError(f"weights in {path} are not finite (NaN or inf in {bad[0]}{more}): "
+                            f"the run diverged{hint}")
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as err:
@@ -56,6 +63,7 @@ def load_weights(model: torch.nn.Module, path: Path) -> None:
 
 def save_state(state: dict, path: Path) -> None:
     fd, tmp = tempfile.mkstemp(dir=Path(path).parent, prefix=f".{Path(path).name}.", suffix=".tmp")
+    runs.normal_mode(fd)
     os.close(fd)
     torch.save(state, tmp)
     os.replace(tmp, path)
@@ -93,5 +101,6 @@ def load_run(run_dir: Path, which: str = "best", device: str | torch.device = "c
         raise runs.RunError(f"{run_dir}: vocab.json has {len(vocab)} characters, config says {cfg.model.vocab_size}")
     model = LM(cfg.model).to(device)
     name = {"best": runs.BEST, "last": runs.LAST}[which]
-    load_weights(model, Path(run_dir) / name)
+    hint = "; use --weights best (saved at the best val loss, before it diverged)" if which == "last" else ""
+    load_weights(model, Path(run_dir) / name, hint)
     return cfg, vocab, model.eval()

@@ -10,11 +10,13 @@ Exit codes (stable, for scripts):
   2  bad input: options, spec, corpus, run directory, weights
   3  the sweep directory is locked by another live process
   130 interrupted (Ctrl-C); the run or sweep can be resumed
+  141 the output pipe closed early (`anatomy sample ... | head`): quiet, as a shell reports SIGPIPE
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -29,16 +31,25 @@ app = typer.Typer(
     name="anatomy",
     help="Take a language model apart: train small char-level transformers and measure, one component "
     "at a time, how a 2017 Transformer becomes a LLaMA.\n\nExit codes: 0 ok, 1 regression/failed run, "
-    "2 bad input, 3 sweep directory locked, 130 interrupted.",
+    "2 bad input, 3 sweep directory locked, 130 interrupted, 141 output pipe closed.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=True,
 )
-console = Console()
-err_console = Console(stderr=True)
+
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """rich's own handling exits 1 (our 'failed run'); raise instead, for handle_errors' pipe rule."""
+        self.quiet = True
+        raise BrokenPipeError
+
+
+console = _Console()
+err_console = _Console(stderr=True)
 STATE = {"debug": False}
 
-EXIT_FAILED, EXIT_INPUT, EXIT_LOCKED, EXIT_INTERRUPTED = 1, 2, 3, 130
+EXIT_FAILED, EXIT_INPUT, EXIT_LOCKED, EXIT_INTERRUPTED, EXIT_PIPE = 1, 2, 3, 130, 141
 
 RunsDir = Annotated[Path, typer.Option("--runs-dir", help="Where run directories are written.")]
 Sets = Annotated[Optional[list[str]], typer.Option("--set", help="Dotted override, e.g. model.pos_type=rope (repeatable).")]
@@ -85,6 +96,9 @@ def handle_errors(fn):
             raise fail(str(err), EXIT_LOCKED) from None
         except KeyboardInterrupt:
             raise fail("interrupted", EXIT_INTERRUPTED) from None
+        except BrokenPipeError:  # the reader went away (`anatomy sample ... | head`): stop quietly, like cat
+            _silence_stdout()
+            raise typer.Exit(EXIT_PIPE) from None
         except input_errors() as err:
             if STATE["debug"]:
                 raise
@@ -101,6 +115,16 @@ def handle_errors(fn):
                        EXIT_FAILED) from None
 
     return wrapper
+
+
+def _silence_stdout() -> None:
+    """Point fd 1 at /dev/null so the interpreter's last flush cannot fail on the closed pipe again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no real fd (a test runner's captured stdout): nothing to protect
+        pass
 
 
 @app.callback()

@@ -15,7 +15,7 @@ from . import runs
 from .cli_app import (EXIT_FAILED, EXIT_INTERRUPTED, JsonOut, RunsDir, Sets, app, console, err_console,
                       handle_errors, safe_dir)
 from .components import label
-from .config import ConfigError
+from .config import SEED_MAX, SEED_MIN, ConfigError
 
 
 # ----------------------------------------------------------------------------------- prepare
@@ -31,10 +31,9 @@ def prepare(
     json_out: JsonOut = False,
 ):
     """Corpus -> character vocabulary + compact train/val ids + meta.json."""
-    from .data import build_corpus, read_source, save_corpus
+    from .data import corpus_from_source, save_corpus
 
-    text, description = read_source(str(source) if source else None)
-    corpus = build_corpus(text, description, val_frac, ctx_len)
+    corpus = corpus_from_source(str(source) if source else None, val_frac, ctx_len)
     save_corpus(corpus, out)
     info = {k: v for k, v in corpus.meta.items() if k != "char_counts"} | {"out": str(out)}
     if json_out:
@@ -162,7 +161,7 @@ def sample(
     temp: Annotated[float, typer.Option(help="Temperature; 0 = greedy.")] = 0.8,
     max_new: Annotated[int, typer.Option(help="Characters to generate.")] = 500,
     top_k: Annotated[Optional[int], typer.Option(help="Sample only from the k most likely characters.")] = None,
-    seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
+    seed: Annotated[int, typer.Option(min=SEED_MIN, max=SEED_MAX, help="Sampling seed.")] = 0,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Recompute the whole context every step.")] = False,
     weights: Annotated[str, typer.Option(help="best | last")] = "best",
     window: Annotated[Optional[int], typer.Option(help="Context window (default ctx_len; RoPE may go beyond).")] = None,
@@ -173,10 +172,15 @@ def sample(
     if max_new < 0:
         raise ConfigError(f"--max-new must be >= 0, got {max_new}")
     from .checkpoint import load_run
-    from .sample import check_options, generate
+    from .sample import SampleError, check_options, generate, window_bytes
+    from .train import available_bytes
 
     cfg, vocab, model = load_run(run_dir, weights)
-    check_options(cfg.model, temp, top_k, window)
+    window = check_options(cfg.model, temp, top_k, window)
+    need, have = window_bytes(cfg.model, window), available_bytes(next(model.parameters()).device)
+    if have is not None and need > have:
+        raise SampleError(f"--window {window} needs about {need / 2**30:,.1f} GiB (KV cache and position tables); "
+                          f"{have / 2**30:,.1f} GiB is available")
     ids = vocab.encode(prefix)
     sys.stdout.write(prefix)
     for i in generate(model, ids, max_new, temp, top_k, seed, use_cache=not no_cache, window=window):

@@ -13,7 +13,7 @@ from . import runs
 from .cli_app import EXIT_FAILED, JsonOut, RunsDir, safe_dir, app, console, err_console, handle_errors
 from . import components
 from .components import label
-from .config import ConfigError
+from .config import MAX_SEEDS, ConfigError
 from .sweep import ASSUMED_FLOPS, DEFAULT_SPEC, check_data, estimate_seconds, load_spec, measured_flops, spec_table
 
 def fmt_seconds(s: float) -> str:
@@ -91,7 +91,7 @@ class SweepDisplay:
 def ablate(
     spec: Annotated[Optional[Path], typer.Argument(help=f"Ablation spec (TOML); default experiments/{DEFAULT_SPEC}.")] = None,
     flip: Annotated[Optional[str], typer.Option(help="Only these flips, e.g. rope,swiglu.")] = None,
-    seeds: Annotated[Optional[int], typer.Option(min=1, help="Number of seeds (overrides the spec).")] = None,
+    seeds: Annotated[Optional[int], typer.Option(min=1, max=MAX_SEEDS, help="Number of seeds (overrides the spec).")] = None,
     steps: Annotated[Optional[int], typer.Option(help="Training steps per run (overrides the spec).")] = None,
     workers: Annotated[Optional[int], typer.Option(min=1, help="Parallel processes (default: one per core; on a GPU, what its memory holds).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the plan and stop.")] = False,

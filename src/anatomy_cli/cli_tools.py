@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -10,7 +11,7 @@ import typer
 from rich.table import Table
 
 from .cli_sweep import SweepDisplay
-from .cli_app import EXIT_FAILED, JsonOut, RunsDir, safe_dir, app, console, handle_errors
+from .cli_app import EXIT_FAILED, JsonOut, RunsDir, safe_dir, app, console, err_console, handle_errors
 from .sweep import experiments_dir, load_spec
 from .config import ConfigError
 
@@ -22,7 +23,7 @@ CI_SPEC = "ci-regression.toml"
 def check(
     spec: Annotated[Optional[Path], typer.Argument(help=f"Spec to run (default experiments/{CI_SPEC}).")] = None,
     baseline: Annotated[Path, typer.Option(help="Baseline JSON file.")] = Path("experiments/ci-baseline.json"),
-    tolerance: Annotated[Optional[float], typer.Option(min=0, help="Allowed increase of best val loss (default: per config, from the measured seed spread).")] = None,
+    tolerance: Annotated[Optional[float], typer.Option(min=0, help="Allowed move of best val loss, up or down (default: per config, from the measured seed spread).")] = None,
     runs_dir: RunsDir = Path("runs"),
     from_runs: Annotated[Optional[Path], typer.Option("--from-runs", help="Compare finished runs in this sweep directory instead of running the spec.")] = None,
     workers: Annotated[Optional[int], typer.Option(min=1, help="Parallel processes.")] = None,
@@ -33,6 +34,8 @@ def check(
     """Regression gate: run the CI spec and compare each config's best val loss to the baseline."""
     from . import check as gate
 
+    if tolerance is not None and not math.isfinite(tolerance):
+        raise ConfigError(f"--tolerance must be a finite number >= 0, got {tolerance}")
     s = load_spec(spec or experiments_dir() / CI_SPEC)
     if update:
         return _update(s, baseline, runs_dir, workers, update_seeds)
@@ -41,15 +44,30 @@ def check(
         raise gate.BaselineError(f"baseline not found: {baseline} (create it with --update)")
     sweep_dir = from_runs or _run_spec(s, runs_dir, workers)
     rows = gate.compare(base, gate.collect(sweep_dir), tolerance)
+    warnings = gate.environment_warnings(base, *_environment())
     if json_out:
-        console.print_json(json.dumps({"passed": gate.passed(rows), "rows": rows}))
+        console.print_json(json.dumps({"passed": gate.passed(rows), "rows": rows, "warnings": warnings,
+                                       "failures": gate.failure_lines(rows)}))
         raise typer.Exit(0 if gate.passed(rows) else EXIT_FAILED)
+    for line in warnings:
+        err_console.print(f"[bold yellow]warning:[/] {line}", highlight=False, soft_wrap=True)
     console.print(check_table(rows, baseline))
     if not gate.passed(rows):
-        bad = ", ".join(f"{r['config']} ({r['verdict'].lower()})" for r in rows if r["verdict"] != "ok")
+        bad = ", ".join(f"{r['config']} ({r['verdict'].lower()})" for r in rows if r["verdict"] != gate.OK)
         console.print(f"[bold red]regression gate failed:[/] {bad}", highlight=False)
+        for line in gate.failure_lines(rows):
+            console.print(f"  {line}", highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_FAILED)
     console.print(f"[bold green]regression gate passed[/] ({len(rows)} configs)")
+
+
+def _environment() -> tuple[str, str]:
+    """(torch version, machine) as `check --update` records them in a baseline."""
+    import torch
+
+    from .train import hardware
+
+    return torch.__version__, hardware(torch.device("cpu"))
 
 
 def _run_spec(s, runs_dir: Path, workers: int | None, seeds: int | None = None) -> Path:
@@ -64,15 +82,12 @@ def _run_spec(s, runs_dir: Path, workers: int | None, seeds: int | None = None) 
 
 
 def _update(s, baseline: Path, runs_dir: Path, workers: int | None, seeds: int) -> None:
-    import torch
-
     from . import check as gate
     from .runs import atomic_write_json
-    from .train import hardware
 
     sweep_dir = _run_spec(s, runs_dir, workers, seeds)
     results = gate.collect(sweep_dir)
-    data = gate.build_baseline(results, s.base.seed, s.name, torch.__version__, hardware(torch.device("cpu")))
+    data = gate.build_baseline(results, s.base.seed, s.name, *_environment())
     baseline.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(baseline, data)
     console.print(f"[bold yellow]baseline rewritten[/]: {baseline} ({len(data['configs'])} configs, "

@@ -10,7 +10,7 @@ import math
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -22,12 +22,24 @@ FfnType = Literal["gelu", "swiglu"]
 RopeVariant = Literal["standard", "q_only", "k_interleaved"]
 
 
+# Upper bound of every size: past it torch's int32 indexing overflows (a C++ error, not a message);
+# sizes below it that still cannot fit in memory are refused by ModelConfig.train_bytes's estimate.
+MAX_SIZE = 2**31 - 1
+
+
 class ConfigError(ValueError):
     """A spec or option that does not validate; the message is one line per problem."""
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # allow_inf_nan=False: `lr = inf` or `rope_base = nan` is a typo or an attack, never a setting.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+# Every seed torch.manual_seed accepts; past these it raises an overflow deep inside a run.
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+Seed = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)]
+MAX_SEEDS = 1000  # a seed count beyond this is a typo (each seed is a full set of runs)
 
 
 def ceil_to(n: int, multiple: int) -> int:
@@ -43,12 +55,12 @@ class ModelConfig(_Frozen):
     logit_softcap (c * tanh(logits / c), Gemma 2). pos_type="nope" is NoPE (no positions at all).
     """
 
-    vocab_size: int | None = Field(default=None, gt=0)  # None: taken from the data at train time
-    d_model: int = Field(default=128, gt=0)
-    n_layer: int = Field(default=4, gt=0)
-    n_head: int = Field(default=4, gt=0)
-    n_kv_head: int = Field(default=4, gt=0)
-    ctx_len: int = Field(default=128, gt=0)
+    vocab_size: int | None = Field(default=None, gt=0, le=MAX_SIZE)  # None: taken from the data at train time
+    d_model: int = Field(default=128, gt=0, le=MAX_SIZE)
+    n_layer: int = Field(default=4, gt=0, le=MAX_SIZE)
+    n_head: int = Field(default=4, gt=0, le=MAX_SIZE)
+    n_kv_head: int = Field(default=4, gt=0, le=MAX_SIZE)
+    ctx_len: int = Field(default=128, gt=0, le=MAX_SIZE)
     norm_type: NormType = "layernorm"
     norm_pos: NormPos = "post"
     pos_type: PosType = "learned"
@@ -102,6 +114,17 @@ class ModelConfig(_Frozen):
     def position_params(self) -> int:
         return self.ctx_len * self.d_model if self.pos_type == "learned" else 0  # RoPE, NoPE: none
 
+    def train_bytes(self, batch_size: int) -> int:
+        """Rough fp32 bytes of one training step, to refuse before allocating what cannot fit.
+
+        16 B per parameter (weights, grads, AdamW's two moments) plus what backward keeps per token:
+        per layer ~16 d + 3 ffn_hidden floats and n_head x ctx_len attention probabilities, and the
+        logits three times over (logits, softmax, their grad).
+        """
+        per_token = self.n_layer * (16 * self.d_model + 3 * self.ffn_hidden + self.n_head * self.ctx_len)
+        per_token += 3 * self.vocab_size
+        return 16 * self.num_params() + 4 * batch_size * self.ctx_len * per_token
+
     def flops_per_token(self) -> int:
         """Training FLOPs per token: 6 per matmul weight (fwd + bwd) + attention scores (Kaplan 2020).
 
@@ -115,7 +138,7 @@ class ModelConfig(_Frozen):
 
 class TrainConfig(_Frozen):
     steps: int = Field(default=2000, gt=0)
-    batch_size: int = Field(default=32, gt=0)
+    batch_size: int = Field(default=32, gt=0, le=MAX_SIZE)
     lr: float = Field(default=3e-4, gt=0)
     min_lr_frac: float = Field(default=0.1, ge=0, le=1)
     schedule: Literal["constant", "cosine"] = "cosine"
@@ -128,7 +151,7 @@ class TrainConfig(_Frozen):
     # on the training loss only; 0 = off. Keeps log Z near 0 so the softmax stays well-conditioned.
     z_loss: float = Field(default=0.0, ge=0)
     eval_interval: int = Field(default=100, gt=0)
-    eval_batches: int = Field(default=8, gt=0)
+    eval_batches: int = Field(default=8, gt=0, le=MAX_SIZE)
     log_interval: int = Field(default=10, gt=0)  # train-loss/grad-norm lines are flushed this often
     diverge_factor: float = Field(default=3.0, gt=1)  # loss above factor x initial loss = diverged
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
@@ -136,7 +159,7 @@ class TrainConfig(_Frozen):
     compile: bool = False
     # torch.compile mode: "reduce-overhead" captures CUDA graphs (small models on a GPU are launch-bound)
     compile_mode: Literal["default", "reduce-overhead", "max-autotune"] = "default"
-    threads: int | None = Field(default=None, gt=0)  # torch intra-op threads; None = torch default
+    threads: int | None = Field(default=None, gt=0, le=4096)  # torch intra-op threads; None = torch default
     sample_prefix: str = "## "
     sample_temp: float = Field(default=0.8, ge=0)
     sample_len: int = Field(default=300, ge=0)
@@ -151,7 +174,7 @@ class DataConfig(_Frozen):
 
 class RunConfig(_Frozen):
     name: str = "run"
-    seed: int = 1337
+    seed: Seed = 1337
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
     data: DataConfig = DataConfig()
@@ -180,7 +203,7 @@ COMPONENT_NAME = r"^[a-z][a-z0-9_]{0,31}$"
 class AblationSpec(_Frozen):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$", max_length=64)
     base: RunConfig = RunConfig()
-    seeds: list[int] | int = 1
+    seeds: Annotated[list[Seed], Field(max_length=MAX_SEEDS)] | Annotated[int, Field(le=MAX_SEEDS)] = 1
     design: Literal["one-at-a-time", "factorial", "list"] = "one-at-a-time"
     # The design's components (built-in or declared below); default: the five 2017 -> LLaMA parts
     # plus every component the spec declares.
@@ -291,6 +314,8 @@ def _split_override(text: str) -> tuple[str, Any]:
     key, eq, value = text.partition("=")
     if not eq or not key.strip():
         raise ConfigError(f"--set expects key=value (e.g. model.pos_type=rope), got {text!r}")
+    if key.count(".") > 8:  # no spec is this deep; set_dotted would recurse until Python gives up
+        raise ConfigError(f"--set key {key[:60]!r}... is nested deeper than any spec section")
     return key.strip(), parse_value(value.strip())
 
 

@@ -1,9 +1,11 @@
 """Run a sweep's jobs on an existing dask.distributed cluster (`--executor dask --address ...`).
 
-Workers need no shared filesystem: each job ships the corpus text with it (unless it is the
-packaged default corpus), trains into a temporary folder on the worker, and returns every run
-file as bytes. The client writes them under runs/ exactly as the local executor would (into a
-temporary folder, then renamed into place), so resume/skip works the same.
+Workers need no shared filesystem: each job ships its corpus with it (unless it is the packaged
+default corpus) as the files `anatomy prepare` writes, built on the client by the same loader the
+local executor uses, so every source the local executor accepts (a text file, a folder of .md/.txt,
+a prepared folder) trains on identical ids. The worker trains into a temporary folder and returns
+every run file as bytes; the client writes them under runs/ exactly as the local executor would
+(into a temporary folder, then renamed into place), so resume/skip works the same.
 """
 
 from __future__ import annotations
@@ -17,31 +19,49 @@ from . import runs
 from .config import ConfigError
 from .jobs import Job, run_job
 
+CorpusFiles = dict[str, bytes]  # file name -> bytes of a prepared corpus folder
+
 
 class ExecutorError(RuntimeError):
     """The cluster cannot be reached or a worker lacks anatomy."""
 
 
-def _ship(job: Job) -> tuple[Job, str | None]:
-    """Attach the corpus text (file or directory source) so the worker reads nothing from our disk.
+def corpus_files(source: str, val_frac: float, ctx_len: int) -> CorpusFiles:
+    """The corpus of `source` as a prepared folder's files: what local training would read, as bytes."""
+    from .data import load_corpus, save_corpus
+
+    corpus = load_corpus(source, val_frac, ctx_len)
+    with tempfile.TemporaryDirectory(prefix="anatomy-ship-") as tmp:
+        save_corpus(corpus, Path(tmp))
+        return {p.name: p.read_bytes() for p in Path(tmp).iterdir() if p.is_file()}
+
+
+def _ship(job: Job, shipped: dict | None = None) -> tuple[Job, CorpusFiles | None]:
+    """Attach the corpus files so the worker reads nothing from our disk (`shipped` caches them per source).
 
     Each run gets one torch thread: a dask worker's task slots are its parallelism.
     """
-    from .data import read_source
+    data = job.config["data"]
+    files = None
+    if data["source"] is not None:
+        key = (data["source"], data["val_frac"])
+        shipped = {} if shipped is None else shipped
+        if key not in shipped:
+            shipped[key] = corpus_files(data["source"], data["val_frac"], job.config["model"]["ctx_len"])
+        files = shipped[key]
+    return job.at(job.run_dir, threads=job.config["train"]["threads"] or 1), files
 
-    source = job.config["data"]["source"]
-    text = read_source(source)[0] if source is not None else None
-    return job.at(job.run_dir, threads=job.config["train"]["threads"] or 1), text
 
-
-def remote_run(shipped: tuple[Job, str | None]) -> tuple[dict, dict[str, bytes]]:
+def remote_run(shipped: tuple[Job, CorpusFiles | None]) -> tuple[dict, dict[str, bytes]]:
     """On a worker: train in a temp folder, return (summary, {file name: bytes})."""
-    job, text = shipped
+    job, files = shipped
     with tempfile.TemporaryDirectory(prefix="anatomy-") as tmp:
         local_cfg = job.config
-        if text is not None:
-            corpus = Path(tmp) / "corpus.txt"
-            corpus.write_text(text, encoding="utf-8")
+        if files is not None:
+            corpus = Path(tmp) / "corpus"
+            corpus.mkdir()
+            for name, blob in files.items():
+                (corpus / runs.safe_child(corpus, name).name).write_bytes(blob)
             local_cfg = {**job.config, "data": {**job.config["data"], "source": str(corpus)}}
         run_dir = Path(tmp) / job.run_id
         summary = run_job(job.at(run_dir, local_cfg))
@@ -54,6 +74,7 @@ def write_returned(run_dir: Path, cfg: dict, files: dict[str, bytes]) -> None:
     run_dir = Path(run_dir)
     tmp = Path(tempfile.mkdtemp(dir=run_dir.parent, prefix=f".{run_dir.name}."))
     try:
+        runs.normal_mode(tmp, directory=True)  # mkdtemp makes 0700; a run directory is an ordinary folder
         for name, blob in files.items():
             if name == runs.CONFIG:  # the worker saw its own corpus path: restore ours
                 worker_cfg = json.loads(blob)
@@ -80,10 +101,10 @@ def execute_dask(jobs: list[Job], address: str | None, emit) -> None:
     except (OSError, TimeoutError) as err:
         raise ExecutorError(f"cannot reach the dask scheduler at {address}: {err}") from None
     with client:
-        futures = {}
+        futures, shipped = {}, {}
         for job in jobs:
             emit({"event": "start", "run_id": job.run_id, "steps": job.steps})
-            futures[client.submit(remote_run, _ship(job), key=f"anatomy-{job.run_id}", pure=False)] = job
+            futures[client.submit(remote_run, _ship(job, shipped), key=f"anatomy-{job.run_id}", pure=False)] = job
         for future in as_completed(futures):
             job = futures[future]
             summary, files = future.result()

@@ -135,12 +135,14 @@ def write_eval(run_dir: Path, result: dict) -> dict:
     old: dict = {}
     if path.exists():
         try:
+            runs.read_ctx_losses(path)  # checks the losses table
             old = runs.read_json(path)
         except runs.RunError:
             old = {}  # a corrupt eval.json is replaced, not merged
     if isinstance(old, dict):
         old.setdefault("dtype", "float32")  # written before eval ran in the run's dtype: always fp32
-    same = isinstance(old, dict) and all(old.get(k) == result.get(k) for k in MERGE_KEYS)
+    same = (isinstance(old, dict) and isinstance(old.get("notes", {}), dict)
+            and all(old.get(k) == result.get(k) for k in MERGE_KEYS))
     losses = {**(old.get("val_loss_by_ctx", {}) if same else {}), **result["val_loss_by_ctx"]}
     losses = dict(sorted(losses.items(), key=lambda kv: int(kv[0])))
     notes = {**(old.get("notes", {}) if same else {}), **result["notes"]}

@@ -47,8 +47,9 @@ from anatomy_cli.runs import (
     RunError,
     atomic_write_text,
     find_runs,
+    read_config,
+    read_ctx_losses,
     read_design,
-    read_json,
     read_metrics,
     read_summary,
 )
@@ -131,7 +132,7 @@ def _run_ids(root: Path, dirs: list[Path]) -> list[str]:
 
 
 def _run_row(run_id: str, run_dir: Path, metrics: list[dict], design: tuple[comp.Component, ...]) -> dict:
-    config = read_json(run_dir / CONFIG)
+    config = read_config(run_dir)
     model = _model_config(config, run_dir)
     flat = comp.flat_config({**config, "model": model.model_dump(mode="json")})
     known = [*comp.BUILTINS, *(c for c in design if c.name not in comp.BY_NAME)]
@@ -211,8 +212,7 @@ def _ctx_losses(run_dir: Path) -> dict:
     path = run_dir / EVAL
     if not path.exists():
         return {}
-    by_ctx = read_json(path).get("val_loss_by_ctx", {})
-    return {f"{CTX_PREFIX}{int(n)}": math.nan if v is None else v for n, v in by_ctx.items()}
+    return {f"{CTX_PREFIX}{n}": math.nan if v is None else v for n, v in read_ctx_losses(path).items()}
 
 
 def _curve_rows(run_id: str, metrics: list[dict]) -> list[tuple]:

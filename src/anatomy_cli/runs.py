@@ -49,11 +49,34 @@ class RunError(ValueError):
     """A run directory that is missing, incomplete or corrupt."""
 
 
+def umask() -> int:
+    """The process umask, read without changing it where Linux allows (os.umask() alone must set one)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    old = os.umask(0o022)  # elsewhere: set and restore at once (a brief race with other threads)
+    os.umask(old)
+    return old
+
+
+def normal_mode(target: int | str | Path, directory: bool = False) -> None:
+    """Give a mkstemp file (0600) or mkdtemp folder (0700) the mode open()/mkdir() would: 0666/0777 minus umask."""
+    mode = (0o777 if directory else 0o666) & ~umask()
+    if isinstance(target, int):
+        os.fchmod(target, mode)
+    else:
+        os.chmod(target, mode)
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Write via a temp file in the same folder + rename, so readers never see half a file."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        normal_mode(fd)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
@@ -82,23 +105,98 @@ def json_line(row: dict) -> str:
     return json.dumps(row, allow_nan=True) + "\n"
 
 
+# Fields a reader may do arithmetic on: a value of another type is a corrupt file, not a crash later.
+SUMMARY_INTS = ("params", "best_step", "steps_done", "tokens_seen", "peak_mem_bytes", "threads", "diverged_at")
+SUMMARY_FLOATS = ("best_val_loss", "final_val_loss", "bits_per_char", "tokens_per_s", "step_time_ms", "wall_s")
+SUMMARY_STRINGS = ("status", "run_id", "label", "error", "device", "hardware", "torch_version")
+METRIC_INTS = ("step", "tokens")
+METRIC_FLOATS = ("train_loss", "val_loss", "grad_norm", "lr", "elapsed_s")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_float(v: Any) -> bool:  # NaN and Infinity count: a diverged loss is written as one
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def field_problem(row: dict, ints: tuple[str, ...], floats: tuple[str, ...], strings: tuple[str, ...] = ()) -> str | None:
+    """'best_val_loss is "abc", not a number' for the first field of the wrong type (None is allowed)."""
+    for keys, ok, kind in ((ints, _is_int, "an integer"), (floats, _is_float, "a number"),
+                           (strings, lambda v: isinstance(v, str), "a string")):
+        for key in keys:
+            value = row.get(key)
+            if value is not None and not ok(value):
+                return f"{key} is {json.dumps(value)[:40]}, not {kind}"
+    return None
+
+
+def read_config(run_dir: Path) -> dict:
+    """config.json as a dict whose sections are dicts (its values are validated by RunConfig where used)."""
+    path = Path(run_dir) / CONFIG
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise RunError(f"corrupt {CONFIG} in {run_dir}: not a JSON object")
+    for section in ("model", "train", "data"):
+        if not isinstance(data.get(section, {}), dict):
+            raise RunError(f"corrupt {CONFIG} in {run_dir}: '{section}' is not a table")
+    return data
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
-    """Every complete line of metrics.jsonl (a torn last line from a crash is ignored)."""
+    """Every line of metrics.jsonl; a torn last line from a crash is ignored, any other bad line is a RunError."""
     path = Path(run_dir) / METRICS
     if not path.exists():
         return []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise RunError(f"corrupt {METRICS} in {run_dir}: not UTF-8 text") from None
     rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError:
-            break
+            if number == len(lines):
+                break  # torn by a crash mid-write
+            raise RunError(f"corrupt {METRICS} in {run_dir}: line {number} is not JSON") from None
+        problem = "not a JSON object" if not isinstance(row, dict) else (
+            "no step" if "step" not in row else field_problem(row, METRIC_INTS, METRIC_FLOATS))
+        if problem:
+            raise RunError(f"corrupt {METRICS} in {run_dir}: line {number}: {problem}")
+        rows.append(row)
     return rows
 
 
 def read_summary(run_dir: Path) -> dict | None:
+    """summary.json (None before one is written); a non-object or a field of the wrong type is a RunError."""
     path = Path(run_dir) / SUMMARY
-    return read_json(path) if path.exists() else None
+    if not path.exists():
+        return None
+    data = read_json(path)
+    problem = "not a JSON object" if not isinstance(data, dict) else field_problem(
+        data, SUMMARY_INTS, SUMMARY_FLOATS, SUMMARY_STRINGS)
+    if problem:
+        raise RunError(f"corrupt {SUMMARY} in {run_dir}: {problem}")
+    return data
+
+
+def read_ctx_losses(path: Path) -> dict[int, float | None]:
+    """eval.json's val_loss_by_ctx as {context length: loss, None where it could not be measured}."""
+    data = read_json(path)
+    by_ctx = data.get("val_loss_by_ctx", {}) if isinstance(data, dict) else None
+    if not isinstance(by_ctx, dict):
+        raise RunError(f"corrupt {Path(path).name} in {Path(path).parent}: val_loss_by_ctx is not a table")
+    out = {}
+    for n, loss in by_ctx.items():
+        if not n.isdigit() or (loss is not None and not _is_float(loss)):
+            raise RunError(f"corrupt {Path(path).name} in {Path(path).parent}: val_loss_by_ctx[{n!r}] = "
+                           f"{json.dumps(loss)[:40]}; expected a context length and a number or null")
+        out[int(n)] = loss
+    return out
 
 
 def read_design(sweep_dir: Path) -> dict | None:

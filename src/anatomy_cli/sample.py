@@ -8,9 +8,12 @@ never the global RNG.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import torch
+
+from .config import MAX_SIZE
 
 
 class SampleError(ValueError):
@@ -21,7 +24,10 @@ def pick(logits: torch.Tensor, temp: float, top_k: int | None, gen: torch.Genera
     """logits: [V] -> next id. temp 0 = argmax; top_k keeps the k most likely ids."""
     if temp == 0:
         return int(logits.argmax())
-    logits = logits.float() / temp
+    scaled = logits.float() / temp
+    if not bool(torch.isfinite(scaled).all()):  # a temperature so small that logits/temp overflows:
+        scaled = (logits.float() - logits.float().max()) / temp  # shift first (softmax ignores it): ~argmax
+    logits = scaled
     if top_k is not None and top_k < logits.numel():
         kth = torch.topk(logits, top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -30,16 +36,23 @@ def pick(logits: torch.Tensor, temp: float, top_k: int | None, gen: torch.Genera
 
 
 def check_options(cfg, temp: float, top_k: int | None, window: int | None) -> int:
-    if temp < 0:
-        raise SampleError(f"temperature must be >= 0, got {temp}")
+    if not math.isfinite(temp) or temp < 0:
+        raise SampleError(f"temperature must be >= 0 and finite, got {temp}")
     if top_k is not None and top_k < 1:
         raise SampleError(f"top-k must be >= 1, got {top_k}")
     window = window or cfg.ctx_len
-    if window < 2:
-        raise SampleError(f"window must be at least 2, got {window}")
+    if not 2 <= window <= MAX_SIZE:
+        raise SampleError(f"window must be between 2 and {MAX_SIZE}, got {window}")
     if cfg.pos_type == "learned" and window > cfg.ctx_len:
         raise SampleError(f"learned position table ends at ctx_len={cfg.ctx_len}; window {window} needs RoPE")
     return window
+
+
+def window_bytes(cfg, window: int) -> int:
+    """fp32 bytes generation allocates for a window: the KV cache (2 L G T hd) and RoPE's cos/sin tables."""
+    cache = 2 * cfg.n_layer * cfg.n_kv_head * window * cfg.head_dim
+    tables = 4 * window * cfg.head_dim if cfg.pos_type == "rope" else 0
+    return 4 * (cache + tables)
 
 
 @torch.no_grad()

@@ -13,6 +13,7 @@ interrupted ones from scratch, and holds a lock so two sweeps never share a dire
 from __future__ import annotations
 
 import itertools
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from .config import (AblationSpec, ConfigError, ModelConfig, RunConfig, TrainCon
                      resolve_source, validate)
 
 DEFAULT_SPEC = "five-flips.toml"
+MAX_PLAN_RUNS = 10_000  # expanding more runs than this only fills memory before a sweep that never ends
 
 
 def experiments_dir() -> Path:
@@ -162,6 +164,10 @@ def expand(spec: AblationSpec, flips: list[str] | None = None, seeds: int | None
     axes = {axis_key(k): v for k, v in spec.axes.items()}
     points = design_points(spec, design) if design else [(c.name, "list", None, {}) for c in spec.configs]
     sets = {c.name: dict(c.set) for c in spec.configs}
+    size = len(points) * math.prod(len(v) for v in axes.values()) * len(seed_list)
+    if size > MAX_PLAN_RUNS:
+        raise ConfigError(f"the plan has {size:,} runs (configs x axis values x seeds); more than {MAX_PLAN_RUNS:,} "
+                          f"is taken for a typo")
     plan, errors, seen = [], [], set()
     for slug, role, flip, want in points:
         for values in itertools.product(*axes.values()):
@@ -230,10 +236,13 @@ def measured_flops(sweep_dir: Path) -> tuple[float, int] | None:
     """(median training FLOP/s, runs) over the sweep's completed runs: calibrates the estimates."""
     rates = []
     for run_dir in runs.find_runs(sweep_dir) if Path(sweep_dir).is_dir() else []:
-        summary = runs.read_summary(run_dir) or {}
-        if summary.get("status") == runs.COMPLETED and summary.get("tokens_per_s"):
-            model = ModelConfig.model_validate(runs.read_json(run_dir / runs.CONFIG)["model"])
-            rates.append(summary["tokens_per_s"] * model.flops_per_token())
+        try:  # an estimate: a corrupt run is left out here (the sweep reruns it)
+            summary = runs.read_summary(run_dir) or {}
+            if summary.get("status") == runs.COMPLETED and summary.get("tokens_per_s"):
+                model = ModelConfig.model_validate(runs.read_config(run_dir).get("model"))
+                rates.append(summary["tokens_per_s"] * model.flops_per_token())
+        except (ValueError, ConfigError):  # RunError, pydantic's ValidationError, no vocab_size
+            continue
     return (sorted(rates)[len(rates) // 2], len(rates)) if rates else None
 
 

@@ -273,6 +273,30 @@ def write_samples(tr: Trainer) -> str:
     return text
 
 
+def available_bytes(device: torch.device) -> int | None:
+    """Memory a new allocation can get: free GPU memory, or MemAvailable on Linux (None if unknown)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+def check_fits(cfg: RunConfig, device: torch.device) -> None:
+    """Refuse, with the estimate, a model whose training step cannot fit (instead of an allocator crash)."""
+    t = cfg.train
+    val_windows = 8 * t.batch_size * t.eval_batches * (cfg.model.ctx_len + 1)  # int64, held for the whole run
+    need, have = cfg.model.train_bytes(t.batch_size) + val_windows, available_bytes(device)
+    if have is not None and need > have:
+        m = cfg.model
+        raise ConfigError(f"run too large for this machine: d_model={m.d_model}, n_layer={m.n_layer}, "
+                          f"ctx_len={m.ctx_len}, batch_size={t.batch_size}, eval_batches={t.eval_batches} need about {need / 2**30:,.1f} GiB "
+                          f"for one training step ({m.num_params():,} parameters); {have / 2**30:,.1f} GiB is "
+                          f"available on {device}")
+
+
 def peak_memory(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
@@ -319,6 +343,7 @@ def train(cfg: RunConfig, run_dir: Path, progress: Progress | None = None,
     """Train one run from scratch into run_dir (emptied of a previous attempt first)."""
     corpus = load_corpus(cfg.data.source, cfg.data.val_frac, cfg.model.ctx_len)
     cfg = resolve_config(cfg, corpus)
+    check_fits(cfg, resolve_device(cfg.train.device))
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     for name in (runs.METRICS, runs.SUMMARY, runs.BEST, runs.LAST, runs.RESUME, runs.SAMPLES):

@@ -1,0 +1,223 @@
+"""Hostile input across the commands: each ends in exit 2 and one line naming the file or option at
+fault (never "internal error" or a traceback); a closed output pipe ends quietly."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from toy_data import TINY_MODEL, TINY_TRAIN, write_corpus, write_spec
+from typer.testing import CliRunner
+
+from anatomy_cli import runs
+from anatomy_cli.cli import app
+
+runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def one_error_line(result, code: int, fragment: str) -> None:
+    output = result.output
+    assert result.exit_code == code, output
+    assert "internal error" not in output and "Traceback" not in output, output
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and fragment in errors[0], output
+
+
+def run_sets(corpus: Path) -> list[str]:
+    sets = [f"--set=data.source={json.dumps(str(corpus))}"]
+    sets += [f"--set=model.{k}={json.dumps(v)}" for k, v in TINY_MODEL.items()]
+    return sets + [f"--set=train.{k}={json.dumps(v)}" for k, v in TINY_TRAIN.items()]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("hostile")
+
+
+@pytest.fixture(scope="module")
+def corpus(workdir) -> Path:
+    return write_corpus(workdir)
+
+
+@pytest.fixture(scope="module")
+def trained(workdir, corpus) -> Path:
+    out = workdir / "run"
+    result = invoke("train", *run_sets(corpus), "--set", "model.pos_type=rope", "--out", out)
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.fixture
+def copy_of(trained, tmp_path):
+    def make(mutate) -> Path:
+        run = shutil.copytree(trained, tmp_path / "run")
+        mutate(run)
+        return run
+
+    return make
+
+
+# --------------------------------------------------------------------------- weights and sampling
+
+
+def _nan_last(run: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(run / runs.LAST))
+    state["blocks.0.attn.out.weight"][0, 0] = float("nan")  # one NaN: what a diverged step leaves
+    save_file(state, str(run / runs.LAST))
+
+
+@pytest.mark.parametrize("temp", ["0.8", "0"])
+def test_sample_refuses_non_finite_weights_and_points_at_best(copy_of, temp):
+    run = copy_of(_nan_last)
+    result = invoke("sample", run, "--weights", "last", "--temp", temp, "--max-new", 5)
+    one_error_line(result, 2, "are not finite")
+    assert "--weights best" in result.output and "last.safetensors" in result.output
+    assert invoke("sample", run, "--weights", "best", "--temp", temp, "--max-new", 5).exit_code == 0
+
+
+@pytest.mark.parametrize("temp", ["nan", "inf", "-inf"])
+def test_sample_refuses_non_finite_temperature(trained, temp):
+    one_error_line(invoke("sample", trained, "--temp", temp, "--max-new", 5), 2, "temperature must be >= 0 and finite")
+
+
+def test_sample_tiny_temperature_is_near_greedy_not_a_crash(trained):
+    tiny = invoke("sample", trained, "--temp", "1e-45", "--max-new", 20, "--prefix", "The")
+    greedy = invoke("sample", trained, "--temp", "0", "--max-new", 20, "--prefix", "The")
+    assert tiny.exit_code == 0, tiny.output
+    assert tiny.output == greedy.output
+
+
+def test_sample_seed_out_of_torch_range_is_an_option_error(trained):
+    result = invoke("sample", trained, "--seed", 2**64, "--max-new", 3)
+    assert result.exit_code == 2 and "--seed" in result.output and "internal error" not in result.output
+
+
+def test_closed_pipe_ends_quietly(trained):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "anatomy_cli", "sample", str(trained), "--max-new", "100000"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert len(proc.stdout.read(8)) == 8
+    proc.stdout.close()  # `| head -c 8`
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141 and err == "", err
+
+
+# --------------------------------------------------------------------------------------- specs
+
+
+@pytest.mark.parametrize("setting, fragment", [
+    ("train.lr=inf", "train.lr: Input should be a finite number"),
+    ("train.lr=nan", "train.lr: Input should be a finite number"),
+    ("model.rope_base=inf", "model.rope_base: Input should be a finite number"),
+    ("train.sample_temp=inf", "train.sample_temp: Input should be a finite number"),
+    ("data.val_frac=nan", "data.val_frac: Input should be a finite number"),
+    ("seed=100000000000000000000", "seed: Input should be less than or equal to"),
+])
+def test_spec_non_finite_or_out_of_range_numbers(corpus, tmp_path, setting, fragment):
+    one_error_line(invoke("train", *run_sets(corpus), "--set", setting, "--out", tmp_path / "o"), 2, fragment)
+    assert not (tmp_path / "o").exists()
+
+
+def test_absurd_plans_are_refused_before_expanding(tmp_path):
+    spec = write_spec(tmp_path)
+    result = invoke("ablate", spec, "--seeds", 10**11, "--dry-run", "--runs-dir", tmp_path / "r")
+    assert result.exit_code == 2 and "--seeds" in result.output
+    axes = tmp_path / "axes.toml"
+    axes.write_text('name = "x"\n[axes]\n"train.warmup" = [' + ", ".join(map(str, range(3000))) + "]\n")
+    one_error_line(invoke("ablate", axes, "--dry-run", "--runs-dir", tmp_path / "r"), 2, "the plan has 36,000 runs")  # 12 configs x 3000
+    inf = tmp_path / "inf.toml"
+    inf.write_text('name = "x"\n[base.train]\nlr = inf\n')
+    one_error_line(invoke("ablate", inf, "--dry-run", "--runs-dir", tmp_path / "r"), 2, "base.train.lr")
+
+
+# ------------------------------------------------------------------------------ run files read back
+
+
+def _put(name: str, text: str | bytes):
+    def mutate(run: Path) -> None:
+        (run / name).write_bytes(text if isinstance(text, bytes) else text.encode())
+
+    return mutate
+
+
+@pytest.mark.parametrize("name, text, fragment", [
+    (runs.SUMMARY, '{"status": "completed", "best_val_loss": "abc"}', 'summary.json in {run}: best_val_loss is "abc"'),
+    (runs.SUMMARY, "[1, 2]", "summary.json in {run}: not a JSON object"),
+    (runs.SUMMARY, '{"status": "completed", "params": 3.5}', "summary.json in {run}: params is 3.5, not an integer"),
+    (runs.SUMMARY, '{"status": 7}', "summary.json in {run}: status is 7, not a string"),
+    (runs.METRICS, '{"step": 0, "val_loss": "x"}\n{"step": 1}\n', "metrics.jsonl in {run}: line 1: val_loss"),
+    (runs.METRICS, '{"val_loss": 1.0}\n{"step": 1}\n', "metrics.jsonl in {run}: line 1: no step"),
+    (runs.METRICS, '{"step": 0}\nnot json\n{"step": 1}\n', "metrics.jsonl in {run}: line 2 is not JSON"),
+    (runs.METRICS, b"\xff\xfe\n", "metrics.jsonl in {run}: not UTF-8"),
+    (runs.CONFIG, "[1]", "config.json in {run}: not a JSON object"),
+    (runs.CONFIG, '{"model": [1]}', "config.json in {run}: 'model' is not a table"),
+    ("eval.json", '{"val_loss_by_ctx": {"x": "y"}}', "eval.json in {run}: val_loss_by_ctx['x']"),
+    ("eval.json", "[1]", "eval.json in {run}: val_loss_by_ctx is not a table"),
+])
+def test_report_names_the_corrupt_run_file(copy_of, name, text, fragment):
+    run = copy_of(_put(name, text))
+    one_error_line(invoke("report", run, "--format", "csv"), 2, fragment.format(run=run))
+
+
+def test_a_torn_last_metrics_line_is_still_ignored(trained, tmp_path):
+    run = shutil.copytree(trained, tmp_path / "run")
+    rows = runs.read_metrics(run)
+    with open(run / runs.METRICS, "a") as f:
+        f.write('{"step": 13, "train_lo')
+    assert runs.read_metrics(run) == rows
+
+
+def test_eval_replaces_a_corrupt_eval_json(copy_of):
+    run = copy_of(_put("eval.json", '{"val_loss_by_ctx": [1], "notes": 3}'))
+    result = invoke("eval", run, "--ctx", 8)
+    assert result.exit_code == 0, result.output
+    assert set(json.loads((run / "eval.json").read_text())["val_loss_by_ctx"]) == {"8"}
+
+
+def test_check_rejects_an_infinite_tolerance(tmp_path):
+    baseline = tmp_path / "b.json"
+    baseline.write_text('{"configs": {"2017": {"best_val_loss": 3.0}}}')
+    result = invoke("check", write_spec(tmp_path), "--baseline", baseline, "--from-runs", tmp_path, "--tolerance", "inf")
+    one_error_line(result, 2, "--tolerance must be a finite number")
+
+
+# ------------------------------------------------------------------------------- absurd sizes
+
+
+@pytest.mark.parametrize("setting, fragment", [
+    ("model.d_model=18446744073709551616", "model.d_model: Input should be less than or equal to 2147483647"),
+    ("train.threads=100000000", "train.threads: Input should be less than or equal to 4096"),
+    ("model.d_model=100000", "run too large for this machine: d_model=100000"),
+    ("train.batch_size=1000000000", "batch_size=1000000000"),
+    ("train.eval_batches=1000000000", "eval_batches=1000000000"),
+])
+def test_absurd_sizes_are_refused_before_allocating(corpus, tmp_path, setting, fragment):
+    result = invoke("train", *run_sets(corpus), "--set", setting, "--out", tmp_path / "o")
+    one_error_line(result, 2, fragment)
+    if "too large" in result.output or "=1000000000" in setting:
+        assert "GiB for one training step" in result.output and "GiB is available on cpu" in result.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_sample_window_that_cannot_fit_is_refused(trained):
+    one_error_line(invoke("sample", trained, "--window", 10**9, "--max-new", 3), 2, "--window 1000000000 needs about")
+    one_error_line(invoke("sample", trained, "--window", 2**40, "--max-new", 3), 2, "window must be between 2 and")
+
+
+def test_a_device_file_is_not_a_corpus(tmp_path):
+    one_error_line(invoke("prepare", "/dev/zero", "--out", tmp_path / "p"), 2, "corpus is not a regular file: /dev/zero")
+
+
+def test_an_absurdly_nested_set_key_is_one_line():
+    one_error_line(invoke("train", "--set", "a." * 5000 + "b=1"), 2, "is nested deeper than any spec section")
