@@ -8,8 +8,8 @@ Exit codes (stable, for scripts):
   0  success
   1  a check found a regression, or a run failed or diverged
   2  bad input: options, spec, corpus, run directory, weights
-  3  the sweep directory is locked by another live process
-  130 interrupted (Ctrl-C); the run or sweep can be resumed
+  3  the sweep or run directory is in use by another live process
+  130 interrupted (Ctrl-C, SIGTERM, SIGHUP); the run or sweep can be resumed
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ app = typer.Typer(
     name="anatomy",
     help="Take a language model apart: train small char-level transformers and measure, one component "
     "at a time, how a 2017 Transformer becomes a LLaMA.\n\nExit codes: 0 ok, 1 regression/failed run, "
-    "2 bad input, 3 sweep directory locked, 130 interrupted.",
+    "2 bad input, 3 sweep or run directory in use, 130 interrupted (also SIGTERM/SIGHUP).",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=True,
@@ -71,13 +71,13 @@ def handle_errors(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from .sweep import SweepLocked
+        from .lockfile import Locked
 
         try:
             return fn(*args, **kwargs)
         except (typer.Exit, typer.Abort):
             raise
-        except SweepLocked as err:
+        except Locked as err:
             if STATE["debug"]:
                 raise
             raise fail(str(err), EXIT_LOCKED) from None

@@ -19,6 +19,7 @@ from typing import Any
 
 from . import runs
 from .jobs import Event, Job, execute_local
+from .lockfile import DirLock, Locked
 from .config import (FLIPS, AblationSpec, ConfigError, ModelConfig, RunConfig, TrainConfig, apply_overrides,
                      load_toml, resolve_source, validate)
 
@@ -70,7 +71,7 @@ def check_data(plan) -> dict[str | None, int]:
     return sizes
 
 
-class SweepLocked(RuntimeError):
+class SweepLocked(Locked):
     """Another live process holds the sweep directory."""
 
 
@@ -199,46 +200,14 @@ def measured_flops(sweep_dir: Path) -> tuple[float, int] | None:
 # ----------------------------------------------------------------------------------- execution
 
 
-class SweepLock:
-    """sweep_dir/.lock holds the owner's pid; a lock whose process is gone is taken over."""
+class SweepLock(DirLock):
+    """sweep_dir/.lock names its live owner; the protocol (atomic take, race-free stale takeover)
+    is lockfile.DirLock's."""
+
+    error = SweepLocked
 
     def __init__(self, sweep_dir: Path):
-        self.path = Path(sweep_dir) / ".lock"
-
-    def __enter__(self) -> SweepLock:
-        for _ in range(2):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            except FileExistsError:
-                holder = self._holder()
-                if holder is not None and _alive(holder):
-                    raise SweepLocked(f"sweep directory {self.path.parent} is in use by pid {holder}") from None
-                self.path.unlink(missing_ok=True)  # stale: its process is gone
-                continue
-            with os.fdopen(fd, "w") as f:
-                f.write(str(os.getpid()))
-            return self
-        raise SweepLocked(f"could not take the lock {self.path}")
-
-    def _holder(self) -> int | None:
-        try:
-            return int(self.path.read_text().strip())
-        except (OSError, ValueError):
-            return None
-
-    def __exit__(self, *exc) -> None:
-        if self._holder() == os.getpid():
-            self.path.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        super().__init__(sweep_dir, "sweep directory")
 
 
 def default_workers(n_runs: int) -> int:
