@@ -111,3 +111,38 @@ def safe_dir(path: Path) -> Path:
     if path.exists() and not path.is_dir():
         raise ConfigError(f"runs directory is a file: {path}")
     return path
+
+
+class StopFlag:
+    """The first SIGINT, SIGTERM or SIGHUP asks the work to stop cleanly (a run checkpoints at the
+    end of its step, a sweep's workers do the same); a second one aborts at once (KeyboardInterrupt).
+
+    graceful=False makes the first signal abort, as Ctrl-C does by default: for work that cannot
+    stop cleanly, so that SIGTERM and SIGHUP at least unwind it (locks released, exit 130).
+    """
+
+    def __init__(self, graceful: bool = True):
+        self.requested = False
+        self.graceful = graceful
+
+    def __enter__(self) -> StopFlag:
+        import signal
+
+        from .jobs import STOP_SIGNALS
+
+        self.previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested or not self.graceful:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __call__(self) -> bool:
+        return self.requested
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)

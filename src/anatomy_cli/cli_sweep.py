@@ -10,7 +10,8 @@ import typer
 from rich.table import Table
 
 from . import runs
-from .cli_app import EXIT_FAILED, JsonOut, RunsDir, safe_dir, app, console, err_console, handle_errors
+from .cli_app import (EXIT_FAILED, EXIT_INTERRUPTED, JsonOut, RunsDir, StopFlag, app, console, err_console,
+                      handle_errors, safe_dir)
 from .config import ConfigError
 from .sweep import ASSUMED_FLOPS, DEFAULT_SPEC, check_data, estimate_seconds, load_spec, measured_flops
 
@@ -101,9 +102,14 @@ def ablate(
     if dry_run:
         return
     display = SweepDisplay(len(plan))
-    with display.progress:
+    with StopFlag(graceful=executor == "local") as stop, display.progress:
         summaries = execute(plan, sweep_dir, n_workers, display, sweep_name=s.name, executor=executor,
-                            address=address)
+                            address=address, stop=stop)
+    if stop.requested:
+        statuses = [x.get("status") for x in summaries]
+        err_console.print(f"interrupted: {statuses.count(runs.COMPLETED)} of {len(plan)} runs completed; rerun "
+                          f"the same command to resume", highlight=False)
+        raise typer.Exit(EXIT_INTERRUPTED)
     if not no_report:
         _write_report(sweep_dir, None, ("md", "html", "csv", "json"))
     statuses = [x.get("status") for x in summaries]

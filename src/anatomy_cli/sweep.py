@@ -5,8 +5,9 @@ Designs:
   factorial      every combination of the chosen flips (others keep the base's values)
   list           named configs given as dotted overrides of the base
 Extra `axes` are crossed with the design; every config is validated before any run starts.
-Execution skips runs already completed (or diverged: that is a result), reruns failed or
-interrupted ones from scratch, and holds a lock so two sweeps never share a directory.
+Execution skips runs already completed (or diverged: that is a result), continues interrupted
+ones from their checkpoint, reruns the rest from scratch, and holds a lock so two sweeps never
+share a directory.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from . import runs
-from .jobs import Event, Job, execute_local
+from .jobs import Event, Job, Stop, execute_local
 from .lockfile import DirLock, Locked
 from .config import (FLIPS, AblationSpec, ConfigError, ModelConfig, RunConfig, TrainConfig, apply_overrides,
                      load_toml, resolve_source, validate)
@@ -220,11 +221,14 @@ def pending_runs(plan: list[PlannedRun], sweep_dir: Path) -> list[PlannedRun]:
 
 
 def execute(plan: list[PlannedRun], sweep_dir: Path, workers: int = 1, on_event: Event | None = None,
-            sweep_name: str | None = None, executor: str = "local", address: str | None = None) -> list[dict]:
+            sweep_name: str | None = None, executor: str = "local", address: str | None = None,
+            stop: Stop | None = None) -> list[dict]:
     """Run every pending run of the plan into sweep_dir/<run_id>; return all summaries.
 
     executor 'local' runs in this process (workers=1) or a process pool; 'dask' submits each run
-    to an existing dask.distributed cluster at `address` (see dask_exec.py).
+    to an existing dask.distributed cluster at `address` (see dask_exec.py). When stop() turns
+    true (local executor) the runs in flight save and end 'interrupted', no new run starts, and
+    this returns after every worker has exited, with the lock released: a rerun resumes the sweep.
     """
     sweep_dir = Path(sweep_dir)
     sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -240,7 +244,7 @@ def execute(plan: list[PlannedRun], sweep_dir: Path, workers: int = 1, on_event:
 
             execute_dask(todo_jobs, address, emit)
         else:
-            execute_local(todo_jobs, workers, emit)
+            execute_local(todo_jobs, workers, emit, stop)
     return [runs.read_summary(sweep_dir / p.run_id) or {} for p in plan]
 
 
