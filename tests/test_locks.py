@@ -94,6 +94,7 @@ def test_lock_names_its_owner_with_start_time_and_refuses_while_alive(tmp_path):
         owner = lockfile.read_owner(tmp_path / ".lock")
         assert owner == lockfile.identity()
         assert owner["pid"] == os.getpid()
+        assert (tmp_path / ".lock").stat().st_mode & 0o777 == 0o644  # other users can see the owner
         if Path("/proc/self/stat").exists():
             assert isinstance(owner["start"], int)
         with pytest.raises(SweepLocked, match=f"in use by pid {os.getpid()}"):
@@ -121,7 +122,8 @@ def test_a_recycled_pid_or_a_zombie_is_not_an_owner(tmp_path):
     assert lockfile.alive({**me, "host": "another-host"})  # cannot check: assumed alive
 
 
-@pytest.mark.parametrize("content", ["", "garbage", "{\"pid\": \"x\"}", "[1, 2]", "-5"])
+@pytest.mark.parametrize("content", ["", "garbage", "{\"pid\": \"x\"}", "{\"pid\": true}", "[1, 2]", "-5",
+                                     "99999999999999999999", "\xff\xfe"])
 def test_an_unreadable_lock_is_taken_over(tmp_path, content):
     from anatomy_cli import lockfile
 

@@ -11,10 +11,11 @@ DirLock(folder) is held while `folder/.lock` names a live owner. The protocol:
   take   write our identity to a private temp file, then os.link() it to `.lock`. link() creates
          the name atomically and fails if it exists, so the lock never exists without its owner
          inside (the old create-then-write left an empty file that a second process read as stale).
-  stale  if `.lock` names a dead owner (or holds no readable owner at all), the taker takes an
-         exclusive flock() on the folder itself, reads `.lock` again under it, and only if it is
-         still stale renames its temp file over it. Every takeover and every release happens under
-         that flock, and a takeover replaces `.lock` without ever removing it (so no link() can
+  stale  if link() failed, the taker takes an exclusive flock() on the folder itself and reads
+         `.lock` again under it: a live owner means Locked; a dead owner (or no owner at all:
+         garbage, empty) means it renames its temp file over `.lock`; a `.lock` gone meanwhile (its
+         owner released it) means link() again. Every takeover and every release happens under that
+         flock, and a takeover replaces `.lock` without ever removing it (so no unguarded link() can
          slip in between), hence two takers cannot both win: the second one to get the flock reads
          the first one's live identity and gives up.
   drop   under the same flock, unlink `.lock` only if it still names us.
@@ -68,14 +69,14 @@ def identity(pid: int | None = None) -> dict:
 
 def alive(owner: dict | None) -> bool:
     """Whether the owner process still runs: same pid and the same start time, not a zombie."""
-    if not owner or not isinstance(owner.get("pid"), int) or owner["pid"] <= 0:
+    pid = owner.get("pid") if isinstance(owner, dict) else None
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
         return False
     if owner.get("host") not in (None, socket.gethostname()):
         return True  # cannot see another host's processes: assume it is alive
-    pid = owner["pid"]
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):
         return False
     except PermissionError:
         pass  # exists, owned by someone else
@@ -93,19 +94,21 @@ def describe(owner: dict) -> str:
 def read_owner(path: Path) -> dict | None:
     """The owner a lock file names; None when it is missing or holds no owner (garbage, empty).
 
-    A bare integer (the format before owners had a start time) is read as a pid.
+    A bare integer (the format before owners had a start time) is read as a pid. A lock that exists
+    but cannot be read (another user's) raises PermissionError: it is not ours to call stale.
     """
     try:
         text = Path(path).read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError):
+    except (FileNotFoundError, UnicodeDecodeError):
         return None
     try:
         data = json.loads(text)
     except json.JSONDecodeError:
         return None
     if isinstance(data, int) and not isinstance(data, bool):
-        return {"pid": data}
-    return data if isinstance(data, dict) and isinstance(data.get("pid"), int) else None
+        data = {"pid": data}
+    pid = data.get("pid") if isinstance(data, dict) else None
+    return data if isinstance(pid, int) and not isinstance(pid, bool) else None
 
 
 class DirLock:
@@ -153,6 +156,7 @@ class DirLock:
 
     def _write_temp(self) -> str:
         fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=f"{LOCK}.", suffix=".tmp")
+        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide the owner from other users of the folder
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(json.dumps(self.me) + "\n")
             f.flush()
