@@ -189,3 +189,12 @@ def test_an_exception_mid_run_leaves_the_run_failed_with_its_error(tmp_path, cor
     assert summary["status"] == runs.FAILED
     assert summary["error"] == "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
     assert not (run / ".lock").exists()
+
+
+def test_ablate_refuses_to_put_a_sweep_inside_a_run(tmp_path, corpus, straight):
+    from toy_data import write_spec
+
+    shutil.copytree(straight, tmp_path / "runs" / "toy")
+    result = invoke("ablate", write_spec(tmp_path, corpus=corpus), "--runs-dir", tmp_path / "runs", "--no-report")
+    one_error_line(result, 2, "is a run directory, not a sweep directory")
+    assert not list((tmp_path / "runs" / "toy").glob("*/"))

@@ -231,6 +231,8 @@ def execute(plan: list[PlannedRun], sweep_dir: Path, workers: int = 1, on_event:
     this returns after every worker has exited, with the lock released: a rerun resumes the sweep.
     """
     sweep_dir = Path(sweep_dir)
+    if runs.is_run_dir(sweep_dir):  # runs inside a run: its report would see only the outer one
+        raise runs.RunError(f"{sweep_dir} is a run directory, not a sweep directory; choose another --runs-dir")
     sweep_dir.mkdir(parents=True, exist_ok=True)
     emit = on_event or (lambda e: None)
     with SweepLock(sweep_dir):
