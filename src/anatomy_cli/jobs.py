@@ -105,11 +105,24 @@ _WORKER: dict = {}
 
 def _init_worker(stop_event, queue) -> None:
     import os
-    import signal
+    import threading
 
-    _WORKER.update(stop_event=stop_event, queue=queue, parent=os.getppid(), signals=0)
+    _WORKER.update(stop_event=stop_event, queue=queue, parent=os.getppid(), signals=0, busy=threading.Lock())
     for sig in STOP_SIGNALS:
         signal.signal(sig, _worker_signal)
+    threading.Thread(target=_exit_with_parent, daemon=True).start()
+
+
+def _exit_with_parent() -> None:
+    """An orphaned worker would wait for work forever (its siblings hold the queue open): once the
+    parent is gone and the run in progress has saved (_worker_stop sees it too), exit."""
+    import os
+    import time
+
+    while os.getppid() == _WORKER["parent"]:
+        time.sleep(0.5)
+    with _WORKER["busy"]:
+        os._exit(0)
 
 
 def _worker_signal(signum, frame) -> None:
@@ -125,9 +138,10 @@ def _worker_stop() -> bool:
 
 
 def _worker(job: Job) -> dict | None:
-    if _worker_stop():  # queued before the sweep was stopped: leave the run untouched
-        return None
-    return run_job(job, _WORKER["queue"].put, _worker_stop)
+    with _WORKER["busy"]:
+        if _worker_stop():  # queued before the sweep was stopped: leave the run untouched
+            return None
+        return run_job(job, _WORKER["queue"].put, _worker_stop)
 
 
 def _execute_parallel(jobs: list[Job], workers: int, emit: Event, stop: Stop) -> None:
