@@ -311,6 +311,11 @@ def summarize(tr: Trainer, status: str, diverged_at: int | None, extra: dict | N
     }
 
 
+# Summary fields a run keeps through 'running', 'failed' and 'interrupted' summaries and a resume.
+SWEEP_KEYS = ("sweep", "role", "flip")
+CARRIED = ("run_id", "corpus_sha256", *SWEEP_KEYS)
+
+
 def train(cfg: RunConfig, run_dir: Path, progress: Progress | None = None,
           stop: Callable[[], bool] | None = None, extra_summary: dict | None = None,
           overwrite: bool = True) -> dict:
@@ -359,7 +364,7 @@ def resume(run_dir: Path, progress: Progress | None = None, stop: Callable[[], b
         summary = runs.read_summary(run_dir) or {}
         corpus = load_corpus(cfg.data.source, cfg.data.val_frac, cfg.model.ctx_len)
         check_corpus(run_dir, cfg, summary, corpus)
-        extra = {k: summary[k] for k in ("sweep", "role", "flip") if k in summary}
+        extra = {k: summary[k] for k in SWEEP_KEYS if k in summary}
         if not (run_dir / runs.RESUME).is_file():
             return _from_scratch(cfg, run_dir, corpus, progress, stop, extra)
         tr = Trainer(cfg, run_dir, corpus, progress)
@@ -387,7 +392,7 @@ def check_corpus(run_dir: Path, cfg: RunConfig, summary: dict, corpus: Corpus) -
 
 def _mark_running(run_dir: Path, base: dict) -> None:
     """The summary while training: 'running', owned by this process (runs.run_status checks it lives)."""
-    keep = {k: v for k, v in base.items() if k in ("run_id", "corpus_sha256", "sweep", "role", "flip")}
+    keep = {k: v for k, v in base.items() if k in CARRIED}
     runs.atomic_write_json(run_dir / runs.SUMMARY, {"status": runs.RUNNING, "owner": identity(), **keep})
 
 
@@ -400,7 +405,7 @@ def _recorded(run_dir: Path, base: dict):
     except BaseException as err:
         status = runs.FAILED if isinstance(err, Exception) else runs.INTERRUPTED
         error = f"{err.__class__.__name__}: {err}".rstrip(": ")
-        keep = {k: v for k, v in base.items() if k in ("run_id", "corpus_sha256", "sweep", "role", "flip")}
+        keep = {k: v for k, v in base.items() if k in CARRIED}
         with contextlib.suppress(OSError):
             runs.atomic_write_json(run_dir / runs.SUMMARY, {"status": status, **keep, "error": error})
         raise
