@@ -167,7 +167,7 @@ def test_lock_refuses_a_live_holder_and_takes_over_a_stale_one(tmp_path):
     dead.wait()
     (tmp_path / ".lock").write_text(str(dead.pid))
     with SweepLock(tmp_path):
-        assert (tmp_path / ".lock").read_text() == str(os.getpid())
+        assert json.loads((tmp_path / ".lock").read_text())["pid"] == os.getpid()
     assert not (tmp_path / ".lock").exists()
 
 

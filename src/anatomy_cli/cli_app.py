@@ -8,8 +8,8 @@ Exit codes (stable, for scripts):
   0  success
   1  a check found a regression, or a run failed or diverged
   2  bad input: options, spec, corpus, run directory, weights
-  3  the sweep directory is locked by another live process
-  130 interrupted (Ctrl-C); the run or sweep can be resumed
+  3  the sweep or run directory is in use by another live process
+  130 interrupted (Ctrl-C, SIGTERM, SIGHUP); the run or sweep can be resumed
   141 the output pipe closed early (`anatomy sample ... | head`): quiet, as a shell reports SIGPIPE
 """
 
@@ -31,7 +31,7 @@ app = typer.Typer(
     name="anatomy",
     help="Take a language model apart: train small char-level transformers and measure, one component "
     "at a time, how a 2017 Transformer becomes a LLaMA.\n\nExit codes: 0 ok, 1 regression/failed run, "
-    "2 bad input, 3 sweep directory locked, 130 interrupted, 141 output pipe closed.",
+    "2 bad input, 3 sweep or run directory in use, 130 interrupted (also SIGTERM/SIGHUP), 141 output pipe closed.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=True,
@@ -84,13 +84,13 @@ def handle_errors(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from .sweep import SweepLocked
+        from .lockfile import Locked
 
         try:
             return fn(*args, **kwargs)
         except (typer.Exit, typer.Abort):
             raise
-        except SweepLocked as err:
+        except Locked as err:
             if STATE["debug"]:
                 raise
             raise fail(str(err), EXIT_LOCKED) from None
@@ -137,3 +137,38 @@ def safe_dir(path: Path) -> Path:
     if path.exists() and not path.is_dir():
         raise ConfigError(f"runs directory is a file: {path}")
     return path
+
+
+class StopFlag:
+    """The first SIGINT, SIGTERM or SIGHUP asks the work to stop cleanly (a run checkpoints at the
+    end of its step, a sweep's workers do the same); a second one aborts at once (KeyboardInterrupt).
+
+    graceful=False makes the first signal abort, as Ctrl-C does by default: for work that cannot
+    stop cleanly, so that SIGTERM and SIGHUP at least unwind it (locks released, exit 130).
+    """
+
+    def __init__(self, graceful: bool = True):
+        self.requested = False
+        self.graceful = graceful
+
+    def __enter__(self) -> StopFlag:
+        import signal
+
+        from .jobs import STOP_SIGNALS
+
+        self.previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested or not self.graceful:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __call__(self) -> bool:
+        return self.requested
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)

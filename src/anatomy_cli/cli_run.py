@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import json
-import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -12,8 +11,8 @@ from typing import Annotated, Optional
 import typer
 
 from . import runs
-from .cli_app import (EXIT_FAILED, EXIT_INTERRUPTED, JsonOut, RunsDir, Sets, app, console, err_console,
-                      handle_errors, safe_dir)
+from .cli_app import (EXIT_FAILED, EXIT_INTERRUPTED, JsonOut, RunsDir, Sets, StopFlag, app, console,
+                      err_console, handle_errors, safe_dir)
 from .components import label
 from .config import SEED_MAX, SEED_MIN, ConfigError
 
@@ -46,28 +45,6 @@ def prepare(
 # ----------------------------------------------------------------------------------- train
 
 
-class StopFlag:
-    """First Ctrl-C asks the loop to stop at the end of the step and checkpoint; a second one aborts."""
-
-    def __init__(self):
-        self.requested = False
-
-    def __enter__(self):
-        self.previous = signal.signal(signal.SIGINT, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-
-    def __call__(self) -> bool:
-        return self.requested
-
-    def __exit__(self, *exc):
-        signal.signal(signal.SIGINT, self.previous)
-
-
 def train_progress():
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -88,7 +65,8 @@ def train(
     dtype: Annotated[Optional[str], typer.Option(help="float32 | bfloat16 (autocast; weights stay fp32).")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", help="Run directory (default: RUNS_DIR/train/<run id>).")] = None,
     runs_dir: RunsDir = Path("runs"),
-    resume: Annotated[Optional[Path], typer.Option("--resume", help="Continue an interrupted run directory.")] = None,
+    resume: Annotated[Optional[Path], typer.Option("--resume", help="Continue an interrupted (or killed) run directory.")] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the run (or other files) already in the run directory.")] = False,
 ):
     """Train one model and write config, metrics, weights, samples and summary to its run directory."""
     from .config import load_run_config
@@ -109,7 +87,7 @@ def train(
                                                                   cfg.model_dump(mode="json"))
     from . import train as training
 
-    _run_train(functools.partial(training.train, cfg, run_dir), run_dir, cfg.train.steps)
+    _run_train(functools.partial(training.train, cfg, run_dir, overwrite=overwrite), run_dir, cfg.train.steps)
 
 
 def _train_resume(run_dir: Path) -> None:
@@ -117,17 +95,23 @@ def _train_resume(run_dir: Path) -> None:
     from .checkpoint import load_run_config
 
     cfg = load_run_config(run_dir)
+    if runs.run_status(run_dir) == runs.INTERRUPTED and not training.has_checkpoint(run_dir):
+        err_console.print(f"{run_dir} was killed before it could save a checkpoint: training it again from step 0")
     _run_train(functools.partial(training.resume, run_dir), run_dir, cfg.train.steps)
 
 
 def _run_train(fn, run_dir: Path, total: int) -> None:
-    with StopFlag() as stop, train_progress() as bar:
-        task = bar.add_task("train", total=total, losses="")
+    try:
+        with StopFlag() as stop, train_progress() as bar:
+            task = bar.add_task("train", total=total, losses="")
 
-        def on_progress(p: dict) -> None:
-            bar.update(task, completed=p["step"], losses=f"train {p['train_loss']:.3f}  val {p['val_loss']:.3f}")
+            def on_progress(p: dict) -> None:
+                bar.update(task, completed=p["step"], losses=f"train {p['train_loss']:.3f}  val {p['val_loss']:.3f}")
 
-        summary = fn(progress=on_progress, stop=stop)
+            summary = fn(progress=on_progress, stop=stop)
+    except KeyboardInterrupt:  # a second signal: aborted without saving this step
+        err_console.print(f"aborted; resume with: anatomy train --resume {run_dir}")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
     status = summary["status"]
     if status == runs.INTERRUPTED:
         err_console.print(f"interrupted at step {summary['steps_done']}; resume with: anatomy train --resume {run_dir}")

@@ -10,7 +10,8 @@ import typer
 from rich.table import Table
 
 from . import runs
-from .cli_app import EXIT_FAILED, JsonOut, RunsDir, safe_dir, app, console, err_console, handle_errors
+from .cli_app import (EXIT_FAILED, EXIT_INTERRUPTED, JsonOut, RunsDir, StopFlag, app, console, err_console,
+                      handle_errors, safe_dir)
 from . import components
 from .components import label
 from .config import MAX_SEEDS, ConfigError
@@ -140,10 +141,15 @@ def ablate(
 
         share_compile_cache(sweep_dir, n_workers)
     display = SweepDisplay(len(plan))
-    with display.progress:
+    with StopFlag(graceful=executor == "local") as stop, display.progress:
         summaries = execute(plan, sweep_dir, n_workers, display, sweep_name=s.name, executor=executor,
                             address=address, invocation={"spec": None if spec is None else str(spec), "flip": flip,
-                                                         "steps": steps})
+                                                         "steps": steps}, stop=stop)
+    if stop.requested:
+        statuses = [x.get("status") for x in summaries]
+        err_console.print(f"interrupted: {statuses.count(runs.COMPLETED)} of {len(plan)} runs completed; rerun "
+                          f"the same command to resume", highlight=False)
+        raise typer.Exit(EXIT_INTERRUPTED)
     if not no_report:
         _write_report(sweep_dir, None, ("md", "html", "csv", "json"))
     statuses = [x.get("status") for x in summaries]

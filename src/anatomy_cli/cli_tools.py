@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from .cli_sweep import SweepDisplay
-from .cli_app import EXIT_FAILED, JsonOut, RunsDir, safe_dir, app, console, err_console, handle_errors
+from .cli_app import EXIT_FAILED, JsonOut, RunsDir, StopFlag, safe_dir, app, console, err_console, handle_errors
 from .sweep import experiments_dir, load_spec
 from .config import ConfigError
 
@@ -76,7 +76,7 @@ def _run_spec(s, runs_dir: Path, workers: int | None, seeds: int | None = None) 
     plan = expand(s, seeds=seeds)
     sweep_dir = safe_dir(runs_dir) / s.name
     display = SweepDisplay(len(plan))
-    with display.progress:
+    with StopFlag(graceful=False), display.progress:  # SIGTERM/SIGHUP unwind like Ctrl-C: exit 130, lock freed
         execute(plan, sweep_dir, workers or default_workers(len(plan)), display, sweep_name=s.name)
     return sweep_dir
 

@@ -8,6 +8,8 @@ the caller through a callback.
 
 from __future__ import annotations
 
+import contextlib
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -16,6 +18,9 @@ from . import runs
 from .config import RunConfig
 
 Event = Callable[[dict], None]
+Stop = Callable[[], bool]
+# The signals that ask a sweep or a run to stop cleanly (save, end 'interrupted', exit 130).
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
 @dataclass(frozen=True)
@@ -37,65 +42,158 @@ class Job:
         return replace(self, run_dir=str(run_dir), config=config or self.config, threads=threads or self.threads)
 
 
-def execute_local(jobs: list[Job], workers: int, emit: Event) -> None:
-    """Train jobs in this process (one worker) or in a pool of spawned processes."""
+def execute_local(jobs: list[Job], workers: int, emit: Event, stop: Stop | None = None) -> None:
+    """Train jobs in this process (one worker) or in a pool of spawned processes.
+
+    stop() turning true ends the sweep early but cleanly: runs in flight save a checkpoint and end
+    'interrupted' at their next step, runs not started are left untouched, and this returns once
+    every worker has finished (none is left running).
+    """
+    stop = stop or (lambda: False)
     if workers <= 1 or len(jobs) <= 1:
         for job in jobs:
+            if stop():
+                return
             emit({"event": "start", "run_id": job.run_id, "steps": job.steps})
-            emit({"event": "done", "run_id": job.run_id, "summary": run_job(job, emit)})
+            emit({"event": "done", "run_id": job.run_id, "summary": run_job(job, emit, stop)})
     else:
-        _execute_parallel(jobs, workers, emit)
+        _execute_parallel(jobs, workers, emit, stop)
 
 
-def run_job(job: Job, emit: Event | None = None) -> dict:
-    """Train one planned run; any failure becomes a 'failed' summary, never a crashed sweep."""
+def run_job(job: Job, emit: Event | None = None, stop: Stop | None = None) -> dict:
+    """Train one planned run; any failure becomes a 'failed' summary, never a crashed sweep.
+
+    An interrupted run with a checkpoint continues from it (the same metrics as training it
+    through); any other unfinished run is trained from scratch.
+
+    A run another live process is training (RunBusy) is reported as failed but not touched.
+    """
     import torch
 
-    from .train import train
+    from .train import has_checkpoint, resume, train
 
     torch.set_num_threads(job.threads)
     cfg = RunConfig.model_validate(job.config)
     run_dir = Path(job.run_dir)
     on_progress = (lambda p: emit({"event": "progress", "run_id": job.run_id, **p})) if emit else None
     try:
-        return train(cfg, run_dir, progress=on_progress, extra_summary=job.extra)
+        if runs.run_status(run_dir) == runs.INTERRUPTED and has_checkpoint(run_dir):
+            with contextlib.suppress(runs.RunError):  # a changed corpus, a bad checkpoint: start again
+                return resume(run_dir, progress=on_progress, stop=stop)
+        return train(cfg, run_dir, progress=on_progress, stop=stop, extra_summary=job.extra)
+    except runs.RunBusy as err:
+        return {"status": runs.FAILED, "run_id": job.run_id, "error": str(err), **job.extra}
     except Exception as err:  # noqa: BLE001 - recorded in the run's summary, the sweep goes on
         summary = {"status": runs.FAILED, "run_id": job.run_id, "error": f"{err.__class__.__name__}: {err}",
                    **job.extra}
         run_dir.mkdir(parents=True, exist_ok=True)
         if not (run_dir / runs.CONFIG).exists():  # so reports list the failed run too
             runs.atomic_write_json(run_dir / runs.CONFIG, job.config)
-        runs.atomic_write_json(run_dir / runs.SUMMARY, summary)
+        runs.atomic_write_json(run_dir / runs.SUMMARY, {**(runs.read_summary(run_dir) or {}), **summary})
         return summary
 
 
-def _queue_emit(queue) -> Event:
-    return lambda e: queue.put(e)
+# ------------------------------------------------------------------ the pool of spawned workers
+# Each worker ignores nothing and dies of nothing it can handle: SIGINT, SIGTERM and SIGHUP (a
+# terminal's Ctrl-C or hang-up, `kill`, a killpg of the sweep) only ask it to stop, exactly like
+# the sweep's own stop event, which the parent sets when it is asked to stop; a worker whose parent
+# is gone (the sweep was SIGKILLed) stops too. Stopping means: finish the step, save, end
+# 'interrupted'. A worker killed outright still leaves a resumable run (runs.run_status).
+
+_WORKER: dict = {}
 
 
-def _worker(job: Job, queue) -> dict:
-    return run_job(job, _queue_emit(queue))
+def _init_worker(stop_event, queue) -> None:
+    import os
+    import threading
+
+    _WORKER.update(stop_event=stop_event, queue=queue, parent=os.getppid(), signals=0, busy=threading.Lock())
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _worker_signal)
+    threading.Thread(target=_exit_with_parent, daemon=True).start()
 
 
-def _execute_parallel(jobs: list[Job], workers: int, emit: Event) -> None:
+def _exit_with_parent() -> None:
+    """An orphaned worker would wait for work forever (its siblings hold the queue open): once the
+    parent is gone and the run in progress has saved (_worker_stop sees it too), exit."""
+    import os
+    import time
+
+    while os.getppid() == _WORKER["parent"]:
+        time.sleep(0.5)
+    with _WORKER["busy"]:
+        os._exit(0)
+
+
+def _worker_signal(signum, frame) -> None:
+    _WORKER["signals"] += 1
+    if _WORKER["signals"] > 1:  # asked twice: abort now (the run is recorded 'interrupted')
+        raise KeyboardInterrupt
+
+
+def _worker_stop() -> bool:
+    import os
+
+    return bool(_WORKER["signals"]) or _WORKER["stop_event"].is_set() or os.getppid() != _WORKER["parent"]
+
+
+def _worker(job: Job) -> dict | None:
+    with _WORKER["busy"]:
+        if _worker_stop():  # queued before the sweep was stopped: leave the run untouched
+            return None
+        return run_job(job, _WORKER["queue"].put, _worker_stop)
+
+
+def _execute_parallel(jobs: list[Job], workers: int, emit: Event, stop: Stop) -> None:
     import multiprocessing as mp
     import queue as queue_mod
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures.process import BrokenProcessPool
 
     ctx = mp.get_context("spawn")  # a clean interpreter per worker: no forked torch thread pools
-    with ctx.Manager() as manager, ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        q = manager.Queue()
-        futures = {}
-        for job in jobs:
-            futures[pool.submit(_worker, job, q)] = job.run_id
-        pending = set(futures)
-        started: set[str] = set()
-        while pending:
-            done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+    # A plain queue and event (no Manager process, which a SIGTERM to the group would kill).
+    stop_event, q = ctx.Event(), ctx.Queue()
+    lost: list[Job] = []  # runs whose worker died under them (killed: out of memory, SIGKILL)
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
+                             initargs=(stop_event, q)) as pool:
+        try:
+            futures = {pool.submit(_worker, job): job for job in jobs}
+            pending = set(futures)
+            started: set[str] = set()
+            while pending:
+                if stop() and not stop_event.is_set():
+                    stop_event.set()
+                    for fut in pending:
+                        fut.cancel()  # not yet handed to a worker
+                done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+                _drain(q, emit, started, queue_mod)
+                for fut in done:
+                    try:
+                        summary = None if fut.cancelled() else fut.result()
+                    except BrokenProcessPool:
+                        lost.append(futures[fut])
+                        continue
+                    if summary is not None:
+                        emit({"event": "done", "run_id": futures[fut].run_id, "summary": summary})
             _drain(q, emit, started, queue_mod)
-            for fut in done:
-                emit({"event": "done", "run_id": futures[fut], "summary": fut.result()})
-        _drain(q, emit, started, queue_mod)
+        finally:
+            stop_event.set()  # however this ends (a second Ctrl-C), workers save and stop, then exit
+    for job in lost:  # every worker has exited now: a run still 'running' lost its process
+        summary = _record_lost(job)
+        if summary is not None:
+            emit({"event": "done", "run_id": job.run_id, "summary": summary})
+
+
+def _record_lost(job: Job) -> dict | None:
+    """Mark a run whose worker was killed mid-run 'failed' with the reason (None: it never started)."""
+    run_dir = Path(job.run_dir)
+    summary = runs.read_summary(run_dir) if (run_dir / runs.SUMMARY).exists() else None
+    if not summary or summary.get("status") != runs.RUNNING:
+        return summary
+    summary = {**summary, "status": runs.FAILED, "owner": None,
+               "error": "the worker process died mid-run (killed by a signal or out of memory)"}
+    runs.atomic_write_json(run_dir / runs.SUMMARY, summary)
+    return summary
 
 
 def _drain(q, emit: Event, started: set, queue_mod) -> None:

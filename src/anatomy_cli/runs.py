@@ -10,7 +10,10 @@ A run directory holds, in the order they are written:
   resume.pt         optimizer/RNG/step state of an interrupted run (torch.load(weights_only=True))
   samples.txt       text generated from a fixed prefix, temperature and seed
   summary.json      written last, atomically: status ('completed', 'diverged', 'failed',
-                    'interrupted', 'running'), losses, params, tokens, speed, hardware
+                    'interrupted', 'running'), losses, params, tokens, speed, hardware, and
+                    corpus_sha256 (the fingerprint of the training text; resume refuses another)
+  .lock             held by the process training the run (lockfile.DirLock); a 'running'
+                    summary names that owner, and is read as 'interrupted' once the owner is dead
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import re
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from . import lockfile
 
 CONFIG = "config.json"
 METRICS = "metrics.jsonl"
@@ -211,11 +216,48 @@ def read_design(sweep_dir: Path) -> dict | None:
 
 
 def run_status(run_dir: Path) -> str | None:
+    """The summary's status; 'running' only while its owner lives (a killed run is 'interrupted')."""
     try:
         summary = read_summary(run_dir)
     except RunError:
         return None
-    return summary.get("status") if summary else None
+    if not isinstance(summary, dict):
+        return None
+    status = summary.get("status")
+    if status == RUNNING and not lockfile.alive(summary.get("owner")):
+        return INTERRUPTED
+    return status
+
+
+class RunBusy(lockfile.Locked):
+    """Another live process is training this run directory."""
+
+
+class RunLock(lockfile.DirLock):
+    """run_dir/.lock, held by whoever trains the run (train, resume, a sweep's worker)."""
+
+    error = RunBusy
+
+    def __init__(self, run_dir: Path):
+        super().__init__(run_dir, "run directory")
+
+
+def check_replace(run_dir: Path, overwrite: bool) -> None:
+    """Refuse to train into a folder of other runs (a sweep or runs directory: its report would
+    break), and into any non-empty folder (a finished run, other files) unless overwrite."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return
+    if next(run_dir.glob(f"*/{CONFIG}"), None) or next(run_dir.glob(f"*/*/{CONFIG}"), None):
+        raise RunError(f"{run_dir} holds other runs (a sweep or runs directory); train into a new directory")
+    entries = [p for p in run_dir.iterdir() if not p.name.startswith(lockfile.LOCK)]
+    if not entries or overwrite:
+        return
+    if is_run_dir(run_dir):
+        status = run_status(run_dir) or "unfinished"
+        hint = f" or resume it with --resume {run_dir}" if status == INTERRUPTED else ""
+        raise RunError(f"{run_dir} already holds a {status} run; pass --overwrite to replace it{hint}")
+    raise RunError(f"{run_dir} is not empty; pass --overwrite to train into it anyway")
 
 
 def is_run_dir(path: Path) -> bool:

@@ -6,8 +6,9 @@ Designs (components from components.py, built-in or declared in the spec):
   factorial      every combination of the chosen flips (others keep the base's values)
   list           named configs given as dotted overrides of the base
 Extra `axes` are crossed with the design; every config is validated before any run starts.
-Execution skips runs already completed (or diverged: that is a result), reruns failed or
-interrupted ones from scratch, and holds a lock so two sweeps never share a directory.
+Execution skips runs already completed (or diverged: that is a result), continues interrupted
+ones from their checkpoint, reruns the rest from scratch, and holds a lock so two sweeps never
+share a directory.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from pathlib import Path
 from collections.abc import Iterable
 
 from . import runs
-from .jobs import Event, Job, execute_local
+from .jobs import Event, Job, Stop, execute_local
+from .lockfile import DirLock, Locked
 from . import components
 from .components import Component, Design
 from .config import (AblationSpec, ConfigError, ModelConfig, RunConfig, TrainConfig, apply_overrides, load_toml,
@@ -61,7 +63,7 @@ def check_data(plan) -> dict[str | None, int]:
     return sizes
 
 
-class SweepLocked(RuntimeError):
+class SweepLocked(Locked):
     """Another live process holds the sweep directory."""
 
 
@@ -249,46 +251,14 @@ def measured_flops(sweep_dir: Path) -> tuple[float, int] | None:
 # ----------------------------------------------------------------------------------- execution
 
 
-class SweepLock:
-    """sweep_dir/.lock holds the owner's pid; a lock whose process is gone is taken over."""
+class SweepLock(DirLock):
+    """sweep_dir/.lock names its live owner; the protocol (atomic take, race-free stale takeover)
+    is lockfile.DirLock's."""
+
+    error = SweepLocked
 
     def __init__(self, sweep_dir: Path):
-        self.path = Path(sweep_dir) / ".lock"
-
-    def __enter__(self) -> SweepLock:
-        for _ in range(2):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            except FileExistsError:
-                holder = self._holder()
-                if holder is not None and _alive(holder):
-                    raise SweepLocked(f"sweep directory {self.path.parent} is in use by pid {holder}") from None
-                self.path.unlink(missing_ok=True)  # stale: its process is gone
-                continue
-            with os.fdopen(fd, "w") as f:
-                f.write(str(os.getpid()))
-            return self
-        raise SweepLocked(f"could not take the lock {self.path}")
-
-    def _holder(self) -> int | None:
-        try:
-            return int(self.path.read_text().strip())
-        except (OSError, ValueError):
-            return None
-
-    def __exit__(self, *exc) -> None:
-        if self._holder() == os.getpid():
-            self.path.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        super().__init__(sweep_dir, "sweep directory")
 
 
 def default_workers(n_runs: int) -> int:
@@ -322,15 +292,20 @@ def pending_runs(plan: list[PlannedRun], sweep_dir: Path) -> list[PlannedRun]:
 
 def execute(plan: list[PlannedRun], sweep_dir: Path, workers: int = 1, on_event: Event | None = None,
             sweep_name: str | None = None, executor: str = "local", address: str | None = None,
-            invocation: dict | None = None) -> list[dict]:
+            invocation: dict | None = None, stop: Stop | None = None) -> list[dict]:
     """Run every pending run of the plan into sweep_dir/<run_id>; return all summaries.
 
     executor 'local' runs in this process (workers=1) or a process pool; 'dask' submits each run
     to an existing dask.distributed cluster at `address` (see dask_exec.py). `invocation` (spec,
     flip, steps: how the CLI was called) goes into sweep.json, so a report can say the command
     that adds seeds.
+    When stop() turns true (local executor) the runs in flight save and end 'interrupted', no new
+    run starts, and this returns after every worker has exited, with the lock released: a rerun
+    resumes the sweep.
     """
     sweep_dir = Path(sweep_dir)
+    if runs.is_run_dir(sweep_dir):  # runs inside a run: its report would see only the outer one
+        raise runs.RunError(f"{sweep_dir} is a run directory, not a sweep directory; choose another --runs-dir")
     sweep_dir.mkdir(parents=True, exist_ok=True)
     emit = on_event or (lambda e: None)
     with SweepLock(sweep_dir):
@@ -347,7 +322,7 @@ def execute(plan: list[PlannedRun], sweep_dir: Path, workers: int = 1, on_event:
 
             execute_dask(todo_jobs, address, emit)
         else:
-            execute_local(todo_jobs, workers, emit)
+            execute_local(todo_jobs, workers, emit, stop)
     return [runs.read_summary(sweep_dir / p.run_id) or {} for p in plan]
 
 

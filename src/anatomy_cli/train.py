@@ -22,6 +22,7 @@ from .config import ConfigError, RunConfig
 from .data import BatchSampler, Corpus, fixed_windows, load_corpus
 from .devices import (accelerator_name, autocast, compile_model, configure, matmul_precision, peak_rss_bytes,
                       resolve_device, sdpa_kernel)
+from .lockfile import identity
 from .model import LM
 from .sample import generate
 
@@ -114,6 +115,9 @@ class Trainer:
 
     # ------------------------------------------------------------------ state
     def save_resume(self) -> None:
+        # resume.pt is the commit mark of a checkpoint: drop the old one before last.safetensors
+        # changes, so a kill between the two writes leaves no checkpoint rather than a mismatched one.
+        (self.run_dir / runs.RESUME).unlink(missing_ok=True)
         save_weights(self.model, self.run_dir / runs.LAST)
         state = {
             "optimizer": self.opt.state_dict(),
@@ -334,41 +338,110 @@ def summarize(tr: Trainer, status: str, diverged_at: int | None, extra: dict | N
         "compiled": t.compile,
         "diverged_at": diverged_at,
         "error": f"diverged at step {diverged_at}" if diverged_at is not None else None,
+        "corpus_sha256": tr.corpus.meta.get("sha256"),
         **(extra or {}),
     }
 
 
+# Summary fields a run keeps through 'running', 'failed' and 'interrupted' summaries and a resume.
+SWEEP_KEYS = ("sweep", "role", "flip")
+CARRIED = ("run_id", "corpus_sha256", *SWEEP_KEYS)
+
+
 def train(cfg: RunConfig, run_dir: Path, progress: Progress | None = None,
-          stop: Callable[[], bool] | None = None, extra_summary: dict | None = None) -> dict:
-    """Train one run from scratch into run_dir (emptied of a previous attempt first)."""
+          stop: Callable[[], bool] | None = None, extra_summary: dict | None = None,
+          overwrite: bool = True) -> dict:
+    """Train one run from scratch into run_dir (emptied of a previous attempt first).
+
+    Holds run_dir/.lock throughout (RunBusy if a live process trains it). overwrite=False refuses a
+    folder that is not empty; a folder of other runs is always refused (runs.check_replace).
+    """
     corpus = load_corpus(cfg.data.source, cfg.data.val_frac, cfg.model.ctx_len)
     cfg = resolve_config(cfg, corpus)
     check_fits(cfg, resolve_device(cfg.train.device))
     run_dir = Path(run_dir)
+    runs.check_replace(run_dir, overwrite)
     run_dir.mkdir(parents=True, exist_ok=True)
+    with runs.RunLock(run_dir):
+        runs.check_replace(run_dir, overwrite)  # again, now that no one else can write here
+        return _from_scratch(cfg, run_dir, corpus, progress, stop, extra_summary or {})
+
+
+def _from_scratch(cfg: RunConfig, run_dir: Path, corpus: Corpus, progress, stop, extra: dict) -> dict:
     for name in (runs.METRICS, runs.SUMMARY, runs.BEST, runs.LAST, runs.RESUME, runs.SAMPLES):
         (run_dir / name).unlink(missing_ok=True)
     runs.atomic_write_json(run_dir / runs.CONFIG, cfg.model_dump(mode="json"))  # first
     corpus.vocab.save(run_dir / runs.VOCAB)
-    runs.atomic_write_json(run_dir / runs.SUMMARY, {"status": runs.RUNNING, **(extra_summary or {})})
-    tr = Trainer(cfg, run_dir, corpus, progress)
-    return _finish(tr, stop, extra_summary)
+    base = {"run_id": run_dir.name, "corpus_sha256": corpus.meta.get("sha256"), **extra}
+    _mark_running(run_dir, base)
+    with _recorded(run_dir, base):
+        tr = Trainer(cfg, run_dir, corpus, progress)
+        return _finish(tr, stop, extra)
 
 
 def resume(run_dir: Path, progress: Progress | None = None, stop: Callable[[], bool] | None = None) -> dict:
-    """Continue an interrupted run from its saved step; metrics equal an uninterrupted run's."""
+    """Continue an interrupted run; metrics equal an uninterrupted run's.
+
+    'Interrupted' includes a run whose process died (SIGKILL, power loss): its summary still says
+    'running' but names a dead owner. With a checkpoint (resume.pt, written when a run is stopped)
+    training continues from its step; without one (the process was killed before it could save)
+    the run starts again from step 0 with its recorded config and seed, which gives the same
+    metrics an uninterrupted run would. Either way the corpus must be the one the run started on.
+    """
     run_dir = Path(run_dir)
     cfg = load_run_config(run_dir)
-    status = runs.run_status(run_dir)
-    if status != runs.INTERRUPTED:
-        raise runs.RunError(f"{run_dir} is {status or 'not a run'}; only interrupted runs can be resumed")
-    corpus = load_corpus(cfg.data.source, cfg.data.val_frac, cfg.model.ctx_len)
+    with runs.RunLock(run_dir):  # status is read under the lock: a finished rival is seen finished
+        status = runs.run_status(run_dir)
+        if status != runs.INTERRUPTED:
+            raise runs.RunError(f"{run_dir} is {status or 'not a run'}; only interrupted runs can be resumed")
+        summary = runs.read_summary(run_dir) or {}
+        corpus = load_corpus(cfg.data.source, cfg.data.val_frac, cfg.model.ctx_len)
+        check_corpus(run_dir, cfg, summary, corpus)
+        extra = {k: summary[k] for k in SWEEP_KEYS if k in summary}
+        if not (run_dir / runs.RESUME).is_file():
+            return _from_scratch(cfg, run_dir, corpus, progress, stop, extra)
+        tr = Trainer(cfg, run_dir, corpus, progress)
+        tr.load_resume()  # a bad checkpoint raises here and leaves the run as it was
+        base = {"run_id": run_dir.name, "corpus_sha256": corpus.meta.get("sha256"), **extra}
+        _mark_running(run_dir, {**summary, **base})
+        with _recorded(run_dir, {**summary, **base}):
+            return _finish(tr, stop, extra)
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    """Whether resume() continues from a saved step (else it trains again from step 0)."""
+    return (Path(run_dir) / runs.RESUME).is_file()
+
+
+def check_corpus(run_dir: Path, cfg: RunConfig, summary: dict, corpus: Corpus) -> None:
+    """Refuse to continue a run on other data than it started on (fingerprint, else vocabulary size)."""
+    was, now = summary.get("corpus_sha256"), corpus.meta.get("sha256")
+    if was and now and was != now:
+        raise runs.RunError(f"{run_dir}: the corpus changed since the run started (sha256 {was[:12]}... is now "
+                            f"{now[:12]}...); resuming would train on other data")
     if len(corpus.vocab) != cfg.model.vocab_size:
         raise runs.RunError(f"{run_dir}: the corpus changed since the run started (vocabulary size differs)")
-    tr = Trainer(cfg, run_dir, corpus, progress)
-    tr.load_resume()
-    extra = {k: v for k, v in (runs.read_summary(run_dir) or {}).items() if k in ("sweep",)}
-    return _finish(tr, stop, extra)
+
+
+def _mark_running(run_dir: Path, base: dict) -> None:
+    """The summary while training: 'running', owned by this process (runs.run_status checks it lives)."""
+    keep = {k: v for k, v in base.items() if k in CARRIED}
+    runs.atomic_write_json(run_dir / runs.SUMMARY, {"status": runs.RUNNING, "owner": identity(), **keep})
+
+
+@contextlib.contextmanager
+def _recorded(run_dir: Path, base: dict):
+    """Whatever ends training early leaves the run 'failed' (an exception: out of memory, a bug) or
+    'interrupted' (a second Ctrl-C, SystemExit) with the error in summary.json, never 'running'."""
+    try:
+        yield
+    except BaseException as err:
+        status = runs.FAILED if isinstance(err, Exception) else runs.INTERRUPTED
+        error = f"{err.__class__.__name__}: {err}".rstrip(": ")
+        keep = {k: v for k, v in base.items() if k in CARRIED}
+        with contextlib.suppress(OSError):
+            runs.atomic_write_json(run_dir / runs.SUMMARY, {"status": status, **keep, "error": error})
+        raise
 
 
 def _finish(tr: Trainer, stop, extra: dict | None) -> dict:

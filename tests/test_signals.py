@@ -1,0 +1,199 @@
+"""Real processes, real signals: SIGTERM/SIGHUP stop `ablate` and `train` as Ctrl-C does (exit 130,
+runs saved and resumable, no worker left behind, lock released); a SIGKILLed run is resumable."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from toy_data import TINY_MODEL, TINY_TRAIN, write_corpus, write_spec
+
+from anatomy_cli import lockfile, runs
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+CLI = [sys.executable, "-m", "anatomy_cli"]
+
+
+def wait_for(predicate, timeout: float = 180.0, what: str = "condition") -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{what} not reached in {timeout:.0f}s")
+
+
+def flat(text: str) -> str:
+    """Console output with rich's line wrapping undone."""
+    return " ".join(text.split())
+
+
+def group_gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def raw_status(run_dir: Path) -> str | None:
+    summary = runs.read_summary(run_dir)
+    return summary.get("status") if summary else None
+
+
+def steps(run_dir: Path) -> list[int]:
+    return [r["step"] for r in runs.read_metrics(run_dir)]
+
+
+def in_flight(sweep: Path, n: int) -> bool:
+    """n runs have trained a few steps and are still going."""
+    dirs = [d for d in sweep.glob("*/") if runs.run_status(d) == runs.RUNNING and len(runs.read_metrics(d)) > 3]
+    return len(dirs) >= n
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig,workers", [(signal.SIGTERM, 2), (signal.SIGHUP, 1)], ids=["sigterm-pool", "sighup-inline"])
+def test_signal_stops_a_sweep_like_ctrl_c(tmp_path, sig, workers):
+    n_steps = 200
+    spec = write_spec(tmp_path, top={"design": "list", "configs": [{"name": f"c{i}"} for i in range(2)]},
+                      train={"steps": n_steps, "eval_interval": 100, "sample_len": 0})
+    cmd = CLI + ["ablate", str(spec), "--runs-dir", str(tmp_path / "runs"), "--workers", str(workers), "--no-report"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+                            start_new_session=True)  # its own process group: we can see every child
+    sweep = tmp_path / "runs" / "toy"
+    try:
+        wait_for(lambda: in_flight(sweep, workers) or proc.poll() is not None, what="runs in flight")
+        assert proc.poll() is None, proc.communicate()[1]
+        proc.send_signal(sig)  # to the sweep process only, as `kill` or a service manager would
+        out, err = proc.communicate(timeout=180)
+        assert proc.returncode == 130, err
+        assert "rerun the same command to resume" in flat(err) and "Traceback" not in err
+        wait_for(lambda: group_gone(proc.pid), timeout=60, what="every worker exited")
+    finally:
+        if not group_gone(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert not (sweep / ".lock").exists()
+    dirs = [d for d in sweep.iterdir() if d.is_dir()]
+    statuses = [raw_status(d) for d in dirs]
+    assert runs.RUNNING not in statuses
+    stopped = [d for d in dirs if raw_status(d) == runs.INTERRUPTED]
+    assert len(stopped) >= workers
+    for d in stopped:  # saved at the step it stopped: continued, not restarted, by the rerun
+        assert (d / runs.RESUME).is_file() and steps(d)[-1] == runs.read_summary(d)["steps_done"] < n_steps
+    rerun = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr
+    dirs = [d for d in sweep.iterdir() if d.is_dir()]
+    assert len(dirs) == 2 and all(raw_status(d) == runs.COMPLETED for d in dirs)
+    for d in dirs:
+        assert steps(d) == list(range(n_steps + 1)), d.name
+
+
+def train_cmd(tmp_path: Path, out: Path, n_steps: int = 200) -> list[str]:
+    corpus = write_corpus(tmp_path)
+    sets = [f"--set=data.source={json.dumps(str(corpus))}"]
+    sets += [f"--set=model.{k}={json.dumps(v)}" for k, v in TINY_MODEL.items()]
+    sets += [f"--set=train.{k}={json.dumps(v)}" for k, v in TINY_TRAIN.items()]
+    sets += [f"--set=train.steps={n_steps}", "--set=train.eval_interval=100", "--set=train.sample_len=0"]
+    return CLI + ["train", *sets, "--out", str(out)]
+
+
+@pytest.mark.slow
+def test_sigterm_saves_a_training_run_and_resume_finishes_it(tmp_path):
+    run = tmp_path / "run"
+    proc = subprocess.Popen(train_cmd(tmp_path, run), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=ENV)
+    wait_for(lambda: len(runs.read_metrics(run)) > 20 or proc.poll() is not None, what="training under way")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 130, err
+    assert f"resume with: anatomy train --resume {run}" in flat(err)
+    summary = runs.read_summary(run)
+    assert summary["status"] == runs.INTERRUPTED and (run / runs.RESUME).is_file()
+    assert not (run / ".lock").exists()
+    resumed = subprocess.run(CLI + ["train", "--resume", str(run)], capture_output=True, text=True, env=ENV,
+                             timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    assert raw_status(run) == runs.COMPLETED and steps(run) == list(range(201))
+
+
+@pytest.mark.slow
+def test_sigkilled_run_is_resumable_from_scratch(tmp_path):
+    run = tmp_path / "run"
+    proc = subprocess.Popen(train_cmd(tmp_path, run), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
+    wait_for(lambda: len(runs.read_metrics(run)) > 20 or proc.poll() is not None, what="training under way")
+    proc.kill()
+    proc.wait()
+    summary = runs.read_summary(run)
+    assert summary["status"] == runs.RUNNING and summary["owner"]["pid"] == proc.pid  # what the file says
+    assert runs.run_status(run) == runs.INTERRUPTED  # what it means: its owner is dead
+    resumed = subprocess.run(CLI + ["train", "--resume", str(run)], capture_output=True, text=True, env=ENV,
+                             timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "training it again from step 0" in flat(resumed.stderr)
+    assert raw_status(run) == runs.COMPLETED and steps(run) == list(range(201))
+
+
+@pytest.mark.slow
+def test_ctrl_c_twice_aborts_but_leaves_the_run_resumable(tmp_path):
+    run = tmp_path / "run"
+    proc = subprocess.Popen(train_cmd(tmp_path, run), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=ENV)
+    wait_for(lambda: len(runs.read_metrics(run)) > 20 or proc.poll() is not None, what="training under way")
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.01)  # two signals, not one merged pending one; the second most likely lands mid-step
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and f"anatomy train --resume {run}" in flat(err)
+    assert raw_status(run) == runs.INTERRUPTED  # never 'running'
+    resumed = subprocess.run(CLI + ["train", "--resume", str(run)], capture_output=True, text=True, env=ENV,
+                             timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    assert steps(run) == list(range(201))
+
+
+@pytest.mark.slow
+def test_sigkilled_sweep_parent_does_not_orphan_its_workers(tmp_path):
+    spec = write_spec(tmp_path, top={"design": "list", "configs": [{"name": f"c{i}"} for i in range(2)]},
+                      train={"steps": 200, "eval_interval": 100, "sample_len": 0})
+    cmd = CLI + ["ablate", str(spec), "--runs-dir", str(tmp_path / "runs"), "--workers", "2", "--no-report"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV, start_new_session=True)
+    sweep = tmp_path / "runs" / "toy"
+    try:
+        wait_for(lambda: in_flight(sweep, 2) or proc.poll() is not None, what="runs in flight")
+        proc.kill()  # the parent only: its workers notice and stop at their next step
+        proc.wait()
+        wait_for(lambda: group_gone(proc.pid), timeout=120, what="every worker exited")
+    finally:
+        if not group_gone(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
+    dirs = [d for d in sweep.iterdir() if d.is_dir()]
+    assert [raw_status(d) for d in dirs] == [runs.INTERRUPTED] * 2
+    assert lockfile.read_owner(sweep / ".lock")["pid"] == proc.pid  # stale: the next sweep takes it over
+    rerun = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr
+    assert all(steps(d) == list(range(201)) for d in dirs)
+
+
+@pytest.mark.slow
+def test_two_ablates_started_at_the_same_instant_one_runs_one_exits_3(tmp_path):
+    spec = write_spec(tmp_path, top={"design": "list", "configs": [{"name": "a"}]},
+                      train={"steps": 30, "eval_interval": 10, "sample_len": 0})
+    for attempt in range(2):
+        runs_dir = tmp_path / f"runs{attempt}"
+        cmd = CLI + ["ablate", str(spec), "--runs-dir", str(runs_dir), "--workers", "1", "--no-report"]
+        procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+                 for _ in range(2)]
+        results = [(p.wait(timeout=600), p.communicate()[1]) for p in procs]
+        codes = sorted(code for code, _ in results)
+        assert codes == [0, 3], results
+        loser = next(err for code, err in results if code == 3)
+        assert "is in use by pid" in flat(loser) and "Traceback" not in loser
+        (run,) = [d for d in (runs_dir / "toy").iterdir() if d.is_dir()]
+        assert steps(run) == list(range(31))  # trained once, not twice into one file
