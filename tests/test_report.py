@@ -529,3 +529,11 @@ def test_report_files_follow_the_umask(tmp_path):
         os.umask(old)
     modes = {name: p.stat().st_mode & 0o777 for name, p in paths.items()}
     assert modes == {name: 0o644 for name in paths}
+
+
+def test_a_killed_runs_running_summary_reads_as_interrupted(tmp_path):
+    run = make_run(tmp_path, "killed", status="running")
+    summary = json.loads((run / "summary.json").read_text())
+    summary["owner"] = {"pid": 2**22 + 12345, "start": "1", "host": os.uname().nodename}  # no such process
+    (run / "summary.json").write_text(json.dumps(summary))
+    assert report.load_runs(tmp_path)[0]["status"].tolist() == ["interrupted"]

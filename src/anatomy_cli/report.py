@@ -52,6 +52,7 @@ from anatomy_cli.runs import (
     read_design,
     read_metrics,
     read_summary,
+    status_of,
 )
 from anatomy_cli.stats import t_interval
 
@@ -170,7 +171,7 @@ def _outcome(summary: dict | None, metrics: list[dict]) -> dict:
     """Summary fields; losses fall back to metrics.jsonl when there is no summary yet."""
     summary = summary or {}
     out = {k: summary.get(k) for k in SUMMARY_KEYS}
-    out["status"] = summary.get("status") or INCOMPLETE
+    out["status"] = status_of(summary) or INCOMPLETE  # a killed run reads 'interrupted', not 'running'
     vals = [(m.get("step"), m["val_loss"]) for m in metrics if m.get("val_loss") is not None]
     finite = [(s, v) for s, v in vals if math.isfinite(v)]
     if finite and out["best_val_loss"] is None:

@@ -221,8 +221,11 @@ def run_status(run_dir: Path) -> str | None:
         summary = read_summary(run_dir)
     except RunError:
         return None
-    if not isinstance(summary, dict):
-        return None
+    return status_of(summary) if isinstance(summary, dict) else None
+
+
+def status_of(summary: dict) -> str | None:
+    """A summary's status, with 'running' only while its owner lives (a killed run: 'interrupted')."""
     status = summary.get("status")
     if status == RUNNING and not lockfile.alive(summary.get("owner")):
         return INTERRUPTED
