@@ -43,21 +43,34 @@ def require() -> None:
 
 
 class EventWriter:
-    """One event file: a file_version record, then one Event per (step, summary)."""
+    """One event file: a file_version record, then one Event per (step, summary).
+
+    Records are buffered and appended with the file opened only while writing (at each flush of a
+    run's metrics): no file handle stays open across training steps or outlives the writer.
+    """
 
     def __init__(self, path: Path, wall_time: float | None = None):
         from tensorboard.compat.proto import event_pb2
-        from tensorboard.summary.writer.record_writer import RecordWriter
 
         self.pb = event_pb2
         self.path = Path(path)
-        self.file = open(self.path, "wb")  # noqa: SIM115 - closed in close()
-        self.writer = RecordWriter(self.file)
+        self.path.write_bytes(b"")
+        self.pending: list[bytes] = []
         self.write(event_pb2.Event(wall_time=wall_time or time.time(), file_version="brain.Event:2"))
         self.rate = TokenRate()
 
     def write(self, event) -> None:
-        self.writer.write(event.SerializeToString())
+        self.pending.append(event.SerializeToString())
+
+    def flush(self) -> None:
+        from tensorboard.summary.writer.record_writer import RecordWriter
+
+        if self.pending:
+            with open(self.path, "ab") as f:
+                writer = RecordWriter(f)
+                for record in self.pending:
+                    writer.write(record)
+            self.pending = []
 
     def scalars(self, step: int, values: dict[str, float], wall_time: float | None = None) -> None:
         from tensorboard.compat.proto.summary_pb2 import Summary
@@ -87,10 +100,10 @@ class EventWriter:
             if rate is not None:
                 values["tokens_per_s"] = rate
             self.scalars(int(row["step"]), values, wall_time)
-        self.file.flush()
+        self.flush()
 
     def close(self) -> None:
-        self.file.close()
+        self.flush()
 
 
 class TokenRate:
@@ -128,6 +141,7 @@ def for_run(run_dir: Path, config: dict) -> EventWriter | None:
     name = f"{PREFIX}{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}"
     writer = EventWriter(run_dir / name)
     writer.text("config", config_text(config))
+    writer.flush()
     return writer
 
 
