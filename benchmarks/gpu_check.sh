@@ -22,33 +22,10 @@
 # Exit:   0 passed, 1 a check failed, 2 no CUDA device, 3 missing Python packages, 124 timed out.
 set -uo pipefail
 
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-ROOT="$(dirname "$HERE")"
-PY="${PYTHON:-python3}"
-export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
-export PYTHONUNBUFFERED=1
-
-if ! command -v "$PY" >/dev/null 2>&1; then
-    echo "gpu_check: $PY not found (set PYTHON=/path/to/python)" >&2
-    exit 3
-fi
-
-if ! "$PY" -c "import pydantic" >/dev/null 2>&1 && [ -d "$ROOT/.whl" ]; then
-    echo "gpu_check: pydantic missing; installing it from $ROOT/.whl (no network)"
-    if ! "$PY" -m pip install --quiet --no-index --find-links "$ROOT/.whl" "pydantic>=2.6,<3"; then
-        DEPS="${TMPDIR:-/tmp}/anatomy-gpu-check-deps"
-        "$PY" -m pip install --quiet --no-index --find-links "$ROOT/.whl" --target "$DEPS" "pydantic>=2.6,<3" \
-            && export PYTHONPATH="$PYTHONPATH:$DEPS"
-    fi
-fi
-
-DEVICE=cuda   # `--device cpu --tiny` (a CPU smoke test of this script) skips the CUDA requirement
-prev=""
-for arg in "$@"; do
-    [ "$prev" = "--device" ] && DEVICE="$arg"
-    case "$arg" in --device=*) DEVICE="${arg#--device=}" ;; esac
-    prev="$arg"
-done
+NAME=gpu_check
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
+install_missing "pydantic:pydantic>=2.6,<3"
+DEVICE="$(device_arg "$@")"   # `--device cpu --tiny` (a CPU smoke test of this script) skips the CUDA requirement
 "$PY" "$HERE/gpu_check.py" preflight --device "$DEVICE" || exit $?   # 3: missing packages, 2: no CUDA
 
 timeout --signal=INT --kill-after=15 "${GPU_CHECK_TIMEOUT:-290}" "$PY" "$HERE/gpu_check.py" run "$@"

@@ -22,41 +22,13 @@
 #         4 or 124 out of time.
 set -uo pipefail
 
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-ROOT="$(dirname "$HERE")"
-PY="${PYTHON:-python3}"
+NAME=gpu_sweep
 LIMIT="${GPU_SWEEP_TIMEOUT:-480}"
-export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
-export PYTHONUNBUFFERED=1
-
-if ! command -v "$PY" >/dev/null 2>&1; then
-    echo "gpu_sweep: $PY not found (set PYTHON=/path/to/python)" >&2
-    exit 3
-fi
-
-# module -> requirement, for everything `anatomy ablate` imports besides torch
-REQS=("numpy:numpy" "pydantic:pydantic>=2.6,<3" "typer:typer>=0.12" "rich:rich>=13" "safetensors:safetensors>=0.4"
-      "pandas:pandas>=2.0" "matplotlib:matplotlib>=3.7" "tabulate:tabulate>=0.9")
-missing=()
-for pair in "${REQS[@]}"; do
-    "$PY" -c "import ${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
-done
-if [ "${#missing[@]}" -gt 0 ] && [ -d "$ROOT/.whl" ]; then
-    echo "gpu_sweep: installing ${missing[*]} from $ROOT/.whl (no network)"
-    if ! timeout 120 "$PY" -m pip install --quiet --no-index --find-links "$ROOT/.whl" "${missing[@]}"; then
-        DEPS="${TMPDIR:-/tmp}/anatomy-gpu-sweep-deps"
-        timeout 120 "$PY" -m pip install --quiet --no-index --find-links "$ROOT/.whl" --target "$DEPS" "${missing[@]}" \
-            && export PYTHONPATH="$PYTHONPATH:$DEPS"
-    fi
-fi
-
-DEVICE=cuda
-prev=""
-for arg in "$@"; do
-    [ "$prev" = "--device" ] && DEVICE="$arg"
-    case "$arg" in --device=*) DEVICE="${arg#--device=}" ;; esac
-    prev="$arg"
-done
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
+# everything `anatomy ablate` imports besides torch
+install_missing "numpy:numpy" "pydantic:pydantic>=2.6,<3" "typer:typer>=0.12" "rich:rich>=13" \
+    "safetensors:safetensors>=0.4" "pandas:pandas>=2.0" "matplotlib:matplotlib>=3.7" "tabulate:tabulate>=0.9"
+DEVICE="$(device_arg "$@")"
 "$PY" "$HERE/gpu_sweep.py" preflight --device "$DEVICE" || exit $?   # 3: missing packages, 2: no CUDA
 
 left=$((LIMIT - SECONDS))   # the install and preflight count against the 8 minutes too
