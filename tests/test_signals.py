@@ -60,7 +60,7 @@ def in_flight(sweep: Path, n: int) -> bool:
 @pytest.mark.slow
 @pytest.mark.parametrize("sig,workers", [(signal.SIGTERM, 2), (signal.SIGHUP, 1)], ids=["sigterm-pool", "sighup-inline"])
 def test_signal_stops_a_sweep_like_ctrl_c(tmp_path, sig, workers):
-    n_steps = 200
+    n_steps = 1000  # long enough that a loaded machine cannot finish both runs before we see them in flight
     spec = write_spec(tmp_path, top={"design": "list", "configs": [{"name": f"c{i}"} for i in range(2)]},
                       train={"steps": n_steps, "eval_interval": 100, "sample_len": 0})
     cmd = CLI + ["ablate", str(spec), "--runs-dir", str(tmp_path / "runs"), "--workers", str(workers), "--no-report"]
@@ -161,12 +161,13 @@ def test_ctrl_c_twice_aborts_but_leaves_the_run_resumable(tmp_path):
 @pytest.mark.slow
 def test_sigkilled_sweep_parent_does_not_orphan_its_workers(tmp_path):
     spec = write_spec(tmp_path, top={"design": "list", "configs": [{"name": f"c{i}"} for i in range(2)]},
-                      train={"steps": 200, "eval_interval": 100, "sample_len": 0})
+                      train={"steps": 1000, "eval_interval": 100, "sample_len": 0})  # not done before seen
     cmd = CLI + ["ablate", str(spec), "--runs-dir", str(tmp_path / "runs"), "--workers", "2", "--no-report"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV, start_new_session=True)
     sweep = tmp_path / "runs" / "toy"
     try:
         wait_for(lambda: in_flight(sweep, 2) or proc.poll() is not None, what="runs in flight")
+        assert proc.poll() is None, "the sweep finished before its runs were seen in flight"
         proc.kill()  # the parent only: its workers notice and stop at their next step
         proc.wait()
         wait_for(lambda: group_gone(proc.pid), timeout=120, what="every worker exited")
@@ -178,7 +179,7 @@ def test_sigkilled_sweep_parent_does_not_orphan_its_workers(tmp_path):
     assert lockfile.read_owner(sweep / ".lock")["pid"] == proc.pid  # stale: the next sweep takes it over
     rerun = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=600)
     assert rerun.returncode == 0, rerun.stderr
-    assert all(steps(d) == list(range(201)) for d in dirs)
+    assert all(steps(d) == list(range(1001)) for d in dirs)
 
 
 @pytest.mark.slow
