@@ -297,10 +297,6 @@ class Design:
     def ends(self) -> tuple[str, str]:
         return end_names(self.names)
 
-    @property
-    def keys(self) -> set[str]:
-        return {k for c in self.components for k in c.keys}
-
 
 def model_settings(names: Iterable[str] = FIVE, on: bool = True, model: Mapping[str, Any] | None = None
                    ) -> dict[str, Any]:
