@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 from anatomy_cli.config import ModelConfig  # noqa: E402
-from anatomy_cli.model import LM, kv_cache_bytes  # noqa: E402
+from anatomy_cli.model import LM  # noqa: E402
 from anatomy_cli.sample import generate  # noqa: E402
 
 
@@ -94,10 +94,10 @@ def main(argv=None) -> None:
             continue
         c = llama_config(args, g)
         measured = LM(c).new_cache(1, long).cache_bytes()
-        per_tok = kv_cache_bytes(c.n_layer, 1, g, 1, c.head_dim, 4)
-        assert measured == kv_cache_bytes(c.n_layer, 1, g, long, c.head_dim, 4)
-        at_ctx = kv_cache_bytes(c.n_layer, 1, g, args.ctx, c.head_dim, 4)
-        bf16 = kv_cache_bytes(c.n_layer, 1, g, long, c.head_dim, 2)
+        per_tok = c.cache_bytes(1, 1, 4)
+        assert measured == c.cache_bytes(1, long, 4)
+        at_ctx = c.cache_bytes(1, args.ctx, 4)
+        bf16 = c.cache_bytes(1, long, 2)
         kv_rows.append([g, args.heads // g, per_tok, f"{at_ctx:,}", f"{measured:,}", f"{bf16:,}"])
     lines += common.table(["n_kv_head", "queries per kv head", "bytes/token fp32", f"fp32 @ {args.ctx} tok",
                            f"fp32 @ {long} tok (allocated)", f"bf16 @ {long} tok"], kv_rows)

@@ -9,8 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from anatomy_cli.model import KVCache, kv_cache_bytes
-from anatomy_cli.model.kv_cache import CacheFullError
+from anatomy_cli.config import ModelConfig
+from anatomy_cli.model import KVCache
+from anatomy_cli.model.attention import attention_mask
+from anatomy_cli.model.kv_cache import KV, CacheFullError
 from anatomy_cli.sample import generate
 
 pytestmark = [pytest.mark.filterwarnings("error"), pytest.mark.usefixtures("single_thread")]
@@ -57,11 +59,10 @@ def test_chunked_decode_equals_full_forward(make_lm, components, n_kv_head):
     torch.testing.assert_close(cached, full, atol=1e-5, rtol=1e-5)
 
 
-def test_non_square_mask_shape_and_content(make_lm):
-    model = make_lm()
-    assert model.attention_mask(0, 5, "cpu") is None  # plain causal
-    assert model.attention_mask(7, 1, "cpu") is None  # one new token sees every key
-    mask = model.attention_mask(5, 3, "cpu")
+def test_non_square_mask_shape_and_content():
+    assert attention_mask(0, 5, 5, "cpu") is None  # plain causal
+    assert attention_mask(7, 1, 8, "cpu") is None  # one new token sees every key
+    mask = attention_mask(5, 3, 8, "cpu")
     expected = torch.tensor([[1, 1, 1, 1, 1, 1, 0, 0],
                              [1, 1, 1, 1, 1, 1, 1, 0],
                              [1, 1, 1, 1, 1, 1, 1, 1]], dtype=torch.bool)  # [T, past + T]
@@ -97,28 +98,29 @@ def test_generation_follows_context_shift_rule(make_lm):
 def test_cache_shapes(make_lm):
     model = make_lm(n_kv_head=2)  # d 32, 4 heads: head_dim 8
     cache = model.new_cache(3, 20)
-    assert len(cache.k) == len(cache.v) == 2
-    for t in cache.k + cache.v:
+    assert len(cache) == 2 and all(isinstance(s, KV) for s in cache.states)
+    for t in [t for s in cache.states for t in (s.k, s.v)]:
         assert t.shape == (3, 2, 20, 8)  # (B, n_kv_head, T_max, head_dim)
         assert t.dtype == torch.float32
     with torch.no_grad():
         model(tokens(3, 7), cache=cache)
     assert cache.past_len == 7
-    assert cache.k[0][:, :, :7].abs().sum() > 0 and cache.k[0][:, :, 7:].abs().sum() == 0
+    assert cache[0].k[:, :, :7].abs().sum() > 0 and cache[0].k[:, :, 7:].abs().sum() == 0
 
 
 @pytest.mark.parametrize("dtype,nbytes", [(torch.float32, 4), (torch.bfloat16, 2)])
-def test_cache_bytes(dtype, nbytes):
+def test_cache_bytes(make_lm, dtype, nbytes):
     L, B, G, T, hd = 2, 3, 2, 20, 8
-    cache = KVCache(L, B, G, T, hd, dtype=dtype)
+    cache = make_lm(n_kv_head=G).new_cache(B, T, dtype=dtype)  # d 32, 4 heads: head_dim 8
     assert cache.cache_bytes() == 2 * L * B * G * T * hd * nbytes
-    assert cache.cache_bytes() == kv_cache_bytes(L, B, G, T, hd, nbytes)
+    assert cache.cache_bytes() == ModelConfig(d_model=32, n_layer=L, n_kv_head=G).cache_bytes(B, T, nbytes)
 
 
 def test_kv_cache_bytes_llama_scale():
-    gqa = kv_cache_bytes(32, 1, 8, 4096, 128, 2)
+    llama = {"d_model": 4096, "n_layer": 32, "n_head": 32}  # head_dim 128
+    gqa = ModelConfig(**llama, n_kv_head=8).cache_bytes(1, 4096, 2)
     assert gqa == 536_870_912  # 512 MiB
-    assert kv_cache_bytes(32, 1, 32, 4096, 128, 2) == 4 * gqa
+    assert ModelConfig(**llama, n_kv_head=32).cache_bytes(1, 4096, 2) == 4 * gqa
 
 
 def test_cache_bytes_scale_with_kv_heads(make_lm):
@@ -166,4 +168,4 @@ def test_bf16_cache_on_fp32_model_decodes():
     with torch.no_grad():
         logits, _ = model(torch.tensor([[1, 2, 3]]), cache=cache)
         step, _ = model(torch.tensor([[4]]), cache=cache)
-    assert cache.k[0].dtype == torch.bfloat16 and step.dtype == torch.float32 and cache.past_len == 4
+    assert cache[0].k.dtype == torch.bfloat16 and step.dtype == torch.float32 and cache.past_len == 4

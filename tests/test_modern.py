@@ -270,7 +270,7 @@ def test_qknorm_normalises_k_before_the_cache(make_lm):
     cache = model.new_cache(2, 10)
     with torch.no_grad():
         model(tokens(2, 10), cache=cache)
-    for k in cache.k:  # [B, G, T, hd]
+    for k in (state.k for state in cache.states):  # [B, G, T, hd]
         rms = k.pow(2).mean(-1).sqrt()
         torch.testing.assert_close(rms, torch.ones_like(rms), atol=1e-3, rtol=0)
 

@@ -46,6 +46,22 @@ def ceil_to(n: int, multiple: int) -> int:
     return multiple * math.ceil(n / multiple)
 
 
+def check_pattern(field: str, pattern: str, letters: str, n_layer: int) -> None:
+    """A layer pattern is a string of `letters`, one per layer, repeated over the stack; its length
+    must divide n_layer (Gemma 3's 5 local : 1 global is "LLLLLG" over 6k layers). ValueError if not."""
+    bad = sorted(set(pattern) - set(letters))
+    if not pattern or bad:
+        raise ValueError(f"{field}={pattern!r}: use only the letters {', '.join(letters)} (one per layer)")
+    if n_layer % len(pattern):
+        raise ValueError(f"{field}={pattern!r} has {len(pattern)} letters, which must divide "
+                         f"n_layer={n_layer}")
+
+
+def repeat_pattern(pattern: str, n_layer: int) -> str:
+    """('LLG', 6) -> 'LLGLLG': a (checked) layer pattern spelled out for every layer."""
+    return pattern * (n_layer // len(pattern))
+
+
 class ModelConfig(_Frozen):
     """Sizes and the component switches (see components.py). Defaults are the 2017 Transformer's parts.
 
@@ -96,23 +112,77 @@ class ModelConfig(_Frozen):
             return 4 * self.d_model
         return ceil_to(int(2 / 3 * 4 * self.d_model), 32)
 
+    @property
+    def layer_kinds(self) -> tuple[str, ...]:
+        """What layer i's token mixer is, as data: one kind per layer (model/mixers.py maps a kind to
+        its module, mixer_params to its parameters, state_bytes to its decode state).
+
+        "attn": global causal softmax attention (MHA/GQA/MQA by n_kv_head). A part that changes
+        what a layer is adds its kind here, decided by its own fields (a layer pattern, see
+        repeat_pattern), and one entry in each of those three tables.
+        """
+        return ("attn",) * self.n_layer
+
     def num_params(self) -> int:
-        """Parameter count from the sizes alone (no torch); tests pin it to LM.num_params()."""
+        """Total parameter count from the sizes alone (no torch); tests pin it to LM.num_params()."""
+        return self._params(active=False)
+
+    def active_params(self) -> int:
+        """Parameters one token's forward uses: the total for a dense model (a routed FFN counts
+        only what a token is sent to, see ffn_params). FLOPs per token follow this count."""
+        return self._params(active=True)
+
+    def _params(self, active: bool) -> int:
         if self.vocab_size is None:
             raise ConfigError("model.vocab_size is not set")
-        d, hd = self.d_model, self.head_dim
-        attn = d * (self.n_head + 2 * self.n_kv_head) * hd + self.n_head * hd * d
-        attn += 2 * hd if self.qk_norm else 0  # one RMSNorm weight for Q, one for K, shared by heads
-        ffn = (3 if self.ffn_type == "swiglu" else 2) * d * self.ffn_hidden
-        norm = d * (2 if self.norm_type == "layernorm" else 1)
-        layers = self.n_layer * (attn + ffn + (1 if self.parallel_block else 2) * norm)
-        final = norm if self.norm_pos == "pre" else 0
-        embeddings = (1 if self.tie_embeddings else 2) * self.vocab_size * d  # token table (+ head)
+        layers = sum(self.layer_params(kind, active) for kind in self.layer_kinds)
+        final = self.norm_params if self.norm_pos == "pre" else 0
+        embeddings = (1 if self.tie_embeddings else 2) * self.vocab_size * self.d_model  # token table (+head)
         return embeddings + self.position_params + layers + final
+
+    def layer_params(self, kind: str, active: bool = False) -> int:
+        """One block: its token mixer of `kind`, its channel mixer and its norms (one when parallel)."""
+        norms = (1 if self.parallel_block else 2) * self.norm_params
+        return self.mixer_params(kind) + self.ffn_params(active) + norms
+
+    def mixer_params(self, kind: str) -> int:
+        """One token mixer of `kind` (see layer_kinds): each kind's exact term."""
+        if kind == "attn":
+            d, hd = self.d_model, self.head_dim
+            qkv_out = d * (self.n_head + 2 * self.n_kv_head) * hd + self.n_head * hd * d
+            qk_norm = 2 * hd if self.qk_norm else 0  # one RMSNorm weight for Q, one for K, shared by heads
+            return qkv_out + qk_norm
+        raise ValueError(f"no parameter formula for layer kind {kind!r}")
+
+    def ffn_params(self, active: bool = False) -> int:
+        """One channel mixer (model/ffn.py); active: the part one token uses (all of a dense FFN)."""
+        return (3 if self.ffn_type == "swiglu" else 2) * self.d_model * self.ffn_hidden
+
+    @property
+    def norm_params(self) -> int:
+        return self.d_model * (2 if self.norm_type == "layernorm" else 1)
 
     @property
     def position_params(self) -> int:
         return self.ctx_len * self.d_model if self.pos_type == "learned" else 0  # RoPE, NoPE: none
+
+    def state_bytes(self, kind: str, batch: int, max_len: int, bytes_per_elem: int) -> int:
+        """Decode-state bytes of one layer of `kind` for `max_len` positions (tests pin it to the
+        tensors new_state allocates). attn: K and V of every position, 2 B G T hd."""
+        if kind == "attn":
+            return 2 * batch * self.n_kv_head * max_len * self.head_dim * bytes_per_elem
+        raise ValueError(f"no decode-state formula for layer kind {kind!r}")
+
+    def cache_bytes(self, batch: int, max_len: int, bytes_per_elem: int) -> int:
+        """The whole decode cache (every layer's state) for max_len positions, from the sizes alone."""
+        return sum(self.state_bytes(kind, batch, max_len, bytes_per_elem) for kind in self.layer_kinds)
+
+    def context_flops(self, kind: str) -> int:
+        """Training FLOPs per token of a mixer beyond its weight matmuls: attention's scores and
+        weighted sum over ctx_len keys, 6 ctx d (the 2 n_ctx d_attn of Kaplan et al. 2020, x3)."""
+        if kind == "attn":
+            return 6 * self.ctx_len * self.d_model
+        raise ValueError(f"no FLOP formula for layer kind {kind!r}")
 
     def train_bytes(self, batch_size: int) -> int:
         """Rough fp32 bytes of one training step, to refuse before allocating what cannot fit.
@@ -126,14 +196,13 @@ class ModelConfig(_Frozen):
         return 16 * self.num_params() + 4 * batch_size * self.ctx_len * per_token
 
     def flops_per_token(self) -> int:
-        """Training FLOPs per token: 6 per matmul weight (fwd + bwd) + attention scores (Kaplan 2020).
-
-        Lookups are free: the position table, and the token table unless it is also the (tied) head,
-        whose matmul is done either way.
+        """Training FLOPs per token: 6 per active matmul weight (fwd + bwd) plus each mixer's
+        context term (Kaplan 2020). Lookups are free: the position table, and the token table unless
+        it is also the (tied) head, whose matmul is done either way.
         """
-        matmul = self.num_params() - self.position_params
+        matmul = self.active_params() - self.position_params
         matmul -= 0 if self.tie_embeddings else self.vocab_size * self.d_model
-        return 6 * matmul + 6 * self.n_layer * self.ctx_len * self.d_model
+        return 6 * matmul + sum(self.context_flops(kind) for kind in self.layer_kinds)
 
 
 class TrainConfig(_Frozen):

@@ -305,8 +305,6 @@ def bench_one(model, cfg: ModelConfig, prefix_len: int, new: int, device, seed: 
     """Prefill and decode speed (cached and uncached), KV bytes and memory for one model."""
     import torch
 
-    from .model import kv_cache_bytes
-
     window = prefix_len + new
     prefix = torch.randint(cfg.vocab_size, (prefix_len,), generator=torch.Generator().manual_seed(seed)).tolist()
     if torch.device(device).type == "cuda":
@@ -316,8 +314,8 @@ def bench_one(model, cfg: ModelConfig, prefix_len: int, new: int, device, seed: 
     cached, cached_s = time_decode(model, prefix, new, window, True)
     uncached, uncached_s = time_decode(model, prefix, new, window, False)
     cache = model.new_cache(1, window)  # what generate allocates: batch 1, window positions
-    elem = cache.k[0].element_size()
-    total = cache.cache_bytes()
+    elem = next(model.parameters()).element_size()  # the cache takes the weights' dtype
+    total = cache.cache_bytes()  # measured from every layer's state tensors
     return {
         "prefill_tok_s": prefix_len / prefill_s,
         "decode_tok_s_cached": new / cached_s,
@@ -326,7 +324,7 @@ def bench_one(model, cfg: ModelConfig, prefix_len: int, new: int, device, seed: 
         "same_output": cached == uncached,
         "kv_bytes_per_token": total // window,
         "kv_cache_bytes": total,
-        "kv_formula_bytes": kv_cache_bytes(cfg.n_layer, 1, cfg.n_kv_head, window, cfg.head_dim, elem),
+        "kv_formula_bytes": cfg.cache_bytes(1, window, elem),
         "bytes_per_elem": elem,
         **memory_fields(model, total, device),
     }

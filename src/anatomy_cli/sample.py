@@ -49,10 +49,9 @@ def check_options(cfg, temp: float, top_k: int | None, window: int | None) -> in
 
 
 def window_bytes(cfg, window: int) -> int:
-    """fp32 bytes generation allocates for a window: the KV cache (2 L G T hd) and RoPE's cos/sin tables."""
-    cache = 2 * cfg.n_layer * cfg.n_kv_head * window * cfg.head_dim
+    """fp32 bytes generation allocates for a window: every layer's decode state and RoPE's cos/sin tables."""
     tables = 4 * window * cfg.head_dim if cfg.pos_type == "rope" else 0
-    return 4 * (cache + tables)
+    return cfg.cache_bytes(1, window, 4) + 4 * tables
 
 
 @torch.no_grad()

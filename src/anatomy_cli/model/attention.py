@@ -13,9 +13,11 @@ Q/K weight norms and destabilise training (Dehghani et al. 2023, ViT-22B).
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .kv_cache import KV
 from .norms import RMSNorm
 
 
@@ -31,11 +33,13 @@ class CausalSelfAttention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else nn.Identity()
         self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else nn.Identity()
 
-    def forward(self, x, pos, end, rotate, mask=None, cache=None, layer: int = 0):
+    def new_state(self, batch: int, max_len: int, device=None, dtype=torch.float32) -> KV:
+        return KV(batch, self.n_kv_head, max_len, self.head_dim, device, dtype)
+
+    def forward(self, x, pos, end, rotate, cache=None, layer: int = 0):
         """x: [B, T, C]; pos: [T] or [B, T] position ids; end = last position + 1.
 
-        mask: None means "causal, query i sees keys 0..i" (no cache or an empty one, T_q == T_k),
-        or a bool [T_q, T_k] mask when decoding after a prefix (see LM.attention_mask).
+        cache: a KVCache whose cache[layer] is this layer's KV; its past_len is where x starts.
         """
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(self.split, dim=-1)
@@ -44,10 +48,28 @@ class CausalSelfAttention(nn.Module):
         v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # [B, G, T, hd]
         q, k = self.q_norm(q), self.k_norm(k)  # QK-norm over hd (identity when off)
         q, k = rotate(q, k, pos, end)  # RoPE on Q and K only; V carries content, not position
+        past = 0
         if cache is not None:
-            k, v = cache.update(layer, k, v)  # [B, G, past + T, hd]
+            past = cache.past_len
+            k, v = cache[layer].update(k, v, past)  # [B, G, S, hd]: positions past + T - S .. past + T - 1
+        mask = attention_mask(past, T, k.shape[2], x.device)
         is_causal = mask is None and k.shape[2] == T and T > 1
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=self.n_kv_head != self.n_head
         )  # [B, H, T, hd]
         return self.out(y.transpose(1, 2).reshape(B, T, C))
+
+
+def attention_mask(past: int, T: int, S: int, device) -> torch.Tensor | None:
+    """Which keys each query may see: queries at positions past..past+T-1, S keys ending at the
+    last query (positions past+T-S..past+T-1). A bool [T, S] mask (True = may attend), or None
+    where SDPA needs none: S == T is its is_causal triangle, and a single query sees every key.
+
+    SDPA's is_causal aligns the triangle top-left, which is wrong once keys outnumber queries, so
+    a chunk decoded after a prefix gets this mask, built from positions.
+    """
+    if S == T or T == 1:
+        return None
+    q_pos = torch.arange(past, past + T, device=device)
+    k_pos = torch.arange(past + T - S, past + T, device=device)
+    return k_pos[None, :] <= q_pos[:, None]  # [T, S]

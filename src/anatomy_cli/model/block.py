@@ -17,32 +17,35 @@ Parallel (cfg.parallel_block): attention and FFN read the same input and their o
 the residual together, x + attn(n1(x)) + ffn(n1(x)) (Wang & Komatsuzaki 2021, GPT-J; Chowdhery et al.
 2022, PaLM: ~15% faster at scale, the two input matmuls can be fused). One norm per block: norm2 is
 absent (nn.Identity).
+
+The token mixer (`attn`) is whatever layer_kinds says this layer is (mixers.py); the channel mixer
+(`ffn`) whatever ffn_type says (ffn.py). The wiring above is the same for every pair.
 """
 
 from __future__ import annotations
 
 from torch import nn
 
-from .attention import CausalSelfAttention
 from .ffn import make_ffn
+from .mixers import make_mixer
 from .norms import make_norm
 
 
 class Block(nn.Module):
-    def __init__(self, cfg):
+    def __init__(self, cfg, layer: int):
         super().__init__()
         self.pre, self.parallel = cfg.norm_pos == "pre", cfg.parallel_block
-        self.norm1, self.attn = make_norm(cfg), CausalSelfAttention(cfg)
+        self.norm1, self.attn = make_norm(cfg), make_mixer(cfg, layer)  # attn: this layer's token mixer
         self.norm2, self.ffn = nn.Identity() if self.parallel else make_norm(cfg), make_ffn(cfg)
 
-    def forward(self, x, pos, end, rotate, mask=None, cache=None, layer: int = 0):
+    def forward(self, x, pos, end, rotate, cache=None, layer: int = 0):
         if self.parallel:
             if self.pre:
                 h = self.norm1(x)  # one normed input feeds both branches
-                return x + self.attn(h, pos, end, rotate, mask, cache, layer) + self.ffn(h)
-            return self.norm1(x + self.attn(x, pos, end, rotate, mask, cache, layer) + self.ffn(x))
+                return x + self.attn(h, pos, end, rotate, cache, layer) + self.ffn(h)
+            return self.norm1(x + self.attn(x, pos, end, rotate, cache, layer) + self.ffn(x))
         if self.pre:
-            x = x + self.attn(self.norm1(x), pos, end, rotate, mask, cache, layer)
+            x = x + self.attn(self.norm1(x), pos, end, rotate, cache, layer)
             return x + self.ffn(self.norm2(x))
-        x = self.norm1(x + self.attn(x, pos, end, rotate, mask, cache, layer))
+        x = self.norm1(x + self.attn(x, pos, end, rotate, cache, layer))
         return self.norm2(x + self.ffn(x))

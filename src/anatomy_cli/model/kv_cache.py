@@ -1,8 +1,17 @@
-"""Per-layer K/V buffers for decoding: prefill once, then one token per step.
+"""Decode state: prefill once, then one token per step, each layer keeping what its mixer needs.
 
-Each layer holds K and V of shape [B, n_kv_head, T_max, head_dim]: the cache stores only the
-n_kv_head (G) heads; SDPA expands them to n_head at attention time, so GQA's memory saving is
-real. Size: 2 (K and V) * L * B * G * T_max * head_dim * bytes per element.
+KVCache is a container: one state per layer, each made by that layer's token mixer
+(`mixer.new_state(batch, max_len, device, dtype)`), plus `past_len`, the positions already decoded,
+shared by every layer (the LM advances it after the last layer). The container knows nothing of
+what a state holds; every state answers three things:
+
+    capacity   positions it can hold, or None for any number (a window's buffer, a recurrent state)
+    nbytes()   bytes of its tensors, measured (bench-decode and the KV reports print the sum)
+    reset()    forget everything (generation's context shift starts over at position 0)
+
+and its own mixer calls its own update. Softmax attention's state is KV below: K and V of every
+position, of the n_kv_head (G) heads only; SDPA expands them to n_head at attention time, so GQA's
+memory saving is real. Size: 2 (K and V) * B * G * T_max * head_dim * bytes per element per layer.
 """
 
 from __future__ import annotations
@@ -15,43 +24,66 @@ class CacheFullError(ValueError):
 
 
 class KVCache:
-    def __init__(self, n_layer: int, batch: int, n_kv_head: int, max_len: int, head_dim: int,
-                 device=None, dtype=torch.float32):
-        shape = (batch, n_kv_head, max_len, head_dim)
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
-        self.max_len = max_len
+    def __init__(self, states: list):
+        self.states = states  # one per layer, made by that layer's mixer
+        caps = [s.capacity for s in states if s.capacity is not None]
+        self.capacity = min(caps) if caps else None  # None: no layer limits the positions
         self.past_len = 0  # positions already written (shared by all layers)
 
-    @classmethod
-    def for_model(cls, cfg, batch: int, max_len: int, device=None, dtype=torch.float32) -> KVCache:
-        return cls(cfg.n_layer, batch, cfg.n_kv_head, max_len, cfg.head_dim, device, dtype)
+    def __getitem__(self, layer: int):
+        return self.states[layer]
+
+    def __len__(self) -> int:
+        return len(self.states)
 
     def check_room(self, n_new: int) -> None:
-        if self.past_len + n_new > self.max_len:
+        if self.capacity is not None and self.past_len + n_new > self.capacity:
             raise CacheFullError(
-                f"KV cache holds {self.max_len} positions; {self.past_len} used, {n_new} more asked"
+                f"KV cache holds {self.capacity} positions; {self.past_len} used, {n_new} more asked"
             )
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k, v ([B, G, T, hd]) at positions past_len..past_len+T-1; return all keys so far."""
-        start, end = self.past_len, self.past_len + k.shape[2]
-        self.k[layer][:, :, start:end] = k
-        self.v[layer][:, :, start:end] = v
-        # [B, G, end, hd] views; cast back only when the cache's dtype differs (e.g. a bf16 cache)
-        return self.k[layer][:, :, :end].to(k.dtype), self.v[layer][:, :, :end].to(v.dtype)
 
     def advance(self, n: int) -> None:
         self.past_len += n
 
     def reset(self) -> None:
         self.past_len = 0
+        for state in self.states:
+            state.reset()
+
+    def layer_bytes(self) -> list[int]:
+        """Bytes of each layer's state, measured from its tensors."""
+        return [state.nbytes() for state in self.states]
 
     def cache_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+        return sum(self.layer_bytes())
 
 
-def kv_cache_bytes(n_layer: int, batch: int, n_kv_head: int, seq_len: int, head_dim: int,
-                   bytes_per_elem: int) -> int:
-    """2 * L * B * G * T * hd * bytes: what a cache of these sizes holds (K and V)."""
-    return 2 * n_layer * batch * n_kv_head * seq_len * head_dim * bytes_per_elem
+def tensor_bytes(*tensors: torch.Tensor) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class KV:
+    """Softmax attention's state: K and V of every position, [B, G, max_len, hd] each."""
+
+    def __init__(self, batch: int, n_kv_head: int, max_len: int, head_dim: int, device=None,
+                 dtype=torch.float32):
+        shape = (batch, n_kv_head, max_len, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.capacity = max_len
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, past: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k, v ([B, G, T, hd]) at positions past..past+T-1; return the keys and values of
+        positions 0..past+T-1 ([B, G, past + T, hd] views)."""
+        end = past + k.shape[2]
+        self.k[:, :, past:end] = k
+        self.v[:, :, past:end] = v
+        # cast back only when the cache's dtype differs (e.g. a bf16 cache)
+        return self.k[:, :, :end].to(k.dtype), self.v[:, :, :end].to(v.dtype)
+
+    def nbytes(self) -> int:
+        return tensor_bytes(self.k, self.v)
+
+    def reset(self) -> None:
+        pass  # positions past past_len are never read: nothing to clear
+

@@ -34,7 +34,7 @@ class LM(nn.Module):
         self.cfg = cfg
         self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.positions = make_positions(cfg)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layer))
         self.final_norm = make_norm(cfg) if cfg.norm_pos == "pre" else nn.Identity()
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:  # one shared [V, C] Parameter; named_parameters lists it once, as tok.weight
@@ -64,21 +64,9 @@ class LM(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def new_cache(self, batch: int, max_len: int, dtype=None) -> KVCache:
+        """Every layer's decode state, each made by its own mixer, for up to max_len positions."""
         p = self.head.weight
-        return KVCache.for_model(self.cfg, batch, max_len, p.device, dtype or p.dtype)
-
-    @staticmethod
-    def attention_mask(past: int, T: int, device) -> torch.Tensor | None:
-        """None where SDPA's causal flag is right; else a bool [T, past + T] mask.
-
-        SDPA's is_causal aligns the triangle top-left, which is wrong once keys outnumber
-        queries; a single new token sees every key, so it needs no mask at all.
-        """
-        if past == 0 or T == 1:
-            return None
-        q_pos = torch.arange(past, past + T, device=device)
-        k_pos = torch.arange(past + T, device=device)
-        return k_pos[None, :] <= q_pos[:, None]  # [T, past + T], True = may attend
+        return KVCache([b.attn.new_state(batch, max_len, p.device, dtype or p.dtype) for b in self.blocks])
 
     def forward(self, idx, targets=None, cache: KVCache | None = None, pos=None, last_only: bool = False):
         """last_only: logits for the last position only ([B, 1, V]), all generation needs."""
@@ -93,9 +81,8 @@ class LM(nn.Module):
         else:
             end = int(pos.max()) + 1  # explicit positions: one host read
         x = self.positions.embed(self.tok(idx), pos, end)  # [B, T, C]
-        mask = self.attention_mask(past, T, idx.device)
         for layer, block in enumerate(self.blocks):
-            x = block(x, pos, end, rotate, mask, cache, layer)
+            x = block(x, pos, end, rotate, cache, layer)
         if cache is not None:
             cache.advance(T)
         if last_only:

@@ -1,0 +1,32 @@
+"""Token mixers: which module mixes information across positions in each layer, as one table.
+
+ModelConfig.layer_kinds says what layer i is ("attn": global causal softmax attention); MIXERS
+maps a kind to its module. The block holds one token mixer and one channel mixer (ffn.make_ffn)
+and never asks which. Every token mixer has the same two methods:
+
+    forward(x [B, T, C], pos, end, rotate, cache=None, layer=0) -> [B, T, C]
+        pos [T] | [B, T], end (last position + 1) and rotate (q, k, pos, end) -> (q, k) are the
+        positions as the LM hands them (positions.py: RoPE rotates, a learned table or NoPE
+        leaves q, k alone). cache is the KVCache: cache[layer] is this mixer's own state and
+        cache.past_len the positions decoded before x (the LM advances it after the last layer).
+    new_state(batch, max_len, device, dtype) -> this mixer's decode state (see kv_cache.py:
+        capacity, nbytes(), reset(), and whatever update the mixer itself calls)
+
+The rest of a kind is data in ModelConfig: mixer_params (exact parameters), state_bytes (its
+decode state), context_flops (FLOPs beyond its matmuls). A mixer's output projection is named
+`out`, so LM.reset_parameters scales its init by 1/sqrt(2 n_layer) like every residual branch.
+The block keeps the attribute name `attn` for whichever mixer it holds: checkpoint keys
+(blocks.{i}.attn.*) and the Llama export stay as they were.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from .attention import CausalSelfAttention
+
+MIXERS: dict[str, type[nn.Module]] = {"attn": CausalSelfAttention}
+
+
+def make_mixer(cfg, layer: int) -> nn.Module:
+    return MIXERS[cfg.layer_kinds[layer]](cfg)
