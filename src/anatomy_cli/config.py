@@ -88,6 +88,13 @@ class ModelConfig(_Frozen):
     tie_embeddings: bool = False  # the LM head shares the embedding matrix (tied)
     parallel_block: bool = False  # attention and FFN read one normed input (parallel)
     logit_softcap: float = Field(default=0.0, ge=0)  # c * tanh(logits / c); 0 = off (softcap)
+    # Gated DeltaNet hybrid (gdn): "" = attention everywhere; else a pattern of D (Gated DeltaNet) and
+    # A (attention) repeated over the layers: "DDDA" is Qwen3-Next's three linear layers to one.
+    gdn_pattern: str = Field(default="", pattern=r"^[DA]*$", max_length=64)
+    gdn_heads: int | None = Field(default=None, gt=0, le=MAX_SIZE)  # value heads; None: n_head
+    gdn_key_heads: int | None = Field(default=None, gt=0, le=MAX_SIZE)  # None: gdn_heads / 2 when even
+    gdn_head_dim: int | None = Field(default=None, gt=0, le=MAX_SIZE)  # d_k = d_v; None: head_dim
+    gdn_conv: int = Field(default=4, gt=0, le=64)  # the short causal conv's kernel over time
 
     @model_validator(mode="after")
     def _check_shapes(self) -> ModelConfig:
@@ -99,11 +106,26 @@ class ModelConfig(_Frozen):
             raise ValueError(f"RoPE needs an even head_dim, got d_model/n_head={self.head_dim}")
         if self.rope_variant != "standard" and self.pos_type != "rope":
             raise ValueError(f"rope_variant={self.rope_variant!r} needs pos_type='rope'")
+        if self.gdn_pattern and (self.n_layer % len(self.gdn_pattern) or "D" not in self.gdn_pattern):
+            raise ValueError(f"gdn_pattern={self.gdn_pattern!r} must hold a D and its length divide "
+                             f"n_layer={self.n_layer}")
+        k_heads, v_heads, _ = self.gdn_shape
+        if v_heads % k_heads:
+            raise ValueError(f"gdn_key_heads={k_heads} must divide gdn_heads={v_heads}")
         return self
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_head
+
+    @property
+    def gdn_shape(self) -> tuple[int, int, int]:
+        """(key heads, value heads, head dim) of a Gated DeltaNet layer. By default the value side is
+        the attention's (n_head heads of head_dim) and the key side half of it, as Qwen3-Next's
+        16 key : 32 value heads: in + out projections then hold 4 d^2 weights, MHA's count."""
+        v_heads = self.gdn_heads or self.n_head
+        k_heads = self.gdn_key_heads or (v_heads // 2 if v_heads % 2 == 0 else v_heads)
+        return k_heads, v_heads, self.gdn_head_dim or self.head_dim
 
     @property
     def ffn_hidden(self) -> int:

@@ -1,0 +1,191 @@
+"""Gated DeltaNet: linear attention whose state is corrected by the delta rule and decayed by a gate.
+
+Yang, Kautz & Hatamizadeh, "Gated Delta Networks: Improving Mamba2 with Delta Rule" (ICLR 2025), as
+Qwen3-Next / Qwen3.5 use it in three of every four layers. Per value head, a state S [d_k, d_v]
+(a fast-weight memory from keys to values) is updated once per token t:
+
+    S_t = exp(g_t) S_{t-1} + beta_t k_t (v_t - exp(g_t) S_{t-1}^T k_t)^T      o_t = S_t^T q_t
+
+The bracket is the delta rule: write only what the decayed memory mispredicts for k_t, at rate
+beta_t in (0, 1); exp(g_t) in (0, 1) forgets. No softmax, no positions, a constant-size state.
+
+The layer, in Qwen3-Next's conventions (transformers' Qwen3NextGatedDeltaNet, torch fallback):
+  x -> in_proj -> q, k (Hk heads of d_k), v, z (Hv heads of d_v); ba -> b, a (one per value head)
+  q, k, v -> depthwise causal conv over time (kernel K, no bias) -> SiLU
+  q, k -> L2-normalised (eps 1e-6 under the root), q * d_k^-0.5; each q/k head serves Hv/Hk
+          consecutive value heads (Qwen3-Next: 16 key heads, 32 value heads)
+  beta = sigmoid(b); g = -exp(A_log) * softplus(a + dt_bias)    (A_log, dt_bias: one per value head)
+  o -> RMSNorm over d_v (weight [d_v], shared by heads) * SiLU(z) -> out_proj
+Nothing of that layer is omitted. Anatomy's projection layout is [q | k | v | z] and [b | a], each
+part contiguous over heads; HF groups them per key head (the parity test maps one onto the other).
+
+Two forms of the same recurrence:
+  chunked   training and prefill: chunks of C tokens; inside a chunk the delta rule's coupling is a
+            unit lower-triangular system (the UT/WY form of Yang et al. 2024), solved in one batched
+            triangular solve; one state product per chunk carries the memory across chunks
+  recurrent decode: one token at a time from the state
+The decode state per layer: the recurrent state [B, Hv, d_k, d_v] and the conv's last K-1 inputs
+[B, 2 Hk d_k + Hv d_v, K-1]; constant in the sequence length (GDNState.nbytes()).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+L2_EPS = 1e-6  # under the root of q's and k's L2 norm, as FLA and transformers use
+
+
+def l2norm(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + L2_EPS)
+
+
+class GDNState:
+    """One layer's decode state: the conv's last K-1 inputs and the delta-rule memory."""
+
+    def __init__(self, conv: torch.Tensor, memory: torch.Tensor):
+        self.conv = conv  # [B, conv_dim, K-1]: pre-conv q|k|v of the last K-1 tokens
+        self.memory = memory  # [B, Hv, d_k, d_v]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.conv, self.memory))
+
+
+def chunked_delta_rule(q, k, v, g, beta, memory=None, chunk: int = 64):
+    """q, k: [B, H, T, d_k] (unit rows, q scaled); v: [B, H, T, d_v]; g, beta: [B, H, T].
+
+    Returns o [B, H, T, d_v] and the memory after the last token [B, H, d_k, d_v]. Within a chunk
+    with start memory S, cumulative log decay G_i = g_1 + ... + g_i and corrections
+    u_i = beta_i (v_i - exp(G_i) S^T k_i - sum_{j<i} exp(G_i - G_j) (k_i . k_j) u_j):
+    (I + A) U = beta V - beta exp(G) K S, A strictly lower. Then
+    o_i = exp(G_i) S^T q_i + sum_{j<=i} exp(G_i - G_j) (q_i . k_j) u_j and the chunk's end memory
+    exp(G_C) S + sum_j exp(G_C - G_j) k_j u_j^T. A ragged end is padded with beta = 0 and g = 0:
+    padded tokens neither write nor decay, so the end memory is the last real token's.
+    """
+    B, H, T, dk = k.shape
+    dv = v.shape[-1]
+    pad = -T % chunk
+    if pad:
+        q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+        g, beta = F.pad(g, (0, pad)), F.pad(beta, (0, pad))
+    n = (T + pad) // chunk
+    q, k, v = (x.reshape(B, H, n, chunk, -1) for x in (q, k, v))  # [B, H, n, C, d]
+    G = g.reshape(B, H, n, chunk).cumsum(-1)  # [B, H, n, C]
+    beta = beta.reshape(B, H, n, chunk, 1)
+    lower = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
+    # exp(G_i - G_j) for j <= i, else 0; the difference is taken before exp, so it never overflows
+    decay = (G.unsqueeze(-1) - G.unsqueeze(-2)).masked_fill(~lower, float("-inf")).exp()  # [B, H, n, C, C]
+    kb = k * beta
+    system = (kb @ k.transpose(-1, -2)) * decay  # its strict lower part is A; the diagonal is taken as 1
+    rhs = torch.cat((v * beta, kb * G.exp().unsqueeze(-1)), -1)  # [B, H, n, C, d_v + d_k]
+    u_v, u_k = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True).split((dv, dk), -1)
+    scores = (q @ k.transpose(-1, -2)) * decay  # [B, H, n, C, C], the diagonal included
+    q_in = q * G.exp().unsqueeze(-1)  # reads the start memory
+    k_out = k * (G[..., -1:] - G).exp().unsqueeze(-1)  # writes the end memory
+    chunk_decay = G[..., -1].exp()[..., None, None]  # [B, H, n, 1, 1]
+    outs = []
+    for i in range(n):
+        if memory is None:  # no memory yet (the first chunk of training): nothing to read
+            u = u_v[:, :, i]
+            outs.append(scores[:, :, i] @ u)
+            memory = k_out[:, :, i].transpose(-1, -2) @ u
+            continue
+        u = u_v[:, :, i] - u_k[:, :, i] @ memory  # [B, H, C, d_v]
+        outs.append(q_in[:, :, i] @ memory + scores[:, :, i] @ u)
+        memory = memory * chunk_decay[:, :, i] + k_out[:, :, i].transpose(-1, -2) @ u  # [B, H, d_k, d_v]
+    return torch.cat(outs, 2)[:, :, :T], memory
+
+
+def recurrent_delta_rule(q, k, v, g, beta, memory=None):
+    """The same recurrence one token at a time (decode; the reference the chunked form must equal)."""
+    B, H, T, dk = k.shape
+    if memory is None:
+        memory = q.new_zeros(B, H, dk, v.shape[-1])
+    outs = []
+    for t in range(T):
+        memory = memory * g[:, :, t].exp()[..., None, None]  # forget
+        miss = v[:, :, t] - (k[:, :, t].unsqueeze(-2) @ memory).squeeze(-2)  # v - S^T k: [B, H, d_v]
+        memory = memory + k[:, :, t].unsqueeze(-1) * (beta[:, :, t, None] * miss).unsqueeze(-2)
+        outs.append((q[:, :, t].unsqueeze(-2) @ memory))  # [B, H, 1, d_v]
+    return torch.cat(outs, 2), memory
+
+
+class GatedDeltaNet(nn.Module):
+    """A token mixer in place of attention; forward(x [B, T, C], state) -> [B, T, C].
+
+    Sizes from cfg.gdn_shape (key heads, value heads, head dim) and cfg.gdn_conv; chunk size
+    cfg-independent (CHUNK), as it changes only the arithmetic order, not the function.
+    """
+
+    CHUNK = 64
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.k_heads, self.v_heads, self.head_dim = cfg.gdn_shape
+        self.kernel = cfg.gdn_conv
+        key_dim, value_dim = self.k_heads * self.head_dim, self.v_heads * self.head_dim
+        self.split = (key_dim, key_dim, value_dim)  # q | k | v, the conv's channels
+        self.conv_dim = 2 * key_dim + value_dim
+        self.in_proj = nn.Linear(cfg.d_model, self.conv_dim + value_dim, bias=False)  # q | k | v | z
+        self.ba = nn.Linear(cfg.d_model, 2 * self.v_heads, bias=False)  # b | a
+        self.conv = nn.Parameter(torch.empty(self.conv_dim, 1, self.kernel))  # depthwise [C, 1, K]
+        nn.init.normal_(self.conv, std=0.02)  # LM.reset_parameters draws it again (as HF's init does)
+        self.dt_bias = nn.Parameter(torch.ones(self.v_heads))
+        # A = exp(A_log) ~ U(0.01, 16) per head (transformers' init): decay rates from slow to fast
+        self.A_log = nn.Parameter(torch.empty(self.v_heads).uniform_(0.01, 16).log())
+        self.norm_weight = nn.Parameter(torch.ones(self.head_dim))  # the gated RMSNorm over d_v
+        self.eps = cfg.norm_eps
+        self.out = nn.Linear(value_dim, cfg.d_model, bias=False)
+
+    def new_state(self, batch: int, device=None, dtype=torch.float32) -> GDNState:
+        hd = self.head_dim
+        return GDNState(torch.zeros(batch, self.conv_dim, self.kernel - 1, device=device, dtype=dtype),
+                        torch.zeros(batch, self.v_heads, hd, hd, device=device,
+                                    dtype=torch.promote_types(dtype, torch.float32)))
+
+    def short_conv(self, x: torch.Tensor, state: GDNState | None) -> torch.Tensor:
+        """x: [B, T, conv_dim] -> SiLU(causal depthwise conv) of the same shape; the state keeps the tail."""
+        x = x.transpose(1, 2)  # [B, conv_dim, T]
+        T = x.shape[-1]
+        if state is None:
+            window = F.pad(x, (self.kernel - 1, 0))
+        else:
+            window = torch.cat((state.conv.to(x.dtype), x), -1)  # [B, conv_dim, K - 1 + T]
+            state.conv = window[..., window.shape[-1] - (self.kernel - 1) :].to(state.conv.dtype)
+        y = F.conv1d(window, self.conv.to(x.dtype), groups=self.conv_dim)  # [B, conv_dim, T]
+        return F.silu(y[..., -T:]).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, state: GDNState | None = None) -> torch.Tensor:
+        B, T, _ = x.shape
+        H, hd = self.v_heads, self.head_dim
+        mixed, z = self.in_proj(x).split((self.conv_dim, H * hd), -1)
+        b, a = self.ba(x).split(H, -1)  # [B, T, Hv] each
+        q, k, v = self.short_conv(mixed, state).split(self.split, -1)
+        q = l2norm(q.reshape(B, T, self.k_heads, hd)) / math.sqrt(hd)  # [B, T, Hk, d_k]
+        k = l2norm(k.reshape(B, T, self.k_heads, hd))
+        if self.k_heads != H:  # each key head serves H / Hk consecutive value heads
+            q, k = (t.repeat_interleave(H // self.k_heads, dim=2) for t in (q, k))
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v.reshape(B, T, H, hd)))  # [B, H, T, d]
+        beta = b.sigmoid().transpose(1, 2)  # [B, H, T]
+        g = (-self.A_log.exp() * F.softplus(a + self.dt_bias)).transpose(1, 2)  # [B, H, T], log decay < 0
+        o = self.delta_rule(q, k, v, g, beta, state)  # [B, H, T, d_v]
+        o = o.transpose(1, 2).to(x.dtype)  # [B, T, H, d_v]
+        o = F.rms_norm(o, (hd,), self.norm_weight, self.eps) * F.silu(z.reshape(B, T, H, hd))
+        return self.out(o.reshape(B, T, H * hd))
+
+    def delta_rule(self, q, k, v, g, beta, state: GDNState | None) -> torch.Tensor:
+        """The recurrence in fp32 at least (under bf16 autocast too): one token from a state steps, else chunks."""
+        dtype = torch.promote_types(q.dtype, torch.float32)  # fp64 stays fp64 (the tests' reference)
+        with torch.autocast(q.device.type, enabled=False):
+            q, k, v, g, beta = (t.to(dtype) for t in (q, k, v, g, beta))
+            memory = state.memory.to(dtype) if state is not None else None
+            if state is not None and q.shape[2] == 1:
+                o, memory = recurrent_delta_rule(q, k, v, g, beta, memory)
+            else:
+                o, memory = chunked_delta_rule(q, k, v, g, beta, memory, min(self.CHUNK, q.shape[2]))
+        if state is not None:
+            state.memory = memory
+        return o
