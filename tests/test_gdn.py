@@ -65,8 +65,8 @@ def hf_layer(hf, layer: GatedDeltaNet, cfg: ModelConfig):
     d, r = cfg.d_model, Hv // Hk
     hc = Qwen3NextConfig(hidden_size=d, num_hidden_layers=1, layer_types=["linear_attention"],
                          linear_num_key_heads=Hk, linear_num_value_heads=Hv, linear_key_head_dim=hd,
-                         linear_value_head_dim=hd, linear_conv_kernel_dim=cfg.gdn_conv, rms_norm_eps=cfg.norm_eps,
-                         hidden_act="silu", num_attention_heads=cfg.n_head, num_key_value_heads=cfg.n_kv_head,
+                         linear_value_head_dim=hd, linear_conv_kernel_dim=cfg.gdn_conv,
+                         rms_norm_eps=cfg.norm_eps, hidden_act="silu", num_attention_heads=cfg.n_head, num_key_value_heads=cfg.n_kv_head,
                          vocab_size=cfg.vocab_size)
     ref = hf.Qwen3NextGatedDeltaNet(hc, 0).eval()
     q, k, v, z = layer.in_proj.weight.split((Hk * hd, Hk * hd, Hv * hd, Hv * hd))
@@ -127,8 +127,9 @@ def test_layer_decode_equals_qwen3_next_decode(hf, prefill):
     x = torch.randn(2, 16, 32, generator=torch.Generator().manual_seed(2))
     cache, state = DynamicCache(config=hc), layer.new_state(2)
     with torch.no_grad():
-        theirs = [ref(x[:, :prefill], cache=cache)] + [ref(x[:, t : t + 1], cache=cache) for t in range(prefill, 16)]
-        ours = [layer(x[:, :prefill], state)] + [layer(x[:, t : t + 1], state) for t in range(prefill, 16)]
+        steps = range(prefill, 16)
+        theirs = [ref(x[:, :prefill], cache=cache)] + [ref(x[:, t : t + 1], cache=cache) for t in steps]
+        ours = [layer(x[:, :prefill], state)] + [layer(x[:, t : t + 1], state) for t in steps]
         full = layer(x)
     torch.testing.assert_close(torch.cat(ours, 1), torch.cat(theirs, 1), atol=1e-5, rtol=0)
     torch.testing.assert_close(torch.cat(ours, 1), full, atol=1e-5, rtol=0)

@@ -177,7 +177,7 @@ class GatedDeltaNet(nn.Module):
         return self.out(o.reshape(B, T, H * hd))
 
     def delta_rule(self, q, k, v, g, beta, state: GDNState | None) -> torch.Tensor:
-        """The recurrence in fp32 at least (under bf16 autocast too): one token from a state steps, else chunks."""
+        """The recurrence in fp32 or wider (bf16 autocast too): one token from a state steps, else chunks."""
         dtype = torch.promote_types(q.dtype, torch.float32)  # fp64 stays fp64 (the tests' reference)
         with torch.autocast(q.device.type, enabled=False):
             q, k, v, g, beta = (t.to(dtype) for t in (q, k, v, g, beta))
