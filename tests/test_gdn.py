@@ -66,8 +66,8 @@ def hf_layer(hf, layer: GatedDeltaNet, cfg: ModelConfig):
     hc = Qwen3NextConfig(hidden_size=d, num_hidden_layers=1, layer_types=["linear_attention"],
                          linear_num_key_heads=Hk, linear_num_value_heads=Hv, linear_key_head_dim=hd,
                          linear_value_head_dim=hd, linear_conv_kernel_dim=cfg.gdn_conv,
-                         rms_norm_eps=cfg.norm_eps, hidden_act="silu", num_attention_heads=cfg.n_head, num_key_value_heads=cfg.n_kv_head,
-                         vocab_size=cfg.vocab_size)
+                         rms_norm_eps=cfg.norm_eps, hidden_act="silu", num_attention_heads=cfg.n_head,
+                         num_key_value_heads=cfg.n_kv_head, vocab_size=cfg.vocab_size)
     ref = hf.Qwen3NextGatedDeltaNet(hc, 0).eval()
     q, k, v, z = layer.in_proj.weight.split((Hk * hd, Hk * hd, Hv * hd, Hv * hd))
     b, a = layer.ba.weight.split(Hv)
