@@ -25,7 +25,7 @@ Two forms of the same recurrence:
             triangular solve; one state product per chunk carries the memory across chunks
   recurrent decode: one token at a time from the state
 The decode state per layer: the recurrent state [B, Hv, d_k, d_v] and the conv's last K-1 inputs
-[B, 2 Hk d_k + Hv d_v, K-1]; constant in the sequence length (GDNState.nbytes()).
+[B, K-1, 2 Hk d_k + Hv d_v]; constant in the sequence length (GDNState.nbytes()).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class GDNState:
     """One layer's decode state: the conv's last K-1 inputs and the delta-rule memory."""
 
     def __init__(self, conv: torch.Tensor, memory: torch.Tensor):
-        self.conv = conv  # [B, conv_dim, K-1]: pre-conv q|k|v of the last K-1 tokens
+        self.conv = conv  # [B, K-1, conv_dim]: pre-conv q|k|v of the last K-1 tokens
         self.memory = memory  # [B, Hv, d_k, d_v]
 
     def nbytes(self) -> int:
@@ -72,31 +72,35 @@ def chunked_delta_rule(q, k, v, g, beta, memory=None, chunk: int = 64):
         q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
         g, beta = F.pad(g, (0, pad)), F.pad(beta, (0, pad))
     n = (T + pad) // chunk
-    q, k, v = (x.reshape(B, H, n, chunk, -1) for x in (q, k, v))  # [B, H, n, C, d]
-    G = g.reshape(B, H, n, chunk).cumsum(-1)  # [B, H, n, C]
-    beta = beta.reshape(B, H, n, chunk, 1)
+    # chunk-major [n, B H, C, d]: the scan below unbinds chunks (one stack in backward, not n zero-filled
+    # index gradients) and every per-chunk matrix is a contiguous batch
+    q, k, v = (x.reshape(B * H, n, chunk, -1).transpose(0, 1) for x in (q, k, v))
+    G = g.reshape(B * H, n, chunk).transpose(0, 1).cumsum(-1)  # [n, BH, C]
+    beta = beta.reshape(B * H, n, chunk).transpose(0, 1).unsqueeze(-1)  # [n, BH, C, 1]
     lower = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
     # exp(G_i - G_j) for j <= i, else 0; the difference is taken before exp, so it never overflows
-    decay = (G.unsqueeze(-1) - G.unsqueeze(-2)).masked_fill(~lower, float("-inf")).exp()  # [B, H, n, C, C]
+    decay = (G.unsqueeze(-1) - G.unsqueeze(-2)).masked_fill(~lower, float("-inf")).exp()  # [n, BH, C, C]
     kb = k * beta
     system = (kb @ k.transpose(-1, -2)) * decay  # its strict lower part is A; the diagonal is taken as 1
-    rhs = torch.cat((v * beta, kb * G.exp().unsqueeze(-1)), -1)  # [B, H, n, C, d_v + d_k]
+    rhs = torch.cat((v * beta, kb * G.exp().unsqueeze(-1)), -1)  # [n, BH, C, d_v + d_k]
     u_v, u_k = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True).split((dv, dk), -1)
-    scores = (q @ k.transpose(-1, -2)) * decay  # [B, H, n, C, C], the diagonal included
+    scores = (q @ k.transpose(-1, -2)) * decay  # [n, BH, C, C], the diagonal included
     q_in = q * G.exp().unsqueeze(-1)  # reads the start memory
-    k_out = k * (G[..., -1:] - G).exp().unsqueeze(-1)  # writes the end memory
-    chunk_decay = G[..., -1].exp()[..., None, None]  # [B, H, n, 1, 1]
+    k_out = (k * (G[..., -1:] - G).exp().unsqueeze(-1)).transpose(-1, -2)  # [n, BH, d_k, C]: writes it
+    chunk_decay = G[..., -1].exp()[..., None, None]  # [n, BH, 1, 1]
+    if memory is not None:
+        memory = memory.reshape(B * H, dk, dv)
     outs = []
-    for i in range(n):
+    for uv, uk, sc, qi, ko, cd in zip(*(t.unbind(0) for t in (u_v, u_k, scores, q_in, k_out, chunk_decay))):
         if memory is None:  # no memory yet (the first chunk of training): nothing to read
-            u = u_v[:, :, i]
-            outs.append(scores[:, :, i] @ u)
-            memory = k_out[:, :, i].transpose(-1, -2) @ u
+            outs.append(sc @ uv)
+            memory = ko @ uv
             continue
-        u = u_v[:, :, i] - u_k[:, :, i] @ memory  # [B, H, C, d_v]
-        outs.append(q_in[:, :, i] @ memory + scores[:, :, i] @ u)
-        memory = memory * chunk_decay[:, :, i] + k_out[:, :, i].transpose(-1, -2) @ u  # [B, H, d_k, d_v]
-    return torch.cat(outs, 2)[:, :, :T], memory
+        u = uv - uk @ memory  # [BH, C, d_v]
+        outs.append(qi @ memory + sc @ u)
+        memory = memory * cd + ko @ u  # [BH, d_k, d_v]
+    o = torch.stack(outs, 1).reshape(B, H, n * chunk, dv)[:, :, :T]
+    return o, memory.reshape(B, H, dk, dv)
 
 
 def recurrent_delta_rule(q, k, v, g, beta, memory=None):
@@ -120,7 +124,7 @@ class GatedDeltaNet(nn.Module):
     cfg-independent (CHUNK), as it changes only the arithmetic order, not the function.
     """
 
-    CHUNK = 64
+    CHUNK = 16
 
     def __init__(self, cfg):
         super().__init__()
@@ -142,21 +146,26 @@ class GatedDeltaNet(nn.Module):
 
     def new_state(self, batch: int, device=None, dtype=torch.float32) -> GDNState:
         hd = self.head_dim
-        return GDNState(torch.zeros(batch, self.conv_dim, self.kernel - 1, device=device, dtype=dtype),
+        return GDNState(torch.zeros(batch, self.kernel - 1, self.conv_dim, device=device, dtype=dtype),
                         torch.zeros(batch, self.v_heads, hd, hd, device=device,
                                     dtype=torch.promote_types(dtype, torch.float32)))
 
     def short_conv(self, x: torch.Tensor, state: GDNState | None) -> torch.Tensor:
-        """x: [B, T, conv_dim] -> SiLU(causal depthwise conv) of the same shape; the state keeps the tail."""
-        x = x.transpose(1, 2)  # [B, conv_dim, T]
-        T = x.shape[-1]
+        """x: [B, T, conv_dim] -> SiLU(causal depthwise conv over time), same shape; the state keeps
+        the last K-1 inputs. Written as K shifted multiply-adds: F.conv1d's (identical) depthwise
+        backward is several times slower on CPU, and this needs no [B, C, T] transposes."""
+        B, T, _ = x.shape
+        K = self.kernel
         if state is None:
-            window = F.pad(x, (self.kernel - 1, 0))
+            window = F.pad(x, (0, 0, K - 1, 0))  # [B, K - 1 + T, conv_dim], zeros before the start
         else:
-            window = torch.cat((state.conv.to(x.dtype), x), -1)  # [B, conv_dim, K - 1 + T]
-            state.conv = window[..., window.shape[-1] - (self.kernel - 1) :].to(state.conv.dtype)
-        y = F.conv1d(window, self.conv.to(x.dtype), groups=self.conv_dim)  # [B, conv_dim, T]
-        return F.silu(y[..., -T:]).transpose(1, 2)
+            window = torch.cat((state.conv.to(x.dtype), x), 1)
+            state.conv = window[:, window.shape[1] - (K - 1) :].to(state.conv.dtype)
+        w = self.conv.to(x.dtype)  # [conv_dim, 1, K]: tap K-1 weighs the token itself (F.conv1d's order)
+        y = window[:, K - 1 :] * w[:, 0, K - 1]
+        for j in range(K - 1):
+            y = y + window[:, j : j + T] * w[:, 0, j]
+        return F.silu(y)
 
     def forward(self, x: torch.Tensor, state: GDNState | None = None) -> torch.Tensor:
         B, T, _ = x.shape
