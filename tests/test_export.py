@@ -234,6 +234,7 @@ MODERN_NAMES = {
     "parallel_block": (True, "parallel block (parallel)"),
     "logit_softcap": (30.0, "soft-capped logits (softcap)"),
     "pos_type": ("nope", "NoPE (nope)"),
+    "gdn_pattern": ("DA", "Gated DeltaNet hybrid (gdn)"),  # any pattern: "DA" is not the row's DDDA
 }
 
 
@@ -249,13 +250,21 @@ def test_every_post_llama_part_is_named_in_one_line(tmp_path):
     parts = {field: value for field, (value, _) in MODERN_NAMES.items()}
     with pytest.raises(ExportError) as err:
         check_llama_shaped(ModelConfig(vocab_size=50, **model_kwargs(2, **parts)))
-    names = [MODERN_NAMES[f][1] for f in ("qk_norm", "parallel_block", "logit_softcap", "pos_type")]  # table order
+    order = ("qk_norm", "parallel_block", "logit_softcap", "pos_type", "gdn_pattern")  # the table's
+    names = [MODERN_NAMES[f][1] for f in order]
     assert str(err.value) == f"cannot export to Llama: {', '.join(names)} have no Llama equivalent"
     assert "\n" not in str(err.value)
     run_dir = train_run(tmp_path, "qknorm", **model_kwargs(2, qk_norm=True))  # refused before any file
     with pytest.raises(ExportError, match="QK-norm"):
         export_hf(run_dir, tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
+
+
+def test_a_part_at_another_setting_than_its_row_is_refused_too():
+    """Neither the row's on nor its off (a cap of 10, not 30): still nothing Llama can express."""
+    with pytest.raises(ExportError) as err:
+        check_llama_shaped(ModelConfig(vocab_size=50, **model_kwargs(2, logit_softcap=10.0)))
+    assert str(err.value) == "cannot export to Llama: soft-capped logits (softcap) has no Llama equivalent"
 
 
 @pytest.mark.parametrize("variant", ["q_only", "k_interleaved"])

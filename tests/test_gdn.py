@@ -9,13 +9,27 @@ test compares against the reference code even where those packages are installed
 from __future__ import annotations
 
 import inspect
+import json
 import math
+import re
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
+from toy_data import TINY_MODEL, TINY_TRAIN, write_corpus
+from typer.testing import CliRunner
 
-from anatomy_cli.config import ModelConfig
+from anatomy_cli import runs
+from anatomy_cli.cli import app
+from anatomy_cli.config import ConfigError, ModelConfig, RunConfig, validate
+from anatomy_cli.data import load_corpus
+from anatomy_cli.model import LM
+from anatomy_cli.model.attention import CausalSelfAttention
 from anatomy_cli.model.gdn import GatedDeltaNet, chunked_delta_rule, l2norm, recurrent_delta_rule
+from anatomy_cli.model.kv_cache import KVCache
+from anatomy_cli.sample import generate
+from anatomy_cli.train import Trainer, resolve_config, train
 
 pytestmark = [pytest.mark.usefixtures("single_thread")]
 
@@ -125,15 +139,16 @@ def test_layer_decode_equals_qwen3_next_decode(hf, prefill):
     layer = scrambled_layer(cfg)
     ref, hc = hf_layer(hf, layer, cfg)
     x = torch.randn(2, 16, 32, generator=torch.Generator().manual_seed(2))
-    cache, state = DynamicCache(config=hc), layer.new_state(2)
+    cache, ours_cache = DynamicCache(config=hc), KVCache([layer.new_state(2, 16)])
     with torch.no_grad():
         steps = range(prefill, 16)
         theirs = [ref(x[:, :prefill], cache=cache)] + [ref(x[:, t : t + 1], cache=cache) for t in steps]
-        ours = [layer(x[:, :prefill], state)] + [layer(x[:, t : t + 1], state) for t in steps]
+        ours = [layer(x[:, :prefill], cache=ours_cache)]
+        ours += [layer(x[:, t : t + 1], cache=ours_cache) for t in steps]
         full = layer(x)
     torch.testing.assert_close(torch.cat(ours, 1), torch.cat(theirs, 1), atol=1e-5, rtol=0)
     torch.testing.assert_close(torch.cat(ours, 1), full, atol=1e-5, rtol=0)
-    torch.testing.assert_close(state.memory, cache.get_recurrent_state(0).float(), atol=1e-5, rtol=0)
+    torch.testing.assert_close(ours_cache[0].memory, cache.get_recurrent_state(0), atol=1e-5, rtol=0)
 
 
 # ------------------------------------------------------------------------- the two forms
@@ -175,3 +190,311 @@ def test_recurrence_is_the_delta_rule():
     unit = k / k.norm(dim=-1, keepdim=True)
     _, m1 = recurrent_delta_rule(q, unit, v, torch.zeros_like(g), torch.ones_like(beta), S)
     torch.testing.assert_close(m1[0, 0].T @ unit[0, 0, 0], vv, atol=1e-12, rtol=0)
+
+
+# ------------------------------------------------------------------------- the hybrid model
+
+HYBRID = {"n_layer": 4, "gdn_pattern": "DDDA"}
+LLAMA = {"norm_type": "rmsnorm", "norm_pos": "pre", "pos_type": "rope", "ffn_type": "swiglu"}
+MODELS = {  # the attention layers alone, with GQA and QK-norm, and a stack with no attention at all
+    "2017": HYBRID,
+    "llama": {**HYBRID, **LLAMA},
+    "llama+gqa+qknorm": {**HYBRID, **LLAMA, "n_kv_head": 2, "qk_norm": True},
+    "all-gdn": {**LLAMA, "gdn_pattern": "D"},
+}
+MODEL = pytest.mark.parametrize("model", list(MODELS))
+
+
+def tokens(B: int, T: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, 50, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def test_layer_kinds_follow_the_pattern():
+    assert gdn_config().layer_kinds == ("gdn", "gdn", "gdn", "attn")
+    assert gdn_config(n_layer=8, gdn_pattern="DA").layer_kinds == ("gdn", "attn") * 4
+    assert gdn_config(gdn_pattern="D").layer_kinds == ("gdn",) * 4
+    assert gdn_config(gdn_pattern="").layer_kinds == ("attn",) * 4
+
+
+def test_param_count_is_exact_at_the_published_size():
+    """d 128, 4 heads: value heads 4 x 32, key heads 2 x 32. in_proj 128 x (64 + 64 + 128 + 128),
+    b and a 128 x 8, conv 256 x 4, dt_bias and A_log 4 each, gated norm 32, out 128 x 128."""
+    cfg = ModelConfig(vocab_size=1719, d_model=128, n_layer=4, n_head=4, ctx_len=64, gdn_pattern="DDDA",
+                      **LLAMA)
+    assert cfg.gdn_shape == (2, 4, 32)
+    gdn = 128 * 384 + 128 * 8 + 256 * 4 + 4 + 4 + 32 + 128 * 128
+    assert cfg.mixer_params("gdn") == gdn == 67_624
+    assert cfg.mixer_params("attn") == 4 * 128 * 128  # MHA: 2,088 fewer (3.1%)
+    plain = ModelConfig(**{**cfg.model_dump(), "gdn_pattern": ""})
+    assert cfg.num_params() - plain.num_params() == 3 * (gdn - 4 * 128 * 128)
+    assert cfg.active_params() == cfg.num_params()
+
+
+@pytest.mark.parametrize("shape", [{}, *SHAPES.values(), {"gdn_conv": 2, "gdn_heads": 2, "qk_norm": True},
+                                   {"gdn_conv": 1, "n_kv_head": 1, "tie_embeddings": True}])
+@pytest.mark.parametrize("pattern", ["DDDA", "DA", "D", "ADDA"])
+def test_param_formula_equals_the_modules(shape, pattern):
+    cfg = gdn_config(gdn_pattern=pattern, **shape)
+    model = LM(cfg)
+    for layer, block in enumerate(model.blocks):
+        kind = cfg.layer_kinds[layer]
+        assert type(block.attn) is (GatedDeltaNet if kind == "gdn" else CausalSelfAttention)
+        assert sum(p.numel() for p in block.attn.parameters()) == cfg.mixer_params(kind)
+    assert cfg.num_params() == model.num_params()
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"gdn_pattern": "DDA"}, "gdn_pattern='DDA' has 3 letters, which must divide n_layer=4"),
+    ({"gdn_pattern": "DDXA"}, "gdn_pattern='DDXA': use only the letters D, A"),
+    ({"gdn_pattern": "AA"}, "gdn_pattern='AA' has no D"),
+    ({"gdn_heads": 6, "gdn_key_heads": 4}, "gdn_key_heads=4 must divide gdn_heads=6"),
+    ({"gdn_conv": 0}, "gdn_conv"),
+])
+def test_bad_settings_are_one_line(overrides, message):
+    with pytest.raises(ConfigError, match=re.escape(message)) as err:
+        validate(ModelConfig, {"n_layer": 4, **overrides})
+    assert "\n" not in str(err.value)
+
+
+def test_a_pattern_that_does_not_divide_n_layer_exits_2(tmp_path):
+    corpus = write_corpus(tmp_path)
+    result = CliRunner().invoke(app, ["train", "--set", f"data.source={corpus}", "--set", "model.n_layer=3",
+                                      "--set", "model.gdn_pattern=DDDA", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "must divide n_layer=3" in lines[0], result.stderr
+    assert not (tmp_path / "o").exists()
+
+
+@MODEL
+def test_causality(make_lm, model):
+    lm = make_lm(**MODELS[model])
+    with torch.no_grad():  # decay ~0.9 a step: the scrambled A (~e) forgets a token within ~10 steps
+        for block in lm.blocks:
+            if isinstance(block.attn, GatedDeltaNet):
+                block.attn.A_log.fill_(math.log(0.05))
+    T = 16
+    idx = tokens(2, T, seed=3)
+    with torch.no_grad():
+        ref, _ = lm(idx)
+        for t in (0, 6, T - 1):
+            changed = idx.clone()
+            changed[:, t] = (changed[:, t] + 1) % 50
+            logits, _ = lm(changed)
+            torch.testing.assert_close(logits[:, :t], ref[:, :t], atol=1e-6, rtol=0)
+            per_pos = (logits[:, t:] - ref[:, t:]).abs().amax(dim=(0, 2))  # [T - t]
+            assert per_pos.min() > 1e-3, f"token {t} did not reach every later position: {per_pos}"
+
+
+def decode_in_chunks(lm, idx: torch.Tensor, chunks: list[int]):
+    cache = lm.new_cache(idx.shape[0], idx.shape[1])
+    out, t = [], 0
+    for n in chunks:
+        out.append(lm(idx[:, t : t + n], cache=cache)[0])
+        t += n
+    return torch.cat(out, dim=1), cache
+
+
+@MODEL
+@pytest.mark.parametrize("chunks", [[6] + [1] * 10, [5, 3, 1, 4, 1, 2], [1] * 16],
+                         ids=["prefill", "mixed", "steps"])
+def test_stateful_decode_equals_full_forward(make_lm, model, chunks):
+    """fp64 to rounding (the two forms are one function); fp32 within its rounding through 4 layers."""
+    lm = make_lm(**MODELS[model])
+    idx = tokens(2, 16, seed=1)
+    with torch.no_grad():
+        full, _ = lm(idx)
+        decoded, cache = decode_in_chunks(lm, idx, chunks)
+        torch.testing.assert_close(decoded, full, atol=1e-4, rtol=0)
+        lm.double()
+        full, _ = lm(idx)
+        decoded, cache = decode_in_chunks(lm, idx, chunks)
+    assert cache.past_len == 16 and cache[0].memory.dtype == torch.float64
+    torch.testing.assert_close(decoded, full, atol=1e-10, rtol=0)
+
+
+def test_decode_continues_past_ctx_len(make_lm):
+    """RoPE attention layers plus GDN layers: no length limit anywhere; decode == full at 40 > 24."""
+    lm = make_lm(**MODELS["llama"]).double()
+    idx = tokens(1, 40, seed=4)
+    with torch.no_grad():
+        full, _ = lm(idx)
+        decoded, cache = decode_in_chunks(lm, idx, [30] + [1] * 10)
+    torch.testing.assert_close(decoded, full, atol=1e-10, rtol=0)
+
+
+def test_greedy_generation_cached_equals_uncached_across_context_shifts(make_lm):
+    """generate's context shift resets the cache: the GDN memory must be forgotten with it."""
+    lm = make_lm(**MODELS["llama+gqa+qknorm"], ctx_len=16)
+    prefix = tokens(1, 5, seed=2)[0].tolist()
+    cached = list(generate(lm, prefix, 40, temp=0, use_cache=True))
+    assert cached == list(generate(lm, prefix, 40, temp=0, use_cache=False))
+
+
+def test_gdn_layers_read_no_positions(make_lm):
+    """Every layer GDN: shifting every position id changes nothing, RoPE or not (order is the recurrence)."""
+    lm = make_lm(**MODELS["all-gdn"])
+    idx = tokens(2, 10)
+    with torch.no_grad():
+        torch.testing.assert_close(lm(idx, pos=torch.arange(7, 17))[0], lm(idx)[0], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 4, 7, 16, 64])
+def test_model_logits_do_not_depend_on_the_chunk(make_lm, chunk, monkeypatch):
+    lm = make_lm(**MODELS["llama"]).double()
+    idx = tokens(2, 20, seed=5)
+    with torch.no_grad():
+        ref, _ = lm(idx)
+        monkeypatch.setattr(GatedDeltaNet, "CHUNK", chunk)
+        torch.testing.assert_close(lm(idx)[0], ref, atol=1e-10, rtol=0)
+
+
+# ------------------------------------------------------------------------- the decode state
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_state_bytes_are_the_formula_and_do_not_grow(make_lm, dtype):
+    lm = make_lm(**MODELS["llama+gqa+qknorm"])
+    elem = torch.tensor([], dtype=dtype).element_size()
+    short, long = lm.new_cache(2, 16, dtype=dtype), lm.new_cache(2, 4096, dtype=dtype)
+    Hk, Hv, hd = lm.cfg.gdn_shape
+    gdn = 2 * ((4 - 1) * (2 * Hk + Hv) * hd * elem + Hv * hd * hd * 4)  # conv tail + fp32 memory
+    for layer, kind in enumerate(lm.cfg.layer_kinds):
+        assert short.layer_bytes()[layer] == lm.cfg.state_bytes(kind, 2, 16, elem)
+        assert long.layer_bytes()[layer] == lm.cfg.state_bytes(kind, 2, 4096, elem)
+        if kind == "gdn":
+            assert short[layer].memory.dtype == torch.float32 and short[layer].conv.dtype == dtype
+            assert short.layer_bytes()[layer] == long.layer_bytes()[layer] == gdn
+        else:
+            assert long.layer_bytes()[layer] == 256 * short.layer_bytes()[layer]
+    assert short.capacity == 16  # the attention layer's KV bounds it; the GDN states do not
+
+
+def test_all_gdn_cache_has_no_capacity(make_lm):
+    lm = make_lm(**MODELS["all-gdn"])
+    cache = lm.new_cache(1, 4)
+    assert cache.capacity is None
+    with torch.no_grad():
+        lm(tokens(1, 9), cache=cache)  # more than max_len: nothing bounds a recurrent state
+    assert cache.past_len == 9
+
+
+def test_reset_forgets_the_memory(make_lm):
+    lm = make_lm(**MODELS["llama"])
+    idx = tokens(1, 8)
+    with torch.no_grad():
+        cache = lm.new_cache(1, 16)
+        lm(tokens(1, 8, seed=9), cache=cache)
+        cache.reset()
+        assert all(float(cache[i].memory.abs().sum()) == 0 for i in range(3))
+        torch.testing.assert_close(lm(idx, cache=cache)[0], lm(idx)[0], atol=1e-5, rtol=1e-5)
+
+
+# ------------------------------------------------------------------------- training
+
+
+def trainer(tmp_path, name: str, **model) -> Trainer:
+    corpus_path = tmp_path / "tiny.txt"
+    if not corpus_path.exists():
+        write_corpus(tmp_path)
+    cfg = validate(RunConfig, {"model": {**TINY_MODEL, **model},
+                               "train": {**TINY_TRAIN, "sample_len": 0, "device": "cpu"},
+                               "data": {"source": str(corpus_path)}})
+    corpus = load_corpus(cfg.data.source, cfg.data.val_frac, cfg.model.ctx_len)
+    (tmp_path / name).mkdir()
+    return Trainer(resolve_config(cfg, corpus), tmp_path / name, corpus)
+
+
+def train_losses(tr: Trainer, steps: int = 3) -> list[float]:
+    for _ in range(steps):
+        tr.train_step()
+    return [float(loss) for _, _, loss, _, _ in tr.pending]
+
+
+def test_same_seed_same_training_losses(tmp_path):
+    a = train_losses(trainer(tmp_path, "a", gdn_pattern="DA"))
+    b = train_losses(trainer(tmp_path, "b", gdn_pattern="DA"))
+    plain = train_losses(trainer(tmp_path, "plain"))
+    assert a == b  # bit for bit
+    assert a != plain and all(math.isfinite(v) for v in a)
+
+
+def test_every_parameter_gets_a_gradient(make_lm):
+    lm = make_lm(**MODELS["llama"]).train()
+    _, loss = lm(tokens(2, 12), tokens(2, 12, seed=1))
+    loss.backward()
+    for name, p in lm.named_parameters():
+        assert p.grad is not None and p.grad.abs().max() > 0, name
+
+
+def test_bf16_autocast_keeps_the_recurrence_in_fp32():
+    """Under autocast the delta rule still multiplies in fp32: exactly the fp32 result of its inputs."""
+    layer = GatedDeltaNet(gdn_config())
+    q, k, v, g, beta = (t.to(torch.bfloat16) for t in delta_inputs(H=4, dk=8, dv=8, dtype=torch.float32))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        o = layer.delta_rule(q, k, v, g, beta, None)
+    ref, _ = chunked_delta_rule(*(t.float() for t in (q, k, v, g, beta)), chunk=layer.CHUNK)
+    assert o.dtype == torch.float32
+    torch.testing.assert_close(o, ref, atol=0, rtol=0)
+
+
+# ------------------------------------------------------------------------- a trained run: exams, export
+
+
+@pytest.fixture(scope="module")
+def gdn_run(tmp_path_factory) -> Path:
+    """A tiny trained hybrid (RoPE in its attention layer), ctx_len 16."""
+    root = tmp_path_factory.mktemp("gdn")
+    corpus = write_corpus(root, 4000)
+    cfg = RunConfig.model_validate({
+        "name": "gdn", "seed": 1,
+        "model": {"d_model": 32, "n_layer": 2, "n_head": 4, "ctx_len": 16, "gdn_pattern": "DA", **LLAMA},
+        "train": {"steps": 6, "batch_size": 4, "lr": 3e-3, "warmup": 1, "eval_interval": 3, "eval_batches": 2,
+                  "log_interval": 3, "sample_len": 0, "device": "cpu", "threads": 1},
+        "data": {"source": str(corpus)},
+    })
+    before = torch.get_num_threads()
+    assert train(cfg, root / "run")["status"] == runs.COMPLETED
+    torch.set_num_threads(before)
+    return root / "run"
+
+
+def invoke(*args) -> object:
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def test_eval_extrapolates_a_gdn_run(gdn_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(gdn_run, run)
+    result = invoke("eval", run, "--ctx", "1x,2x,4x", "--json")
+    assert result.exit_code == 0, result.output
+    losses = json.loads(result.stdout)["runs"][0]["val_loss_by_ctx"]
+    assert set(losses) == {"16", "32", "64"} and all(math.isfinite(v) for v in losses.values())
+    summary = json.loads((run / runs.SUMMARY).read_text())
+    assert losses["16"] == pytest.approx(summary["best_val_loss"], abs=1e-5)  # 1x is the run's own loss
+
+
+def test_bench_decode_reports_constant_gdn_state_against_a_growing_kv_cache(gdn_run):
+    result = invoke("bench-decode", gdn_run, "--new", 4, "--prefix-len", 20, "--kv-heads", "4", "--json")
+    assert result.exit_code == 0, result.output
+    row = json.loads(result.stdout)["rows"][0]
+    cfg = ModelConfig.model_validate(json.loads((gdn_run / runs.CONFIG).read_text())["model"])
+    assert row["same_output"] and row["weights"] == "trained (run)"
+    assert row["kv_cache_bytes"] == row["kv_formula_bytes"] == cfg.cache_bytes(1, 24, 4)
+    at4k, at32k = row["long_context"]
+    assert (at4k["positions"], at32k["positions"]) == (4096, 32768)
+    assert at4k["layers"] == {"gdn": 1, "attn": 1}
+    gdn = (3 * (2 * 2 + 4) * 8 + 4 * 8 * 8) * 4  # conv tail 3 x 64 channels + memory 4 x 8 x 8, fp32
+    assert at4k["per_layer"]["gdn"] == at32k["per_layer"]["gdn"] == gdn  # constant
+    kv = 2 * 4 * 8 * 4  # K and V, 4 heads of 8, fp32: per position
+    assert (at4k["per_layer"]["attn"], at32k["per_layer"]["attn"]) == (4096 * kv, 32768 * kv)
+    assert at32k["total"] == gdn + 32768 * kv and at32k["all_attention"] == 2 * 32768 * kv
+    table = invoke("bench-decode", gdn_run, "--new", 2, "--prefix-len", 4, "--kv-heads", "4")
+    assert table.exit_code == 0 and "decode state at long contexts" in table.stdout
+
+
+def test_export_refuses_gdn_by_name(gdn_run, tmp_path):
+    result = invoke("export", gdn_run, tmp_path / "hf")
+    assert result.exit_code == 2, result.output
+    assert "Gated DeltaNet hybrid (gdn) has no Llama equivalent" in " ".join(result.output.split())
+    assert not (tmp_path / "hf").exists()

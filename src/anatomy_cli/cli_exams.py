@@ -200,6 +200,7 @@ def _render_bench(out: dict) -> None:
                        exams.fmt_bytes(r["model_cache_bytes"]), exams.fmt_bytes(r.get("peak_cuda_bytes", r.get("peak_rss_bytes"))))
     console.print(speed)
     console.print(memory)
+    _render_long_context(out["rows"])
     cuda = "peak_cuda_bytes" in out["rows"][0]
     console.print(f"tok/s: prefill = prompt tokens / one forward; decode = greedy sample.generate forwards per second "
                   f"(window = prefix + new, no context shift); untrained = random weights of the same sizes (speed needs no "
@@ -207,6 +208,20 @@ def _render_bench(out: dict) -> None:
                   f"peak = {'CUDA max allocated' if cuda else 'process peak RSS (whole process so far)'}.", highlight=False)
     if out["note"]:
         console.print(f"note: {out['note']}", highlight=False)
+
+
+def _render_long_context(rows: list[dict]) -> None:
+    """Decode-state bytes at 4k and 32k positions, per layer kind, against attention in every layer."""
+    kinds = list(rows[0]["long_context"][0]["per_layer"])
+    table = Table(title="decode state at long contexts (B=1, formula)")
+    for col in ("attn", "positions", *(f"{k} per layer" for k in kinds), "total", "attention everywhere"):
+        table.add_column(col, justify="left" if col == "attn" else "right")
+    for r in rows:
+        for at in r["long_context"]:
+            table.add_row(f"{r['attention']} G={r['n_kv_head']}", f"{at['positions']:,}",
+                          *(f"{exams.fmt_bytes(at['per_layer'][k])} x{at['layers'][k]}" for k in kinds),
+                          exams.fmt_bytes(at["total"]), exams.fmt_bytes(at["all_attention"]))
+    console.print(table)
 
 
 # ----------------------------------------------------------------------------------- kv-budget

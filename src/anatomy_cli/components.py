@@ -114,7 +114,7 @@ def _show(v: Any) -> str:
 
 
 # The five parts of the 2017 -> LLaMA question first (their order is the canonical flip order),
-# then six parts of today's models.
+# then six parts of today's dense models, then the parts of 2024-2026 (issue 22).
 BUILTINS: tuple[Component, ...] = (
     Component("rmsnorm", "RMSNorm instead of LayerNorm: scale only, no mean, no bias",
               "Zhang & Sennrich 2019; LLaMA", on={"model.norm_type": "rmsnorm"},
@@ -149,6 +149,10 @@ BUILTINS: tuple[Component, ...] = (
     Component("nope", "no position information at all (causal attention alone)",
               "Kazemnejad et al. 2023", on={"model.pos_type": "nope"}, llama="off",
               parts=("positions", "NoPE")),
+    Component("gdn", "Gated DeltaNet in 3 of every 4 layers (DDDA): a gated delta-rule memory, no softmax, "
+              "no positions", "Yang, Kautz & Hatamizadeh 2025 (ICLR); Qwen3-Next",
+              on={"model.gdn_pattern": "DDDA"}, off={"model.gdn_pattern": ""}, llama="off",
+              parts=("attention in every layer", "Gated DeltaNet hybrid")),
 )
 BUILTIN_NAMES: tuple[str, ...] = tuple(c.name for c in BUILTINS)
 FIVE: tuple[str, ...] = tuple(c.name for c in BUILTINS if c.family == "llama")

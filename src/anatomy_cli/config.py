@@ -22,6 +22,10 @@ FfnType = Literal["gelu", "swiglu"]
 RopeVariant = Literal["standard", "q_only", "k_interleaved"]
 
 
+# Gated DeltaNet's chunk width in training (model/gdn.py): changes the arithmetic order, not the
+# function; 16 gave the fastest train step on the 2-core CPU at ctx 64 (paired against 32 and 64).
+GDN_CHUNK = 16
+
 # Upper bound of every size: past it torch's int32 indexing overflows (a C++ error, not a message);
 # sizes below it that still cannot fit in memory are refused by ModelConfig.train_bytes's estimate.
 MAX_SIZE = 2**31 - 1
@@ -88,13 +92,14 @@ class ModelConfig(_Frozen):
     tie_embeddings: bool = False  # the LM head shares the embedding matrix (tied)
     parallel_block: bool = False  # attention and FFN read one normed input (parallel)
     logit_softcap: float = Field(default=0.0, ge=0)  # c * tanh(logits / c); 0 = off (softcap)
-    # Gated DeltaNet hybrid (gdn): "" = attention everywhere; else a pattern of D (Gated DeltaNet) and
-    # A (attention) repeated over the layers: "DDDA" is Qwen3-Next's three linear layers to one.
-    gdn_pattern: str = Field(default="", pattern=r"^[DA]*$", max_length=64)
+    # Gated DeltaNet hybrid (gdn, model/gdn.py): "" = attention everywhere; else one letter per layer,
+    # D Gated DeltaNet, A softmax attention, repeated over the stack ("DDDA": Qwen3-Next's 3 : 1).
+    # The head sizes default from the attention's (see gdn_shape); gdn_conv is the short conv's kernel.
+    gdn_pattern: str = Field(default="", max_length=1024)
     gdn_heads: int | None = Field(default=None, gt=0, le=MAX_SIZE)  # value heads; None: n_head
     gdn_key_heads: int | None = Field(default=None, gt=0, le=MAX_SIZE)  # None: gdn_heads / 2 when even
     gdn_head_dim: int | None = Field(default=None, gt=0, le=MAX_SIZE)  # d_k = d_v; None: head_dim
-    gdn_conv: int = Field(default=4, gt=0, le=64)  # the short causal conv's kernel over time
+    gdn_conv: int = Field(default=4, gt=0, le=64)
 
     @model_validator(mode="after")
     def _check_shapes(self) -> ModelConfig:
@@ -106,9 +111,10 @@ class ModelConfig(_Frozen):
             raise ValueError(f"RoPE needs an even head_dim, got d_model/n_head={self.head_dim}")
         if self.rope_variant != "standard" and self.pos_type != "rope":
             raise ValueError(f"rope_variant={self.rope_variant!r} needs pos_type='rope'")
-        if self.gdn_pattern and (self.n_layer % len(self.gdn_pattern) or "D" not in self.gdn_pattern):
-            raise ValueError(f"gdn_pattern={self.gdn_pattern!r} must hold a D and its length divide "
-                             f"n_layer={self.n_layer}")
+        if self.gdn_pattern:
+            check_pattern("gdn_pattern", self.gdn_pattern, "DA", self.n_layer)
+            if "D" not in self.gdn_pattern:
+                raise ValueError(f"gdn_pattern={self.gdn_pattern!r} has no D ('' is attention everywhere)")
         k_heads, v_heads, _ = self.gdn_shape
         if v_heads % k_heads:
             raise ValueError(f"gdn_key_heads={k_heads} must divide gdn_heads={v_heads}")
@@ -121,8 +127,9 @@ class ModelConfig(_Frozen):
     @property
     def gdn_shape(self) -> tuple[int, int, int]:
         """(key heads, value heads, head dim) of a Gated DeltaNet layer. By default the value side is
-        the attention's (n_head heads of head_dim) and the key side half of it, as Qwen3-Next's
-        16 key : 32 value heads: in + out projections then hold 4 d^2 weights, MHA's count."""
+        the attention's (n_head heads of head_dim) and the key side half of it, as in Qwen3-Next's
+        16 key : 32 value heads of 128: the in and out projections then hold 4 d^2 weights, MHA's
+        count, and b, a, the conv, the gates and the norm add 2 Hv d + 2 d K + 2 Hv + hd."""
         v_heads = self.gdn_heads or self.n_head
         k_heads = self.gdn_key_heads or (v_heads // 2 if v_heads % 2 == 0 else v_heads)
         return k_heads, v_heads, self.gdn_head_dim or self.head_dim
@@ -139,11 +146,15 @@ class ModelConfig(_Frozen):
         """What layer i's token mixer is, as data: one kind per layer (model/mixers.py maps a kind to
         its module, mixer_params to its parameters, state_bytes to its decode state).
 
-        "attn": global causal softmax attention (MHA/GQA/MQA by n_kv_head). A part that changes
-        what a layer is adds its kind here, decided by its own fields (a layer pattern, see
-        repeat_pattern), and one entry in each of those three tables.
+        "attn": global causal softmax attention (MHA/GQA/MQA by n_kv_head); "gdn": Gated DeltaNet
+        where gdn_pattern says D. A part that changes what a layer is adds its kind here, decided by
+        its own fields (a layer pattern, see repeat_pattern), and one entry in each of those three tables.
         """
-        return ("attn",) * self.n_layer
+        kinds = ["attn"] * self.n_layer
+        if self.gdn_pattern:
+            pattern = repeat_pattern(self.gdn_pattern, self.n_layer)
+            kinds = ["gdn" if letter == "D" else kind for letter, kind in zip(pattern, kinds)]
+        return tuple(kinds)
 
     def num_params(self) -> int:
         """Total parameter count from the sizes alone (no torch); tests pin it to LM.num_params()."""
@@ -174,6 +185,11 @@ class ModelConfig(_Frozen):
             qkv_out = d * (self.n_head + 2 * self.n_kv_head) * hd + self.n_head * hd * d
             qk_norm = 2 * hd if self.qk_norm else 0  # one RMSNorm weight for Q, one for K, shared by heads
             return qkv_out + qk_norm
+        if kind == "gdn":  # model/gdn.py: in_proj (q|k|v|z), ba, conv, dt_bias + A_log, gated norm, out
+            Hk, Hv, hd = self.gdn_shape
+            conv_dim, value = 2 * Hk * hd + Hv * hd, Hv * hd
+            d = self.d_model
+            return d * (conv_dim + value + 2 * Hv) + conv_dim * self.gdn_conv + 2 * Hv + hd + value * d
         raise ValueError(f"no parameter formula for layer kind {kind!r}")
 
     def ffn_params(self, active: bool = False) -> int:
@@ -190,9 +206,14 @@ class ModelConfig(_Frozen):
 
     def state_bytes(self, kind: str, batch: int, max_len: int, bytes_per_elem: int) -> int:
         """Decode-state bytes of one layer of `kind` for `max_len` positions (tests pin it to the
-        tensors new_state allocates). attn: K and V of every position, 2 B G T hd."""
+        tensors new_state allocates). attn: K and V of every position, 2 B G T hd. gdn: whatever
+        max_len, the conv's last K-1 inputs and the memory [Hv, hd, hd], kept in fp32 at least."""
         if kind == "attn":
             return 2 * batch * self.n_kv_head * max_len * self.head_dim * bytes_per_elem
+        if kind == "gdn":
+            Hk, Hv, hd = self.gdn_shape
+            conv = (self.gdn_conv - 1) * (2 * Hk + Hv) * hd * bytes_per_elem
+            return batch * (conv + Hv * hd * hd * max(bytes_per_elem, 4))
         raise ValueError(f"no decode-state formula for layer kind {kind!r}")
 
     def cache_bytes(self, batch: int, max_len: int, bytes_per_elem: int) -> int:
@@ -201,9 +222,15 @@ class ModelConfig(_Frozen):
 
     def context_flops(self, kind: str) -> int:
         """Training FLOPs per token of a mixer beyond its weight matmuls: attention's scores and
-        weighted sum over ctx_len keys, 6 ctx d (the 2 n_ctx d_attn of Kaplan et al. 2020, x3)."""
+        weighted sum over ctx_len keys, 6 ctx d (the 2 n_ctx d_attn of Kaplan et al. 2020, x3).
+        gdn, per value head and chunk width C: the three C-wide products (k.k, q.k, scores.u), the
+        triangular solve (C/2 rows of d_k + d_v) and the memory's read, correction and write."""
         if kind == "attn":
             return 6 * self.ctx_len * self.d_model
+        if kind == "gdn":
+            _, Hv, hd = self.gdn_shape
+            C = min(GDN_CHUNK, self.ctx_len)
+            return 6 * Hv * (3 * C * hd + C * hd + 3 * hd * hd)
         raise ValueError(f"no FLOP formula for layer kind {kind!r}")
 
     def train_bytes(self, batch_size: int) -> int:

@@ -4,7 +4,8 @@
   eval_lengths     one run dir -> best-weights val loss at each context length
   eval_tree        a run dir or a sweep dir -> eval_lengths for each completed run, eval.json written
   stability_table  report.load_runs frame -> per label: runs, diverged, spikes, grad norm, loss
-  bench_decode     a model's sizes -> prefill/decode tokens/s, KV bytes, memory for MHA/GQA/MQA
+  bench_decode     a model's sizes -> prefill/decode tokens/s, KV bytes, memory for MHA/GQA/MQA,
+                   and every layer's decode-state bytes at 4k and 32k positions
   kv_budget        sizes (from a Hugging Face config.json or options) -> KV bytes, MHA vs GQA vs MQA
 
 Length extrapolation is measured, never faked: a learned position table has no row past ctx_len,
@@ -326,8 +327,22 @@ def bench_one(model, cfg: ModelConfig, prefix_len: int, new: int, device, seed: 
         "kv_cache_bytes": total,
         "kv_formula_bytes": cfg.cache_bytes(1, window, elem),
         "bytes_per_elem": elem,
+        "long_context": long_context_bytes(cfg, elem),
         **memory_fields(model, total, device),
     }
+
+
+LONG_CONTEXTS = (4096, 32768)
+
+
+def long_context_bytes(cfg: ModelConfig, elem: int) -> list[dict]:
+    """Decode-state bytes at 4k and 32k positions (B=1, from ModelConfig.state_bytes, which the tests
+    pin to the allocated tensors): per layer of each kind, in all, and what softmax attention in
+    every layer would hold. A recurrent layer's (gdn) stays constant; a KV cache grows with T."""
+    kinds = dict.fromkeys(cfg.layer_kinds)
+    return [{"positions": T, "per_layer": {k: cfg.state_bytes(k, 1, T, elem) for k in kinds},
+             "layers": {k: cfg.layer_kinds.count(k) for k in kinds}, "total": cfg.cache_bytes(1, T, elem),
+             "all_attention": cfg.n_layer * cfg.state_bytes("attn", 1, T, elem)} for T in LONG_CONTEXTS]
 
 
 DTYPES = ("float32", "bfloat16", "float16")

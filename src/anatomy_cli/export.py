@@ -66,7 +66,8 @@ def llama_mismatches(model_cfg) -> list[str]:
     """The parts of `model_cfg` with no Llama equivalent, e.g. ['LayerNorm (needs rmsnorm)'].
 
     Read from the component table: a part Llama needs (`llama="on"`) that is off, and a part it
-    cannot express (`llama="off"`) that is on. Parts marked "either" (GQA, tied embeddings, z-loss)
+    cannot express (`llama="off"`) that is not off: on, or set to another value than the table's
+    (a soft cap of 10, a gdn_pattern of "DA"). Parts marked "either" (GQA, tied embeddings, z-loss)
     export as they are.
     """
     flat = components.flat_config(model_cfg)
@@ -75,7 +76,7 @@ def llama_mismatches(model_cfg) -> list[str]:
         on = c.state(flat)
         if c.llama == "on" and on is False:
             bad.append(f"{c.parts[0]} (needs {'/'.join(str(v) for v in c.on.values())})")
-        elif c.llama == "off" and on:
+        elif c.llama == "off" and on is not False:
             bad.append(f"{c.parts[1]} ({c.name})")
     if model_cfg.rope_variant != "standard":
         bad.append(f"RoPE variant {model_cfg.rope_variant!r} (needs standard)")

@@ -287,7 +287,8 @@ def slugify(text: str) -> str:
 # Fields added after runs already existed, with the default that reproduces the earlier model: at
 # that default they stay out of the hash, so a finished run keeps its id and a rerun skips it.
 HASH_NEUTRAL: dict[str, dict[str, Any]] = {
-    "model": {"qk_norm": False, "tie_embeddings": False, "parallel_block": False, "logit_softcap": 0.0},
+    "model": {"qk_norm": False, "tie_embeddings": False, "parallel_block": False, "logit_softcap": 0.0,
+              "gdn_pattern": "", "gdn_heads": None, "gdn_key_heads": None, "gdn_head_dim": None, "gdn_conv": 4},
     "train": {"z_loss": 0.0},
 }
 

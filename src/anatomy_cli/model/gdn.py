@@ -36,6 +36,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config import GDN_CHUNK
+from .kv_cache import tensor_bytes
+
 L2_EPS = 1e-6  # under the root of q's and k's L2 norm, as FLA and transformers use
 
 
@@ -44,14 +47,22 @@ def l2norm(x: torch.Tensor) -> torch.Tensor:
 
 
 class GDNState:
-    """One layer's decode state: the conv's last K-1 inputs and the delta-rule memory."""
+    """One layer's decode state (kv_cache.py's protocol): the conv's last K-1 inputs and the memory.
+    Its size does not depend on how many positions it has seen, so it bounds none (capacity None)."""
+
+    capacity = None
 
     def __init__(self, conv: torch.Tensor, memory: torch.Tensor):
         self.conv = conv  # [B, K-1, conv_dim]: pre-conv q|k|v of the last K-1 tokens
-        self.memory = memory  # [B, Hv, d_k, d_v]
+        self.memory = memory  # [B, Hv, d_k, d_v], fp32 or wider
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.conv, self.memory))
+        return tensor_bytes(self.conv, self.memory)
+
+    def reset(self) -> None:
+        """Back to position 0: nothing seen, so nothing remembered (unlike K/V, every slot is read)."""
+        self.conv.zero_()
+        self.memory.zero_()
 
 
 def chunked_delta_rule(q, k, v, g, beta, memory=None, chunk: int = 64):
@@ -118,13 +129,12 @@ def recurrent_delta_rule(q, k, v, g, beta, memory=None):
 
 
 class GatedDeltaNet(nn.Module):
-    """A token mixer in place of attention; forward(x [B, T, C], state) -> [B, T, C].
-
-    Sizes from cfg.gdn_shape (key heads, value heads, head dim) and cfg.gdn_conv; chunk size
-    cfg-independent (CHUNK), as it changes only the arithmetic order, not the function.
+    """A token mixer in place of attention (mixers.py's protocol). Sizes from cfg.gdn_shape (key heads,
+    value heads, head dim) and cfg.gdn_conv. Positions are not read: order comes from the recurrence
+    (and the conv), so a GDN layer has no RoPE and no length limit of its own.
     """
 
-    CHUNK = 16
+    CHUNK = GDN_CHUNK  # the training chunk width; the function does not depend on it
 
     def __init__(self, cfg):
         super().__init__()
@@ -144,7 +154,8 @@ class GatedDeltaNet(nn.Module):
         self.eps = cfg.norm_eps
         self.out = nn.Linear(value_dim, cfg.d_model, bias=False)
 
-    def new_state(self, batch: int, device=None, dtype=torch.float32) -> GDNState:
+    def new_state(self, batch: int, max_len: int = 0, device=None, dtype=torch.float32) -> GDNState:
+        """The same size for any max_len: that is the point of a recurrent layer."""
         hd = self.head_dim
         return GDNState(torch.zeros(batch, self.kernel - 1, self.conv_dim, device=device, dtype=dtype),
                         torch.zeros(batch, self.v_heads, hd, hd, device=device,
@@ -167,7 +178,9 @@ class GatedDeltaNet(nn.Module):
             y = y + window[:, j : j + T] * w[:, 0, j]
         return F.silu(y)
 
-    def forward(self, x: torch.Tensor, state: GDNState | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, pos=None, end=None, rotate=None, cache=None, layer: int = 0):
+        """x: [B, T, C] -> [B, T, C]; cache[layer] (a GDNState) carries the conv tail and the memory."""
+        state = cache[layer] if cache is not None else None
         B, T, _ = x.shape
         H, hd = self.v_heads, self.head_dim
         mixed, z = self.in_proj(x).split((self.conv_dim, H * hd), -1)
