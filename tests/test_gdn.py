@@ -66,35 +66,82 @@ def hf(monkeypatch):
     return mod
 
 
-def hf_layer(hf, layer: GatedDeltaNet, cfg: ModelConfig):
-    """A Qwen3NextGatedDeltaNet holding `layer`'s weights, and its config.
+def hf_config(cfg: ModelConfig):
+    """Qwen3NextConfig of the same sizes: dense MLPs (num_experts 0), full rotary (Qwen3-Next rotates a
+    quarter of each head by default), layer_types from anatomy's layer kinds."""
+    from transformers import Qwen3NextConfig
+
+    Hk, Hv, hd = cfg.gdn_shape
+    hc = Qwen3NextConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.ffn_hidden,
+        num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head, num_key_value_heads=cfg.n_kv_head,
+        head_dim=cfg.head_dim, hidden_act="silu", rms_norm_eps=cfg.norm_eps, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_base, "partial_rotary_factor": 1.0},
+        linear_num_key_heads=Hk, linear_num_value_heads=Hv, linear_key_head_dim=hd, linear_value_head_dim=hd,
+        linear_conv_kernel_dim=cfg.gdn_conv, num_experts=0, max_position_embeddings=4 * cfg.ctx_len,
+        layer_types=["linear_attention" if kind == "gdn" else "full_attention" for kind in cfg.layer_kinds])
+    hc._attn_implementation = "eager"
+    return hc
+
+
+@torch.no_grad()
+def copy_gdn(ref, layer: GatedDeltaNet, cfg: ModelConfig) -> None:
+    """anatomy's GDN weights into a Qwen3NextGatedDeltaNet.
 
     HF groups in_proj_qkvz per key head, [q_g | k_g | v_g | z_g] with v_g, z_g the r = Hv / Hk value
     heads that key head serves, and in_proj_ba per key head as [b_g | a_g]; anatomy keeps each part
     contiguous. The conv channels (q | k | v, heads in order) and everything else map one to one.
     """
-    from transformers import Qwen3NextConfig
-
     Hk, Hv, hd = cfg.gdn_shape
     d, r = cfg.d_model, Hv // Hk
-    hc = Qwen3NextConfig(hidden_size=d, num_hidden_layers=1, layer_types=["linear_attention"],
-                         linear_num_key_heads=Hk, linear_num_value_heads=Hv, linear_key_head_dim=hd,
-                         linear_value_head_dim=hd, linear_conv_kernel_dim=cfg.gdn_conv,
-                         rms_norm_eps=cfg.norm_eps, hidden_act="silu", num_attention_heads=cfg.n_head,
-                         num_key_value_heads=cfg.n_kv_head, vocab_size=cfg.vocab_size)
-    ref = hf.Qwen3NextGatedDeltaNet(hc, 0).eval()
     q, k, v, z = layer.in_proj.weight.split((Hk * hd, Hk * hd, Hv * hd, Hv * hd))
     b, a = layer.ba.weight.split(Hv)
-    with torch.no_grad():
-        ref.in_proj_qkvz.weight.copy_(torch.cat([q.view(Hk, hd, d), k.view(Hk, hd, d), v.view(Hk, r * hd, d),
-                                                 z.view(Hk, r * hd, d)], 1).reshape(-1, d))
-        ref.in_proj_ba.weight.copy_(torch.cat([b.view(Hk, r, d), a.view(Hk, r, d)], 1).reshape(-1, d))
-        ref.conv1d.weight.copy_(layer.conv)
-        ref.dt_bias.copy_(layer.dt_bias)
-        ref.A_log.copy_(layer.A_log)
-        ref.norm.weight.copy_(layer.norm_weight)
-        ref.out_proj.weight.copy_(layer.out.weight)
+    ref.in_proj_qkvz.weight.copy_(torch.cat([q.view(Hk, hd, d), k.view(Hk, hd, d), v.view(Hk, r * hd, d),
+                                             z.view(Hk, r * hd, d)], 1).reshape(-1, d))
+    ref.in_proj_ba.weight.copy_(torch.cat([b.view(Hk, r, d), a.view(Hk, r, d)], 1).reshape(-1, d))
+    ref.conv1d.weight.copy_(layer.conv)
+    ref.dt_bias.copy_(layer.dt_bias)
+    ref.A_log.copy_(layer.A_log)
+    ref.norm.weight.copy_(layer.norm_weight)
+    ref.out_proj.weight.copy_(layer.out.weight)
+
+
+def hf_layer(hf, layer: GatedDeltaNet, cfg: ModelConfig):
+    """A Qwen3NextGatedDeltaNet holding `layer`'s weights, and its config."""
+    hc = hf_config(cfg.model_copy(update={"n_layer": 1, "gdn_pattern": "D"}))
+    ref = hf.Qwen3NextGatedDeltaNet(hc, 0).eval()
+    copy_gdn(ref, layer, cfg)
     return ref, hc
+
+
+@torch.no_grad()
+def hf_model(hf, lm: LM):
+    """Qwen3NextForCausalLM holding a LLaMA-end + QK-norm hybrid's weights. Its extra parts map exactly:
+    zero-centred RMSNorms (weight 1 + w: w = ours - 1); gated attention, sigmoid(gate) * attn, with a
+    zero gate (x 0.5) and o_proj = 2 x ours; q_proj holds [q_h | gate_h] per head."""
+    cfg = lm.cfg
+    ref = hf.Qwen3NextForCausalLM(hf_config(cfg)).eval()
+    d, H, G, hd = cfg.d_model, cfg.n_head, cfg.n_kv_head, cfg.head_dim
+    ref.model.embed_tokens.weight.copy_(lm.tok.weight)
+    ref.lm_head.weight.copy_(lm.head.weight)
+    ref.model.norm.weight.copy_(lm.final_norm.weight - 1)
+    for block, layer in zip(lm.blocks, ref.model.layers):
+        layer.input_layernorm.weight.copy_(block.norm1.weight - 1)
+        layer.post_attention_layernorm.weight.copy_(block.norm2.weight - 1)
+        for name in ("gate", "up", "down"):
+            getattr(layer.mlp, f"{name}_proj").weight.copy_(getattr(block.ffn, name).weight)
+        if isinstance(block.attn, GatedDeltaNet):
+            copy_gdn(layer.linear_attn, block.attn, cfg)
+            continue
+        attn, ours = layer.self_attn, block.attn
+        q, k, v = ours.qkv.weight.split((H * hd, G * hd, G * hd))
+        attn.q_proj.weight.copy_(torch.cat([q.view(H, hd, d), torch.zeros(H, hd, d)], 1).reshape(-1, d))
+        attn.k_proj.weight.copy_(k)
+        attn.v_proj.weight.copy_(v)
+        attn.o_proj.weight.copy_(2 * ours.out.weight)
+        attn.q_norm.weight.copy_(ours.q_norm.weight - 1)
+        attn.k_norm.weight.copy_(ours.k_norm.weight - 1)
+    return ref
 
 
 SHAPES = {  # (key heads, value heads, head dim) as Qwen3-Next's 1:2, equal heads, and 1:4
@@ -149,6 +196,25 @@ def test_layer_decode_equals_qwen3_next_decode(hf, prefill):
     torch.testing.assert_close(torch.cat(ours, 1), torch.cat(theirs, 1), atol=1e-5, rtol=0)
     torch.testing.assert_close(torch.cat(ours, 1), full, atol=1e-5, rtol=0)
     torch.testing.assert_close(ours_cache[0].memory, cache.get_recurrent_state(0), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("pattern", ["DDDA", "DADA"])
+def test_hybrid_model_equals_qwen3_next(hf, make_lm, pattern):
+    """Whole-model logits, and prefill + single-token decode through both caches."""
+    from transformers import DynamicCache
+
+    lm = make_lm(**{**MODELS["llama+gqa+qknorm"], "gdn_pattern": pattern, "norm_eps": 1e-6})
+    ref = hf_model(hf, lm)
+    idx = tokens(2, 20, seed=6)
+    with torch.no_grad():
+        ours, theirs = lm(idx)[0], ref(idx).logits
+        assert theirs.abs().max() > 1.0
+        torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=0)
+        cache, hf_cache = lm.new_cache(2, 20), DynamicCache(config=ref.config)
+        steps = [(0, 8)] + [(t, t + 1) for t in range(8, 20)]
+        ours = torch.cat([lm(idx[:, a:b], cache=cache)[0] for a, b in steps], 1)
+        theirs = torch.cat([ref(idx[:, a:b], cache=hf_cache, use_cache=True).logits for a, b in steps], 1)
+    torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=0)
 
 
 # ------------------------------------------------------------------------- the two forms

@@ -328,6 +328,6 @@ def change_text(c) -> str:
     """'norm_type: layernorm -> rmsnorm' (one key), else the settings in full."""
     if len(c.keys) == 1:
         key = c.keys[0]
-        off = "(base)" if c.off is None else c.off[key]
+        off = "(base)" if c.off is None else c.off[key] if c.off[key] != "" else "''"  # gdn_pattern's off
         return f"{key.removeprefix('model.')}: {off} -> {c.on[key]}"
     return f"{c.describe('off')} -> {c.describe('on')}"
