@@ -309,6 +309,15 @@ def test_param_formula_equals_the_modules(shape, pattern):
     assert cfg.num_params() == model.num_params()
 
 
+def test_off_fields_stay_out_of_the_run_id():
+    """At their off values the gdn fields do not enter the hash, so every existing run keeps its id."""
+    data = RunConfig(model={"vocab_size": 50}).model_dump(mode="json")
+    older = {**data, "model": {k: v for k, v in data["model"].items() if not k.startswith("gdn_")}}
+    assert runs.config_hash(data) == runs.config_hash(older)
+    on = {**data, "model": {**data["model"], "gdn_pattern": "DDDA"}}
+    assert runs.config_hash(on) != runs.config_hash(data)
+
+
 @pytest.mark.parametrize("overrides, message", [
     ({"gdn_pattern": "DDA"}, "gdn_pattern='DDA' has 3 letters, which must divide n_layer=4"),
     ({"gdn_pattern": "DDXA"}, "gdn_pattern='DDXA': use only the letters D, A"),
