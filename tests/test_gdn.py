@@ -17,19 +17,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from toy_data import TINY_MODEL, TINY_TRAIN, write_corpus
+from lm_checks import assert_causal, decode_in_chunks, tokens, train_losses, trainer
+from toy_data import write_corpus
 from typer.testing import CliRunner
 
 from anatomy_cli import runs
 from anatomy_cli.cli import app
 from anatomy_cli.config import ConfigError, ModelConfig, RunConfig, validate
-from anatomy_cli.data import load_corpus
 from anatomy_cli.model import LM
 from anatomy_cli.model.attention import CausalSelfAttention
 from anatomy_cli.model.gdn import GatedDeltaNet, chunked_delta_rule, l2norm, recurrent_delta_rule
 from anatomy_cli.model.kv_cache import KVCache
 from anatomy_cli.sample import generate
-from anatomy_cli.train import Trainer, resolve_config, train
+from anatomy_cli.train import train
 
 pytestmark = [pytest.mark.usefixtures("single_thread")]
 
@@ -271,10 +271,6 @@ MODELS = {  # the attention layers alone, with GQA and QK-norm, and a stack with
 MODEL = pytest.mark.parametrize("model", list(MODELS))
 
 
-def tokens(B: int, T: int, seed: int = 0) -> torch.Tensor:
-    return torch.randint(0, 50, (B, T), generator=torch.Generator().manual_seed(seed))
-
-
 def test_layer_kinds_follow_the_pattern():
     assert gdn_config().layer_kinds == ("gdn", "gdn", "gdn", "attn")
     assert gdn_config(n_layer=8, gdn_pattern="DA").layer_kinds == ("gdn", "attn") * 4
@@ -348,26 +344,7 @@ def test_causality(make_lm, model):
         for block in lm.blocks:
             if isinstance(block.attn, GatedDeltaNet):
                 block.attn.A_log.fill_(math.log(0.05))
-    T = 16
-    idx = tokens(2, T, seed=3)
-    with torch.no_grad():
-        ref, _ = lm(idx)
-        for t in (0, 6, T - 1):
-            changed = idx.clone()
-            changed[:, t] = (changed[:, t] + 1) % 50
-            logits, _ = lm(changed)
-            torch.testing.assert_close(logits[:, :t], ref[:, :t], atol=1e-6, rtol=0)
-            per_pos = (logits[:, t:] - ref[:, t:]).abs().amax(dim=(0, 2))  # [T - t]
-            assert per_pos.min() > 1e-3, f"token {t} did not reach every later position: {per_pos}"
-
-
-def decode_in_chunks(lm, idx: torch.Tensor, chunks: list[int]):
-    cache = lm.new_cache(idx.shape[0], idx.shape[1])
-    out, t = [], 0
-    for n in chunks:
-        out.append(lm(idx[:, t : t + n], cache=cache)[0])
-        t += n
-    return torch.cat(out, dim=1), cache
+    assert_causal(lm)
 
 
 @MODEL
@@ -468,27 +445,9 @@ def test_reset_forgets_the_memory(make_lm):
 # ------------------------------------------------------------------------- training
 
 
-def trainer(tmp_path, name: str, **model) -> Trainer:
-    corpus_path = tmp_path / "tiny.txt"
-    if not corpus_path.exists():
-        write_corpus(tmp_path)
-    cfg = validate(RunConfig, {"model": {**TINY_MODEL, **model},
-                               "train": {**TINY_TRAIN, "sample_len": 0, "device": "cpu"},
-                               "data": {"source": str(corpus_path)}})
-    corpus = load_corpus(cfg.data.source, cfg.data.val_frac, cfg.model.ctx_len)
-    (tmp_path / name).mkdir()
-    return Trainer(resolve_config(cfg, corpus), tmp_path / name, corpus)
-
-
-def train_losses(tr: Trainer, steps: int = 3) -> list[float]:
-    for _ in range(steps):
-        tr.train_step()
-    return [float(loss) for _, _, loss, _, _ in tr.pending]
-
-
 def test_same_seed_same_training_losses(tmp_path):
-    a = train_losses(trainer(tmp_path, "a", gdn_pattern="DA"))
-    b = train_losses(trainer(tmp_path, "b", gdn_pattern="DA"))
+    a = train_losses(trainer(tmp_path, "a", {"gdn_pattern": "DA"}))
+    b = train_losses(trainer(tmp_path, "b", {"gdn_pattern": "DA"}))
     plain = train_losses(trainer(tmp_path, "plain"))
     assert a == b  # bit for bit
     assert a != plain and all(math.isfinite(v) for v in a)

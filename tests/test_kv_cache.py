@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from lm_checks import decode_in_chunks, tokens
 
 from anatomy_cli.config import ModelConfig
-from anatomy_cli.model import KVCache
 from anatomy_cli.model.attention import attention_mask
 from anatomy_cli.model.kv_cache import KV, CacheFullError
 from anatomy_cli.sample import generate
@@ -18,23 +18,6 @@ from anatomy_cli.sample import generate
 pytestmark = [pytest.mark.filterwarnings("error"), pytest.mark.usefixtures("single_thread")]
 
 HEADS = pytest.mark.parametrize("n_kv_head", [4, 2, 1], ids=["mha", "gqa2", "mqa"])
-
-
-def tokens(B: int, T: int, seed: int = 0) -> torch.Tensor:
-    return torch.randint(0, 50, (B, T), generator=torch.Generator().manual_seed(seed))
-
-
-def decode_in_chunks(model, idx: torch.Tensor, chunks: list[int]) -> tuple[torch.Tensor, KVCache]:
-    """Feed idx through one cache in chunks of the given sizes; return the concatenated logits."""
-    cache = model.new_cache(idx.shape[0], idx.shape[1])
-    out, t = [], 0
-    for n in chunks:
-        assert cache.past_len == t
-        logits, _ = model(idx[:, t : t + n], cache=cache)
-        out.append(logits)
-        t += n
-    assert t == idx.shape[1]
-    return torch.cat(out, dim=1), cache
 
 
 @HEADS

@@ -12,16 +12,16 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from lm_checks import assert_causal, decode_in_chunks, tokens, train_losses, trainer
 from toy_data import TINY_MODEL, TINY_TRAIN, write_corpus
 
 from anatomy_cli import runs
 from anatomy_cli.checkpoint import load_weights, save_weights
 from anatomy_cli.config import ConfigError, ModelConfig, RunConfig, TrainConfig, validate
-from anatomy_cli.data import load_corpus
 from anatomy_cli.model import LM
 from anatomy_cli.model.attention import CausalSelfAttention
 from anatomy_cli.model.positions import POSITIONS, NoPositions, RoPE
-from anatomy_cli.train import Trainer, resolve_config, train
+from anatomy_cli.train import Trainer, train
 
 pytestmark = [pytest.mark.filterwarnings("error"), pytest.mark.usefixtures("single_thread")]
 
@@ -40,10 +40,6 @@ BASES = {
 }
 MODEL_PART = pytest.mark.parametrize("part", list(PARTS))
 BASE = pytest.mark.parametrize("base", list(BASES))
-
-
-def tokens(B: int, T: int, seed: int = 0, vocab: int = 50) -> torch.Tensor:
-    return torch.randint(0, vocab, (B, T), generator=torch.Generator().manual_seed(seed))
 
 
 # ------------------------------------------------------------------------- parameter counts
@@ -124,28 +120,7 @@ def test_defaults_are_off():
 @MODEL_PART
 @BASE
 def test_causality(make_lm, part, base):
-    model = make_lm(**{**BASES[base], **PARTS[part]})
-    T = 16
-    idx = tokens(2, T, seed=3)
-    with torch.no_grad():
-        ref, _ = model(idx)
-        for t in (0, 6, T - 1):
-            changed = idx.clone()
-            changed[:, t] = (changed[:, t] + 1) % 50
-            logits, _ = model(changed)
-            torch.testing.assert_close(logits[:, :t], ref[:, :t], atol=1e-6, rtol=0)
-            per_pos = (logits[:, t:] - ref[:, t:]).abs().amax(dim=(0, 2))  # [T - t]
-            assert per_pos.min() > 1e-3, f"token {t} did not reach every later position: {per_pos}"
-
-
-def decode_in_chunks(model, idx: torch.Tensor, chunks: list[int]):
-    cache = model.new_cache(idx.shape[0], idx.shape[1])
-    out, t = [], 0
-    for n in chunks:
-        logits, _ = model(idx[:, t : t + n], cache=cache)
-        out.append(logits)
-        t += n
-    return torch.cat(out, dim=1), cache
+    assert_causal(make_lm(**{**BASES[base], **PARTS[part]}))
 
 
 @MODEL_PART
@@ -163,24 +138,6 @@ def test_cached_decode_equals_full_forward(make_lm, part, base):
 
 
 # ------------------------------------------------------------------------- determinism
-
-
-def trainer(tmp_path, name: str, model: dict | None = None, **train_opts) -> Trainer:
-    corpus_path = tmp_path / "tiny.txt"
-    if not corpus_path.exists():
-        write_corpus(tmp_path)
-    cfg = validate(RunConfig, {"model": {**TINY_MODEL, **(model or {})},
-                               "train": {**TINY_TRAIN, "sample_len": 0, "device": "cpu", **train_opts},
-                               "data": {"source": str(corpus_path)}})
-    corpus = load_corpus(cfg.data.source, cfg.data.val_frac, cfg.model.ctx_len)
-    (tmp_path / name).mkdir()
-    return Trainer(resolve_config(cfg, corpus), tmp_path / name, corpus)
-
-
-def train_losses(tr: Trainer, steps: int = 3) -> list[float]:
-    for _ in range(steps):
-        tr.train_step()
-    return [float(loss) for _, _, loss, _, _ in tr.pending]
 
 
 @pytest.mark.parametrize("part", [*PARTS, "zloss"])
