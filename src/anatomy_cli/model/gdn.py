@@ -21,8 +21,9 @@ part contiguous over heads; HF groups them per key head (the parity test maps on
 
 Two forms of the same recurrence:
   chunked   training and prefill: chunks of C tokens; inside a chunk the delta rule's coupling is a
-            unit lower-triangular system (the UT/WY form of Yang et al. 2024), solved in one batched
-            triangular solve; one state product per chunk carries the memory across chunks
+            unit lower-triangular system (the WY/UT form of Yang, Wang, Zhang, Shen & Kim, NeurIPS
+            2024, "Parallelizing Linear Transformers with the Delta Rule over Sequence Length"),
+            solved in one batched triangular solve; one state product per chunk carries the memory
   recurrent decode: one token at a time from the state
 The decode state per layer: the recurrent state [B, Hv, d_k, d_v] and the conv's last K-1 inputs
 [B, K-1, 2 Hk d_k + Hv d_v]; constant in the sequence length (GDNState.nbytes()).
@@ -65,7 +66,7 @@ class GDNState:
         self.memory.zero_()
 
 
-def chunked_delta_rule(q, k, v, g, beta, memory=None, chunk: int = 64):
+def chunked_delta_rule(q, k, v, g, beta, memory=None, chunk: int = GDN_CHUNK):
     """q, k: [B, H, T, d_k] (unit rows, q scaled); v: [B, H, T, d_v]; g, beta: [B, H, T].
 
     Returns o [B, H, T, d_v] and the memory after the last token [B, H, d_k, d_v]. Within a chunk
