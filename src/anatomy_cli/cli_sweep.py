@@ -17,20 +17,33 @@ from .components import label
 from .config import MAX_SEEDS, ConfigError
 from .sweep import ASSUMED_FLOPS, DEFAULT_SPEC, check_data, estimate_seconds, load_spec, measured_flops, spec_table
 
+MinEffect = Annotated[Optional[float], typer.Option(
+    "--min-effect", min=0.0, help="The smallest gain in best val loss (nats/char) that matters for a call (default: "
+    "the noise floor, the reference end's seed-to-seed sd).")]
+
+
 def fmt_seconds(s: float) -> str:
     return f"{s:.0f}s" if s < 90 else f"{s / 60:.1f}min"
+
+
+def plan_line(plan, sweep_dir: Path, workers: int) -> str:
+    """'plan: 12 runs -> runs/five-flips (to do: 12, est. 8.0min with 2 workers, measured ...)'."""
+    measured = measured_flops(sweep_dir)
+    rate = measured[0] if measured else ASSUMED_FLOPS
+    basis = (f"measured {rate / 1e9:.0f} GFLOP/s per run over {measured[1]} finished runs" if measured
+             else f"assuming ~{rate / 1e9:.0f} GFLOP/s per run")
+    todo = [p for p in plan if runs.run_status(sweep_dir / p.run_id) not in runs.DONE_STATES]
+    est = sum(estimate_seconds(p.config, rate) for p in todo)
+    return (f"plan: {len(plan)} runs -> {sweep_dir}  (to do: {len(todo)}, est. {fmt_seconds(est / max(1, workers))} "
+            f"with {workers} worker{'s' * (workers > 1)}, {basis})")
 
 
 def plan_table(plan, sweep_dir: Path, workers: int, vocab: dict) -> Table:
     measured = measured_flops(sweep_dir)
     rate = measured[0] if measured else ASSUMED_FLOPS
-    basis = (f"measured {rate / 1e9:.0f} GFLOP/s per run over {measured[1]} finished runs" if measured
-             else f"assuming ~{rate / 1e9:.0f} GFLOP/s per run")
     est = {p.run_id: estimate_seconds(p.config, rate) for p in plan}
     statuses = {p.run_id: runs.run_status(sweep_dir / p.run_id) for p in plan}
-    todo = sum(s for rid, s in est.items() if statuses[rid] not in runs.DONE_STATES)
-    table = Table(title=f"plan: {len(plan)} runs -> {sweep_dir}  (to do: est. {fmt_seconds(todo / max(1, workers))} "
-                        f"with {workers} worker{'s' * (workers > 1)}, {basis})")
+    table = Table(title=plan_line(plan, sweep_dir, workers))
     for col in ("run id", "components", "role", "seed", "params", "est.", "status"):
         table.add_column(col, justify="right" if col in ("seed", "params", "est.") else "left")
     for p in plan:
@@ -54,8 +67,43 @@ def plan_json(spec, plan, sweep_dir: Path) -> dict:
     }
 
 
+class LineDisplay:
+    """For a pipe or a log: one plain line per finished run, nothing while runs train."""
+
+    def __init__(self, total: int):
+        self.total, self.done, self.failed = total, 0, 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def __call__(self, e: dict) -> None:
+        if e["event"] == "plan" and e["skipped"]:
+            self.done = e["skipped"]
+            err_console.print(f"{e['skipped']} of {self.total} runs already done", highlight=False)
+        elif e["event"] == "done":
+            self.done += 1
+            summary = e["summary"]
+            self.failed += summary.get("status") == runs.FAILED
+            best = summary.get("best_val_loss")
+            what = (f"best val {best:.4f}" if isinstance(best, float) and summary.get("status") == runs.COMPLETED
+                    else summary.get("error") or summary.get("status"))
+            took = f", {summary['wall_s']:.0f} s" if isinstance(summary.get("wall_s"), (int, float)) else ""
+            err_console.print(f"[{self.done}/{self.total}] {e['run_id']}: {what}{took}", highlight=False,
+                              markup=False, soft_wrap=True)
+
+
 class SweepDisplay:
     """One rich progress display: the sweep's run count plus a bar per run in flight."""
+
+    def __enter__(self):
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.__exit__(*exc)
 
     def __init__(self, total: int):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -107,6 +155,7 @@ def ablate(
     device: Annotated[Optional[str], typer.Option(help="auto | cpu | cuda | mps (overrides base.train.device).")] = None,
     compile: Annotated[bool, typer.Option("--compile", help="torch.compile every run (sets base.train.compile).")] = False,
     dtype: Annotated[Optional[str], typer.Option(help="float32 | bfloat16 (overrides base.train.dtype).")] = None,
+    min_effect: MinEffect = None,
 ):
     """Expand a spec into a grid of runs that flip components one at a time, run them, and report.
 
@@ -133,15 +182,17 @@ def ablate(
     if time_pass and not dry_run:
         _time(plan, sweep_dir, n_workers, time_steps, time_rounds)
         return
-    console.print(plan_table(plan, sweep_dir, n_workers, vocab))
     if dry_run:
+        console.print(plan_table(plan, sweep_dir, n_workers, vocab))
         return
+    err_console.print(plan_line(plan, sweep_dir, n_workers), highlight=False, soft_wrap=True)
     if any(p.config.train.compile for p in plan):  # before the workers spawn: they inherit it
         from .devices import share_compile_cache
 
         share_compile_cache(sweep_dir, n_workers)
-    display = SweepDisplay(len(plan))
-    with StopFlag(graceful=executor == "local") as stop, display.progress:
+    live = console.is_terminal and err_console.is_terminal  # bars only where someone watches them
+    display = SweepDisplay(len(plan)) if live else LineDisplay(len(plan))
+    with StopFlag(graceful=executor == "local") as stop, display:
         summaries = execute(plan, sweep_dir, n_workers, display, sweep_name=s.name, executor=executor,
                             address=address, invocation={"spec": None if spec is None else str(spec), "flip": flip,
                                                          "steps": steps}, stop=stop)
@@ -150,11 +201,11 @@ def ablate(
         err_console.print(f"interrupted: {statuses.count(runs.COMPLETED)} of {len(plan)} runs completed; rerun "
                           f"the same command to resume", highlight=False)
         raise typer.Exit(EXIT_INTERRUPTED)
-    if not no_report:
-        _write_report(sweep_dir, None, ("md", "html", "csv", "json"))
     statuses = [x.get("status") for x in summaries]
-    console.print(f"{statuses.count(runs.COMPLETED)} completed, {statuses.count(runs.DIVERGED)} diverged, "
-                  f"{statuses.count(runs.FAILED)} failed of {len(plan)} runs in {sweep_dir}")
+    err_console.print(f"{statuses.count(runs.COMPLETED)} completed, {statuses.count(runs.DIVERGED)} diverged, "
+                      f"{statuses.count(runs.FAILED)} failed of {len(plan)} runs in {sweep_dir}", highlight=False)
+    if not no_report:
+        _write_report(sweep_dir, None, ("md", "html", "csv", "json"), min_effect=min_effect)
     if runs.FAILED in statuses:
         raise typer.Exit(EXIT_FAILED)
 
@@ -206,12 +257,22 @@ def sweep_workers(plan, vocab: dict, cpu_default: int) -> int:
     return default_workers(device, [p.config for p in plan], vocab, len(plan))
 
 
-def _write_report(root: Path, out: Path | None, formats: tuple[str, ...], frames=None) -> dict:
-    from .report import write_report
+def _write_report(root: Path, out: Path | None, formats: tuple[str, ...], frames=None,
+                  min_effect: float | None = None) -> dict:
+    """Write the report, then print its answer: the verdict as plain text, and where the report is."""
+    from . import report as rep
+    from .sections import verdict_text
+    from .textable import width
+    from .verdict import verdict_frame
 
-    paths = write_report(root, out, formats, frames)
-    for kind, path in paths.items():
-        console.print(f"  {kind}: {path}", highlight=False)
+    frames = frames or rep.report_frames(root, min_effect)
+    paths = rep.write_report(root, out, formats, frames)
+    effects = frames[2]
+    console.print(verdict_text(verdict_frame(effects[effects["metric"] == rep.LOSS_METRIC]), frames[0], root, width()),
+                  highlight=False, markup=False, soft_wrap=True)
+    main = next((paths[k] for k in ("report.html", "report.md", "report.json", "effects.csv") if k in paths),
+                paths["forest.png"])
+    console.print(f"report: {main} (all files in {main.parent})", highlight=False, markup=False, soft_wrap=True)
     return paths
 
 
@@ -223,6 +284,8 @@ def report(
     out: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default RUNS_DIR/report).")] = None,
     json_out: JsonOut = False,
     tensorboard: Annotated[bool, typer.Option("--tensorboard", help="Also back-fill TensorBoard event files for runs that have none, from metrics.jsonl (needs the tb extra).")] = False,
+    min_effect: MinEffect = None,
+    results: Annotated[Optional[Path], typer.Option("--results", help="Also write the study's small results file (effects, calls, ends, budget: what the README's numbers are rendered from) to this path.")] = None,
 ):
     """Turn run directories into comparison tables, component effects with CIs, and figures."""
     from . import report as rep
@@ -237,9 +300,13 @@ def report(
         raise ConfigError(f"unknown --format {', '.join(bad)}; choose from {', '.join(rep.FORMATS)}")
     if not runs_dir.exists():
         raise runs.RunError(f"runs directory not found: {runs_dir}")
-    frames = rep.report_frames(runs_dir)  # read once: shown here and written below
+    frames = rep.report_frames(runs_dir, min_effect)  # read once: shown here and written below
     frame, _, effects = frames
     events = tb_events.backfill(runs_dir) if tensorboard else None
+    if results is not None:
+        from .results import write_results
+
+        write_results(results, runs_dir, frames)
     if json_out:
         paths = rep.write_report(runs_dir, out, formats, frames)
         console.print_json(json.dumps({"runs": rep.records(frame), "effects": rep.records(effects),
@@ -248,14 +315,9 @@ def report(
         return
     console.print(frame_table(frame, ["run_id", "label", "seed", "status", "best_val_loss", "best_step",
                                       "overfit_gap", "tokens_per_s"], "runs"))
-    loss = effects[effects["metric"] == rep.LOSS_METRIC]
-    if len(loss):  # the answer last, where the terminal leaves it
-        from .verdict import verdict_frame
-
-        console.print(frame_table(rep.verdict_table(verdict_frame(loss)), ["rank", "component", "change", "gain",
-                                  "interval", "call"],
-                                  "verdict: gain in best val loss (nats/char, > 0 = the component helps)"))
-    _write_report(runs_dir, out, formats, frames)
+    _write_report(runs_dir, out, formats, frames)  # the answer last, where the terminal leaves it
+    if results is not None:
+        console.print(f"results: {results}", highlight=False, markup=False, soft_wrap=True)
     if events is not None:
         console.print(f"tensorboard: event files written for {events['written']} runs ({events['skipped']} had their "
                       f"own); view with: tensorboard --logdir {runs_dir}", highlight=False)
@@ -302,8 +364,11 @@ def param_change(c, end_on: bool) -> int | None:
 def components_cmd(
     spec: Annotated[Optional[Path], typer.Argument(help="Also list this spec's own [components.NAME].")] = None,
     json_out: JsonOut = False,
+    wide: Annotated[bool, typer.Option("--wide", help="Every column in full, whatever the terminal's width.")] = False,
 ):
     """The component table: name, off -> on settings, what it changes in parameters, source."""
+    from .textable import table, width, wrap
+
     table_ = spec_table(load_spec(spec)) if spec is not None else dict(components.BY_NAME)
     rows = []
     for c in table_.values():
@@ -313,15 +378,17 @@ def components_cmd(
     if json_out:
         console.print_json(json.dumps({"reference_size": REFERENCE_SIZE, "components": rows}))
         return
-    out = Table(title="components: parameters each adds at vocab 1719, d 128, 4 layers, 4 heads, ctx 128",
-                caption="anatomy components --json for sources and settings in full")
-    for col in ("name", "off -> on", "from 2017", "from LLaMA", "about"):
-        out.add_column(col, justify="right" if col.startswith("from") else "left",
-                       no_wrap=col != "about", overflow="fold")
     fmt = lambda v: "-" if v is None else f"{v:+,}"  # noqa: E731
-    for r, c in zip(rows, table_.values()):
-        out.add_row(r["name"], change_text(c), fmt(r["params_from_2017"]), fmt(r["params_from_llama"]), r["about"])
-    console.print(out)
+    cells = [[r["name"], change_text(c), fmt(r["params_from_2017"]), fmt(r["params_from_llama"]), r["about"],
+              c.source] for r, c in zip(rows, table_.values())]
+    cols = width() if not wide else None
+    text = table(["name", "off -> on", "from 2017", "from LLaMA", "about", "source"], cells, cols,
+                 fit=[("drop", "source"), ("drop", "from LLaMA"), ("cut", "about", 20), ("cut", "off -> on", 20),
+                      ("drop", "from 2017"), ("drop", "about")], right={"from 2017", "from LLaMA"})
+    head = "components: parameters each adds at vocab 1719, d 128, 4 layers, 4 heads, ctx 128"
+    foot = "" if wide else "anatomy components --wide (or --json) for every column in full"
+    console.print("\n".join(filter(None, [wrap(head, cols), text, wrap(foot, cols) if foot else ""])),
+                  highlight=False, markup=False, soft_wrap=True)
 
 
 def change_text(c) -> str:

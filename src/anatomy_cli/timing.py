@@ -6,12 +6,13 @@ component. Here every config runs the same short stretch of training (`warmup` u
 `steps` timed ones) in one otherwise idle worker process, one config at a time, and the configs take
 turns in rounds (the order rotates each round, so no config always runs first or after the same
 one). A component's speed effect is paired within a round, where both configs met the same machine
-state: delta_r = 100 * (tokens/s of the variant / tokens/s of its end - 1), with a 95% t interval
-over rounds.
+state: gain_r = 100 * (tokens/s with the component / tokens/s without it - 1), judged over rounds
+by the report's one rule (stats.py), with the reference end's round-to-round spread as threshold.
 
   time_plan        plan -> timing record (runs in a spawned worker; needs torch there, not here)
   write_timing / read_timing   sweep_dir/timing.json
-  timing_effects   timing record -> effect rows (report.EFFECT_COLUMNS) for tokens_per_s
+  timing_effects   timing record -> effect rows (stats.paired) for tokens_per_s, as gains
+  threshold        the reference end's round-to-round spread of tokens/s, in %
 
 This module imports torch only inside the worker function.
 """
@@ -27,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from anatomy_cli import runs
-from anatomy_cli.stats import t_interval
+from anatomy_cli import stats
 
 TIMING = "timing.json"
 METRIC = "tokens_per_s"
@@ -128,7 +129,8 @@ def read_timing(sweep_dir: Path) -> dict | None:
 
 
 def timing_effects(record: dict) -> list[dict]:
-    """Speed effect rows of a timing record: each variant against its end, paired within rounds."""
+    """Speed effect rows of a timing record, each variant against its end paired within rounds, as a
+    gain: 100 * (tokens/s with the component / without - 1) %, positive = faster (stats.gain)."""
     by_role = {(c["role"], c["flip"]): c["slug"] for c in record["configs"]}
     ends = record.get("ends") or ["reference", "all-on"]
     ends = ["LLaMA" if e == "llama" else e for e in ends]
@@ -136,19 +138,26 @@ def timing_effects(record: dict) -> list[dict]:
     for (role, flip), slug in by_role.items():
         if role not in ("add-one", "remove-one"):
             continue
-        end_role = "reference" if role == "add-one" else "all-on"
-        ref = by_role.get((end_role, None))
+        ref = by_role.get(("reference" if role == "add-one" else "all-on", None))
         if ref is None:
             continue
-        deltas = np.array([100.0 * (r[slug] / r[ref] - 1.0) for r in record["rounds_data"]
-                           if slug in r and ref in r and r[ref] > 0], dtype=float)
-        deltas = deltas[np.isfinite(deltas)]
+        pairs = np.array([(r[ref], r[slug]) for r in record["rounds_data"] if slug in r and ref in r and r[ref] > 0
+                          and r[slug] > 0], dtype=float).reshape(-1, 2)
+        gains = stats.gain(pairs[:, 0], pairs[:, 1], role == "add-one", relative=True, higher_is_better=True)
+        gains = gains[np.isfinite(gains)]
         rows.append({"metric": METRIC, "flip": flip, "direction": role, "against": f"{ends[role == 'remove-one']} end",
-                     "group": "", "n_pairs": len(deltas), "excluded": len(record["rounds_data"]) - len(deltas),
-                     "unit": "%", **t_interval(deltas)})
-        rows[-1]["note"] = rows[-1]["note"] or (f"timing pass: {len(deltas)} rounds x {record['steps']} steps, "
-                                                f"{record['threads']} thread(s), paired within rounds")
+                     "group": "", "excluded": len(record["rounds_data"]) - len(gains), "unit": "%",
+                     "note": (f"timing pass: {len(gains)} rounds x {record['steps']} steps, "
+                              f"{record['threads']} thread(s), paired within rounds"), **stats.paired(gains)})
     return rows
+
+
+def threshold(record: dict) -> float:
+    """The speed effects' smallest effect that matters: the reference end's round-to-round sd of
+    tokens/s in percent of its mean (its noise floor, as the seed-to-seed sd is for loss)."""
+    ref = next((c["slug"] for c in record["configs"] if c["role"] == "reference"), None)
+    tps = np.array([r[ref] for r in record["rounds_data"] if ref in r], dtype=float)
+    return float(100.0 * tps.std(ddof=1) / tps.mean()) if len(tps) > 1 else math.nan
 
 
 def summary_line(record: dict) -> str:
@@ -159,6 +168,7 @@ def summary_line(record: dict) -> str:
             if tps else "timing pass: no rounds")
 
 
-def fmt_ci(row: dict) -> str:
-    lo, hi = row.get("ci_low", math.nan), row.get("ci_high", math.nan)
-    return f"{row['mean_delta']:+.1f}% [{lo:+.1f}, {hi:+.1f}]" if math.isfinite(lo) else f"{row['mean_delta']:+.1f}%"
+def fmt_gain(row: dict) -> str:
+    """'+12.3% [+8.1, +16.5]' (the adjusted interval) or '+12.3%' without one."""
+    lo, hi = row.get("adj_low", math.nan), row.get("adj_high", math.nan)
+    return f"{row['gain']:+.1f}% [{lo:+.1f}, {hi:+.1f}]" if math.isfinite(lo) else f"{row['gain']:+.1f}%"
