@@ -595,3 +595,71 @@ def test_a_killed_runs_running_summary_reads_as_interrupted(tmp_path):
     summary["owner"] = {"pid": 2**22 + 12345, "start": "1", "host": os.uname().nodename}  # no such process
     (run / "summary.json").write_text(json.dumps(summary))
     assert report.load_runs(tmp_path)[0]["status"].tolist() == ["interrupted"]
+
+
+# --------------------------------------------------------------------------------- one rule, everywhere
+
+CALLED = {"rope": ((0.3, 0.31, 0.305), "helps"), "gqa": ((-0.2, -0.21, -0.205), "hurts"),
+          "rmsnorm": ((0.001, 0.0012, 0.0011), "negligible"), "swiglu": ((0.1, -0.1, 0.05), "within noise"),
+          "prenorm": ((0.4, 0.41), "too few seeds")}  # gains by seed; the 2017 end's sd is 0.01
+
+
+def called_sweep(root):
+    for i, seed in enumerate((1, 2, 3)):
+        base = 2.0 + 0.01 * i
+        make_run(root, f"base-s{seed}", seed=seed, best=base)
+        for flip, (gains, _) in CALLED.items():
+            if i < len(gains):
+                make_run(root, f"{flip}-s{seed}", flips=(flip,), seed=seed, best=base - gains[i])
+
+
+def test_words_markers_json_and_csv_follow_one_rule(tmp_path):
+    called_sweep(tmp_path)
+    runs, curves, effects = report.report_frames(tmp_path)
+    v = verdict.verdict_frame(effects[effects["metric"] == "best_val_loss"])
+    want = {flip: call for flip, (_, call) in CALLED.items()}
+    assert dict(zip(v["flip"], v["call"])) == want
+    assert v["threshold"].tolist() == pytest.approx([0.01] * 5) and (v["family"] == 5).all()
+
+    fig = figures.forest_figure(v)  # the markers, read back from the figure's artists
+    marks = [line for line in fig.axes[0].get_lines() if (line.get_gid() or "").startswith("call:")]
+    assert [m.get_gid().removeprefix("call:") for m in marks] == v["call"].tolist()
+    for m, call in zip(marks, v["call"]):
+        shape, filled = figures.CALL_MARKERS[call]
+        assert m.get_marker() == shape and (m.get_markerfacecolor() != "white") == filled
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert set(want.values()) <= set(legend) and any("smaller effects do not matter" in t for t in legend)
+    band = [p for p in fig.axes[0].patches]  # the +-threshold band
+    assert len(band) == 1 and band[0].get_x() == pytest.approx(-0.01) and band[0].get_width() == pytest.approx(0.02)
+
+    paths = report.write_report(tmp_path, frames=(runs, curves, effects))
+    md = paths["report.md"].read_text()
+    table = md[md.index("## Verdict"):md.index("## Curves")]
+    for flip, call in want.items():  # each verdict row says the same call beside its adjusted interval
+        row = next(line for line in table.splitlines() if line.startswith("|") and f" {flip} " in line)
+        assert row.rstrip(" |").endswith(call)
+        r = v[v["flip"] == flip].iloc[0]
+        assert (f"[{r.adj_low:+.3f}, {r.adj_high:+.3f}]" in row) == (r.n_pairs >= 2)
+    doc = json.loads(paths["report.json"].read_text())
+    for rows in (doc["effects"], pd.read_csv(paths["effects.csv"]).to_dict("records")):
+        loss = {r["flip"]: r for r in rows if r["metric"] == "best_val_loss"}
+        assert {f: r["call"] for f, r in loss.items()} == want
+        for f, r in loss.items():
+            assert r["threshold"] == pytest.approx(0.01) and r["threshold_basis"] == "noise floor"
+            assert {"adj_low", "adj_high", "raw_low", "raw_high", "gain"} <= set(r)
+
+
+def test_min_effect_moves_the_practical_part(tmp_path):
+    from typer.testing import CliRunner
+
+    from anatomy_cli.cli import app
+
+    called_sweep(tmp_path / "s")
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "s"), "--min-effect", "0.5", "--json"])
+    assert result.exit_code == 0, result.output
+    loss = {e["flip"]: e for e in json.loads(result.output)["effects"] if e["metric"] == "best_val_loss"}
+    # rope's +0.305 [+0.26, +0.35] is now confidently smaller than 0.5; gqa's -0.205 too
+    assert loss["rope"]["call"] == "negligible" and loss["gqa"]["call"] == "negligible"
+    assert loss["rope"]["threshold"] == 0.5 and loss["rope"]["threshold_basis"] == "min-effect"
+    bad = CliRunner().invoke(app, ["report", str(tmp_path / "s"), "--min-effect", "-1"])
+    assert bad.exit_code == 2

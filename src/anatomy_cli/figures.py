@@ -70,6 +70,10 @@ def _empty(ax, text: str) -> None:
 
 
 def plot_forest(verdict: pd.DataFrame, path: Path, unit: str = "nats/char") -> Path:
+    return save(forest_figure(verdict, unit), path)
+
+
+def forest_figure(verdict: pd.DataFrame, unit: str = "nats/char") -> Figure:
     """Each effect's gain (positive = the component helps) with the interval its call is made from,
     one row per component and direction in verdict order; a grey band of +-threshold (the smallest
     effect that matters, the verdict's `threshold`) and one marker style per call (CALL_MARKERS)."""
@@ -77,7 +81,7 @@ def plot_forest(verdict: pd.DataFrame, path: Path, unit: str = "nats/char") -> P
     ax = fig.add_subplot()
     if verdict.empty:
         _empty(ax, "no paired runs")
-        return save(fig, path)
+        return fig
     y = np.arange(len(verdict))
     th = float(verdict["threshold"].iloc[0])
     if math.isfinite(th) and th > 0:
@@ -103,10 +107,10 @@ def plot_forest(verdict: pd.DataFrame, path: Path, unit: str = "nats/char") -> P
     handles = [Line2D([], [], linestyle="none", marker=m, color="#333333", markersize=8, markeredgewidth=1.5,
                       markerfacecolor="#333333" if f else "white", label=call)
                for call, (m, f) in CALL_MARKERS.items() if call in set(verdict["call"])]
-    band = [h for h in ax.get_legend_handles_labels()[0]]
+    band = ax.get_legend_handles_labels()[0]
     fig.legend(handles=band + handles, loc="outside upper center", ncols=min(6, len(handles) + len(band)),
                fontsize="small", frameon=False)
-    return save(fig, path)
+    return fig
 
 
 # --------------------------------------------------------------------------- curves
