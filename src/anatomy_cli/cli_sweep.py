@@ -203,7 +203,8 @@ def ablate(
         raise typer.Exit(EXIT_INTERRUPTED)
     statuses = [x.get("status") for x in summaries]
     err_console.print(f"{statuses.count(runs.COMPLETED)} completed, {statuses.count(runs.DIVERGED)} diverged, "
-                      f"{statuses.count(runs.FAILED)} failed of {len(plan)} runs in {sweep_dir}", highlight=False)
+                      f"{statuses.count(runs.FAILED)} failed of {len(plan)} runs in {sweep_dir}", highlight=False,
+                      soft_wrap=True)
     if not no_report:
         _write_report(sweep_dir, None, ("md", "html", "csv", "json"), min_effect=min_effect)
     if runs.FAILED in statuses:
