@@ -24,6 +24,20 @@ COMPONENTS = [
 ]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def calibration_cache(tmp_path_factory):
+    """Plan estimates calibrate into a cache of the test session, never the user's ~/.cache."""
+    import os
+
+    old = os.environ.get("ANATOMY_CACHE")
+    os.environ["ANATOMY_CACHE"] = str(tmp_path_factory.mktemp("anatomy-cache"))
+    yield
+    if old is None:
+        os.environ.pop("ANATOMY_CACHE", None)
+    else:
+        os.environ["ANATOMY_CACHE"] = old
+
+
 def component_id(c: dict) -> str:
     return "-".join((c["norm_type"], c["norm_pos"], c["pos_type"], c["ffn_type"]))
 

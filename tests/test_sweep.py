@@ -127,20 +127,27 @@ def test_diverged_run_is_recorded_and_sweep_goes_on(tmp_path):
     assert {x["run_id"] for x in execute(expand(s), tmp_path / "runs")} == {x["run_id"] for x in summaries}
 
 
-def test_estimates_calibrate_on_finished_runs(tmp_path):
-    from anatomy_cli.sweep import ASSUMED_FLOPS, estimate_seconds, measured_flops
+@pytest.mark.slow
+def test_plan_estimates_come_from_a_cached_calibration(tmp_path, monkeypatch):
+    from anatomy_cli import calibrate
+    from anatomy_cli.sweep import check_data, plan_estimate
 
-    assert measured_flops(tmp_path / "none") is None
-    s = load(write_spec(tmp_path, top={"design": "list", "configs": [{"name": "a"}]}))
+    monkeypatch.setenv("ANATOMY_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(calibrate, "busy", lambda: None)  # cache even on a loaded test machine
+    s = load(write_spec(tmp_path, top={"design": "list", "configs": [{"name": "a"}, {"name": "b", "set": {
+        "train.steps": 24}}]}))
     plan = expand(s)
-    execute(plan, tmp_path / "r")
-    rate, n = measured_flops(tmp_path / "r")
-    summary = runs.read_summary(tmp_path / "r" / plan[0].run_id)
-    model = json.loads((tmp_path / "r" / plan[0].run_id / runs.CONFIG).read_text())["model"]
-    from anatomy_cli.config import ModelConfig
-
-    assert n == 1 and rate == pytest.approx(summary["tokens_per_s"] * ModelConfig(**model).flops_per_token())
-    assert estimate_seconds(plan[0].config, 2 * ASSUMED_FLOPS) == pytest.approx(estimate_seconds(plan[0].config) / 2)
+    per_run, startup = plan_estimate(plan, 1, check_data(plan))
+    cache = json.loads((tmp_path / "cache" / "calibration.json").read_text())
+    assert len(cache) == 1  # one shape class: the two configs differ only in steps
+    cal = next(iter(cache.values()))
+    assert cal["step_s"] > 0 and cal["eval_s"] > 0 and startup > 0
+    a, b = (per_run[p.run_id] for p in plan)
+    assert b - a == pytest.approx(12 * cal["step_s"] + 2 * cal["eval_s"])  # 12 more steps, 2 more evaluations
+    (tmp_path / "cache" / "calibration.json").write_text(json.dumps({k: v | {"step_s": 1.0} for k, v in cache.items()}))
+    again, _ = plan_estimate(plan, 1, check_data(plan))  # read from the cache, not measured again
+    assert again[plan[1].run_id] - again[plan[0].run_id] == pytest.approx(12.0 + 2 * cal["eval_s"])
+    assert calibrate.plan_seconds([5.0, 4.0, 3.0, 3.0], 2, 1.0) == 9.0  # 5+3 | 4+3 onto 2 workers, + start-up
 
 
 def test_completed_runs_are_skipped_and_failed_rerun(tmp_path):

@@ -15,7 +15,7 @@ from .cli_app import (EXIT_FAILED, EXIT_INTERRUPTED, JsonOut, RunsDir, StopFlag,
 from . import components
 from .components import label
 from .config import MAX_SEEDS, ConfigError
-from .sweep import ASSUMED_FLOPS, DEFAULT_SPEC, check_data, estimate_seconds, load_spec, measured_flops, spec_table
+from .sweep import DEFAULT_SPEC, check_data, load_spec, spec_table
 
 MinEffect = Annotated[Optional[float], typer.Option(
     "--min-effect", min=0.0, help="The smallest gain in best val loss (nats/char) that matters for a call (default: "
@@ -26,32 +26,31 @@ def fmt_seconds(s: float) -> str:
     return f"{s:.0f}s" if s < 90 else f"{s / 60:.1f}min"
 
 
-def plan_line(plan, sweep_dir: Path, workers: int) -> str:
-    """'plan: 12 runs -> runs/five-flips (to do: 12, est. 8.0min with 2 workers, measured ...)'."""
-    measured = measured_flops(sweep_dir)
-    rate = measured[0] if measured else ASSUMED_FLOPS
-    basis = (f"measured {rate / 1e9:.0f} GFLOP/s per run over {measured[1]} finished runs" if measured
-             else f"assuming ~{rate / 1e9:.0f} GFLOP/s per run")
+def plan_line(plan, sweep_dir: Path, workers: int, estimate: tuple[dict, float]) -> str:
+    """'plan: 12 runs -> runs/five-flips (to do: 12, est. 8.0min with 2 workers, measured on this machine)'."""
+    from .calibrate import busy, plan_seconds
+
+    per_run, startup = estimate
     todo = [p for p in plan if runs.run_status(sweep_dir / p.run_id) not in runs.DONE_STATES]
-    est = sum(estimate_seconds(p.config, rate) for p in todo)
-    return (f"plan: {len(plan)} runs -> {sweep_dir}  (to do: {len(todo)}, est. {fmt_seconds(est / max(1, workers))} "
-            f"with {workers} worker{'s' * (workers > 1)}, {basis})")
+    est = plan_seconds([per_run[p.run_id] for p in todo], workers, startup) if todo else 0.0
+    load = busy()
+    note = (f"; the machine is busy now (load average {load[0]:.1f} on {load[1]} cores): expect longer" if load
+            else "")
+    return (f"plan: {len(plan)} runs -> {sweep_dir}  (to do: {len(todo)}, est. {fmt_seconds(est)} with {workers} "
+            f"worker{'s' * (workers > 1)}, from step times measured on this machine{note})")
 
 
-def plan_table(plan, sweep_dir: Path, workers: int, vocab: dict) -> Table:
-    measured = measured_flops(sweep_dir)
-    rate = measured[0] if measured else ASSUMED_FLOPS
-    est = {p.run_id: estimate_seconds(p.config, rate) for p in plan}
+def plan_table(plan, sweep_dir: Path, workers: int, vocab: dict, estimate: tuple[dict, float]) -> Table:
     statuses = {p.run_id: runs.run_status(sweep_dir / p.run_id) for p in plan}
-    table = Table(title=plan_line(plan, sweep_dir, workers))
+    table = Table(title=plan_line(plan, sweep_dir, workers, estimate))
     for col in ("run id", "components", "role", "seed", "params", "est.", "status"):
         table.add_column(col, justify="right" if col in ("seed", "params", "est.") else "left")
     for p in plan:
         m = p.config.model
         params = m.model_copy(update={"vocab_size": vocab[p.config.data.source]}).num_params()
         role = f"{p.role}:{p.flip}" if p.flip else p.role
-        table.add_row(p.run_id, label(p.config), role, str(p.config.seed), f"{params:,}", fmt_seconds(est[p.run_id]),
-                      statuses[p.run_id] or "pending")
+        table.add_row(p.run_id, label(p.config), role, str(p.config.seed), f"{params:,}",
+                      fmt_seconds(estimate[0][p.run_id]), statuses[p.run_id] or "pending")
     return table
 
 
@@ -182,10 +181,13 @@ def ablate(
     if time_pass and not dry_run:
         _time(plan, sweep_dir, n_workers, time_steps, time_rounds)
         return
+    from .sweep import plan_estimate
+
+    estimate = plan_estimate(plan, n_workers, vocab)
     if dry_run:
-        console.print(plan_table(plan, sweep_dir, n_workers, vocab))
+        console.print(plan_table(plan, sweep_dir, n_workers, vocab, estimate))
         return
-    err_console.print(plan_line(plan, sweep_dir, n_workers), highlight=False, soft_wrap=True)
+    err_console.print(plan_line(plan, sweep_dir, n_workers, estimate), highlight=False, soft_wrap=True)
     if any(p.config.train.compile for p in plan):  # before the workers spawn: they inherit it
         from .devices import share_compile_cache
 

@@ -222,30 +222,22 @@ def role_errors(cfg: RunConfig, design: Design | None, want: dict[str, bool], ax
     return "; ".join(problems)
 
 
-# Throughput assumed for plan estimates when no run of the sweep has finished yet (no torch import
-# here): one core of a laptop CPU, fp32 training.
-ASSUMED_FLOPS = 40e9
+def plan_estimate(plan: list[PlannedRun], workers: int, vocab: dict) -> tuple[dict[str, float], float]:
+    """({run id: estimated seconds}, start-up seconds per worker) from this machine's calibration
+    (calibrate.py: measured step, evaluation and per-run times of each shape class, cached)."""
+    from . import calibrate
 
-
-def estimate_seconds(cfg: RunConfig, flops_per_s: float = ASSUMED_FLOPS) -> float:
-    m = cfg.model if cfg.model.vocab_size else cfg.model.model_copy(update={"vocab_size": 256})
-    tokens = cfg.train.steps * cfg.train.batch_size * m.ctx_len
-    evals = (cfg.train.steps // cfg.train.eval_interval + 1) * cfg.train.eval_batches * cfg.train.batch_size * m.ctx_len
-    return m.flops_per_token() * (tokens + evals / 3) / flops_per_s
-
-
-def measured_flops(sweep_dir: Path) -> tuple[float, int] | None:
-    """(median training FLOP/s, runs) over the sweep's completed runs: calibrates the estimates."""
-    rates = []
-    for run_dir in runs.find_runs(sweep_dir) if Path(sweep_dir).is_dir() else []:
-        try:  # an estimate: a corrupt run is left out here (the sweep reruns it)
-            summary = runs.read_summary(run_dir) or {}
-            if summary.get("status") == runs.COMPLETED and summary.get("tokens_per_s"):
-                model = ModelConfig.model_validate(runs.read_config(run_dir).get("model"))
-                rates.append(summary["tokens_per_s"] * model.flops_per_token())
-        except (ValueError, ConfigError):  # RunError, pydantic's ValidationError, no vocab_size
-            continue
-    return (sorted(rates)[len(rates) // 2], len(rates)) if rates else None
+    threads = max(1, (os.cpu_count() or 1) // max(1, workers))  # what each run of the sweep trains with
+    sized = {p.run_id: p.config.model_copy(update={"model": p.config.model.model_copy(
+        update={"vocab_size": vocab[p.config.data.source]})}) for p in plan}
+    keys = {rid: calibrate.shape_key(cfg, cfg.model.vocab_size, threads) for rid, cfg in sized.items()}
+    reps: dict[str, RunConfig] = {}
+    for rid, key in keys.items():
+        reps.setdefault(key, sized[rid])
+    cals = calibrate.calibrations(reps, threads)
+    per_run = {rid: calibrate.run_seconds(cfg, cals[keys[rid]], cfg.model.flops_per_token()
+                                          / reps[keys[rid]].model.flops_per_token()) for rid, cfg in sized.items()}
+    return per_run, max(c["startup_s"] for c in cals.values())
 
 
 # ----------------------------------------------------------------------------------- execution

@@ -98,7 +98,7 @@ def more_seeds(root: Path, runs: pd.DataFrame, wanted: int = SEEDS_WANTED) -> tu
     """(the command that brings every config to `wanted` seeds, (estimated seconds, workers) or None).
 
     Completed runs are skipped by the sweep, so the command trains only the new seeds. The estimate
-    is the plan's own (sweep.estimate_seconds at the FLOP/s measured over the sweep's finished runs).
+    comes from the finished runs' measured times (_estimate).
     """
     return ablate_command(root, "--seeds", str(wanted)), _estimate(Path(root), runs, wanted)
 
@@ -134,24 +134,18 @@ def rule_line(judged: pd.DataFrame, unit: str, floor_text: str, seeds: str = "se
 
 
 def _estimate(root: Path, runs: pd.DataFrame, wanted: int) -> tuple[float, int] | None:
-    from anatomy_cli.config import RunConfig
-    from anatomy_cli.sweep import ASSUMED_FLOPS, default_workers, estimate_seconds, measured_flops
+    """The new seeds' wall time: each config's finished runs as measured here (their wall_s), plus the
+    per-run and start-up times of this machine's calibration when one is cached; None without them."""
+    from anatomy_cli.calibrate import cached_overheads, plan_seconds
+    from anatomy_cli.sweep import default_workers
 
-    studied = runs[runs["role"] != ""]
-    if studied.empty:
-        return None
-    measured = measured_flops(root) if root.is_dir() else None
-    rate = measured[0] if measured else ASSUMED_FLOPS
-    total, n_new = 0.0, 0
-    for _, config_runs in studied.groupby(["design", "settings", "role"]):
+    new = []
+    run_s, startup_s = cached_overheads()
+    for _, config_runs in runs[runs["role"] != ""].groupby(["design", "settings", "role"]):
         missing = wanted - config_runs["seed"].nunique()
-        if missing <= 0:
-            continue
-        try:
-            cfg = RunConfig.model_validate(runs_mod.read_json(Path(config_runs.iloc[0]["path"]) / runs_mod.CONFIG))
-        except (ValueError, runs_mod.RunError):
+        wall = config_runs.loc[config_runs["status"] == runs_mod.COMPLETED, "wall_s"].median()
+        if missing > 0 and not math.isfinite(wall):
             return None
-        total += missing * estimate_seconds(cfg, rate)
-        n_new += missing
-    workers = default_workers(n_new) if n_new else 1
-    return total / workers, workers
+        new += [wall + run_s] * max(0, missing)
+    workers = default_workers(len(new)) if new else 1
+    return plan_seconds(new, workers, startup_s), workers
