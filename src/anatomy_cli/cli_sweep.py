@@ -150,7 +150,7 @@ def ablate(
     json_out: Annotated[bool, typer.Option("--json", help="With --dry-run: print the plan as JSON (id, role, seed, resolved config per run).")] = False,
     time_pass: Annotated[bool, typer.Option("--time", help="Instead of training: time every config (one seed) for a few steps, interleaved in rounds in one idle worker, into SWEEP_DIR/timing.json; the report's speed effects then come from it.")] = False,
     time_steps: Annotated[int, typer.Option(min=1, help="With --time: timed steps per config and round.")] = 20,
-    time_rounds: Annotated[int, typer.Option(min=2, help="With --time: rounds (the speed interval is over rounds).")] = 5,
+    time_rounds: Annotated[int, typer.Option(min=3, help="With --time: rounds (the speed interval is over rounds; a call needs 3).")] = 5,
     device: Annotated[Optional[str], typer.Option(help="auto | cpu | cuda | mps (overrides base.train.device).")] = None,
     compile: Annotated[bool, typer.Option("--compile", help="torch.compile every run (sets base.train.compile).")] = False,
     dtype: Annotated[Optional[str], typer.Option(help="float32 | bfloat16 (overrides base.train.dtype).")] = None,
@@ -214,29 +214,24 @@ def ablate(
 
 
 def _time(plan, sweep_dir: Path, workers: int, steps: int, rounds: int) -> None:
-    """The timing pass: rounds of every config in one spawned worker, then the speed effects."""
+    """The timing pass: rounds of every config in one spawned worker, then the speed effects, judged
+    by the report's rule. Works on a sweep with no trained runs (the report then waits for them)."""
     import os
 
-    from rich.progress import Progress
-
     from . import timing
+    from .sections import speed_text
     from .sweep import SweepLock
+    from .textable import width
 
     threads = max(1, (os.cpu_count() or 1) // max(1, workers))  # what each run of the sweep trains with
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    with SweepLock(sweep_dir), Progress(console=err_console) as progress:
-        task = progress.add_task(f"timing {len({p.slug for p in plan})} configs", total=rounds)
-        record = timing.time_plan(plan, steps, rounds, threads=threads,
-                                  on_round=lambda r, n: progress.update(task, completed=r))
+    n = len({p.slug for p in plan})
+    with SweepLock(sweep_dir):
+        record = timing.time_plan(plan, steps, rounds, threads=threads, on_round=lambda r, k: err_console.print(
+            f"timing {n} configs: round {r}/{k} done", highlight=False))
         path = timing.write_timing(sweep_dir, record)
-    console.print(timing.summary_line(record), highlight=False)
-    rows = timing.timing_effects(record)
-    table = Table(title=f"speed effect (tokens/s, % vs its end, 95% interval over {rounds} rounds) -> {path}")
-    for col in ("flip", "direction", "against", "effect"):
-        table.add_column(col)
-    for r in rows:
-        table.add_row(r["flip"], r["direction"], r["against"], timing.fmt_ci(r))
-    console.print(table)
+    console.print(speed_text(record, width()), highlight=False, markup=False, soft_wrap=True)
+    console.print(f"timing: {path}", highlight=False, markup=False, soft_wrap=True)
     if runs.find_runs(sweep_dir):
         _write_report(sweep_dir, None, ("md", "html", "csv", "json"))
 

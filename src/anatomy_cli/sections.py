@@ -157,6 +157,25 @@ def verdict_text(verdict: pd.DataFrame, runs: pd.DataFrame, root: Path, max_widt
     return "\n".join(out)
 
 
+def speed_text(record: dict, max_width: int | None) -> str:
+    """A timing pass's speed effects for a terminal, judged by the one rule (threshold: the reference
+    end's round-to-round spread)."""
+    from anatomy_cli import report as rep
+
+    judged = rep._effects_frame(timing.timing_effects(record), {"tokens_per_s": (timing.threshold(record), vd.FLOOR)})
+    head = textable.wrap(timing.summary_line(record) + ". Gain = % tokens/s with the component vs without; "
+                         "> 0 = faster.", max_width)
+    if judged.empty:
+        return head + "\nNo component effects in this design (no end with its variants): tokens/s per config are " \
+                      "in timing.json."
+    shown = verdict_table(vd.verdict_frame(judged), "{:+.1f}%")
+    body = textable.table(list(shown.columns), shown.values.tolist(), max_width,
+                          fit=[("drop", "seeds"), ("drop", "rank"), ("cut", "change", 7), ("cut", "component", 6)],
+                          right={"rank", "gain", "seeds"})
+    rule = vd.rule_line(judged, "%", "the reference end's round-to-round sd", seeds="rounds", short=True)
+    return "\n".join([head, "", body.replace("seeds", "rounds", 1), "", textable.wrap(rule, max_width)])
+
+
 def change(direction: str, against: str, group: str = "") -> str:
     return (("added to " if direction == "add-one" else "removed from ") + against.removesuffix(" end")
             + (f" [{group}]" if group else ""))

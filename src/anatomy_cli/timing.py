@@ -51,7 +51,7 @@ def time_plan(plan, steps: int = 20, rounds: int = 5, warmup: int = 3, threads: 
     design = next((p.design for p in configs if p.design), None)
     record = {"steps": steps, "warmup": warmup, "rounds": rounds, "threads": threads,
               "ends": list(design.ends) if design else ["reference", "all-on"],
-              "configs": [{"slug": p.slug, "role": p.role, "flip": p.flip} for p in configs], "rounds_data": []}
+              "configs": roles(configs, design), "rounds_data": []}
     jobs = [(p.slug, p.config.model_dump(mode="json")) for p in configs]
     ctx = mp.get_context("spawn")  # a clean interpreter: no thread pools or caches of this process
     with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
@@ -63,6 +63,33 @@ def time_plan(plan, steps: int = 20, rounds: int = 5, warmup: int = 3, threads: 
             if on_round:
                 on_round(r + 1, rounds)
     return record
+
+
+def roles(configs, design) -> list[dict]:
+    """{slug, role, flip, group} per config, read from its settings as the report reads a run's: any
+    design (one-at-a-time either way, factorial, list) yields the ends and add-one / remove-one
+    configs it holds, within each group of axis values; with two components, A alone is also the
+    all-on end minus B."""
+    import pandas as pd
+
+    from anatomy_cli import components as comp
+    from anatomy_cli import report as rep
+
+    comps = design.components if design else ()
+    names = [c.name for c in comps]
+    keys = [rep._settings_key(comp.flat_config(p.config), comps) for p in configs]
+    labels = rep._group_names(pd.Series([f"|{k}" for k in keys]))
+    out = []
+    for p, key in zip(configs, keys):
+        flat = comp.flat_config(p.config)
+        role = rep._role({c.name: c.state(flat) for c in comps}, names) if comps else ""
+        entries = [role] + ([f"-{next(n for n in names if n != role[1:])}"] if len(names) == 2 and role[:1] == "+"
+                            else [])
+        for r in entries:
+            kind = {"+": "add-one", "-": "remove-one"}.get(r[:1], r or "other")
+            out.append({"slug": p.slug, "role": kind, "flip": r[1:] if r[:1] in "+-" and r else None,
+                        "group": labels[f"|{key}"]})
+    return out
 
 
 def time_round(jobs: list[tuple[str, dict]], steps: int, warmup: int, threads: int) -> dict[str, float]:
@@ -131,14 +158,14 @@ def read_timing(sweep_dir: Path) -> dict | None:
 def timing_effects(record: dict) -> list[dict]:
     """Speed effect rows of a timing record, each variant against its end paired within rounds, as a
     gain: 100 * (tokens/s with the component / without - 1) %, positive = faster (stats.gain)."""
-    by_role = {(c["role"], c["flip"]): c["slug"] for c in record["configs"]}
+    by_role = {(c.get("group", ""), c["role"], c["flip"]): c["slug"] for c in record["configs"]}
     ends = record.get("ends") or ["reference", "all-on"]
     ends = ["LLaMA" if e == "llama" else e for e in ends]
     rows = []
-    for (role, flip), slug in by_role.items():
+    for (group, role, flip), slug in by_role.items():
         if role not in ("add-one", "remove-one"):
             continue
-        ref = by_role.get(("reference" if role == "add-one" else "all-on", None))
+        ref = by_role.get((group, "reference" if role == "add-one" else "all-on", None))
         if ref is None:
             continue
         pairs = np.array([(r[ref], r[slug]) for r in record["rounds_data"] if slug in r and ref in r and r[ref] > 0
@@ -146,7 +173,7 @@ def timing_effects(record: dict) -> list[dict]:
         gains = stats.gain(pairs[:, 0], pairs[:, 1], role == "add-one", relative=True, higher_is_better=True)
         gains = gains[np.isfinite(gains)]
         rows.append({"metric": METRIC, "flip": flip, "direction": role, "against": f"{ends[role == 'remove-one']} end",
-                     "group": "", "excluded": len(record["rounds_data"]) - len(gains), "unit": "%",
+                     "group": group, "excluded": len(record["rounds_data"]) - len(gains), "unit": "%",
                      "note": (f"timing pass: {len(gains)} rounds x {record['steps']} steps, "
                               f"{record['threads']} thread(s), paired within rounds"), **stats.paired(gains)})
     return rows
@@ -155,7 +182,8 @@ def timing_effects(record: dict) -> list[dict]:
 def threshold(record: dict) -> float:
     """The speed effects' smallest effect that matters: the reference end's round-to-round sd of
     tokens/s in percent of its mean (its noise floor, as the seed-to-seed sd is for loss)."""
-    ref = next((c["slug"] for c in record["configs"] if c["role"] == "reference"), None)
+    ref = next((c["slug"] for c in record["configs"] if c["role"] == "reference"),
+               next((c["slug"] for c in record["configs"] if c["role"] == "all-on"), None))
     tps = np.array([r[ref] for r in record["rounds_data"] if ref in r], dtype=float)
     return float(100.0 * tps.std(ddof=1) / tps.mean()) if len(tps) > 1 else math.nan
 
