@@ -149,6 +149,9 @@ def sample(
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Recompute the whole context every step.")] = False,
     weights: Annotated[str, typer.Option(help="best | last")] = "best",
     window: Annotated[Optional[int], typer.Option(help="Context window (default ctx_len; RoPE may go beyond).")] = None,
+    threads: Annotated[int, typer.Option(min=1, max=4096, help="CPU threads. One sequence is a chain of small "
+                                         "matmuls that gain little from threads and stall when a core is busy "
+                                         "(benchmarks/RESULTS.md).")] = 1,
 ):
     """Stream text from a trained run: prefill the prefix, then one character per step via the KV cache."""
     if weights not in ("best", "last"):
@@ -159,6 +162,9 @@ def sample(
     from .sample import SampleError, check_options, generate, window_bytes
     from .train import available_bytes
 
+    import torch
+
+    torch.set_num_threads(threads)  # batch-1 decode is small matmuls: more threads wait on each other
     cfg, vocab, model = load_run(run_dir, weights)
     window = check_options(cfg.model, temp, top_k, window)
     need, have = window_bytes(cfg.model, window), available_bytes(next(model.parameters()).device)
