@@ -172,8 +172,8 @@ def _rule(doc: dict) -> str:
     th = "unknown" if e["threshold"] is None else f"±{e['threshold']:.3f} nats/char"
     basis = "the reference end's seed-to-seed sd" if e["threshold_basis"] == "noise floor" else "given by --min-effect"
     return (f"Intervals are simultaneous {100 * e['adj_level']:.4g}% intervals (Bonferroni over the {e['family']} "
-            f"effects); a call needs the interval to exclude 0 and the gain to exceed {th} ({basis}); negligible: "
-            f"the interval lies inside it.")
+            f"effects); a call needs the interval to exclude 0 and the gain to lie beyond {th} ({basis}); "
+            f"negligible: the interval lies inside it.")
 
 
 def _moves(doc: dict, *_: str) -> str:
