@@ -125,7 +125,7 @@ def component_blocks(p: Parts) -> list:
 
 
 def verdict_table(verdict: pd.DataFrame, fmt: str = "{:+.3f}") -> pd.DataFrame:
-    """A judged family as display strings: rank, component, change, gain, interval, seeds, call."""
+    """A judged family as display strings: rank, component, change, gain, interval, call, seeds."""
     rows = []
     for r in verdict.itertuples():
         rows.append({"rank": str(r.rank), "component": r.flip, "change": change(r.direction, r.against, r.group),
@@ -133,7 +133,7 @@ def verdict_table(verdict: pd.DataFrame, fmt: str = "{:+.3f}") -> pd.DataFrame:
                      "interval": (f"[{fmt.format(r.adj_low)}, {fmt.format(r.adj_high)}]" if math.isfinite(r.adj_low)
                                   else "-"),
                      "seeds": str(r.n_pairs), "call": r.call})
-    return pd.DataFrame(rows, columns=["rank", "component", "change", "gain", "interval", "seeds", "call"])
+    return pd.DataFrame(rows, columns=["rank", "component", "change", "gain", "interval", "call", "seeds"])
 
 
 def verdict_text(verdict: pd.DataFrame, runs: pd.DataFrame, root: Path, max_width: int | None) -> str:
