@@ -69,7 +69,8 @@ td{text-align:right}td.t{text-align:left}th{background:#f3f3f3;position:sticky;t
 .scroll td{white-space:nowrap}
 img{max-width:100%;height:auto}.fig{overflow-x:auto}.tw{overflow-x:auto;max-width:100%}
 td{white-space:nowrap}td.w{white-space:normal;min-width:18em}
-@media (max-width:760px){body{padding:0 .8em}.fig img{max-width:none;width:auto}}code{background:#f3f3f3;padding:0 .25em}
+@media (max-width:760px){body{padding:0 .8em}.fig img{max-width:none;width:auto}}
+@media (max-width:600px){table{font-size:12px}td,th{padding:2px 4px}.c-rank,.c-seeds{display:none}}code{background:#f3f3f3;padding:0 .25em}
 pre{white-space:pre-wrap;background:#f7f7f7;padding:.6em;font-size:12px}pre.cmd{background:#eef3fb}
 .samples{display:grid;gap:1em;grid-template-columns:repeat(auto-fill,minmax(24em,1fr))}
 figcaption{font-weight:600}.lead{font-size:15px}"""
@@ -121,8 +122,10 @@ def _html_block(block: tuple) -> str:
 
 
 def _html_table(table: pd.DataFrame) -> str:
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in table.columns)
-    cls = [("t w" if c in WRAP_COLUMNS else "t") if c in TEXT_COLUMNS else "" for c in table.columns]
-    rows = "".join("<tr>" + "".join(f'<td class="{k}">{html.escape(str(v))}</td>' if k else f"<td>{html.escape(str(v))}</td>"
-                                    for k, v in zip(cls, row)) + "</tr>" for row in table.itertuples(index=False))
+    # c-NAME classes: a narrow screen hides the columns it can spare (rank: the order says it; seeds)
+    head = "".join(f'<th class="c-{_anchor(str(c))}">{html.escape(str(c))}</th>' for c in table.columns)
+    cls = [(("t w " if c in WRAP_COLUMNS else "t ") if c in TEXT_COLUMNS else "") + f"c-{_anchor(str(c))}"
+           for c in table.columns]
+    rows = "".join("<tr>" + "".join(f'<td class="{k}">{html.escape(str(v))}</td>' for k, v in zip(cls, row)) + "</tr>"
+                   for row in table.itertuples(index=False))
     return f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"

@@ -95,6 +95,7 @@ def forest_figure(verdict: pd.DataFrame, unit: str = "nats/char") -> Figure:
         marker, filled = CALL_MARKERS.get(r.call, CALL_MARKERS[stats.NOISE])
         ax.plot([r.gain], [yi], marker, color=c, markersize=9, zorder=3, markeredgewidth=1.8,
                 markerfacecolor=c if filled else "white", gid=f"call:{r.call}")
+    _forest_limits(ax, verdict, th)
     labels = [f"{r.flip} ({'added to' if r.direction == 'add-one' else 'removed from'} {r.against})"
               + (f" [{r.group}]" if r.group else "") for r in verdict.itertuples()]
     ax.set_yticks(y, labels)
@@ -111,6 +112,18 @@ def forest_figure(verdict: pd.DataFrame, unit: str = "nats/char") -> Figure:
     fig.legend(handles=band + handles, loc="outside upper center", ncols=min(6, len(handles) + len(band)),
                fontsize="small", frameon=False)
     return fig
+
+
+def _forest_limits(ax, verdict: pd.DataFrame, th: float) -> None:
+    """x range from the gains, the threshold and the intervals of called rows: a two-seed interval
+    (t at 1 degree of freedom) may be 20x wider and would flatten the rest; it runs off the axis."""
+    called = verdict[verdict["n_pairs"] >= stats.MIN_PAIRS]
+    values = np.concatenate([verdict["gain"].to_numpy(float), called["adj_low"].to_numpy(float),
+                             called["adj_high"].to_numpy(float), [th, -th, 0.0]])
+    values = values[np.isfinite(values)]
+    lo, hi = float(values.min()), float(values.max())
+    pad = 0.08 * (hi - lo or 1.0)
+    ax.set_xlim(lo - pad, hi + pad)
 
 
 # --------------------------------------------------------------------------- curves

@@ -57,8 +57,9 @@ def lead(p: Parts) -> str:
         return text
     ref, top = end_names(p.runs)
     flips = ", ".join(dict.fromkeys(p.verdict["flip"]))
-    return text + (f" The question: what is each of {flips} worth in best val loss, added to the {ref} end and "
-                   f"removed from the {top} end, at this training budget?")
+    where = {"add-one": f"added to the {ref} end", "remove-one": f"removed from the {top} end"}
+    how = " and ".join(w for d, w in where.items() if d in set(p.verdict["direction"]))
+    return text + f" The question: what is each of {flips} worth in best val loss, {how}, at this training budget?"
 
 
 def sections(p: Parts) -> list[tuple[str, list]]:
@@ -99,8 +100,7 @@ def verdict_blocks(p: Parts) -> list:
     ref, top = end_names(p.runs)
     bud = vd.budget(p.runs)
     blocks = [("p", f"What each component is worth: its gain in best val loss, loss without it minus loss with it "
-                    f"(nats/char; positive = the component helps), largest first. Added = to the {ref} end; "
-                    f"removed = from the {top} end."),
+                    f"(nats/char; positive = the component helps), largest first; {directions_text(p.verdict, ref, top)}."),
               ("table", verdict_table(p.verdict), False),
               ("list", [vd.rule_line(p.verdict, "nats/char", f"the {ref} end's seed-to-seed sd of best val loss"),
                         budget_line(bud, ref, top), noise_line(vd.noise_floor(p.runs), ref, top)])]
@@ -128,7 +128,7 @@ def verdict_table(verdict: pd.DataFrame, fmt: str = "{:+.3f}") -> pd.DataFrame:
     """A judged family as display strings: rank, component, change, gain, interval, call, seeds."""
     rows = []
     for r in verdict.itertuples():
-        rows.append({"rank": str(r.rank), "component": r.flip, "change": change(r.direction, r.against, r.group),
+        rows.append({"rank": str(r.rank), "component": r.flip, "change": change(r.direction, r.group),
                      "gain": fmt.format(r.gain) if math.isfinite(r.gain) else "",
                      "interval": (f"[{fmt.format(r.adj_low)}, {fmt.format(r.adj_high)}]" if math.isfinite(r.adj_low)
                                   else "-"),
@@ -142,13 +142,11 @@ def verdict_text(verdict: pd.DataFrame, runs: pd.DataFrame, root: Path, max_widt
         return "verdict: no paired runs yet (an end and a variant with a shared seed)."
     ref, top = end_names(runs)
     shown = verdict_table(verdict)
-    shown["change"] = [("added" if d == "add-one" else "removed") + (f" [{g}]" if g else "")
-                       for d, g in zip(verdict["direction"], verdict["group"])]
     body = textable.table(list(shown.columns), shown.values.tolist(), max_width,
                           fit=[("drop", "seeds"), ("drop", "rank"), ("cut", "change", 7), ("cut", "component", 6)],
                           right={"rank", "gain", "seeds"})
-    head = (f"verdict: gain in best val loss (nats/char; > 0 = the component helps), largest first; added = to the "
-            f"{ref} end, removed = from the {top} end")
+    head = ("verdict: gain in best val loss (nats/char; > 0 = the component helps), largest first; "
+            + directions_text(verdict, ref, top))
     rule = vd.rule_line(verdict, "nats/char", f"the {ref} end's seed-to-seed sd", short=True)
     out = [textable.wrap(head, max_width), "", body, "", textable.wrap(rule, max_width)]
     if (verdict["n_pairs"] < vd.SEEDS_WANTED).any():
@@ -176,9 +174,14 @@ def speed_text(record: dict, max_width: int | None) -> str:
     return "\n".join([head, "", body.replace("seeds", "rounds", 1), "", textable.wrap(rule, max_width)])
 
 
-def change(direction: str, against: str, group: str = "") -> str:
-    return (("added to " if direction == "add-one" else "removed from ") + against.removesuffix(" end")
-            + (f" [{group}]" if group else ""))
+def directions_text(verdict: pd.DataFrame, ref: str, top: str) -> str:
+    said = {"add-one": f"added = to the {ref} end", "remove-one": f"removed = from the {top} end"}
+    return ", ".join(said[d] for d in said if d in set(verdict["direction"]))
+
+
+def change(direction: str, group: str = "") -> str:
+    """'added' | 'removed' (the paragraph above a table says to and from which end), and the group."""
+    return ("added" if direction == "add-one" else "removed") + (f" [{group}]" if group else "")
 
 
 def budget_line(bud: dict, ref_name: str, top_name: str) -> str:
