@@ -663,3 +663,23 @@ def test_min_effect_moves_the_practical_part(tmp_path):
     assert loss["rope"]["threshold"] == 0.5 and loss["rope"]["threshold_basis"] == "min-effect"
     bad = CliRunner().invoke(app, ["report", str(tmp_path / "s"), "--min-effect", "-1"])
     assert bad.exit_code == 2
+
+
+def test_figure_text_is_at_least_10_px_at_the_report_width(tmp_path, monkeypatch):
+    from matplotlib.text import Text
+
+    seen = []
+    real = figures.save
+    monkeypatch.setattr(figures, "save", lambda fig, path: (seen.append(fig), real(fig, path))[1])
+    called_sweep(tmp_path / "runs")  # forest with every call
+    sweep(tmp_path / "more")  # curves, grad norms and effects over training of a five-part study
+    report.write_report(tmp_path / "runs")
+    report.write_report(tmp_path / "more")
+    assert len(seen) >= 7
+    for fig in seen:
+        shown = min(1.0, figures.WIDTH_IN / fig.get_figwidth())  # the report shows a figure at most this wide
+        assert shown == 1.0  # no figure is wider than the report: nothing is scaled down on a desktop
+        for text in fig.findobj(Text):
+            if text.get_visible() and text.get_text().strip():
+                px = text.get_fontsize() * figures.DPI / 72 * shown
+                assert px >= 10, (text.get_text(), px)
