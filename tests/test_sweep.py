@@ -232,3 +232,20 @@ def test_two_concurrent_ablates_leave_exactly_one_running(tmp_path):
     assert f"is in use by pid {first.pid}" in second.stderr
     assert "Traceback" not in second.stderr
     assert all(runs.run_status(d) == runs.COMPLETED for d in (tmp_path / "runs" / "toy").iterdir() if d.is_dir())
+
+
+def test_a_busy_calibration_is_cached_as_busy_and_redone_when_idle(tmp_path, monkeypatch):
+    from anatomy_cli import calibrate
+
+    monkeypatch.setenv("ANATOMY_CACHE", str(tmp_path))
+    measured = []
+    monkeypatch.setattr(calibrate, "_measure", lambda configs, threads: measured.append(len(configs)) or [
+        {"step_s": 0.01, "eval_s": 0.1, "run_s": 1.0, "startup_s": 2.0} for _ in configs])
+    monkeypatch.setattr(calibrate, "busy", lambda: (9.0, 2))
+    assert calibrate.calibrations({"k": None}, 1)["k"]["busy"] is True
+    calibrate.calibrations({"k": None}, 1)  # still busy: the busy one is used, not measured again
+    assert measured == [1]
+    monkeypatch.setattr(calibrate, "busy", lambda: None)
+    assert calibrate.calibrations({"k": None}, 1)["k"]["busy"] is False and measured == [1, 1]
+    calibrate.calibrations({"k": None}, 1)
+    assert measured == [1, 1]

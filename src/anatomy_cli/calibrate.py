@@ -14,7 +14,8 @@ a plan is its runs packed onto the workers, longest first, plus one start-up per
 
 The cache is CACHE_DIR/calibration.json ($ANATOMY_CACHE, else $XDG_CACHE_HOME/anatomy, else
 ~/.cache/anatomy). A calibration taken while the machine was busy (load average above its cores) is
-used but not cached; busy() says so, so a plan can say it instead of hiding it in the estimate.
+marked so and taken again when the machine is idle; busy() lets a plan say the machine is busy
+instead of hiding it in the estimate.
 """
 
 from __future__ import annotations
@@ -84,23 +85,25 @@ def cached_overheads() -> tuple[float, float]:
 
 
 def calibrations(configs: dict[str, object], threads: int) -> dict[str, dict]:
-    """{shape key: calibration} for each (key -> representative RunConfig), from the cache or measured now."""
+    """{shape key: calibration} for each (key -> representative RunConfig), from the cache or measured now.
+
+    A calibration taken on a busy machine is cached as such and measured again once the machine is
+    idle, so a busy spell costs one calibration per shape, not one per plan.
+    """
     path = cache_path()
     try:
         cache = json.loads(path.read_text())
     except (OSError, ValueError):
         cache = {}
-    todo = {k: c for k, c in configs.items() if k not in cache}
+    idle = busy() is None
+    todo = {k: c for k, c in configs.items() if k not in cache or (idle and cache[k].get("busy"))}
     if todo:
-        fresh = _measure(list(todo.values()), threads)
-        new = dict(zip(todo, fresh))
-        if busy() is None:
-            cache |= new
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(cache, indent=1))
-            os.replace(tmp, path)
-        return {k: cache.get(k) or new[k] for k in configs}
+        for key, cal in zip(todo, _measure(list(todo.values()), threads)):
+            cache[key] = cal | {"busy": not idle}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cache, indent=1))
+        os.replace(tmp, path)
     return {k: cache[k] for k in configs}
 
 

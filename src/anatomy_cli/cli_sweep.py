@@ -181,9 +181,9 @@ def ablate(
     if time_pass and not dry_run:
         _time(plan, sweep_dir, n_workers, time_steps, time_rounds)
         return
-    from .sweep import plan_estimate
+    from .sweep import pending_runs, plan_estimate
 
-    estimate = plan_estimate(plan, n_workers, vocab)
+    estimate = plan_estimate(plan if dry_run else pending_runs(plan, sweep_dir), n_workers, vocab)
     if dry_run:
         console.print(plan_table(plan, sweep_dir, n_workers, vocab, estimate))
         return

@@ -237,7 +237,7 @@ def plan_estimate(plan: list[PlannedRun], workers: int, vocab: dict) -> tuple[di
     cals = calibrate.calibrations(reps, threads)
     per_run = {rid: calibrate.run_seconds(cfg, cals[keys[rid]], cfg.model.flops_per_token()
                                           / reps[keys[rid]].model.flops_per_token()) for rid, cfg in sized.items()}
-    return per_run, max(c["startup_s"] for c in cals.values())
+    return per_run, max((c["startup_s"] for c in cals.values()), default=0.0)
 
 
 # ----------------------------------------------------------------------------------- execution
