@@ -89,6 +89,7 @@ def test_components_fit_80_and_60_columns_and_wide_is_whole():
         from anatomy_cli.components import BUILTIN_NAMES
 
         first = lines.index(next(line for line in lines if line.startswith("name ")))
-        assert [line.split()[0] for line in lines[first + 2:first + 13]] == list(BUILTIN_NAMES)  # a line each
+        rows = lines[first + 2:first + 2 + len(BUILTIN_NAMES)]
+        assert [line.split()[0] for line in rows] == list(BUILTIN_NAMES)  # a line each
     wide = CliRunner().invoke(app, ["components", "--wide"], env={"COLUMNS": "60"}).stdout
     assert "RMSNorm instead of LayerNorm: scale only, no mean, no bias" in wide and "Zhang & Sennrich 2019" in wide
