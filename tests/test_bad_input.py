@@ -221,3 +221,34 @@ def test_a_device_file_is_not_a_corpus(tmp_path):
 
 def test_an_absurdly_nested_set_key_is_one_line():
     one_error_line(invoke("train", "--set", "a." * 5000 + "b=1"), 2, "is nested deeper than any spec section")
+
+
+# ------------------------------------------------------------------------------- one error base
+
+
+def test_every_bad_input_error_derives_from_one_torch_free_base():
+    """The CLI catches InputError alone (exit 2), so a domain error that does not derive from it
+    would surface as an 'internal error'. Every exception class of the package is either bad
+    input, a directory in use (Locked: exit 3), or named here as something else."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import anatomy_cli
+    from anatomy_cli.errors import InputError
+    from anatomy_cli.lockfile import Locked
+
+    found = {}
+    for info in pkgutil.walk_packages(anatomy_cli.__path__, "anatomy_cli."):
+        if info.name.endswith("__main__"):
+            continue
+        module = importlib.import_module(info.name)
+        found |= {name: obj for name, obj in vars(module).items()
+                  if inspect.isclass(obj) and issubclass(obj, BaseException) and obj.__module__ == info.name}
+    assert {"ConfigError", "RunError", "DataError", "BaselineError", "ExecutorError", "SampleError", "PositionError",
+            "CacheFullError", "ExportError"} <= set(found)
+    others = {name for name, cls in found.items() if not issubclass(cls, (InputError, Locked))}
+    assert others == {"WorkerDied"}  # a worker killed under us (signal, out of memory): not the input's fault
+    code = "import sys, anatomy_cli.errors; print(sorted(m for m in sys.modules if m.startswith(('torch', 'anatomy'))))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['anatomy_cli', 'anatomy_cli.errors']"

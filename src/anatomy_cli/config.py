@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from .errors import InputError
+
 NormType = Literal["layernorm", "rmsnorm"]
 NormPos = Literal["post", "pre"]
 PosType = Literal["learned", "rope", "nope"]  # nope: no position signal (Kazemnejad et al. 2023)
@@ -31,7 +33,7 @@ GDN_CHUNK = 16
 MAX_SIZE = 2**31 - 1
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """A spec or option that does not validate; the message is one line per problem."""
 
 

@@ -31,6 +31,7 @@ from safetensors.torch import save_file
 
 from . import components, runs
 from .checkpoint import load_run, load_run_config
+from .errors import InputError
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -55,7 +56,7 @@ GLOBAL_RENAMES: dict[str, str] = {
 }
 
 
-class ExportError(ValueError):
+class ExportError(InputError):
     """A run that cannot be exported (not LLaMA-shaped, unexpected weights, or a busy out_dir)."""
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from . import lockfile
+from .errors import InputError
 
 CONFIG = "config.json"
 METRICS = "metrics.jsonl"
@@ -50,7 +51,7 @@ DONE_STATES = (COMPLETED, DIVERGED)
 TIMING_KEYS = ("elapsed_s",)
 
 
-class RunError(ValueError):
+class RunError(InputError):
     """A run directory that is missing, incomplete or corrupt."""
 
 

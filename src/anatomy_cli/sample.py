@@ -14,9 +14,10 @@ from collections.abc import Iterator
 import torch
 
 from .config import MAX_SIZE
+from .errors import InputError
 
 
-class SampleError(ValueError):
+class SampleError(InputError):
     """Generation options that cannot work (window past the learned table, bad temperature)."""
 
 
