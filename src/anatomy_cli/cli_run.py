@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -12,7 +13,7 @@ import typer
 
 from . import runs
 from .cli_app import (EXIT_FAILED, EXIT_INTERRUPTED, JsonOut, RunsDir, Sets, StopFlag, app, console,
-                      err_console, handle_errors, safe_dir)
+                      err_console, handle_errors, on_interrupt, safe_dir, styled)
 from .components import label
 from .config import SEED_MAX, SEED_MIN, ConfigError
 
@@ -39,7 +40,7 @@ def prepare(
         console.print_json(json.dumps(info))
         return
     for key, value in info.items():
-        console.print(f"[bold]{key:>12}[/]  {value}", highlight=False)
+        console.print(styled(f"{key:>12}", "bold", f"  {value}"), highlight=False)
 
 
 # ----------------------------------------------------------------------------------- train
@@ -49,7 +50,7 @@ def train_progress():
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     return Progress(
-        TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[losses]}"),
+        TextColumn("train", style="bold"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[losses]}"),
         TimeRemainingColumn(), console=err_console, transient=False,
     )
 
@@ -101,24 +102,33 @@ def _train_resume(run_dir: Path) -> None:
 
 
 def _run_train(fn, run_dir: Path, total: int) -> None:
-    try:
-        with StopFlag() as stop, train_progress() as bar:
-            task = bar.add_task("train", total=total, losses="")
+    on_interrupt(lambda: resume_hint(run_dir))  # a second signal may land anywhere from here on
+    with StopFlag() as stop, train_progress() as bar:
+        task = bar.add_task("train", total=total, losses="")
 
-            def on_progress(p: dict) -> None:
-                bar.update(task, completed=p["step"], losses=f"train {p['train_loss']:.3f}  val {p['val_loss']:.3f}")
+        def on_progress(p: dict) -> None:
+            bar.update(task, completed=p["step"], losses=f"train {p['train_loss']:.3f}  val {p['val_loss']:.3f}")
 
-            summary = fn(progress=on_progress, stop=stop)
-    except KeyboardInterrupt:  # a second signal: aborted without saving this step
-        err_console.print(f"aborted; resume with: anatomy train --resume {run_dir}")
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+        summary = fn(progress=on_progress, stop=stop)
     status = summary["status"]
     if status == runs.INTERRUPTED:
-        err_console.print(f"interrupted at step {summary['steps_done']}; resume with: anatomy train --resume {run_dir}")
+        err_console.print(f"interrupted at step {summary['steps_done']}; {resume_hint(run_dir)}", highlight=False)
         raise typer.Exit(EXIT_INTERRUPTED)
     render_summary(summary, run_dir)
     if status != runs.COMPLETED:
         raise typer.Exit(EXIT_FAILED)
+
+
+def resume_hint(run_dir: Path) -> str | None:
+    """'resume with: anatomy train --resume RUN' while the run can be resumed (interrupted, or still
+    'running' under this very process, which is about to exit); None before it exists or once done."""
+    try:
+        summary = runs.read_summary(run_dir) or {}
+    except runs.RunError:
+        return None
+    if summary.get("status") not in (runs.INTERRUPTED, runs.RUNNING):
+        return None
+    return f"resume with: anatomy train --resume {shlex.quote(str(run_dir))}"
 
 
 def render_summary(s: dict, run_dir: Path) -> None:

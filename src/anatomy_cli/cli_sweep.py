@@ -15,7 +15,8 @@ from .cli_app import (EXIT_FAILED, EXIT_INTERRUPTED, JsonOut, RunsDir, StopFlag,
 from . import components
 from .components import label
 from .config import MAX_SEEDS, ConfigError
-from .sweep import ASSUMED_FLOPS, DEFAULT_SPEC, check_data, estimate_seconds, load_spec, measured_flops, spec_table
+from .sweep import (ASSUMED_FLOPS, DEFAULT_SPEC, check_data, estimate_seconds, load_plan, measured_flops,
+                    spec_table)
 
 def fmt_seconds(s: float) -> str:
     return f"{s:.0f}s" if s < 90 else f"{s / 60:.1f}min"
@@ -60,9 +61,9 @@ class SweepDisplay:
     def __init__(self, total: int):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=err_console)
-        self.sweep = self.progress.add_task("[bold]sweep", total=total, info="")
+        self.progress = Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[info]}", markup=False), TimeElapsedColumn(), console=err_console)
+        self.sweep = self.progress.add_task("sweep", total=total, info="")
         self.tasks: dict[str, int] = {}
         self.failed = 0
 
@@ -114,7 +115,7 @@ def ablate(
     holds at the plan's largest run, at most one per core); compiled graphs are cached once in
     RUNS_DIR/<spec>/.compile-cache for every run of the same shape.
     """
-    from .sweep import default_workers, execute, expand, parse_flips
+    from .sweep import default_workers, execute
 
     if steps is not None and steps <= 0:
         raise ConfigError(f"--steps must be > 0, got {steps}")
@@ -122,8 +123,7 @@ def ablate(
         raise ConfigError(f"--executor must be local or dask, got {executor!r}")
     if json_out and not dry_run:
         raise ConfigError("--json prints the plan: use it with --dry-run")
-    s = with_train(load_spec(spec), device=device, compile=compile or None, dtype=dtype)
-    plan = expand(s, parse_flips(flip, spec_table(s)), seeds, steps)
+    s, plan = load_plan(spec, flip, seeds, steps, device=device, compile=compile or None, dtype=dtype)
     sweep_dir = safe_dir(runs_dir) / s.name
     if json_out:
         console.print_json(json.dumps(plan_json(s, plan, sweep_dir)))
@@ -185,14 +185,6 @@ def _time(plan, sweep_dir: Path, workers: int, steps: int, rounds: int) -> None:
     console.print(table)
     if runs.find_runs(sweep_dir):
         _write_report(sweep_dir, None, ("md", "html", "csv", "json"))
-
-
-def with_train(spec, **overrides):
-    """The spec with base.train fields overridden (None = keep the spec's), validated again."""
-    from .config import AblationSpec, apply_overrides, validate
-
-    sets = {f"base.train.{k}": v for k, v in overrides.items() if v is not None}
-    return validate(AblationSpec, apply_overrides(spec.model_dump(mode="json"), sets)) if sets else spec
 
 
 def sweep_workers(plan, vocab: dict, cpu_default: int) -> int:
@@ -283,8 +275,9 @@ REFERENCE_SIZE = {"vocab_size": 1719, "d_model": 128, "n_layer": 4, "n_head": 4,
 
 def param_change(c, end_on: bool) -> int | None:
     """Parameters the component adds (negative: removes) at the published size, from the 2017 end
-    (end_on False) or the LLaMA end; None for a component that does not touch the model."""
-    from .config import ModelConfig
+    (end_on False) or the LLaMA end; None for a component that does not touch the model, or (a
+    spec's own) cannot be placed at that size (n_head = 3 does not divide d_model 128)."""
+    from .config import ModelConfig, validate
 
     if not any(k.startswith("model.") for k in c.keys):
         return None
@@ -293,7 +286,10 @@ def param_change(c, end_on: bool) -> int | None:
     counts = []
     for state in (True, False):
         settings = {k.removeprefix("model."): v for k, v in c.settings(state, flat).items() if k.startswith("model.")}
-        counts.append(ModelConfig.model_validate(model | settings).num_params())
+        try:
+            counts.append(validate(ModelConfig, model | settings).num_params())
+        except ConfigError:
+            return None
     return counts[0] - counts[1]
 
 
@@ -304,7 +300,9 @@ def components_cmd(
     json_out: JsonOut = False,
 ):
     """The component table: name, off -> on settings, what it changes in parameters, source."""
-    table_ = spec_table(load_spec(spec)) if spec is not None else dict(components.BY_NAME)
+    table_ = dict(components.BY_NAME)
+    if spec is not None:  # validated exactly as ablate validates it, plan included
+        table_ = spec_table(load_plan(spec)[0])
     rows = []
     for c in table_.values():
         rows.append(components.record(c) | {
@@ -328,6 +326,6 @@ def change_text(c) -> str:
     """'norm_type: layernorm -> rmsnorm' (one key), else the settings in full."""
     if len(c.keys) == 1:
         key = c.keys[0]
-        off = "(base)" if c.off is None else c.off[key] if c.off[key] != "" else "''"  # gdn_pattern's off
+        off = "(base)" if not c.off or key not in c.off else c.off[key] if c.off[key] != "" else "''"  # gdn_pattern's off
         return f"{key.removeprefix('model.')}: {off} -> {c.on[key]}"
     return f"{c.describe('off')} -> {c.describe('on')}"
