@@ -106,23 +106,17 @@ _WORKER: dict = {}
 def _init_worker(stop_event, queue) -> None:
     import os
     import threading
+    import warnings
+
+    from .worker import exit_with_parent
 
     _WORKER.update(stop_event=stop_event, queue=queue, parent=os.getppid(), signals=0, busy=threading.Lock())
     for sig in STOP_SIGNALS:
         signal.signal(sig, _worker_signal)
-    threading.Thread(target=_exit_with_parent, daemon=True).start()
-
-
-def _exit_with_parent() -> None:
-    """An orphaned worker would wait for work forever (its siblings hold the queue open): once the
-    parent is gone and the run in progress has saved (_worker_stop sees it too), exit."""
-    import os
-    import time
-
-    while os.getppid() == _WORKER["parent"]:
-        time.sleep(0.5)
-    with _WORKER["busy"]:
-        os._exit(0)
+    warnings.simplefilter("ignore")  # library warnings are off, as in the CLI
+    # An orphaned worker would wait for work forever (its siblings hold the queue open): once the
+    # parent is gone and the run in progress has saved (_worker_stop sees it too), exit.
+    threading.Thread(target=exit_with_parent, args=(_WORKER["parent"], _WORKER["busy"]), daemon=True).start()
 
 
 def _worker_signal(signum, frame) -> None:
