@@ -6,6 +6,7 @@ is frozen and rejects unknown keys, so a typo in a spec is an error, not a silen
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import tomllib
@@ -42,6 +43,27 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
+# The mark of a field added after runs already existed (every field not in the first set of the
+# run-id hash): at its default, which must reproduce the earlier model exactly, the field stays out
+# of the hash (runs.config_hash), so a finished run keeps its id and a rerun skips it. Set on the
+# field itself, Field(default=..., json_schema_extra=NEW); tests/test_run_ids.py fails for a new
+# field without it and pins the ids of every shipped spec.
+NEW = {"hash": "omit-at-default"}
+
+
+@functools.cache
+def hash_neutral(cls: type[BaseModel] | None = None) -> dict[str, Any]:
+    """{section: {field: default}} of the NEW-marked fields of RunConfig (or of `cls`), read from the
+    config classes: the fields runs.config_hash leaves out while they hold their default."""
+    out: dict[str, Any] = {}
+    for name, info in (cls or RunConfig).model_fields.items():
+        if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
+            out[name] = hash_neutral(info.annotation)
+        elif info.json_schema_extra == NEW:
+            out[name] = info.default
+    return {k: v for k, v in out.items() if v != {}}
+
+
 # Every seed torch.manual_seed accepts; past these it raises an overflow deep inside a run.
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 Seed = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)]
@@ -72,9 +94,10 @@ class ModelConfig(_Frozen):
     """Sizes and the component switches (see components.py). Defaults are the 2017 Transformer's parts.
 
     The last four switches are post-LLaMA parts, each off by default (off = today's model exactly):
-    qk_norm (RMSNorm of each head's Q and K, OLMo 2 / Qwen3 / Gemma 3), tie_embeddings (head = token
-    embedding, GPT-2 / Gemma), parallel_block (attention and FFN side by side, GPT-J / PaLM) and
-    logit_softcap (c * tanh(logits / c), Gemma 2). pos_type="nope" is NoPE (no positions at all).
+    qk_norm (RMSNorm of each head's Q and K, Qwen3 / Gemma 3; OLMo 2 norms the whole Q and K
+    projections instead), tie_embeddings (head = token embedding, GPT-2 / Gemma), parallel_block
+    (attention and FFN side by side, GPT-J / PaLM) and logit_softcap (c * tanh(logits / c), Gemma 2).
+    pos_type="nope" is NoPE (no positions at all).
     """
 
     vocab_size: int | None = Field(default=None, gt=0, le=MAX_SIZE)  # None: taken from the data at train time
@@ -90,18 +113,18 @@ class ModelConfig(_Frozen):
     rope_base: float = Field(default=10000.0, gt=0)
     norm_eps: float = Field(default=1e-5, gt=0)
     rope_variant: RopeVariant = "standard"
-    qk_norm: bool = False  # RMSNorm over head_dim on Q and K before RoPE (qknorm)
-    tie_embeddings: bool = False  # the LM head shares the embedding matrix (tied)
-    parallel_block: bool = False  # attention and FFN read one normed input (parallel)
-    logit_softcap: float = Field(default=0.0, ge=0)  # c * tanh(logits / c); 0 = off (softcap)
+    qk_norm: bool = Field(default=False, json_schema_extra=NEW)  # RMSNorm over head_dim on Q and K before RoPE (qknorm)
+    tie_embeddings: bool = Field(default=False, json_schema_extra=NEW)  # the LM head shares the embedding (tied)
+    parallel_block: bool = Field(default=False, json_schema_extra=NEW)  # attention and FFN read one normed input
+    logit_softcap: float = Field(default=0.0, ge=0, json_schema_extra=NEW)  # c * tanh(logits / c); 0 = off (softcap)
     # Gated DeltaNet hybrid (gdn, model/gdn.py): "" = attention everywhere; else one letter per layer,
     # D Gated DeltaNet, A softmax attention, repeated over the stack ("DDDA": Qwen3-Next's 3 : 1).
     # The head sizes default from the attention's (see gdn_shape); gdn_conv is the short conv's kernel.
-    gdn_pattern: str = Field(default="", max_length=1024)
-    gdn_heads: int | None = Field(default=None, gt=0, le=MAX_SIZE)  # value heads; None: n_head
-    gdn_key_heads: int | None = Field(default=None, gt=0, le=MAX_SIZE)  # None: gdn_heads / 2 when even
-    gdn_head_dim: int | None = Field(default=None, gt=0, le=MAX_SIZE)  # d_k = d_v; None: head_dim
-    gdn_conv: int = Field(default=4, gt=0, le=64)
+    gdn_pattern: str = Field(default="", max_length=1024, json_schema_extra=NEW)
+    gdn_heads: int | None = Field(default=None, gt=0, le=MAX_SIZE, json_schema_extra=NEW)  # value heads; None: n_head
+    gdn_key_heads: int | None = Field(default=None, gt=0, le=MAX_SIZE, json_schema_extra=NEW)  # None: gdn_heads/2 if even
+    gdn_head_dim: int | None = Field(default=None, gt=0, le=MAX_SIZE, json_schema_extra=NEW)  # d_k = d_v; None: head_dim
+    gdn_conv: int = Field(default=4, gt=0, le=64, json_schema_extra=NEW)
 
     @model_validator(mode="after")
     def _check_shapes(self) -> ModelConfig:
@@ -203,6 +226,12 @@ class ModelConfig(_Frozen):
         return self.d_model * (2 if self.norm_type == "layernorm" else 1)
 
     @property
+    def max_positions(self) -> int | None:
+        """The longest sequence the model has positions for: a learned table ends at ctx_len; RoPE
+        and NoPE have nothing that ends (None = unbounded; how well they do past ctx_len is eval's)."""
+        return self.ctx_len if self.pos_type == "learned" else None
+
+    @property
     def position_params(self) -> int:
         return self.ctx_len * self.d_model if self.pos_type == "learned" else 0  # RoPE, NoPE: none
 
@@ -269,7 +298,7 @@ class TrainConfig(_Frozen):
     grad_clip: float = Field(default=1.0, ge=0)  # 0 disables clipping (the norm is still logged)
     # PaLM's auxiliary z-loss (Chowdhery et al. 2022 used 1e-4): + z_loss * mean(logsumexp(logits)^2)
     # on the training loss only; 0 = off. Keeps log Z near 0 so the softmax stays well-conditioned.
-    z_loss: float = Field(default=0.0, ge=0)
+    z_loss: float = Field(default=0.0, ge=0, json_schema_extra=NEW)
     eval_interval: int = Field(default=100, gt=0)
     eval_batches: int = Field(default=8, gt=0, le=MAX_SIZE)
     log_interval: int = Field(default=10, gt=0)  # train-loss/grad-norm lines are flushed this often
