@@ -59,8 +59,8 @@ def resolve_lengths(items: list[tuple[int, bool]], ctx_len: int) -> list[int]:
 
 def length_problem(cfg: ModelConfig, n: int, n_val: int) -> str | None:
     """Why length n cannot be measured for this model and val split, or None if it can."""
-    if cfg.pos_type == "learned" and n > cfg.ctx_len:
-        return LEARNED_NA.format(cfg.ctx_len)
+    if cfg.max_positions is not None and n > cfg.max_positions:
+        return LEARNED_NA.format(cfg.max_positions)
     if n_val < n + 1:  # a window of n inputs needs n + 1 ids (the targets are shifted by one)
         return f"n/a (val split has {n_val:,} ids; a window of {n:,} needs {n + 1:,})"
     return None
@@ -236,11 +236,12 @@ def decode_lengths(cfg: ModelConfig, prefix_len: int, new: int) -> tuple[int, in
     learned table caps prefix + new at ctx_len, with a note saying so."""
     if prefix_len < 1 or new < 1:
         raise ConfigError(f"--prefix-len and --new must be >= 1, got {prefix_len} and {new}")
-    if cfg.pos_type != "learned" or prefix_len + new <= cfg.ctx_len:
+    limit = cfg.max_positions
+    if limit is None or prefix_len + new <= limit:
         return prefix_len, new, None
-    p = min(prefix_len, cfg.ctx_len // 2)
-    n = min(new, cfg.ctx_len - p)
-    return p, n, (f"learned positions: prefix+new capped at ctx_len={cfg.ctx_len} "
+    p = min(prefix_len, limit // 2)
+    n = min(new, limit - p)
+    return p, n, (f"learned positions: prefix+new capped at ctx_len={limit} "
                   f"(prefix {p}, new {n}; asked {prefix_len}+{new})")
 
 
