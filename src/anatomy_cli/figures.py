@@ -14,6 +14,7 @@ tab20b picked by a CRC of its name, so a component has its colour in every repor
 
 from __future__ import annotations
 
+import io
 import math
 import textwrap
 import zlib
@@ -27,6 +28,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
 
 from anatomy_cli import components as comp
+from anatomy_cli.runs import atomic_write_bytes
 
 END_COLOUR = "#555555"  # the end a variant is compared with
 MARKERS = {"add-one": "o", "remove-one": "s"}
@@ -44,8 +46,11 @@ def colour(name: str) -> str:
 
 
 def save(fig: Figure, path: Path) -> Path:
+    """The PNG written atomically (a full disk or an interrupt leaves the old figure, no torn one)."""
     FigureCanvasAgg(fig)  # attach an Agg canvas explicitly: no backend switching, no pyplot
-    fig.savefig(path, dpi=100)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=100)
+    atomic_write_bytes(path, png.getvalue())
     return Path(path)
 
 
