@@ -252,3 +252,50 @@ def test_every_bad_input_error_derives_from_one_torch_free_base():
     code = "import sys, anatomy_cli.errors; print(sorted(m for m in sys.modules if m.startswith(('torch', 'anatomy'))))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "['anatomy_cli', 'anatomy_cli.errors']"
+
+
+# ------------------------------------------------------------------------- resume, nesting, names
+
+
+@pytest.mark.parametrize("extra, named", [
+    (["--steps", "50"], "--steps"), (["--set", "train.lr=1"], "--set"), (["--device", "cpu"], "--device"),
+    (["--compile"], "--compile"), (["--dtype", "float32"], "--dtype"), (["--out", "elsewhere"], "--out"),
+    (["--overwrite"], "--overwrite"), (["--runs-dir", "elsewhere"], "--runs-dir"), (["spec.toml"], "SPEC"),
+    (["--steps", "0", "--set", "x=1"], "--steps, --set"),
+])
+def test_resume_refuses_options_it_would_ignore(trained, extra, named):
+    """A resumed run continues with its recorded config: an option that cannot apply is refused,
+    naming it, before anything is read or written (it used to be ignored silently)."""
+    before = (trained / runs.METRICS).read_text()
+    one_error_line(invoke("train", "--resume", trained, *extra), 2, f"{named}: a resumed run continues with the config")
+    assert (trained / runs.METRICS).read_text() == before
+
+
+def test_nothing_is_trained_or_planned_inside_a_run_or_a_sweep(trained, corpus, tmp_path):
+    one_error_line(invoke("train", *run_sets(corpus), "--out", trained / "inner"), 2,
+                   f"is inside the run directory {trained}")
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / runs.SWEEP).write_text('{"components": []}')
+    one_error_line(invoke("train", *run_sets(corpus), "--out", sweep / "mine"), 2, f"is inside the sweep directory {sweep}")
+    for runs_dir in (trained, trained / "sub"):
+        one_error_line(invoke("ablate", write_spec(tmp_path), "--runs-dir", runs_dir, "--dry-run"), 2,
+                       f"is inside the run directory {trained}: a run folder holds one run; choose another --runs-dir")
+    assert not (trained / "inner").exists() and not (trained / "sub").exists() and not (sweep / "mine").exists()
+
+
+def test_a_report_of_a_tree_with_a_run_inside_a_run_names_it(trained, tmp_path):
+    outer = shutil.copytree(trained, tmp_path / "sweep" / "outer")
+    shutil.copytree(trained, outer / "inner")
+    one_error_line(invoke("report", tmp_path / "sweep", "--format", "csv"), 2,
+                   f"{outer / 'inner'} is inside the run directory {outer}")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["ablate", "--device", "tpu", "--dry-run"], "--device: Input should be 'auto', 'cpu', 'cuda' or 'mps'"),
+    (["ablate", "--dtype", "float16", "--dry-run"], "--dtype: Input should be 'float32' or 'bfloat16'"),
+    (["train", "--dtype", "float16"], "--dtype: Input should be 'float32' or 'bfloat16'"),
+    (["train", "--set", 'data.source=""'], "data.source: String should have at least 1 character"),
+])
+def test_an_option_s_error_names_the_option(args, fragment, tmp_path):
+    one_error_line(invoke(*args, "--runs-dir", tmp_path / "r") if args[0] == "ablate" else invoke(*args), 2, fragment)

@@ -70,22 +70,24 @@ def train(
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the run (or other files) already in the run directory.")] = False,
 ):
     """Train one model and write config, metrics, weights, samples and summary to its run directory."""
-    from .config import load_run_config
+    from .config import load_run_config, validate_field
 
+    options = {"--steps": ("train.steps", steps), "--device": ("train.device", device),
+               "--compile": ("train.compile", compile or None), "--dtype": ("train.dtype", dtype)}
     if resume is not None:
+        given = [name for name, (_, value) in options.items() if value is not None]
+        given += [name for name, value in (("SPEC", spec), ("--set", sets or None), ("--out", out),
+                                           ("--overwrite", overwrite or None)) if value is not None]
+        given += ["--runs-dir"] if runs_dir != Path("runs") else []
+        if given:
+            raise ConfigError(f"{', '.join(given)}: a resumed run continues with the config it started with "
+                              f"({resume / runs.CONFIG}); resume with --resume alone, or train a new run")
         return _train_resume(resume)
-    overrides = list(sets or [])
-    if steps is not None:
-        overrides.append(f"train.steps={steps}")
-    if device is not None:
-        overrides.append(f"train.device={json.dumps(device)}")
-    if compile:
-        overrides.append("train.compile=true")
-    if dtype is not None:
-        overrides.append(f"train.dtype={json.dumps(dtype)}")
-    cfg = load_run_config(spec, overrides)
+    overrides = {key: validate_field(key, value, name) for name, (key, value) in options.items() if value is not None}
+    cfg = load_run_config(spec, [*(sets or []), *(f"{k}={json.dumps(v)}" for k, v in overrides.items())])
     run_dir = out or safe_dir(runs_dir) / "train" / runs.run_id(f"{cfg.name}-{label(cfg)}", cfg.seed,
                                                                   cfg.model_dump(mode="json"))
+    runs.check_placement(run_dir, "run", "--out" if out else "--runs-dir")
     from . import train as training
 
     _run_train(functools.partial(training.train, cfg, run_dir, overwrite=overwrite), run_dir, cfg.train.steps)
@@ -96,6 +98,11 @@ def _train_resume(run_dir: Path) -> None:
     from .checkpoint import load_run_config
 
     cfg = load_run_config(run_dir)
+    status = runs.run_status(run_dir)
+    if status not in (runs.INTERRUPTED, runs.RUNNING):  # before any progress bar; resume() checks again under
+        # the lock, where a run another live process is training is RunBusy (exit 3)
+        raise runs.RunError(f"{run_dir} is {status or 'not a finished or interrupted run'}; only interrupted runs "
+                            f"can be resumed")
     if runs.run_status(run_dir) == runs.INTERRUPTED and not training.has_checkpoint(run_dir):
         err_console.print(f"{run_dir} was killed before it could save a checkpoint: training it again from step 0")
     _run_train(functools.partial(training.resume, run_dir), run_dir, cfg.train.steps)

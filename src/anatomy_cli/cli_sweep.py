@@ -125,6 +125,7 @@ def ablate(
         raise ConfigError("--json prints the plan: use it with --dry-run")
     s, plan = load_plan(spec, flip, seeds, steps, device=device, compile=compile or None, dtype=dtype)
     sweep_dir = safe_dir(runs_dir) / s.name
+    runs.check_placement(sweep_dir, "sweep", "--runs-dir")  # before the plan is shown (execute checks again)
     if json_out:
         console.print_json(json.dumps(plan_json(s, plan, sweep_dir)))
         return

@@ -21,13 +21,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import ConfigDict, TypeAdapter, ValidationError
+from .config import SECTIONS, ConfigError, ModelConfig, validate_field
 
-from .config import ConfigError, DataConfig, ModelConfig, TrainConfig
-
-SECTIONS = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig}
 
 
 @dataclass(frozen=True)
@@ -246,18 +243,9 @@ def check_setting(where: str, key: str, value: Any) -> Any:
     that field's own type and bounds (cross-field checks run when the plan validates each run).
     Returns the value as the config holds it (JSON form)."""
     section, _, fld = key.partition(".")
-    cls = SECTIONS.get(section)
-    if cls is None or not fld or fld not in cls.model_fields:
+    if section not in SECTIONS or fld not in SECTIONS[section].model_fields:
         raise ConfigError(f"{where}: {key!r} is not a field of model, train or data (e.g. model.qk_norm)")
-    info = cls.model_fields[fld]
-    # The FieldInfo carries the bounds (none for a bool or a Literal); the section's config says
-    # whether inf/nan are numbers (they are not, for every section).
-    adapter = TypeAdapter(Annotated[info.annotation, info],
-                          config=ConfigDict(allow_inf_nan=cls.model_config.get("allow_inf_nan", True)))
-    try:
-        return adapter.dump_python(adapter.validate_python(value), mode="json")
-    except ValidationError as err:
-        raise ConfigError(f"{where}.{key}: {err.errors()[0]['msg']}") from None
+    return validate_field(key, value, f"{where}.{key}")
 
 
 def table(declared: Mapping[str, Any] | None = None, origin: str = "spec", gqa_kv_head: int | None = None

@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from .errors import InputError
 
@@ -317,7 +317,7 @@ class TrainConfig(_Frozen):
 class DataConfig(_Frozen):
     # A UTF-8 text file, a directory of .md/.txt files, a directory written by `anatomy prepare`,
     # or None for the embedded default corpus. Relative paths resolve against the spec's folder.
-    source: str | None = None
+    source: str | None = Field(default=None, min_length=1)  # "" would read the working directory
     val_frac: float = Field(default=0.1, gt=0, lt=1)
 
 
@@ -407,6 +407,25 @@ def format_validation_error(err: ValidationError, prefix: str = "") -> str:
             msg = "unknown key"
         lines.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(lines)
+
+
+SECTIONS: dict[str, type[_Frozen]] = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig}
+
+
+def validate_field(key: str, value: Any, name: str | None = None) -> Any:
+    """One setting ('train.device') checked against its field's own type and bounds alone (cross-field
+    checks need the whole config); returns the value as the config holds it (JSON form). An error
+    names `name`: the option or spec key the user wrote ('--device', 'components.x.on.train.device')."""
+    section, _, fld = key.partition(".")
+    info = SECTIONS[section].model_fields[fld]
+    # The FieldInfo carries the bounds (none for a bool or a Literal); the section's config says
+    # whether inf/nan are numbers (they are not, for every section).
+    allow = SECTIONS[section].model_config.get("allow_inf_nan", True)
+    adapter = TypeAdapter(Annotated[info.annotation, info], config=ConfigDict(allow_inf_nan=allow))
+    try:
+        return adapter.dump_python(adapter.validate_python(value), mode="json")
+    except ValidationError as err:
+        raise ConfigError(f"{name or key}: {err.errors()[0]['msg']}") from None
 
 
 def validate(cls: type[_Frozen], data: dict, prefix: str = "") -> Any:

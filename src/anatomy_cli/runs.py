@@ -312,11 +312,44 @@ def is_run_dir(path: Path) -> bool:
 
 
 def find_runs(root: Path) -> list[Path]:
-    """All run directories under root (root itself may be one), sorted by path."""
+    """All run directories under root (root itself may be one), sorted by path. A run directory
+    inside another one is refused: a run folder holds one run (train and ablate refuse to make one)."""
     root = Path(root)
     if is_run_dir(root):
         return [root]
-    return sorted(p.parent for p in root.rglob(CONFIG) if "report" not in p.parent.relative_to(root).parts)
+    found = sorted(p.parent for p in root.rglob(CONFIG) if "report" not in p.parent.relative_to(root).parts)
+    for run_dir in found:
+        outer = enclosing_run(run_dir, below=root)
+        if outer is not None:
+            raise RunError(f"{run_dir} is inside the run directory {outer}: a run folder holds one run; move it out")
+    return found
+
+
+def enclosing_run(path: Path, below: Path | None = None) -> Path | None:
+    """The run directory that holds `path` (path itself excluded; only folders under `below`)."""
+    path = Path(path)
+    for parent in path.parents:
+        if below is not None and parent == Path(below) or parent == parent.parent:
+            return None
+        if is_run_dir(parent):
+            return parent
+    return None
+
+
+def check_placement(path: Path, what: str, option: str) -> None:
+    """Refuse to put a run or a sweep (`what`, placed by `option`) inside a run directory, or inside a
+    sweep's folder (one with sweep.json): the outer report would read it as one of its own."""
+    resolved = Path(path).resolve()
+    if what == "sweep" and is_run_dir(resolved):
+        raise RunError(f"{path} is a run directory, not a sweep directory; choose another {option}")
+    outer = enclosing_run(resolved)
+    if outer is not None:
+        raise RunError(f"{path} is inside the run directory {outer}: a run folder holds one run; choose another "
+                       f"{option}")
+    sweep = next((p for p in resolved.parents if (p / SWEEP).is_file()), None)
+    if sweep is not None:
+        raise RunError(f"{path} is inside the sweep directory {sweep}, whose report would count the {what} as its "
+                       f"own; choose another {option}")
 
 
 SLUG_RE = re.compile(r"[^A-Za-z0-9_.+=-]+")

@@ -26,7 +26,7 @@ from .lockfile import DirLock, Locked
 from . import components
 from .components import Component, Design
 from .config import (AblationSpec, ConfigError, ModelConfig, RunConfig, TrainConfig, apply_overrides, load_toml,
-                     resolve_source, validate)
+                     resolve_source, validate, validate_field)
 
 DEFAULT_SPEC = "five-flips.toml"
 MAX_PLAN_RUNS = 10_000  # expanding more runs than this only fills memory before a sweep that never ends
@@ -82,7 +82,7 @@ def load_plan(path: Path | None, flips: str | None = None, seeds: int | None = N
     is built. `anatomy components SPEC`, `ablate` (also --dry-run and --time) and `check` all
     read specs through here, so a spec one of them accepts, all accept."""
     spec = load_spec(path)
-    sets = {f"base.train.{k}": v for k, v in train.items() if v is not None}
+    sets = {f"base.train.{k}": validate_field(f"train.{k}", v, f"--{k}") for k, v in train.items() if v is not None}
     if sets:
         spec = validate(AblationSpec, apply_overrides(spec.model_dump(mode="json"), sets))
     return spec, expand(spec, parse_flips(flips, spec_table(spec)), seeds, steps)
@@ -363,8 +363,7 @@ def execute(plan: list[PlannedRun], sweep_dir: Path, workers: int = 1, on_event:
     resumes the sweep.
     """
     sweep_dir = Path(sweep_dir)
-    if runs.is_run_dir(sweep_dir):  # runs inside a run: its report would see only the outer one
-        raise runs.RunError(f"{sweep_dir} is a run directory, not a sweep directory; choose another --runs-dir")
+    runs.check_placement(sweep_dir, "sweep", "--runs-dir")  # runs inside a run: its report would see the outer one
     sweep_dir.mkdir(parents=True, exist_ok=True)
     emit = on_event or (lambda e: None)
     with SweepLock(sweep_dir):
