@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from anatomy_cli import components as comp
 from anatomy_cli.cli import app
-from anatomy_cli.config import ConfigError, TrainConfig
+from anatomy_cli.config import ConfigError
 from anatomy_cli.sweep import MAX_PLAN_RUNS, load_plan
 
 runner = CliRunner()
@@ -125,11 +125,15 @@ def test_user_text_is_never_read_as_markup(tmp_path):
 
 
 def test_a_factorial_too_large_is_refused_before_its_points_are_built(tmp_path):
-    fields = [f for f, info in TrainConfig.model_fields.items() if info.annotation is float][:17]
-    assert len(fields) == 17 and 2**17 > MAX_PLAN_RUNS
+    settings = {"train.lr": 0.5, "train.min_lr_frac": 0.5, "train.weight_decay": 0.5, "train.beta1": 0.5,
+                "train.beta2": 0.5, "train.grad_clip": 0.5, "train.z_loss": 0.5, "train.diverge_factor": 2.0,
+                "train.sample_temp": 0.5, "train.warmup": 5, "train.eval_batches": 5, "train.log_interval": 5,
+                "train.sample_len": 5, "model.qk_norm": True, "model.tie_embeddings": True,
+                "model.parallel_block": True, "model.logit_softcap": 5.0}
+    assert len(settings) == 17 and 2**17 > MAX_PLAN_RUNS
     lines = ['name = "big"', 'design = "factorial"', f"flips = {toml_value([f'c{i}' for i in range(17)])}"]
-    for i, f in enumerate(fields):
-        lines += [f"[components.c{i}]", f'on = {{"train.{f}" = 0.5}}']
+    for i, (key, value) in enumerate(settings.items()):
+        lines += [f"[components.c{i}]", f'on = {{"{key}" = {toml_value(value)}}}']
     spec = tmp_path / "big.toml"
     spec.write_text("\n".join(lines) + "\n")
     tracemalloc.start()
