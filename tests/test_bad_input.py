@@ -299,3 +299,38 @@ def test_a_report_of_a_tree_with_a_run_inside_a_run_names_it(trained, tmp_path):
 ])
 def test_an_option_s_error_names_the_option(args, fragment, tmp_path):
     one_error_line(invoke(*args, "--runs-dir", tmp_path / "r") if args[0] == "ablate" else invoke(*args), 2, fragment)
+
+
+@pytest.mark.parametrize("make_args, fragment", [
+    (lambda t, run: ["eval", run, "--batches", 10**12], "--batches 1000000000000 x --batch-size 4 windows of 16"),
+    (lambda t, run: ["eval", run, "--batch-size", 10**12], "--batches 2 x --batch-size 1000000000000 windows"),
+    (lambda t, run: ["bench-decode", "--prefix-len", 10**9, "--new", 2], "--prefix-len 1000000000 + --new 2"),
+    (lambda t, run: ["bench-decode", "--d-model", 10**9, "--new", 2], "d_model=1000000000"),
+])
+def test_exams_refuse_sizes_that_cannot_fit_before_allocating(trained, tmp_path, make_args, fragment):
+    result = invoke(*make_args(tmp_path, trained))
+    one_error_line(result, 2, fragment)
+    assert "GiB is available on cpu" in result.output
+
+
+@pytest.mark.parametrize("make_args, fragment", [
+    (lambda t, run: ["kv-budget", "--config", "/dev/zero"], "config is not a regular file: /dev/zero"),
+    (lambda t, run: ["export", run, t / "hf", "--weights", "newest"], "--weights must be best or last"),
+    (lambda t, run: ["report", run, "--out", _write(t / "f", "x")], "not a directory (a file is in the way)"),
+    (lambda t, run: ["prepare", "--out", run], "is a run directory, not a prepared corpus directory"),
+    (lambda t, run: ["prepare", "--out", run / "data"], "is inside the run directory"),
+    (lambda t, run: ["eval", run, "--device", "cuda" if not _has_cuda() else "mps"], "--device: "),
+])
+def test_paths_devices_and_names_are_one_line_naming_the_option(trained, tmp_path, make_args, fragment):
+    one_error_line(invoke(*make_args(tmp_path, trained)), 2, fragment)
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

@@ -142,6 +142,8 @@ def handle_errors(fn):
 def os_error_line(err: OSError) -> str:
     """'No space left on device: runs/x/metrics.jsonl' (the path when the error knows it)."""
     where = f": {err.filename}" if getattr(err, "filename", None) else ""
+    if isinstance(err, (FileExistsError, NotADirectoryError)) and where:  # mkdir met a file where a folder goes
+        return f"not a directory (a file is in the way){where}"
     return f"{err.strerror or one_line(err) or err.__class__.__name__}{where}"
 
 
@@ -193,7 +195,7 @@ class StopFlag:
         self.previous: dict = {}
 
     def __enter__(self) -> StopFlag:
-        from .jobs import STOP_SIGNALS
+        from .worker import STOP_SIGNALS
 
         if threading.current_thread() is threading.main_thread():
             self.previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}

@@ -33,6 +33,7 @@ def prepare(
     """Corpus -> character vocabulary + compact train/val ids + meta.json."""
     from .data import corpus_from_source, save_corpus
 
+    runs.check_placement(out, "prepared corpus", "--out")
     corpus = corpus_from_source(str(source) if source else None, val_frac, ctx_len)
     save_corpus(corpus, out)
     info = {k: v for k, v in corpus.meta.items() if k != "char_counts"} | {"out": str(out)}
@@ -173,15 +174,13 @@ def sample(
     if max_new < 0:
         raise ConfigError(f"--max-new must be >= 0, got {max_new}")
     from .checkpoint import load_run
-    from .sample import SampleError, check_options, generate, window_bytes
-    from .train import available_bytes
+    from .devices import require_memory
+    from .sample import check_options, generate, window_bytes
 
     cfg, vocab, model = load_run(run_dir, weights)
     window = check_options(cfg.model, temp, top_k, window)
-    need, have = window_bytes(cfg.model, window), available_bytes(next(model.parameters()).device)
-    if have is not None and need > have:
-        raise SampleError(f"--window {window} needs about {need / 2**30:,.1f} GiB (KV cache and position tables); "
-                          f"{have / 2**30:,.1f} GiB is available")
+    require_memory(window_bytes(cfg.model, window), next(model.parameters()).device,
+                   f"--window {window} (KV cache and position tables)")
     ids = vocab.encode(prefix)
     sys.stdout.write(prefix)
     for i in generate(model, ids, max_new, temp, top_k, seed, use_cache=not no_cache, window=window):

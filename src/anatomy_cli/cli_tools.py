@@ -119,6 +119,8 @@ def export(
     """Export a run as a Hugging Face LlamaForCausalLM folder (loads with from_pretrained, offline)."""
     if to != "hf":
         raise ConfigError(f"--to {to!r} is not supported; only 'hf'")
+    if weights not in ("best", "last"):
+        raise ConfigError(f"--weights must be best or last, got {weights!r}")
     from .export import export_hf
 
     info = export_hf(run_dir, out_dir, weights, overwrite=overwrite)

@@ -16,11 +16,10 @@ from pathlib import Path
 
 from . import runs
 from .config import RunConfig
+from .worker import STOP_SIGNALS, signals_deferred
 
 Event = Callable[[dict], None]
 Stop = Callable[[], bool]
-# The signals that ask a sweep or a run to stop cleanly (save, end 'interrupted', exit 130).
-STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
 @dataclass(frozen=True)
@@ -151,7 +150,8 @@ def _execute_parallel(jobs: list[Job], workers: int, emit: Event, stop: Stop) ->
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
                              initargs=(stop_event, q)) as pool:
         try:
-            futures = {pool.submit(_worker, job): job for job in jobs}
+            with signals_deferred():  # submit spawns the workers: never leave one half-started
+                futures = {pool.submit(_worker, job): job for job in jobs}
             pending = set(futures)
             started: set[str] = set()
             while pending:

@@ -337,17 +337,18 @@ def enclosing_run(path: Path, below: Path | None = None) -> Path | None:
 
 
 def check_placement(path: Path, what: str, option: str) -> None:
-    """Refuse to put a run or a sweep (`what`, placed by `option`) inside a run directory, or inside a
-    sweep's folder (one with sweep.json): the outer report would read it as one of its own."""
+    """Refuse to put a run, a sweep or a prepared corpus (`what`, placed by `option`) inside a run
+    directory, and a run or a sweep inside a sweep's folder (one with sweep.json): the outer report
+    would read it as one of its own. (Training into a run directory is check_replace's question.)"""
     resolved = Path(path).resolve()
-    if what == "sweep" and is_run_dir(resolved):
-        raise RunError(f"{path} is a run directory, not a sweep directory; choose another {option}")
+    if what != "run" and is_run_dir(resolved):
+        raise RunError(f"{path} is a run directory, not a {what} directory; choose another {option}")
     outer = enclosing_run(resolved)
     if outer is not None:
         raise RunError(f"{path} is inside the run directory {outer}: a run folder holds one run; choose another "
                        f"{option}")
     sweep = next((p for p in resolved.parents if (p / SWEEP).is_file()), None)
-    if sweep is not None:
+    if sweep is not None and what in ("run", "sweep"):
         raise RunError(f"{path} is inside the sweep directory {sweep}, whose report would count the {what} as its "
                        f"own; choose another {option}")
 

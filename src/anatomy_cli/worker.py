@@ -13,6 +13,7 @@ ends it. Library warnings are off in the worker, as in the CLI.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -20,6 +21,29 @@ import time
 import warnings
 from collections.abc import Callable
 from typing import Any
+
+
+# The signals that ask a sweep or a run to stop (save, end 'interrupted', exit 130).
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+@contextlib.contextmanager
+def signals_deferred():
+    """A stop signal that arrives inside the block is delivered when the block ends. Starting a
+    spawned process is such a block: interrupted half-way, the child reads half its start-up data
+    and dies of EOFError with a traceback on the terminal."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: arrived.append(signum)) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for signum in arrived:
+            signal.raise_signal(signum)
 
 
 class WorkerDied(RuntimeError):
@@ -72,7 +96,8 @@ class Worker:
         ctx = mp.get_context("spawn")  # a clean interpreter: no thread pools or caches of this process
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_main, args=(child, os.getpid()), daemon=True)
-        self.proc.start()
+        with signals_deferred():
+            self.proc.start()
         child.close()
         return self
 
