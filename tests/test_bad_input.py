@@ -334,3 +334,36 @@ def _has_cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+# ------------------------------------------------------------------------------- warnings
+
+
+def test_library_warnings_stay_off_stderr_unless_debug(trained, tmp_path, monkeypatch):
+    """A torch/pandas/matplotlib UserWarning inside a command (torch's TF32 API notice on a GPU, say)
+    is not the user's business: the command prints its own output only; --debug shows it."""
+    import warnings
+
+    from anatomy_cli import report
+
+    real = report.write_report
+
+    def noisy(*args, **kwargs):
+        warnings.warn("a library's UserWarning", UserWarning)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(report, "write_report", noisy)
+    quiet = invoke("report", trained, "--format", "csv", "--out", tmp_path / "a")
+    assert quiet.exit_code == 0 and "UserWarning" not in quiet.output, quiet.output
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        loud = runner.invoke(app, ["--debug", "report", str(trained), "--format", "csv", "--out", str(tmp_path / "b")])
+    assert loud.exit_code == 0 and [str(w.message) for w in shown] == ["a library's UserWarning"]
+
+
+def test_spawned_workers_keep_library_warnings_off_stderr():
+    code = ("import warnings\nfrom anatomy_cli.worker import Worker\n"
+            "with Worker() as w:\n    w.call(warnings.warn, 'a warning in the worker')\nprint('done')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "PYTHONWARNINGS": "always"})
+    assert out.stdout.strip() == "done" and "a warning in the worker" not in out.stderr, out.stderr
