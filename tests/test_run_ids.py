@@ -1,6 +1,6 @@
 """Run ids do not move: the id of every run a shipped spec plans is pinned here, and every config
-field added after the first hashed set must carry the config.NEW mark (left out of the hash at its
-default), so that a new field cannot silently rename every finished run (a rerun would retrain all).
+field added after the first hashed set must carry the config.NEW mark (config.new(...): left out of
+the hash at its default), so that a new field cannot silently rename every finished run (a rerun would retrain all).
 
 When a change is MEANT to move ids (a default changed, so the trained model changes), update the
 pins in the same commit and say why.
@@ -92,7 +92,7 @@ def test_every_field_added_after_the_hashed_set_is_marked_new(section):
               if not (isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel))}
     unmarked = {name for name in fields - HASHED[section] if SECTIONS[section].model_fields[name].json_schema_extra != NEW}
     assert not unmarked, (f"{section or 'run'} fields {sorted(unmarked)} are not in the first hashed set: mark each "
-                          f"Field(default=<the value that reproduces today's model>, json_schema_extra=NEW)")
+                          f"config.new(<the default that reproduces today's model>, **bounds)")
     marked = {name for name in fields if SECTIONS[section].model_fields[name].json_schema_extra == NEW}
     assert not marked & HASHED[section], "a field that was always hashed cannot become neutral: its ids would move"
     assert set(hash_neutral().get(section, {}) if section else

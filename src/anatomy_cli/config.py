@@ -46,9 +46,14 @@ class _Frozen(BaseModel):
 # The mark of a field added after runs already existed (every field not in the first set of the
 # run-id hash): at its default, which must reproduce the earlier model exactly, the field stays out
 # of the hash (runs.config_hash), so a finished run keeps its id and a rerun skips it. Set on the
-# field itself, Field(default=..., json_schema_extra=NEW); tests/test_run_ids.py fails for a new
-# field without it and pins the ids of every shipped spec.
+# field itself: `name: type = new(default, **bounds)`. tests/test_run_ids.py fails for a new field
+# without it, and pins the ids of every shipped spec.
 NEW = {"hash": "omit-at-default"}
+
+
+def new(default: Any, **bounds: Any) -> Any:
+    """Field(default, **bounds) with the NEW mark: `qk_norm: bool = new(False)`."""
+    return Field(default=default, json_schema_extra=NEW, **bounds)
 
 
 @functools.cache
@@ -113,18 +118,18 @@ class ModelConfig(_Frozen):
     rope_base: float = Field(default=10000.0, gt=0)
     norm_eps: float = Field(default=1e-5, gt=0)
     rope_variant: RopeVariant = "standard"
-    qk_norm: bool = Field(default=False, json_schema_extra=NEW)  # RMSNorm over head_dim on Q and K before RoPE (qknorm)
-    tie_embeddings: bool = Field(default=False, json_schema_extra=NEW)  # the LM head shares the embedding (tied)
-    parallel_block: bool = Field(default=False, json_schema_extra=NEW)  # attention and FFN read one normed input
-    logit_softcap: float = Field(default=0.0, ge=0, json_schema_extra=NEW)  # c * tanh(logits / c); 0 = off (softcap)
+    qk_norm: bool = new(False)  # RMSNorm over head_dim on Q and K before RoPE (qknorm)
+    tie_embeddings: bool = new(False)  # the LM head shares the embedding matrix (tied)
+    parallel_block: bool = new(False)  # attention and FFN read one normed input (parallel)
+    logit_softcap: float = new(0.0, ge=0)  # c * tanh(logits / c); 0 = off (softcap)
     # Gated DeltaNet hybrid (gdn, model/gdn.py): "" = attention everywhere; else one letter per layer,
     # D Gated DeltaNet, A softmax attention, repeated over the stack ("DDDA": Qwen3-Next's 3 : 1).
     # The head sizes default from the attention's (see gdn_shape); gdn_conv is the short conv's kernel.
-    gdn_pattern: str = Field(default="", max_length=1024, json_schema_extra=NEW)
-    gdn_heads: int | None = Field(default=None, gt=0, le=MAX_SIZE, json_schema_extra=NEW)  # value heads; None: n_head
-    gdn_key_heads: int | None = Field(default=None, gt=0, le=MAX_SIZE, json_schema_extra=NEW)  # None: gdn_heads/2 if even
-    gdn_head_dim: int | None = Field(default=None, gt=0, le=MAX_SIZE, json_schema_extra=NEW)  # d_k = d_v; None: head_dim
-    gdn_conv: int = Field(default=4, gt=0, le=64, json_schema_extra=NEW)
+    gdn_pattern: str = new("", max_length=1024)
+    gdn_heads: int | None = new(None, gt=0, le=MAX_SIZE)  # value heads; None: n_head
+    gdn_key_heads: int | None = new(None, gt=0, le=MAX_SIZE)  # None: gdn_heads / 2 when even
+    gdn_head_dim: int | None = new(None, gt=0, le=MAX_SIZE)  # d_k = d_v; None: head_dim
+    gdn_conv: int = new(4, gt=0, le=64)
 
     @model_validator(mode="after")
     def _check_shapes(self) -> ModelConfig:
@@ -298,7 +303,7 @@ class TrainConfig(_Frozen):
     grad_clip: float = Field(default=1.0, ge=0)  # 0 disables clipping (the norm is still logged)
     # PaLM's auxiliary z-loss (Chowdhery et al. 2022 used 1e-4): + z_loss * mean(logsumexp(logits)^2)
     # on the training loss only; 0 = off. Keeps log Z near 0 so the softmax stays well-conditioned.
-    z_loss: float = Field(default=0.0, ge=0, json_schema_extra=NEW)
+    z_loss: float = new(0.0, ge=0)
     eval_interval: int = Field(default=100, gt=0)
     eval_batches: int = Field(default=8, gt=0, le=MAX_SIZE)
     log_interval: int = Field(default=10, gt=0)  # train-loss/grad-norm lines are flushed this often
