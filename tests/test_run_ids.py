@@ -1,6 +1,7 @@
 """Run ids do not move: the id of every run a shipped spec plans is pinned here, and every config
 field added after the first hashed set must carry the config.NEW mark (config.new(...): left out of
-the hash at its default), so that a new field cannot silently rename every finished run (a rerun would retrain all).
+the hash at its default), so that a new field cannot silently rename every finished run (and a
+rerun retrain them all).
 
 When a change is MEANT to move ids (a default changed, so the trained model changes), update the
 pins in the same commit and say why.
