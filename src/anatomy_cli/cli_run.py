@@ -179,8 +179,8 @@ def sample(
 
     cfg, vocab, model = load_run(run_dir, weights)
     window = check_options(cfg.model, temp, top_k, window)
-    require_memory(window_bytes(cfg.model, window), next(model.parameters()).device,
-                   f"--window {window} (KV cache and position tables)")
+    # the KV cache and position tables of the window, before generate allocates them
+    require_memory(window_bytes(cfg.model, window), next(model.parameters()).device, f"--window {window}")
     ids = vocab.encode(prefix)
     sys.stdout.write(prefix)
     for i in generate(model, ids, max_new, temp, top_k, seed, use_cache=not no_cache, window=window):

@@ -62,7 +62,8 @@ class SweepDisplay:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.progress = Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[info]}", markup=False), TimeElapsedColumn(), console=err_console)
+                                 TextColumn("{task.fields[info]}", markup=False), TimeElapsedColumn(),
+                                 console=err_console)
         self.sweep = self.progress.add_task("sweep", total=total, info="")
         self.tasks: dict[str, int] = {}
         self.failed = 0
@@ -327,6 +328,7 @@ def change_text(c) -> str:
     """'norm_type: layernorm -> rmsnorm' (one key), else the settings in full."""
     if len(c.keys) == 1:
         key = c.keys[0]
-        off = "(base)" if not c.off or key not in c.off else c.off[key] if c.off[key] != "" else "''"  # gdn_pattern's off
+        off = c.off.get(key, "(base)") if c.off else "(base)"
+        off = "''" if off == "" else off  # gdn_pattern's off
         return f"{key.removeprefix('model.')}: {off} -> {c.on[key]}"
     return f"{c.describe('off')} -> {c.describe('on')}"

@@ -90,8 +90,8 @@ def _update(s, plan, baseline: Path, runs_dir: Path, workers: int | None, seeds:
     data = gate.build_baseline(results, s.base.seed, s.name, *_environment())
     baseline.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(baseline, data)
-    console.print(styled("baseline rewritten", "bold yellow", f": {baseline} ({len(data['configs'])} configs, "
-                         f"{seeds} seeds each; commit it with a message saying why the numbers moved)"), highlight=False)
+    console.print(styled("baseline rewritten", "bold yellow", f": {baseline} ({len(data['configs'])} configs, {seeds} "
+                         f"seeds each; commit it with a message saying why the numbers moved)"), highlight=False)
 
 
 def check_table(rows: list[dict], baseline: Path) -> Table:

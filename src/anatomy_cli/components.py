@@ -26,7 +26,6 @@ from typing import Any
 from .config import SECTIONS, ConfigError, ModelConfig, validate_field
 
 
-
 @dataclass(frozen=True)
 class Follows:
     """A setting relative to another field of the same config (gqa: n_kv_head against n_head).

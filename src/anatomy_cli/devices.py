@@ -51,7 +51,8 @@ def require_memory(need: int, device: torch.device, what: str) -> None:
 
     have = available_bytes(torch.device(device))
     if have is not None and need > have:
-        raise ConfigError(f"{what} needs about {need / 2**30:,.1f} GiB; {have / 2**30:,.1f} GiB is available on {device}")
+        raise ConfigError(f"{what} needs about {need / 2**30:,.1f} GiB; {have / 2**30:,.1f} GiB is available on "
+                          f"{device}")
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
