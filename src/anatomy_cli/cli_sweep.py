@@ -11,7 +11,7 @@ from rich.table import Table
 
 from . import runs
 from .cli_app import (EXIT_FAILED, EXIT_INTERRUPTED, JsonOut, RunsDir, StopFlag, app, console, err_console,
-                      handle_errors, safe_dir)
+                      handle_errors, on_interrupt, safe_dir)
 from . import components
 from .components import label
 from .config import MAX_SEEDS, ConfigError
@@ -143,6 +143,7 @@ def ablate(
 
         share_compile_cache(sweep_dir, n_workers)
     display = SweepDisplay(len(plan))
+    on_interrupt(lambda: "rerun the same command to resume")  # a second signal, wherever it lands
     with StopFlag(graceful=executor == "local") as stop, display.progress:
         summaries = execute(plan, sweep_dir, n_workers, display, sweep_name=s.name, executor=executor,
                             address=address, invocation={"spec": None if spec is None else str(spec), "flip": flip,
