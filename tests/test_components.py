@@ -268,3 +268,13 @@ def test_two_component_study_pairs_both_directions(tmp_path):
     assert effects.loc[("wd0", "remove-one"), "gain"] == pytest.approx(0.2)  # lr2 alone - all-on
     assert effects.loc[("lr2", "remove-one"), "gain"] == pytest.approx(0.4)  # wd0 alone - all-on
     assert set(effects["against"]) == {"reference end", "all-on end"}
+
+
+def test_a_built_in_row_must_say_what_a_llama_export_does_with_it():
+    """No default: a row that forgets `llama` fails at import, instead of exporting a Llama that
+    silently ignores the part."""
+    with pytest.raises(TypeError, match="llama"):
+        comp.Component("x", "about", "source", on={"model.qk_norm": True})
+    with pytest.raises(ValueError, match="llama must be one of on, off, either"):
+        comp.Component("x", "about", "source", on={"model.qk_norm": True}, llama="maybe")
+    assert {c.llama for c in comp.BUILTINS} <= set(comp.LLAMA_STATES)

@@ -21,6 +21,7 @@ import statistics
 from pathlib import Path
 
 from . import runs
+from .errors import InputError
 
 TOLERANCE_SIGMAS = 2.0
 MIN_TOLERANCE = 0.005
@@ -35,7 +36,7 @@ VERDICTS = {  # verdict -> what a failure of that kind asks of whoever reads it
 }
 
 
-class BaselineError(ValueError):
+class BaselineError(InputError):
     """A missing or malformed baseline file."""
 
 

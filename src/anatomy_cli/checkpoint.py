@@ -32,7 +32,8 @@ def save_weights(model: torch.nn.Module, path: Path) -> None:
     fd, tmp = tempfile.mkstemp(dir=Path(path).parent, prefix=f".{Path(path).name}.", suffix=".tmp")
     os.close(fd)
     try:
-        save_file(state, tmp)
+        with runs.writing(path):
+            save_file(state, tmp)
         runs.normal_mode(tmp)  # after save_file: a mode set on the mkstemp file before it does not survive
         os.replace(tmp, path)
     except BaseException:
@@ -65,8 +66,13 @@ def save_state(state: dict, path: Path) -> None:
     fd, tmp = tempfile.mkstemp(dir=Path(path).parent, prefix=f".{Path(path).name}.", suffix=".tmp")
     runs.normal_mode(fd)
     os.close(fd)
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    try:
+        with runs.writing(path):
+            torch.save(state, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)  # a failed save left no temp file behind
+        raise
 
 
 def load_state(path: Path) -> dict:

@@ -1,6 +1,7 @@
 """Where tensors live and at what precision: every device decision of training, evaluation and sampling.
 
   resolve_device     'auto' | 'cpu' | 'cuda' | 'mps' -> torch.device (auto: CUDA, then MPS, then CPU)
+  require_memory     refuse, with the estimate, what cannot fit in the device's free memory
   to_device          a host batch -> the model's device (pinned, non-blocking copy on CUDA)
   autocast           the run's dtype as a context: bf16 autocast, or nothing at all for fp32
   configure          per-device numerics set once per run (TF32 matmuls on CUDA)
@@ -30,16 +31,28 @@ def mps_available() -> bool:
     return bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, option: str = "train.device") -> torch.device:
+    """The device `name` asks for; an unavailable one is a ConfigError naming `option` (what the user set)."""
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
         return torch.device("mps") if mps_available() else torch.device("cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("train.device: cuda requested but no CUDA device is available")
+        raise ConfigError(f"{option}: cuda requested but no CUDA device is available")
     if name == "mps" and not mps_available():
-        raise ConfigError("train.device: mps requested but MPS is not available")
+        raise ConfigError(f"{option}: mps requested but MPS is not available")
     return torch.device(name)
+
+
+def require_memory(need: int, device: torch.device, what: str) -> None:
+    """Refuse, with the estimate, work whose allocation cannot fit (instead of an allocator crash or a
+    machine swapping itself to a halt): `what` names the sizes and options that ask for it."""
+    from .train import available_bytes
+
+    have = available_bytes(torch.device(device))
+    if have is not None and need > have:
+        raise ConfigError(f"{what} needs about {need / 2**30:,.1f} GiB; {have / 2**30:,.1f} GiB is available on "
+                          f"{device}")
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -16,11 +16,10 @@ from pathlib import Path
 
 from . import runs
 from .config import RunConfig
+from .worker import STOP_SIGNALS, signals_deferred
 
 Event = Callable[[dict], None]
 Stop = Callable[[], bool]
-# The signals that ask a sweep or a run to stop cleanly (save, end 'interrupted', exit 130).
-STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
 @dataclass(frozen=True)
@@ -106,23 +105,17 @@ _WORKER: dict = {}
 def _init_worker(stop_event, queue) -> None:
     import os
     import threading
+    import warnings
+
+    from .worker import exit_with_parent
 
     _WORKER.update(stop_event=stop_event, queue=queue, parent=os.getppid(), signals=0, busy=threading.Lock())
     for sig in STOP_SIGNALS:
         signal.signal(sig, _worker_signal)
-    threading.Thread(target=_exit_with_parent, daemon=True).start()
-
-
-def _exit_with_parent() -> None:
-    """An orphaned worker would wait for work forever (its siblings hold the queue open): once the
-    parent is gone and the run in progress has saved (_worker_stop sees it too), exit."""
-    import os
-    import time
-
-    while os.getppid() == _WORKER["parent"]:
-        time.sleep(0.5)
-    with _WORKER["busy"]:
-        os._exit(0)
+    warnings.simplefilter("ignore")  # library warnings are off, as in the CLI
+    # An orphaned worker would wait for work forever (its siblings hold the queue open): once the
+    # parent is gone and the run in progress has saved (_worker_stop sees it too), exit.
+    threading.Thread(target=exit_with_parent, args=(_WORKER["parent"], _WORKER["busy"]), daemon=True).start()
 
 
 def _worker_signal(signum, frame) -> None:
@@ -157,7 +150,8 @@ def _execute_parallel(jobs: list[Job], workers: int, emit: Event, stop: Stop) ->
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
                              initargs=(stop_event, q)) as pool:
         try:
-            futures = {pool.submit(_worker, job): job for job in jobs}
+            with signals_deferred():  # submit spawns the workers: never leave one half-started
+                futures = {pool.submit(_worker, job): job for job in jobs}
             pending = set(futures)
             started: set[str] = set()
             while pending:

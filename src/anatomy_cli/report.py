@@ -117,6 +117,8 @@ def _design(sweep_dir: Path) -> tuple[comp.Component, ...]:
 
 
 def _run_dirs(root: Path) -> list[Path]:
+    if not root.exists():
+        raise RunError(f"runs directory not found: {root}")
     if not root.is_dir():
         raise RunError(f"not a directory: {root}")
     dirs = find_runs(root)

@@ -40,9 +40,9 @@ NOTE_RE = r"timing pass: [^;]*"  # the note every timing effect carries
 
 def time_plan(plan, steps: int = 20, rounds: int = 5, warmup: int = 3, threads: int = 1,
               on_round: Callable[[int, int], None] | None = None) -> dict:
-    """Time one run per config of the plan (its first seed), `rounds` times, in a spawned worker."""
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
+    """Time one run per config of the plan (its first seed), `rounds` times, in a spawned worker
+    (worker.Worker: an interrupt ends it at once, and it never outlives this process)."""
+    from anatomy_cli.worker import Worker
 
     first = {}
     for p in plan:
@@ -53,12 +53,11 @@ def time_plan(plan, steps: int = 20, rounds: int = 5, warmup: int = 3, threads: 
               "ends": list(design.ends) if design else ["reference", "all-on"],
               "configs": roles(configs, design), "rounds_data": []}
     jobs = [(p.slug, p.config.model_dump(mode="json")) for p in configs]
-    ctx = mp.get_context("spawn")  # a clean interpreter: no thread pools or caches of this process
-    with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+    with Worker() as worker:
         for r in range(rounds):
             k = r % len(jobs)
             order = jobs[k:] + jobs[:k]  # rotate: each config takes each position once per len(jobs) rounds
-            result = pool.submit(time_round, order, steps, warmup, threads).result()
+            result = worker.call(time_round, order, steps, warmup, threads)
             record["rounds_data"].append(result)
             if on_round:
                 on_round(r + 1, rounds)

@@ -206,8 +206,7 @@ class Trainer:
             lines[-1].update(val_loss=val_loss, elapsed_s=round(self.elapsed, 3))
             if diverged is None and self.is_diverged(val_loss):
                 diverged = self.step
-        with open(self.run_dir / runs.METRICS, "a", encoding="utf-8") as f:
-            f.write("".join(runs.json_line(r) for r in lines))
+        runs.append_text(self.run_dir / runs.METRICS, "".join(runs.json_line(r) for r in lines))
         if self.events is not None:
             self.events.rows(lines)
         return diverged
