@@ -160,7 +160,7 @@ def sample(
         raise ConfigError(f"--max-new must be >= 0, got {max_new}")
     from .checkpoint import load_run
     from .sample import SampleError, check_options, generate, window_bytes
-    from .train import available_bytes
+    from .devices import available_bytes
 
     import torch
 

@@ -278,6 +278,10 @@ class TrainConfig(_Frozen):
     # torch.compile mode: "reduce-overhead" captures CUDA graphs (small models on a GPU are launch-bound)
     compile_mode: Literal["default", "reduce-overhead", "max-autotune"] = "default"
     threads: int | None = Field(default=None, gt=0, le=4096)  # torch intra-op threads; None = torch default
+    # Checkpoints (resume.pt) every N steps and/or every M minutes; with neither, at every evaluation.
+    # A killed run resumes from the last one; they never change a run's results.
+    checkpoint_every: int | None = Field(default=None, gt=0)
+    checkpoint_minutes: float | None = Field(default=None, gt=0)
     sample_prefix: str = "## "
     sample_temp: float = Field(default=0.8, ge=0)
     sample_len: int = Field(default=300, ge=0)
