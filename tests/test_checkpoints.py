@@ -78,11 +78,16 @@ def test_checkpoints_are_written_when_due_and_change_nothing(tmp_path, corpus, s
         [runs.CONFIG, runs.METRICS, runs.VOCAB, runs.BEST, runs.LAST, runs.SUMMARY])
 
 
-def test_checkpoint_fields_stay_out_of_the_run_id(corpus):
+def test_checkpoint_fields_stay_out_of_the_run_id_at_any_value(corpus):
+    """They never change a run's results, so they never change its id: an older run (without them)
+    keeps its id, and a rerun with another interval skips finished runs instead of retraining them."""
     config = cfg_for(corpus).model_dump(mode="json")
-    every = {**config, "train": {**config["train"], "checkpoint_every": None, "checkpoint_minutes": None}}
     old = {**config, "train": {k: v for k, v in config["train"].items() if not k.startswith("checkpoint_")}}
-    assert runs.config_hash(every) == runs.config_hash(old)
+    for every, minutes in ((None, None), (7, None), (None, 2.5), (1, 0.1)):
+        new = {**config, "train": {**config["train"], "checkpoint_every": every, "checkpoint_minutes": minutes}}
+        assert runs.config_hash(new) == runs.config_hash(old)
+    other = {**config, "train": {**config["train"], "steps": 13}}
+    assert runs.config_hash(other) != runs.config_hash(old)
 
 
 class Killed(BaseException):

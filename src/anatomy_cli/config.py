@@ -279,7 +279,7 @@ class TrainConfig(_Frozen):
     compile_mode: Literal["default", "reduce-overhead", "max-autotune"] = "default"
     threads: int | None = Field(default=None, gt=0, le=4096)  # torch intra-op threads; None = torch default
     # Checkpoints (resume.pt) every N steps and/or every M minutes; with neither, at every evaluation.
-    # A killed run resumes from the last one; they never change a run's results.
+    # A killed run resumes from the last one. They never change results, so they never change a run id.
     checkpoint_every: int | None = Field(default=None, gt=0)
     checkpoint_minutes: float | None = Field(default=None, gt=0)
     sample_prefix: str = "## "

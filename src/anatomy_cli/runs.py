@@ -297,16 +297,22 @@ def slugify(text: str) -> str:
 
 # Fields added after runs already existed, with the default that reproduces the earlier model: at
 # that default they stay out of the hash, so a finished run keeps its id and a rerun skips it.
+# ANY: a field that never changes a run's results (when it checkpoints) is out of the hash at every value.
+ANY = "any value"
 HASH_NEUTRAL: dict[str, dict[str, Any]] = {
     "model": {"qk_norm": False, "tie_embeddings": False, "parallel_block": False, "logit_softcap": 0.0,
               "gdn_pattern": "", "gdn_heads": None, "gdn_key_heads": None, "gdn_head_dim": None, "gdn_conv": 4},
-    "train": {"z_loss": 0.0, "checkpoint_every": None, "checkpoint_minutes": None},
+    "train": {"z_loss": 0.0, "checkpoint_every": ANY, "checkpoint_minutes": ANY},
 }
 
 
 def config_hash(config: dict) -> str:
-    config = {k: {f: v for f, v in section.items() if f not in HASH_NEUTRAL.get(k, {}) or v != HASH_NEUTRAL[k][f]}
-              if isinstance(section, dict) else section for k, section in config.items()}
+    def kept(section: str, field: str, value: Any) -> bool:
+        neutral = HASH_NEUTRAL.get(section, {}).get(field, KeyError)
+        return neutral is KeyError or (neutral != ANY and value != neutral)
+
+    config = {k: {f: v for f, v in section.items() if kept(k, f, v)} if isinstance(section, dict) else section
+              for k, section in config.items()}
     blob = json.dumps(config, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:8]
 
