@@ -1,6 +1,7 @@
 """Run ids do not move: the id of every run a shipped spec plans is pinned here, and every config
 field added after the first hashed set must carry the config.NEW mark (config.new(...): left out of
-the hash at its default), so that a new field cannot silently rename every finished run (and a
+the hash at its default) or, when it never changes results, the config.NO_RESULT mark
+(config.no_result(...): left out at any value), so that a new field cannot silently rename every finished run (and a
 rerun retrain them all).
 
 When a change is MEANT to move ids (a default changed, so the trained model changes), update the
@@ -16,7 +17,7 @@ from pydantic import BaseModel
 
 from anatomy_cli import runs
 from anatomy_cli.components import label
-from anatomy_cli.config import NEW, DataConfig, ModelConfig, RunConfig, TrainConfig, hash_neutral, load_run_config
+from anatomy_cli.config import ANY, NEW, NO_RESULT, DataConfig, ModelConfig, RunConfig, TrainConfig, hash_neutral, load_run_config
 from anatomy_cli.sweep import expand, load_spec
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
@@ -91,10 +92,11 @@ def test_every_shipped_spec_plans_the_pinned_run_ids():
 def test_every_field_added_after_the_hashed_set_is_marked_new(section):
     fields = {name for name, info in SECTIONS[section].model_fields.items()
               if not (isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel))}
-    unmarked = {name for name in fields - HASHED[section] if SECTIONS[section].model_fields[name].json_schema_extra != NEW}
+    unmarked = {name for name in fields - HASHED[section]
+                if SECTIONS[section].model_fields[name].json_schema_extra not in (NEW, NO_RESULT)}
     assert not unmarked, (f"{section or 'run'} fields {sorted(unmarked)} are not in the first hashed set: mark each "
                           f"config.new(<the default that reproduces today's model>, **bounds)")
-    marked = {name for name in fields if SECTIONS[section].model_fields[name].json_schema_extra == NEW}
+    marked = {name for name in fields if SECTIONS[section].model_fields[name].json_schema_extra in (NEW, NO_RESULT)}
     assert not marked & HASHED[section], "a field that was always hashed cannot become neutral: its ids would move"
     assert set(hash_neutral().get(section, {}) if section else
                {k for k, v in hash_neutral().items() if not isinstance(v, dict)}) == marked
@@ -110,3 +112,5 @@ def test_a_marked_field_changes_the_id_only_off_its_default():
             assert runs.config_hash(dropped) == base  # a config.json written before the field existed
     on = {**cfg, "model": {**cfg["model"], "qk_norm": True}}
     assert runs.config_hash(on) != base
+    often = {**cfg, "train": {**cfg["train"], "checkpoint_every": 7, "checkpoint_minutes": 0.5}}
+    assert hash_neutral()["train"]["checkpoint_every"] == ANY and runs.config_hash(often) == base

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import shutil
+import random
 import signal
 import subprocess
 import sys
@@ -53,6 +54,11 @@ def steps(run_dir: Path) -> list[int]:
     return [r["step"] for r in runs.read_metrics(run_dir)]
 
 
+def timings(run_dir: Path, upto: int) -> list[float]:
+    """elapsed_s of the evaluations up to a step: a run trained again from step 0 would rewrite them."""
+    return [r["elapsed_s"] for r in runs.read_metrics(run_dir) if "elapsed_s" in r and r["step"] <= upto]
+
+
 def in_flight(sweep: Path, n: int) -> bool:
     """n runs have trained a few steps and are still going."""
     dirs = [d for d in sweep.glob("*/") if runs.run_status(d) == runs.RUNNING and len(runs.read_metrics(d)) > 3]
@@ -96,12 +102,12 @@ def test_signal_stops_a_sweep_like_ctrl_c(tmp_path, sig, workers):
         assert steps(d) == list(range(n_steps + 1)), d.name
 
 
-def train_cmd(tmp_path: Path, out: Path, n_steps: int = 200) -> list[str]:
+def train_cmd(tmp_path: Path, out: Path, n_steps: int = 200, **train) -> list[str]:
     corpus = write_corpus(tmp_path)
     sets = [f"--set=data.source={json.dumps(str(corpus))}"]
     sets += [f"--set=model.{k}={json.dumps(v)}" for k, v in TINY_MODEL.items()]
-    sets += [f"--set=train.{k}={json.dumps(v)}" for k, v in TINY_TRAIN.items()]
-    sets += [f"--set=train.steps={n_steps}", "--set=train.eval_interval=100", "--set=train.sample_len=0"]
+    train = {**TINY_TRAIN, "steps": n_steps, "eval_interval": 100, "sample_len": 0, **train}
+    sets += [f"--set=train.{k}={json.dumps(v)}" for k, v in train.items() if v is not None]
     return CLI + ["train", *sets, "--out", str(out)]
 
 
@@ -127,7 +133,9 @@ def test_sigterm_saves_a_training_run_and_resume_finishes_it(tmp_path):
 @pytest.mark.slow
 def test_sigkilled_run_is_resumable_from_scratch(tmp_path):
     run = tmp_path / "run"
-    proc = subprocess.Popen(train_cmd(tmp_path, run), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
+    never = 10**6  # no checkpoint before the kill, however late it lands
+    proc = subprocess.Popen(train_cmd(tmp_path, run, checkpoint_every=never), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=ENV)
     wait_for(lambda: len(runs.read_metrics(run)) > 20 or proc.poll() is not None, what="training under way")
     proc.kill()
     proc.wait()
@@ -139,6 +147,47 @@ def test_sigkilled_run_is_resumable_from_scratch(tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     assert "training it again from step 0" in flat(resumed.stderr)
     assert raw_status(run) == runs.COMPLETED and steps(run) == list(range(201))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("every", [None, 3], ids=["at-evals", "every-3-steps"])
+def test_sigkill_at_a_random_step_loses_at_most_one_interval(tmp_path, every):
+    """SIGKILL (what an OOM kill or a preemption does) once a random number of metric lines is on
+    disk: the resumed run continues from the last checkpoint and ends with an uninterrupted run's
+    metrics, lines written after that checkpoint included, bit for bit."""
+    n_steps, eval_interval = 400, 20
+    opts = {"eval_interval": eval_interval, "log_interval": 1, "threads": 1, "checkpoint_every": every}
+    lines = random.Random().randrange(2 * eval_interval + 5, 300)  # > 2 evals: a checkpoint exists
+    run = tmp_path / "run"
+    proc = subprocess.Popen(train_cmd(tmp_path, run, n_steps, **opts), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=ENV)
+    wait_for(lambda: len(runs.read_metrics(run)) >= lines or proc.poll() is not None, what=f"{lines} metric lines")
+    proc.kill()
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, f"finished before the kill ({lines} lines)"
+    assert runs.run_status(run) == runs.INTERRUPTED
+    from anatomy_cli.checkpoint import load_checkpoint
+
+    saved = load_checkpoint(run / runs.RESUME)["step"]
+    written = steps(run)[-1]
+    assert eval_interval <= saved <= written, (saved, written, lines)
+    before = timings(run, saved)
+    resumed = subprocess.run(CLI + ["train", "--resume", str(run)], capture_output=True, text=True, env=ENV,
+                             timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    assert timings(run, saved) == before  # continued from the checkpoint, not trained again
+    straight = tmp_path / "straight"
+    whole = subprocess.run(train_cmd(tmp_path, straight, n_steps, **opts), capture_output=True, text=True, env=ENV,
+                           timeout=600)
+    assert whole.returncode == 0, whole.stderr
+
+    def strip(d):
+        return [{k: v for k, v in r.items() if k not in runs.TIMING_KEYS} for r in runs.read_metrics(d)]
+
+    assert strip(run) == strip(straight), (saved, written, lines)
+    a, b = runs.read_summary(run), runs.read_summary(straight)
+    assert (a["best_val_loss"], a["best_step"], a["status"]) == (b["best_val_loss"], b["best_step"], runs.COMPLETED)
+    assert not (run / runs.RESUME).exists() and not list(run.glob(".*.tmp"))
 
 
 @pytest.mark.slow
@@ -181,6 +230,45 @@ def test_sigkilled_sweep_parent_does_not_orphan_its_workers(tmp_path):
     rerun = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=600)
     assert rerun.returncode == 0, rerun.stderr
     assert all(steps(d) == list(range(1001)) for d in dirs)
+
+
+@pytest.mark.slow
+def test_a_sweep_worker_killed_under_its_run_leaves_it_resumable(tmp_path):
+    """The OOM killer (or a SIGKILL) takes one worker: the sweep ends (exit 1) naming the run
+    interrupted, and a rerun continues it from its last checkpoint."""
+    spec = write_spec(tmp_path, top={"design": "list", "configs": [{"name": f"c{i}"} for i in range(2)]},
+                      train={"steps": 1000, "eval_interval": 50, "sample_len": 0})
+    cmd = CLI + ["ablate", str(spec), "--runs-dir", str(tmp_path / "runs"), "--workers", "2", "--no-report"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+                            start_new_session=True)
+    sweep = tmp_path / "runs" / "toy"
+
+    def checkpointed() -> Path | None:
+        return next((d for d in sweep.glob("*/") if runs.run_status(d) == runs.RUNNING
+                     and (d / runs.RESUME).is_file() and len(runs.read_metrics(d)) > 120), None)
+
+    try:
+        wait_for(lambda: checkpointed() or proc.poll() is not None, what="a run with a checkpoint")
+        victim = checkpointed()
+        assert victim is not None, proc.communicate()[1]
+        os.kill(runs.read_summary(victim)["owner"]["pid"], signal.SIGKILL)
+        out, err = proc.communicate(timeout=180)
+        wait_for(lambda: group_gone(proc.pid), timeout=60, what="every worker exited")
+    finally:
+        if not group_gone(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 1, err
+    assert "interrupted (rerun to resume)" in flat(out) and "Traceback" not in err
+    summary = runs.read_summary(victim)
+    assert summary["status"] == runs.INTERRUPTED and "worker process died" in summary["error"]
+    from anatomy_cli.checkpoint import load_checkpoint
+
+    saved = load_checkpoint(victim / runs.RESUME)["step"]
+    before = timings(victim, saved)
+    rerun = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr
+    assert raw_status(victim) == runs.COMPLETED and steps(victim) == list(range(1001))
+    assert timings(victim, saved) == before  # resumed at its checkpoint, not trained again
 
 
 @pytest.mark.slow

@@ -15,7 +15,8 @@ from toy_data import TINY_MODEL, TINY_TRAIN, write_corpus
 from anatomy_cli import runs
 from anatomy_cli.config import RunConfig, TrainConfig, validate
 from anatomy_cli.data import load_corpus
-from anatomy_cli.train import Trainer, lr_at, resolve_config, train
+from anatomy_cli.train import resolve_config, train
+from anatomy_cli.trainer import Trainer, lr_at
 
 
 def test_lr_schedule_warmup_then_cosine_to_floor():
@@ -69,7 +70,7 @@ HEAP = """
 import ctypes, resource, sys, torch
 from anatomy_cli.config import ModelConfig
 from anatomy_cli.model import LM
-from anatomy_cli.train import keep_freed_memory
+from anatomy_cli.devices import keep_freed_memory
 class MallInfo2(ctypes.Structure):  # glibc >= 2.33
     _fields_ = [(name, ctypes.c_size_t) for name in
                 ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",

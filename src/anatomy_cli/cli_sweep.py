@@ -206,12 +206,13 @@ def ablate(
                           f"the same command to resume", highlight=False)
         raise typer.Exit(EXIT_INTERRUPTED)
     statuses = [x.get("status") for x in summaries]
+    lost = statuses.count(runs.INTERRUPTED)  # a worker killed under its run (resumable)
     err_console.print(f"{statuses.count(runs.COMPLETED)} completed, {statuses.count(runs.DIVERGED)} diverged, "
-                      f"{statuses.count(runs.FAILED)} failed of {len(plan)} runs in {sweep_dir}", highlight=False,
-                      soft_wrap=True)
+                      f"{statuses.count(runs.FAILED)} failed" + (f", {lost} interrupted (rerun to resume)" if lost else "")
+                      + f" of {len(plan)} runs in {sweep_dir}", highlight=False, soft_wrap=True)
     if not no_report:
         _write_report(sweep_dir, None, ("md", "html", "csv", "json"), min_effect=min_effect)
-    if runs.FAILED in statuses:
+    if runs.FAILED in statuses or lost:
         raise typer.Exit(EXIT_FAILED)
 
 

@@ -45,7 +45,7 @@ def check(
         raise gate.BaselineError(f"baseline not found: {baseline} (create it with --update)")
     sweep_dir = from_runs or _run_spec(s, plan, runs_dir, workers)
     rows = gate.compare(base, gate.collect(sweep_dir), tolerance)
-    warnings = gate.environment_warnings(base, *_environment())
+    warnings = gate.environment_warnings(base, *_environment(), rows)
     if json_out:
         console.print_json(json.dumps({"passed": gate.passed(rows), "rows": rows, "warnings": warnings,
                                        "failures": gate.failure_lines(rows)}))
@@ -62,13 +62,13 @@ def check(
     console.print(styled("regression gate passed", "bold green", f" ({len(rows)} configs)"))
 
 
-def _environment() -> tuple[str, str]:
-    """(torch version, machine) as `check --update` records them in a baseline."""
+def _environment() -> tuple[str, str, str | None]:
+    """(torch version, machine, CPU capability) as `check --update` records them in a baseline."""
     import torch
 
-    from .train import hardware
+    from .devices import cpu_capability, hardware
 
-    return torch.__version__, hardware(torch.device("cpu"))
+    return torch.__version__, hardware(torch.device("cpu")), cpu_capability()
 
 
 def _run_spec(s, plan, runs_dir: Path, workers: int | None) -> Path:

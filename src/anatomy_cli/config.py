@@ -49,6 +49,9 @@ class _Frozen(BaseModel):
 # field itself: `name: type = new(default, **bounds)`. tests/test_run_ids.py fails for a new field
 # without it, and pins the ids of every shipped spec.
 NEW = {"hash": "omit-at-default"}
+# The mark of a field that never changes a run's results (when to checkpoint): out of the hash at any value.
+NO_RESULT = {"hash": "omit"}
+ANY = "any value"  # hash_neutral's entry for a NO_RESULT field
 
 
 def new(default: Any, **bounds: Any) -> Any:
@@ -56,16 +59,24 @@ def new(default: Any, **bounds: Any) -> Any:
     return Field(default=default, json_schema_extra=NEW, **bounds)
 
 
+def no_result(default: Any, **bounds: Any) -> Any:
+    """Field(default, **bounds) with the NO_RESULT mark: `checkpoint_every: int | None = no_result(None)`."""
+    return Field(default=default, json_schema_extra=NO_RESULT, **bounds)
+
+
 @functools.cache
 def hash_neutral(cls: type[BaseModel] | None = None) -> dict[str, Any]:
     """{section: {field: default}} of the NEW-marked fields of RunConfig (or of `cls`), read from the
-    config classes: the fields runs.config_hash leaves out while they hold their default."""
+    config classes: the fields runs.config_hash leaves out while they hold their default (ANY for the
+    NO_RESULT-marked ones, left out at every value)."""
     out: dict[str, Any] = {}
     for name, info in (cls or RunConfig).model_fields.items():
         if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
             out[name] = hash_neutral(info.annotation)
         elif info.json_schema_extra == NEW:
             out[name] = info.default
+        elif info.json_schema_extra == NO_RESULT:
+            out[name] = ANY
     return {k: v for k, v in out.items() if v != {}}
 
 
@@ -314,6 +325,10 @@ class TrainConfig(_Frozen):
     # torch.compile mode: "reduce-overhead" captures CUDA graphs (small models on a GPU are launch-bound)
     compile_mode: Literal["default", "reduce-overhead", "max-autotune"] = "default"
     threads: int | None = Field(default=None, gt=0, le=4096)  # torch intra-op threads; None = torch default
+    # Checkpoints (resume.pt) every N steps and/or every M minutes; with neither, at every evaluation.
+    # A killed run resumes from the last one. They never change results, so they never change a run id.
+    checkpoint_every: int | None = no_result(None, gt=0)
+    checkpoint_minutes: float | None = no_result(None, gt=0)
     sample_prefix: str = "## "
     sample_temp: float = Field(default=0.8, ge=0)
     sample_len: int = Field(default=300, ge=0)

@@ -17,6 +17,7 @@ from pathlib import Path
 from . import runs
 from .config import RunConfig
 from .worker import STOP_SIGNALS, signals_deferred
+from .summary import RunSummary
 
 Event = Callable[[dict], None]
 Stop = Callable[[], bool]
@@ -30,7 +31,13 @@ class Job:
     config: dict
     run_dir: str
     threads: int = 1
-    extra: dict = field(default_factory=dict)  # written into summary.json: sweep, role, flip
+    extra: dict = field(default_factory=dict)  # RunSummary's carried fields the plan sets: sweep, role, flip
+
+    def __post_init__(self):
+        RunSummary(**self.extra)  # a wrong type is a planning bug: raise now, not in a worker
+        unknown = set(self.extra) - set(RunSummary.model_fields)
+        if unknown:
+            raise ValueError(f"Job.extra: {sorted(unknown)} are not RunSummary fields")
 
     @property
     def steps(self) -> int:
@@ -81,10 +88,10 @@ def run_job(job: Job, emit: Event | None = None, stop: Stop | None = None) -> di
                 return resume(run_dir, progress=on_progress, stop=stop)
         return train(cfg, run_dir, progress=on_progress, stop=stop, extra_summary=job.extra)
     except runs.RunBusy as err:
-        return {"status": runs.FAILED, "run_id": job.run_id, "error": str(err), **job.extra}
+        return RunSummary(status=runs.FAILED, run_id=job.run_id, error=str(err), **job.extra).record()
     except Exception as err:  # noqa: BLE001 - recorded in the run's summary, the sweep goes on
-        summary = {"status": runs.FAILED, "run_id": job.run_id, "error": f"{err.__class__.__name__}: {err}",
-                   **job.extra}
+        summary = RunSummary(status=runs.FAILED, run_id=job.run_id, error=f"{err.__class__.__name__}: {err}",
+                             **job.extra).record()
         run_dir.mkdir(parents=True, exist_ok=True)
         if not (run_dir / runs.CONFIG).exists():  # so reports list the failed run too
             runs.atomic_write_json(run_dir / runs.CONFIG, job.config)
@@ -179,13 +186,15 @@ def _execute_parallel(jobs: list[Job], workers: int, emit: Event, stop: Stop) ->
 
 
 def _record_lost(job: Job) -> dict | None:
-    """Mark a run whose worker was killed mid-run 'failed' with the reason (None: it never started)."""
+    """Mark a run whose worker was killed mid-run (SIGKILL, the OOM killer) 'interrupted', with the
+    reason: a rerun resumes it from its last checkpoint, as it would a killed `train` (None: it never
+    started)."""
     run_dir = Path(job.run_dir)
     summary = runs.read_summary(run_dir) if (run_dir / runs.SUMMARY).exists() else None
     if not summary or summary.get("status") != runs.RUNNING:
         return summary
-    summary = {**summary, "status": runs.FAILED, "owner": None,
-               "error": "the worker process died mid-run (killed by a signal or out of memory)"}
+    summary = {**summary, "status": runs.INTERRUPTED, "owner": None,
+               "error": "the worker process died mid-run (killed by a signal or out of memory); rerun to resume it"}
     runs.atomic_write_json(run_dir / runs.SUMMARY, summary)
     return summary
 

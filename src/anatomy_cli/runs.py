@@ -6,12 +6,18 @@ A run directory holds, in the order they are written:
                     tokens (train_loss is the cross-entropy; with train.z_loss > 0 each step
                     also has z_loss, the term added to it); evaluation steps add val_loss, elapsed_s
   vocab.json        the character vocabulary (a JSON list of characters, index = id)
-  best.safetensors  weights at the best val loss;  last.safetensors  weights at the end
-  resume.pt         optimizer/RNG/step state of an interrupted run (torch.load(weights_only=True))
+  best.safetensors  weights at the best val loss;  last.safetensors  weights at the end (of a
+                    finished or stopped run; removed when it resumes)
+  resume.pt         the latest checkpoint while the run is unfinished (at every evaluation, or as
+                    train.checkpoint_every / checkpoint_minutes say, and when stopped): weights,
+                    the best weights when older, optimizer, batch order, RNG and counters in one
+                    file replaced atomically; read only through torch.load(weights_only=True);
+                    removed once the run completes or diverges (trainer.py)
   samples.txt       text generated from a fixed prefix, temperature and seed
-  summary.json      written last, atomically: status ('completed', 'diverged', 'failed',
-                    'interrupted', 'running'), losses, params, tokens, speed, hardware, and
-                    corpus_sha256 (the fingerprint of the training text; resume refuses another)
+  summary.json      written last, atomically (schema: summary.RunSummary): status ('completed',
+                    'diverged', 'failed', 'interrupted', 'running'), losses, params, tokens, speed,
+                    hardware, cpu_capability, and corpus_sha256 (the fingerprint of the training
+                    text; resume refuses another)
   .lock             held by the process training the run (lockfile.DirLock); a 'running'
                     summary names that owner, and is read as 'interrupted' once the owner is dead
 """
@@ -29,8 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from . import lockfile
-from .config import hash_neutral
+from .config import ANY, hash_neutral
 from .errors import InputError
+from .summary import RunSummary
 
 CONFIG = "config.json"
 METRICS = "metrics.jsonl"
@@ -40,6 +47,7 @@ BEST = "best.safetensors"
 LAST = "last.safetensors"
 RESUME = "resume.pt"
 SAMPLES = "samples.txt"
+RUN_FILES = (CONFIG, METRICS, VOCAB, BEST, LAST, RESUME, SAMPLES, SUMMARY)
 SWEEP = "sweep.json"  # in a sweep directory: the components its runs were planned with
 
 COMPLETED = "completed"
@@ -129,11 +137,14 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def append_text(path: Path, text: str) -> None:
-    """Append to a log (metrics.jsonl); a failed write names the file (a torn last line is skipped
-    when read back: read_metrics)."""
+def append_text(path: Path, text: str, durable: bool = False) -> None:
+    """Append to a log (metrics.jsonl), fsynced when `durable`; a failed write names the file (a torn
+    last line is skipped when read back: read_metrics)."""
     with writing(path), open(path, "a", encoding="utf-8") as f:
         f.write(text)
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
@@ -149,15 +160,19 @@ def read_json(path: Path) -> Any:
         raise RunError(f"corrupt {Path(path).name} in {Path(path).parent}: {err}") from None
 
 
+def drop_temp_files(run_dir: Path) -> None:
+    """Remove the temp files of atomic writes that a killed process left in a run folder (at most one each)."""
+    for name in RUN_FILES:
+        for tmp in Path(run_dir).glob(f".{name}.*.tmp"):
+            tmp.unlink(missing_ok=True)
+
+
 def json_line(row: dict) -> str:
     """One metrics.jsonl line; a diverged loss is written as NaN/Infinity (Python's json reads them)."""
     return json.dumps(row, allow_nan=True) + "\n"
 
 
 # Fields a reader may do arithmetic on: a value of another type is a corrupt file, not a crash later.
-SUMMARY_INTS = ("params", "best_step", "steps_done", "tokens_seen", "peak_mem_bytes", "threads", "diverged_at")
-SUMMARY_FLOATS = ("best_val_loss", "final_val_loss", "bits_per_char", "tokens_per_s", "step_time_ms", "wall_s")
-SUMMARY_STRINGS = ("status", "run_id", "label", "error", "device", "hardware", "torch_version")
 METRIC_INTS = ("step", "tokens")
 METRIC_FLOATS = ("train_loss", "val_loss", "grad_norm", "lr", "elapsed_s")
 
@@ -170,10 +185,9 @@ def _is_float(v: Any) -> bool:  # NaN and Infinity count: a diverged loss is wri
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def field_problem(row: dict, ints: tuple[str, ...], floats: tuple[str, ...], strings: tuple[str, ...] = ()) -> str | None:
-    """'best_val_loss is "abc", not a number' for the first field of the wrong type (None is allowed)."""
-    for keys, ok, kind in ((ints, _is_int, "an integer"), (floats, _is_float, "a number"),
-                           (strings, lambda v: isinstance(v, str), "a string")):
+def field_problem(row: dict, ints: tuple[str, ...], floats: tuple[str, ...]) -> str | None:
+    """'val_loss is "abc", not a number' for the first field of the wrong type (None is allowed)."""
+    for keys, ok, kind in ((ints, _is_int, "an integer"), (floats, _is_float, "a number")):
         for key in keys:
             value = row.get(key)
             if value is not None and not ok(value):
@@ -221,13 +235,13 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 
 def read_summary(run_dir: Path) -> dict | None:
-    """summary.json (None before one is written); a non-object or a field of the wrong type is a RunError."""
+    """summary.json as its JSON object (None before one is written), validated by summary.RunSummary:
+    a non-object or a field of the wrong type is a RunError; fields of a newer version pass through."""
     path = Path(run_dir) / SUMMARY
     if not path.exists():
         return None
     data = read_json(path)
-    problem = "not a JSON object" if not isinstance(data, dict) else field_problem(
-        data, SUMMARY_INTS, SUMMARY_FLOATS, SUMMARY_STRINGS)
+    problem = RunSummary.check(data)
     if problem:
         raise RunError(f"corrupt {SUMMARY} in {run_dir}: {problem}")
     return data
@@ -363,7 +377,8 @@ def slugify(text: str) -> str:
 
 
 def config_hash(config: dict) -> str:
-    """A short hash of a resolved config; fields marked config.NEW are left out at their default."""
+    """A short hash of a resolved config; fields marked config.NEW are left out at their default, those
+    marked config.NO_RESULT at any value."""
     blob = json.dumps(_without(config, hash_neutral()), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:8]
 
@@ -374,7 +389,7 @@ def _without(config: dict, neutral: dict) -> dict:
         rule = neutral.get(key, _KEEP)
         if isinstance(rule, dict) and isinstance(value, dict):
             out[key] = _without(value, rule)
-        elif rule is _KEEP or isinstance(rule, dict) or value != rule:
+        elif rule is _KEEP or isinstance(rule, dict) or (rule != ANY and value != rule):
             out[key] = value
     return out
 

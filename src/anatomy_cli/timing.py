@@ -97,7 +97,8 @@ def time_round(jobs: list[tuple[str, dict]], steps: int, warmup: int, threads: i
 
     from anatomy_cli.config import RunConfig
     from anatomy_cli.data import load_corpus
-    from anatomy_cli.train import Trainer, resolve_config
+    from anatomy_cli.train import resolve_config
+    from anatomy_cli.trainer import Trainer
 
     torch.set_num_threads(threads)
     out = {}
@@ -107,13 +108,11 @@ def time_round(jobs: list[tuple[str, dict]], steps: int, warmup: int, threads: i
         cfg = resolve_config(cfg, corpus)
         with tempfile.TemporaryDirectory(prefix="anatomy-time-") as tmp:
             tr = Trainer(cfg, Path(tmp) / "run", corpus)  # no folder: no event file; no flush, no metrics
-            for _ in range(warmup):
-                tr.train_step()
-            _sync(tr)
+            tr.train_steps(warmup)
+            tr.sync()
             t0 = time.perf_counter()
-            for _ in range(steps):
-                tr.train_step()
-            _sync(tr)
+            tr.train_steps(steps)
+            tr.sync()
             dt = time.perf_counter() - t0
         out[slug] = steps * cfg.train.batch_size * cfg.model.ctx_len / dt
     return out
@@ -127,16 +126,6 @@ def _corpus(load_corpus, cfg):
     if key not in _CORPORA:
         _CORPORA[key] = load_corpus(*key)
     return _CORPORA[key]
-
-
-def _sync(tr) -> None:
-    import torch
-
-    if tr.pending:
-        float(tr.pending[-1][2])  # the host read waits for every queued step
-    if tr.device.type == "cuda":
-        torch.cuda.synchronize(tr.device)
-    tr.pending.clear()
 
 
 # --------------------------------------------------------------------------- files and effects (no torch)
