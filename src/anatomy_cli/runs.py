@@ -11,7 +11,8 @@ A run directory holds, in the order they are written:
   samples.txt       text generated from a fixed prefix, temperature and seed
   summary.json      written last, atomically: status ('completed', 'diverged', 'failed',
                     'interrupted', 'running'), losses, params, tokens, speed, hardware, and
-                    corpus_sha256 (the fingerprint of the training text; resume refuses another)
+                    corpus_sha256 (the fingerprint of the training text; resume refuses another) and,
+                    for a prepared folder, corpus_files (its files' fingerprint: prepared.py)
   .lock             held by the process training the run (lockfile.DirLock); a 'running'
                     summary names that owner, and is read as 'interrupted' once the owner is dead
 """

@@ -338,14 +338,14 @@ def summarize(tr: Trainer, status: str, diverged_at: int | None, extra: dict | N
         "compiled": t.compile,
         "diverged_at": diverged_at,
         "error": f"diverged at step {diverged_at}" if diverged_at is not None else None,
-        "corpus_sha256": tr.corpus.meta.get("sha256"),
+        **corpus_identity(tr.corpus),
         **(extra or {}),
     }
 
 
 # Summary fields a run keeps through 'running', 'failed' and 'interrupted' summaries and a resume.
 SWEEP_KEYS = ("sweep", "role", "flip")
-CARRIED = ("run_id", "corpus_sha256", *SWEEP_KEYS)
+CARRIED = ("run_id", "corpus_sha256", "corpus_files", *SWEEP_KEYS)
 
 
 def train(cfg: RunConfig, run_dir: Path, progress: Progress | None = None,
@@ -372,7 +372,7 @@ def _from_scratch(cfg: RunConfig, run_dir: Path, corpus: Corpus, progress, stop,
         (run_dir / name).unlink(missing_ok=True)
     runs.atomic_write_json(run_dir / runs.CONFIG, cfg.model_dump(mode="json"))  # first
     corpus.vocab.save(run_dir / runs.VOCAB)
-    base = {"run_id": run_dir.name, "corpus_sha256": corpus.meta.get("sha256"), **extra}
+    base = {"run_id": run_dir.name, **corpus_identity(corpus), **extra}
     _mark_running(run_dir, base)
     with _recorded(run_dir, base):
         tr = Trainer(cfg, run_dir, corpus, progress)
@@ -402,7 +402,7 @@ def resume(run_dir: Path, progress: Progress | None = None, stop: Callable[[], b
             return _from_scratch(cfg, run_dir, corpus, progress, stop, extra)
         tr = Trainer(cfg, run_dir, corpus, progress)
         tr.load_resume()  # a bad checkpoint raises here and leaves the run as it was
-        base = {"run_id": run_dir.name, "corpus_sha256": corpus.meta.get("sha256"), **extra}
+        base = {"run_id": run_dir.name, **corpus_identity(corpus), **extra}
         _mark_running(run_dir, {**summary, **base})
         with _recorded(run_dir, {**summary, **base}):
             return _finish(tr, stop, extra)
@@ -413,12 +413,25 @@ def has_checkpoint(run_dir: Path) -> bool:
     return (Path(run_dir) / runs.RESUME).is_file()
 
 
+def corpus_identity(corpus: Corpus) -> dict:
+    """What a summary records of its corpus: the sha256 of its text and, for a prepared folder, its
+    files' fingerprint (prepared.py), so a resume can tell other data from the same."""
+    files = corpus.meta.get("fingerprint")
+    return {"corpus_sha256": corpus.meta.get("sha256")} | ({"corpus_files": files} if files else {})
+
+
 def check_corpus(run_dir: Path, cfg: RunConfig, summary: dict, corpus: Corpus) -> None:
-    """Refuse to continue a run on other data than it started on (fingerprint, else vocabulary size)."""
+    """Refuse to continue a run on other data than it started on (fingerprints, else vocabulary size)."""
+    from .prepared import changed_file
+
     was, now = summary.get("corpus_sha256"), corpus.meta.get("sha256")
     if was and now and was != now:
         raise runs.RunError(f"{run_dir}: the corpus changed since the run started (sha256 {was[:12]}... is now "
                             f"{now[:12]}...); resuming would train on other data")
+    name = changed_file(summary.get("corpus_files"), corpus.meta.get("fingerprint"))
+    if name is not None:
+        raise runs.RunError(f"{run_dir}: {name} of the prepared corpus {cfg.data.source} changed since the run "
+                            f"started; resuming would train on other data")
     if len(corpus.vocab) != cfg.model.vocab_size:
         raise runs.RunError(f"{run_dir}: the corpus changed since the run started (vocabulary size differs)")
 
