@@ -116,6 +116,31 @@ def test_each_source_prepares_whole_documents_and_trains(tmp_path, sources, kind
         assert losses(direct) == losses(run) and len(losses(run)) == 5
 
 
+def test_training_straight_from_parquet_equals_training_on_its_prepared_folder(tmp_path, sources):
+    parquet = Path(str(sources["hf"][0])[len("hf:"):]) / "part-0.parquet"  # field "text", the one training reads
+    assert invoke("prepare", parquet, "--out", tmp_path / "p", "--ctx-len", 16).exit_code == 0
+    for source, run in ((parquet, tmp_path / "direct"), (tmp_path / "p", tmp_path / "run")):
+        assert invoke("train", *train_sets(source), "--out", run).exit_code == 0
+    assert losses(tmp_path / "direct") == losses(tmp_path / "run")
+
+
+def test_resume_refuses_a_changed_dataset(tmp_path):
+    from anatomy_cli.config import RunConfig, validate
+    from anatomy_cli.train import train
+
+    source = write_jsonl(tmp_path / "d.jsonl", [{"text": d} for d in DOCS])
+    cfg = validate(RunConfig, {"model": TINY_MODEL, "train": {**TINY_TRAIN, "sample_len": 0},
+                               "data": {"source": str(source)}})
+    seen = {"step": 0}
+    run = tmp_path / "run"
+    summary = train(cfg, run, progress=lambda p: seen.update(step=p["step"]), stop=lambda: seen["step"] >= 3)
+    assert summary["status"] == runs.INTERRUPTED
+    write_jsonl(source, [{"text": d} for d in DOCS[1:] + DOCS[:1]])  # the same documents in another order
+    one_error_line(invoke("train", "--resume", run), "the corpus changed since the run started (sha256")
+    write_jsonl(source, [{"text": d} for d in DOCS])
+    assert invoke("train", "--resume", run).exit_code == 0
+
+
 def test_a_stream_equals_the_same_documents_read_from_a_file(tmp_path, sources):
     """hf: (spooled to disk between its passes) and Parquet give the same ids, vocabulary and hash."""
     a, b = tmp_path / "a", tmp_path / "b"
@@ -325,3 +350,11 @@ def test_documents_module_names_its_kinds():
     assert not documents.is_document_source("x.txt")
     with pytest.raises(DataError, match="needs a dataset name"):
         documents.open_documents("hf:")
+
+
+def test_prepare_help_names_every_source_and_option():
+    result = runner.invoke(app, ["prepare", "--help"], env={"COLUMNS": "200"})
+    flat = " ".join(result.output.replace("│", " ").split())
+    for fragment in (".jsonl or .parquet file", "save_to_disk folder", "hf:NAME[:CONFIG]", "pip install 'anatomy-cli[data]'",
+                     "--field", "[default: text]", "--split", "[default: train]", "--max-chars", "whole documents"):
+        assert fragment in flat, fragment

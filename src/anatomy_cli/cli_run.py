@@ -23,12 +23,12 @@ from .config import SEED_MAX, SEED_MIN, ConfigError
 @app.command()
 @handle_errors
 def prepare(
-    source: Annotated[Optional[str], typer.Argument(help="A UTF-8 text file, a folder of .md/.txt, a .jsonl or .parquet file, a datasets save_to_disk folder, or hf:NAME[:CONFIG], a Hugging Face dataset streamed from the Hub (needs pip install 'anatomy-cli[data]'); default: the embedded corpus.", show_default=False)] = None,
+    source: Annotated[Optional[str], typer.Argument(help="A UTF-8 text file, a folder of .md/.txt, a .jsonl or .parquet file, a datasets save_to_disk folder, or hf:NAME[:CONFIG], a Hugging Face dataset streamed from the Hub (needs pip install 'anatomy-cli\\[data]'); default: the embedded corpus.", show_default=False)] = None,
     out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("data/default"),
     val_frac: Annotated[float, typer.Option(min=0.01, max=0.5, help="Fraction held out for validation: the end of a text; whole documents at the end of a dataset (the one that straddles the boundary included).")] = 0.1,
     ctx_len: Annotated[int, typer.Option(min=1, help="Each split must be longer than this.")] = 128,
-    field: Annotated[Optional[str], typer.Option(help="Datasets (.jsonl, .parquet, save_to_disk, hf:): the field that holds the text [default: text].", show_default=False)] = None,
-    split: Annotated[Optional[str], typer.Option(help="hf: and save_to_disk datasets with splits: the split to read [default: train].", show_default=False)] = None,
+    field: Annotated[Optional[str], typer.Option(help="Datasets (.jsonl, .parquet, save_to_disk, hf:): the field that holds the text \\[default: text].", show_default=False)] = None,
+    split: Annotated[Optional[str], typer.Option(help="hf: and save_to_disk datasets with splits: the split to read \\[default: train].", show_default=False)] = None,
     max_chars: Annotated[Optional[int], typer.Option(help="Datasets: take whole documents, in order, while they hold at most this many characters (50000000: 50 MB of English); meta.json says whether it cut the stream.", show_default=False)] = None,
     json_out: JsonOut = False,
 ):

@@ -221,10 +221,6 @@ def build_corpus(text: str, description: str, val_frac: float = 0.1, min_len: in
     def pieces() -> Iterator[str]:
         return (text[i : i + CHUNK_CHARS] for i in range(0, len(text), CHUNK_CHARS))
 
-    return build_from_pieces(pieces, description, val_frac, min_len)
-
-
-def build_from_pieces(pieces: Pieces, description: str, val_frac: float = 0.1, min_len: int = 1) -> Corpus:
     return build(Source(description, pieces=pieces), val_frac, min_len)
 
 

@@ -185,12 +185,13 @@ def _hf(name: str, field: str, split: str | None) -> Source:
 
 def _stream(datasets, path: str, config: str | None, split: str, field: str) -> Iterator[str]:
     where, done = HF + path + (f":{config}" if config else ""), 0
+    refused = (FileNotFoundError, ValueError, datasets.exceptions.DatasetsError)  # no such dataset, config, split
     _quiet(datasets)
     try:
         dataset = datasets.load_dataset(path, config, split=split, streaming=True)
     except _network_errors() as err:
         raise DataError(f"cannot reach the Hugging Face Hub for {where} ({_one_line(err)}); {OFFLINE}") from None
-    except (FileNotFoundError, ValueError) as err:  # no such dataset, config or split: datasets names them
+    except refused as err:
         raise DataError(f"{where}: {_one_line(err)}") from None
     try:
         for doc in _rows(dataset, field, where):
@@ -199,16 +200,21 @@ def _stream(datasets, path: str, config: str | None, split: str, field: str) -> 
     except _network_errors() as err:
         raise DataError(f"the connection to the Hugging Face Hub failed while streaming {where}, after {done:,} "
                         f"documents ({_one_line(err)}); {OFFLINE}") from None
+    except datasets.exceptions.DatasetsError as err:  # a data file the stream cannot read
+        raise DataError(f"{where}, after {done:,} documents: {_one_line(err)}") from None
 
 
 def _network_errors() -> tuple[type[BaseException], ...]:
-    """What datasets raises when the Hub cannot be reached: ConnectionError (HF_HUB_OFFLINE's
-    OfflineModeIsEnabled is one), timeouts, and the HTTP clients' transport errors."""
+    """What datasets raises when the Hub cannot be reached or answers with an error: ConnectionError
+    (HF_HUB_OFFLINE's OfflineModeIsEnabled is one), timeouts, the HTTP clients' transport errors and
+    the Hub client's HTTP errors."""
     errors: list[type[BaseException]] = [ConnectionError, TimeoutError]
     if "httpx" in sys.modules:
         errors.append(sys.modules["httpx"].TransportError)
     if "requests" in sys.modules:
-        errors.append(sys.modules["requests"].exceptions.ConnectionError)
+        errors.append(sys.modules["requests"].ConnectionError)
+    if "huggingface_hub" in sys.modules:
+        errors.append(sys.modules["huggingface_hub"].errors.HfHubHTTPError)
     return tuple(errors)
 
 
