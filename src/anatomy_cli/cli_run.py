@@ -48,11 +48,12 @@ def prepare(
         return
     for key, value in info.items():
         if key != "fingerprint":
-            console.print(f"[bold]{key:>13}[/]  {json.dumps(value) if key == 'separator' else value}", highlight=False)
+            shown = json.dumps(value) if key == "separator" else value
+            console.print(f"[bold]{key:>13}[/]  {shown}", highlight=False)
 
 
 class PrepareProgress:
-    """prepare's progress on stderr: a rich bar per pass on a terminal, else a plain line every PLAIN_S seconds."""
+    """prepare's progress on stderr: a rich bar per pass on a terminal, else a line every PLAIN_S seconds."""
 
     PLAIN_S = 10.0
     PHASES = {"read": "read", "encode": "write ids"}
@@ -65,14 +66,15 @@ class PrepareProgress:
         if err_console.is_terminal:
             from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-            self.bar = Progress(TextColumn("[bold]{task.description:>9}"), BarColumn(), TextColumn("{task.fields[info]}"),
-                                TimeElapsedColumn(), console=err_console)
+            self.bar = Progress(TextColumn("[bold]{task.description:>9}"), BarColumn(),
+                                TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=err_console)
             self.bar.start()
         return self
 
     def __call__(self, p: dict) -> None:
         name = self.PHASES[p["phase"]]
-        info = f"{p['chars']:,} characters" + (f", {p['documents']:,} documents" if p["documents"] is not None else "")
+        documents = f", {p['documents']:,} documents" if p["documents"] is not None else ""
+        info = f"{p['chars']:,} characters{documents}"
         if self.bar is not None:
             if name not in self.tasks:
                 self.tasks[name] = self.bar.add_task(name, total=p["total"], info="")

@@ -16,8 +16,8 @@ Validation uses fixed, evenly spaced windows that depend on nothing but the data
 Memory: a source is read in pieces of CHUNK_CHARS characters, twice (vocabulary, then ids), so the
 text is never held whole; `prepare` writes the ids straight to its files, so its memory does not
 grow with the corpus (a network stream, which cannot be read twice, is spooled to disk on the first
-pass). Ids are kept in the smallest unsigned type that holds the vocabulary (uint8 for
-up to 256 characters) and batches are gathered from them without an int64 copy of the corpus.
+pass). Ids are kept in the smallest unsigned type that holds the vocabulary (uint8 for up to 256
+characters) and batches are gathered from them without an int64 copy of the corpus.
 Prepared folders (writing, loading, fingerprints) are prepared.py's.
 """
 
@@ -156,7 +156,8 @@ def open_source(source: str | Path | None, field: str | None = None, split: str 
         return documents.open_documents(str(source), field, split)
     pieces, description = text_pieces(source)
     if field is not None or split is not None:
-        raise DataError(f"--field and --split apply to document sources ({documents.KINDS}), not {description}")
+        raise DataError(f"--field and --split apply to document sources ({documents.KINDS}), "
+                        f"not {description}")
     return Source(description, pieces=pieces)
 
 
@@ -233,8 +234,9 @@ def corpus_from_source(source: str | Path | None, val_frac: float = 0.1, min_len
     from .documents import is_hf
 
     if source is not None and is_hf(str(source)):
-        raise DataError(f"{source} streams from the network, so training would download it (and a resume could "
-                        f"see other data): prepare it once with `anatomy prepare {source} --out DIR`, then train on DIR")
+        raise DataError(f"{source} streams from the network, so training would download it (and a resume "
+                        f"could see other data): prepare it once with `anatomy prepare {source} --out DIR`, "
+                        f"then train on DIR")
     return build(open_source(source), val_frac, min_len)
 
 
@@ -258,10 +260,12 @@ def encode_source(src: Source, writers: Callable[[str], tuple], val_frac: float 
     writers(typecode) -> (write train, write val). max_chars caps a document source (see _take)."""
     if max_chars is not None and (src.docs is None or max_chars < 1):
         raise DataError(f"--max-chars must be a positive number of characters, got {max_chars}" if src.docs
-                        else f"--max-chars applies to document sources, not {src.description} (cut a text with head -c)")
+                        else f"--max-chars applies to document sources, not {src.description} "
+                        f"(cut a text with head -c)")
     scan = _scan(src, max_chars, progress, spool)
-    counts, sizes = _encode(_parts(src, scan, val_frac, spool), scan.vocab, writers(id_typecode(len(scan.vocab))),
-                            progress, scan.chars)
+    code = id_typecode(len(scan.vocab))
+    parts = _parts(src, scan, val_frac, spool)
+    counts, sizes = _encode(parts, scan.vocab, writers(code), progress, scan.chars)
     return scan.vocab, _meta(src, scan, val_frac, counts, sizes, min_len, max_chars)
 
 
@@ -312,7 +316,8 @@ def _take(docs: Iterable[str], max_chars: int | None, scan: Scan) -> Iterator[st
         total += len(DOC_SEP) + len(doc)
         if max_chars is not None and total > max_chars:
             if not scan.documents:
-                raise DataError(f"--max-chars {max_chars:,} is shorter than the first document ({len(doc):,} characters)")
+                raise DataError(f"--max-chars {max_chars:,} is shorter than the first document "
+                                f"({len(doc):,} characters)")
             scan.capped = True
             return
         scan.documents += 1
@@ -363,7 +368,8 @@ def split_text(pieces: Iterable[str], n_train: int) -> Iterator[tuple[int, str]]
         room = max(room - len(piece), 0)
 
 
-def split_documents(docs: Iterable[str], n_chars: int, val_frac: float, scan: Scan) -> Iterator[tuple[int, str]]:
+def split_documents(docs: Iterable[str], n_chars: int, val_frac: float,
+                    scan: Scan) -> Iterator[tuple[int, str]]:
     """The split by whole documents of a text of n_chars characters (documents joined with DOC_SEP).
 
     The contiguous split would cut at boundary = n_chars - int(n_chars * val_frac). Here a document
@@ -404,7 +410,8 @@ def _encode(parts: Iterable[tuple[int, str]], vocab: CharVocab, writers, progres
     return dict(zip(vocab.chars, counts.tolist())), sizes
 
 
-def _tell(progress: Progress | None, phase: str, chars: int, documents: int | None, total: int | None) -> None:
+def _tell(progress: Progress | None, phase: str, chars: int, documents: int | None,
+          total: int | None) -> None:
     if progress is not None:
         progress({"phase": phase, "chars": chars, "documents": documents, "total": total})
 
@@ -413,8 +420,8 @@ def _meta(src: Source, scan: Scan, val_frac: float, counts: dict[str, int], size
           max_chars: int | None = None) -> dict:
     if min(sizes) < min_len + 1:
         whole = " (validation holds whole documents)" if src.docs is not None else ""
-        raise DataError(f"corpus too short: {scan.chars} characters give {sizes[0]} train / {sizes[1]} val ids, "
-                        f"each split needs more than ctx_len={min_len}{whole}")
+        raise DataError(f"corpus too short: {scan.chars} characters give {sizes[0]} train / {sizes[1]} val "
+                        f"ids, each split needs more than ctx_len={min_len}{whole}")
     meta = {"source": src.description, "characters": scan.chars, "vocab_size": len(scan.vocab),
             "train_ids": sizes[0], "val_ids": sizes[1], "val_frac": val_frac}
     if src.docs is not None:

@@ -89,7 +89,8 @@ def _text(row: dict, field: str, where: str) -> str:
 
 def _no_field(where: str, field: str, names: Iterable) -> DataError:
     have = ", ".join(str(name) for name in names) or "none"
-    return DataError(f"{where} has no field {field!r} (it has: {have}); pick one with `anatomy prepare --field NAME`")
+    return DataError(f"{where} has no field {field!r} (it has: {have}); "
+                     f"pick one with `anatomy prepare --field NAME`")
 
 
 def _string(value, field: str, where: str) -> str:
@@ -110,7 +111,8 @@ def _jsonl(path: Path, field: str) -> Iterator[str]:
                 try:
                     row = json.loads(line)
                 except json.JSONDecodeError as err:
-                    raise DataError(f"{path} line {number} is not valid JSON ({err.msg}, column {err.colno})") from None
+                    raise DataError(f"{path} line {number} is not valid JSON "
+                                    f"({err.msg}, column {err.colno})") from None
                 if not isinstance(row, dict):
                     raise DataError(f"{path} line {number} is not a JSON object")
                 yield _text(row, field, f"{path} line {number}")
@@ -162,15 +164,17 @@ def _saved(path: Path, field: str, split: str | None, description: str) -> Sourc
     if isinstance(dataset, datasets.DatasetDict):
         split = SPLIT if split is None else split
         if split not in dataset:
-            raise DataError(f"{path} has no split {split!r} (it has: {', '.join(dataset)}); choose one with --split")
+            raise DataError(f"{path} has no split {split!r} (it has: {', '.join(dataset)}); "
+                            f"choose one with --split")
         dataset = dataset[split]
     elif split is not None:
         raise DataError(f"{path} holds one dataset, not splits: drop --split")
-    return Source(description, docs=lambda: _rows(dataset, field, description), meta={"field": field, "split": split})
+    return Source(description, docs=lambda: _rows(dataset, field, description),
+                  meta={"field": field, "split": split})
 
 
 def _hf(name: str, field: str, split: str | None) -> Source:
-    """hf:NAME[:CONFIG], streamed through datasets.load_dataset (a local file or saved folder is read as such)."""
+    """hf:NAME[:CONFIG], streamed by datasets.load_dataset (a local file or saved folder: read as such)."""
     if not name:
         raise DataError("hf: needs a dataset name, e.g. hf:roneneldan/TinyStories")
     local = Path(name)
@@ -185,12 +189,13 @@ def _hf(name: str, field: str, split: str | None) -> Source:
 
 def _stream(datasets, path: str, config: str | None, split: str, field: str) -> Iterator[str]:
     where, done = HF + path + (f":{config}" if config else ""), 0
-    refused = (FileNotFoundError, ValueError, datasets.exceptions.DatasetsError)  # no such dataset, config, split
+    refused = (FileNotFoundError, ValueError, datasets.exceptions.DatasetsError)  # no such dataset or split
     _quiet(datasets)
     try:
         dataset = datasets.load_dataset(path, config, split=split, streaming=True)
     except _network_errors() as err:
-        raise DataError(f"cannot reach the Hugging Face Hub for {where} ({_one_line(err)}); {OFFLINE}") from None
+        raise DataError(f"cannot reach the Hugging Face Hub for {where} ({_one_line(err)}); "
+                        f"{OFFLINE}") from None
     except refused as err:
         raise DataError(f"{where}: {_one_line(err)}") from None
     try:
@@ -198,8 +203,8 @@ def _stream(datasets, path: str, config: str | None, split: str, field: str) -> 
             yield doc
             done += 1
     except _network_errors() as err:
-        raise DataError(f"the connection to the Hugging Face Hub failed while streaming {where}, after {done:,} "
-                        f"documents ({_one_line(err)}); {OFFLINE}") from None
+        raise DataError(f"the connection to the Hugging Face Hub failed while streaming {where}, "
+                        f"after {done:,} documents ({_one_line(err)}); {OFFLINE}") from None
     except datasets.exceptions.DatasetsError as err:  # a data file the stream cannot read
         raise DataError(f"{where}, after {done:,} documents: {_one_line(err)}") from None
 

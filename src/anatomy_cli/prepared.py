@@ -25,7 +25,7 @@ from .data import (CHUNK_CHARS, ID_TYPES, META, TRAIN_BIN, VAL_BIN, VOCAB_FILE, 
 from .runs import atomic_write_json, normal_mode
 
 FULL_HASH_BYTES = 1 << 26  # a file up to 64 MiB is hashed whole; a larger one ...
-SAMPLE_BLOCKS, SAMPLE_BYTES = 4097, 4096  # ... in 4097 evenly spaced 4 KiB blocks (first, middle, last included)
+SAMPLE_BLOCKS, SAMPLE_BYTES = 4097, 4096  # ... in 4097 evenly spaced 4 KiB blocks (first, middle, last)
 PREPARED_FILES = (TRAIN_BIN, VAL_BIN, VOCAB_FILE)  # what the fingerprint covers
 
 
@@ -44,9 +44,9 @@ def prepare(src: Source, out: Path, val_frac: float = 0.1, min_len: int = 1, max
         spool = _temp(out, ".jsonl", temps) if src.once else None
         bins = [_temp(out, ".bin", temps) for _ in (TRAIN_BIN, VAL_BIN)]
         with open(bins[0], "wb") as train, open(bins[1], "wb") as val:
-            vocab, meta = encode_source(src, lambda code: (train.write, val.write), val_frac, min_len, max_chars,
-                                        progress, spool)
-        (out / META).unlink(missing_ok=True)  # the folder is not a prepared corpus again until its new meta.json
+            vocab, meta = encode_source(src, lambda code: (train.write, val.write), val_frac, min_len,
+                                        max_chars, progress, spool)
+        (out / META).unlink(missing_ok=True)  # not a prepared corpus again until its new meta.json
         for temp, name in zip(bins, (TRAIN_BIN, VAL_BIN)):
             os.replace(temp, out / name)
         vocab.save(out / VOCAB_FILE)
@@ -114,7 +114,8 @@ def save_corpus(corpus: Corpus, out_dir: Path) -> None:
 
 
 def _write_meta(out: Path, meta: dict, code: str) -> dict:
-    meta = {**meta, "dtype": code, "fingerprint": {name: file_fingerprint(out / name) for name in PREPARED_FILES}}
+    prints = {name: file_fingerprint(out / name) for name in PREPARED_FILES}
+    meta = {**meta, "dtype": code, "fingerprint": prints}
     atomic_write_json(out / META, meta)  # last
     return meta
 
@@ -141,8 +142,8 @@ def load_prepared(path: Path, min_len: int = 1) -> Corpus:
         if not isinstance(meta, dict) or meta.get("dtype") not in ID_TYPES:
             raise ValueError("meta.json needs a dtype of B, H or I")
         recorded = meta.get("fingerprint")
-        if recorded is not None and not (isinstance(recorded, dict)
-                                         and all(isinstance(recorded.get(name), dict) for name in PREPARED_FILES)):
+        if recorded is not None and not (isinstance(recorded, dict) and all(
+                isinstance(recorded.get(name), dict) for name in PREPARED_FILES)):
             raise ValueError("meta.json's fingerprint needs train.bin, val.bin and vocab.json")
     except corrupt as err:
         raise _corrupt(path, err) from None
