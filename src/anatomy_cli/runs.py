@@ -16,8 +16,9 @@ A run directory holds, in the order they are written:
   samples.txt       text generated from a fixed prefix, temperature and seed
   summary.json      written last, atomically (schema: summary.RunSummary): status ('completed',
                     'diverged', 'failed', 'interrupted', 'running'), losses, params, tokens, speed,
-                    hardware, cpu_capability, and corpus_sha256 (the fingerprint of the training
-                    text; resume refuses another)
+                    hardware, cpu_capability, corpus_sha256 (the fingerprint of the training text;
+                    resume refuses another) and, for a prepared folder, corpus_files (its files'
+                    fingerprint: prepared.py)
   .lock             held by the process training the run (lockfile.DirLock); a 'running'
                     summary names that owner, and is read as 'interrupted' once the owner is dead
 """

@@ -63,6 +63,7 @@ class RunSummary(BaseModel):
     diverged_at: int | None = _field(COLUMN)
     error: str | None = None
     corpus_sha256: str | None = _field(CARRIED)
+    corpus_files: dict | None = _field(CARRIED)  # a prepared folder's files' fingerprint (prepared.py)
 
     @classmethod
     def marked(cls, marker: str) -> tuple[str, ...]:
