@@ -325,9 +325,10 @@ def components_cmd(
 
 
 def change_text(c) -> str:
-    """'norm_type: layernorm -> rmsnorm' (one key), else the settings in full."""
-    if len(c.keys) == 1:
-        key = c.keys[0]
-        off = "(base)" if c.off is None else c.off[key] if c.off[key] != "" else "''"  # gdn_pattern's off
-        return f"{key.removeprefix('model.')}: {off} -> {c.on[key]}"
-    return f"{c.describe('off')} -> {c.describe('on')}"
+    """'norm_type: layernorm -> rmsnorm', one such line per key the component sets."""
+    def change(key: str) -> str:
+        off = "(base)" if c.off is None else c.off.get(key, "(base)")
+        off = "''" if off == "" else off  # gdn_pattern's off
+        return f"{key.removeprefix('model.')}: {off} -> {c.on.get(key, '(off)')}"
+
+    return "\n".join(change(key) for key in c.keys)  # one line per key keeps the column narrow
