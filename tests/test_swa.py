@@ -11,8 +11,10 @@ with GQA/MQA and QK-norm), O(window) decode state, determinism, and bad input as
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import re
 
 import pytest
 import torch
@@ -425,3 +427,94 @@ def test_a_window_off_by_one_is_caught_by_the_parity(make_lm, case):
         model, hf = parity_pair(case, make_lm, window=window)
         with torch.no_grad():
             assert (model(idx)[0] - hf(idx).logits).abs().max() > 1e-2
+
+
+# ------------------------------------------------------------------------- bench-decode and kv-budget
+
+
+TOY_BENCH = ["bench-decode", "--d-model", "32", "--n-layer", "2", "--n-head", "4", "--ctx", "64"]
+
+
+def test_bench_decode_measures_a_local_layers_bytes_next_to_mha_gqa_mqa():
+    result = CliRunner().invoke(app, [*TOY_BENCH, "--new", "6", "--prefix-len", "10", "--windows", "0,4",
+                                      "--window-pattern", "LG", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    T, hd = out["window"], 8  # 16 positions
+    rows = {(r["attention"], r["sliding_window"]): r for r in out["rows"]}
+    assert list(rows) == [(a, w) for a in ("MHA", "GQA", "MQA") for w in (0, 4)]
+    for (_, w), r in rows.items():
+        G = r["n_kv_head"]
+        assert r["same_output"] and r["kv_cache_bytes"] == r["kv_formula_bytes"]
+        kv = 2 * G * hd * 4  # K and V of one position, fp32
+        assert r["layer_states"]["attn"] == {"layers": 1 if w else 2, "bytes": kv * T, "bounded": False}
+        if w:  # one local layer: K and V of window - 1 positions, whatever T
+            assert r["window_pattern"] == "LG"
+            assert r["layer_states"]["local"] == {"layers": 1, "bytes": kv * (w - 1), "bounded": True}
+            assert r["kv_cache_bytes"] == kv * (T + w - 1)
+    one = ["--new", "4", "--prefix-len", "4", "--kv-heads", "2", "--windows", "4"]
+    table = CliRunner().invoke(app, [*TOY_BENCH, *one], env={"COLUMNS": "200"})
+    assert table.exit_code == 0 and "GQA G=2 SWA 4 L" in table.stdout and "local 384 B" in table.stdout
+
+
+def kv_budget_json(*args) -> dict:
+    result = CliRunner().invoke(app, ["kv-budget", *map(str, args), "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+GEMMA3_ISH = {"model_type": "gemma3_text", "num_hidden_layers": 12, "num_attention_heads": 8,
+              "num_key_value_heads": 4, "head_dim": 256, "sliding_window": 512}
+
+
+@pytest.mark.parametrize("layout", [{"sliding_window_pattern": 6},
+                                    {"layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 2}],
+                         ids=["sliding_window_pattern", "layer_types"])
+def test_kv_budget_bounds_the_configs_local_layers(tmp_path, layout):
+    (tmp_path / "config.json").write_text(json.dumps({**GEMMA3_ISH, **layout}))
+    out = kv_budget_json("--config", tmp_path, "--seq", 32768, "--dtype", "bf16")
+    assert (out["window"], out["local_layers"]) == (512, 10)
+    gqa = next(r for r in out["rows"] if r["is_config"])
+    per_layer_token = 2 * 4 * 256 * 2
+    assert gqa["global_layer_bytes_per_token"] == per_layer_token
+    assert gqa["local_layer_bytes"] == per_layer_token * 511
+    assert gqa["bytes"] == 2 * per_layer_token * 32768 + 10 * per_layer_token * 511
+    assert gqa["bytes_all_global"] == 12 * per_layer_token * 32768
+    short = kv_budget_json("--config", tmp_path, "--seq", 100)  # shorter than the window: no saving
+    assert all(r["bytes"] == r["bytes_all_global"] for r in short["rows"])
+
+
+def test_kv_budget_window_options_and_unused_windows(tmp_path):
+    llama = ["--layers", 4, "--heads", 4, "--kv-heads", 2, "--head-dim", 8, "--seq", 64, "--dtype", "fp32"]
+    assert kv_budget_json(*llama)["local_layers"] == 0
+    out = kv_budget_json(*llama, "--window", 16, "--window-pattern", "LLLG")
+    gqa = next(r for r in out["rows"] if r["is_config"])
+    assert out["local_layers"] == 3 and gqa["bytes"] == 2 * 2 * 8 * 4 * (64 + 3 * 15)
+    qwen = tmp_path / "qwen.json"  # Qwen ships a sliding_window it does not use
+    qwen.write_text(json.dumps({**GEMMA3_ISH, "model_type": "qwen3", "use_sliding_window": False}))
+    assert kv_budget_json("--config", qwen)["local_layers"] == 0
+    mistral = tmp_path / "mistral.json"  # Mistral 7B v0.1: every layer local
+    mistral.write_text(json.dumps({**GEMMA3_ISH, "model_type": "mistral"}))
+    assert kv_budget_json("--config", mistral)["local_layers"] == 12
+    assert kv_budget_json("--config", mistral, "--window", 0)["local_layers"] == 0
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--window", "16", "--window-pattern", "LLG"], "must divide n_layer=4"),
+    (["--window", "-2"], "window=-2"),
+    (["--window", "16", "--window-pattern", "LX"], "use only the letters L, G"),
+])
+def test_kv_budget_bad_window_is_exit_2(args, fragment):
+    result = CliRunner().invoke(app, ["kv-budget", "--layers", "4", "--heads", "4", "--head-dim", "8", *args])
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert result.exit_code == 2 and len(errors) == 1 and fragment in errors[0], result.output
+
+
+def test_the_summary_names_the_kernel_of_the_local_layers():
+    from anatomy_cli.devices import sdpa_kernel
+
+    cpu = torch.device("cpu")
+    both = sdpa_kernel(ModelConfig(ctx_len=64, window=16, window_pattern="LLLG"), 4, cpu, "float32")
+    assert re.fullmatch(r"\w+, local: \w+", both), both
+    assert re.fullmatch(r"local: \w+", sdpa_kernel(ModelConfig(ctx_len=64, window=16), 4, cpu, "float32"))
+    assert "local" not in sdpa_kernel(ModelConfig(ctx_len=64), 4, cpu, "float32")
