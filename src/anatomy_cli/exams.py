@@ -465,7 +465,8 @@ def hf_window_pattern(data: dict, every: int | None) -> str | None:
         return None
     types = data.get("layer_types")
     if isinstance(types, list):
-        return "".join("L" if t == "sliding_attention" else "G" for t in types) if "sliding_attention" in types else None
+        pattern = "".join("L" if t == "sliding_attention" else "G" for t in types)
+        return pattern if "L" in pattern else None
     if every:
         return "L" * (every - 1) + "G"
     return "L" if data.get("model_type") in ("mistral", "mixtral") else None
@@ -482,7 +483,8 @@ def attn_shape(config: Path | None = None, **options: int | str | None) -> AttnS
         missing.append("--head-dim or --hidden (head_dim / hidden_size)")
     if missing:
         raise ConfigError(f"{where}: missing {', '.join(missing)}")
-    bad = [f"{k}={v}" for k, v in sizes.items() if isinstance(v, int) and (v < 0 if k == "window" else v <= 0)]
+    bad = [f"{k}={v}" for k, v in sizes.items()
+           if isinstance(v, int) and (v < 0 if k == "window" else v <= 0)]  # window 0: none
     if bad:
         raise ConfigError(f"{where}: sizes must be positive, got {', '.join(bad)}")
     heads, kv = sizes["heads"], sizes["kv_heads"] or sizes["heads"]

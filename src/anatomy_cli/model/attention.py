@@ -52,7 +52,8 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x, pos, end, rotate, cache=None, layer: int = 0):
         """x: [B, T, C]; pos: [T] or [B, T] position ids; end = last position + 1.
 
-        cache: a KVCache whose cache[layer] is this layer's KV or WindowKV; its past_len is where x starts.
+        cache: a KVCache whose cache[layer] is this layer's KV (or WindowKV); cache.past_len is
+        where x starts.
         """
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(self.split, dim=-1)
