@@ -18,6 +18,7 @@ import re
 
 import pytest
 import torch
+from lm_checks import decode_in_chunks, tokens, train_losses, trainer
 from typer.testing import CliRunner
 
 from anatomy_cli import components, runs
@@ -42,10 +43,6 @@ PATTERN = pytest.mark.parametrize("pattern", PATTERNS)
 
 def swa(pattern: str = "L", window: int = W, **parts) -> dict:
     return {"window": window, "window_pattern": pattern, **parts}
-
-
-def tokens(B: int, T: int, seed: int = 0) -> torch.Tensor:
-    return torch.randint(0, 50, (B, T), generator=torch.Generator().manual_seed(seed))
 
 
 # ------------------------------------------------------------------------- config and parameters
@@ -178,17 +175,6 @@ def test_causal_and_reaching_back_n_layer_times_window_minus_one(make_lm, patter
 # ------------------------------------------------------------------------- the decode state
 
 
-def decode_in_chunks(model, idx: torch.Tensor, chunks: list[int], max_len: int | None = None):
-    cache = model.new_cache(idx.shape[0], max_len or idx.shape[1])
-    out, t = [], 0
-    for n in chunks:
-        logits, _ = model(idx[:, t : t + n], cache=cache)
-        out.append(logits)
-        t += n
-    assert t == idx.shape[1] and cache.past_len == t
-    return torch.cat(out, dim=1), cache
-
-
 COMBOS = {"mha": {"n_kv_head": 4}, "gqa": {"n_kv_head": 2}, "mqa": {"n_kv_head": 1},
           "gqa+qknorm": {"n_kv_head": 2, "qk_norm": True}}
 
@@ -215,6 +201,7 @@ def test_decode_past_ctx_len_with_rope(make_lm, pattern):
     with torch.no_grad():
         full, _ = model(idx)
         cached, cache = decode_in_chunks(model, idx, [10] + [1] * 30)
+    assert cache.past_len == 40
     torch.testing.assert_close(cached, full, atol=1e-5, rtol=1e-5)
     if pattern == "L":  # every layer local: nothing limits the positions, O(window) memory
         assert cache.capacity is None
@@ -228,6 +215,18 @@ def test_an_all_local_cache_never_fills(make_lm):
         cached, cache = decode_in_chunks(model, idx, [5] + [1] * 25, max_len=8)  # allocated for 8
     torch.testing.assert_close(cached, full, atol=1e-5, rtol=1e-5)
     assert all(isinstance(s, WindowKV) for s in cache.states)
+
+
+def test_a_gdn_hybrid_with_a_local_attention_layer_decodes_without_bound(make_lm):
+    """gdn's recurrent states and a window's buffer in one cache: no layer limits the positions."""
+    model = make_lm(**LLAMA, n_layer=4, gdn_pattern="DDDA", window=W)
+    assert model.cfg.layer_kinds == ("gdn", "gdn", "gdn", "local")  # the window's L reaches attention only
+    idx = tokens(1, 30, seed=9)
+    with torch.no_grad():
+        full, _ = model(idx)
+        cached, cache = decode_in_chunks(model, idx, [7, 5] + [1] * 18, max_len=8)
+    assert cache.capacity is None
+    torch.testing.assert_close(cached, full, atol=1e-4, rtol=1e-4)
 
 
 @PATTERN
@@ -285,8 +284,6 @@ def test_bf16_window_state_on_an_fp32_model(make_lm):
 
 
 def test_same_seed_same_training_losses(tmp_path):
-    from test_modern import train_losses, trainer
-
     a = train_losses(trainer(tmp_path, "a", swa("LG")))
     b = train_losses(trainer(tmp_path, "b", swa("LG")))
     plain = train_losses(trainer(tmp_path, "plain"))
