@@ -109,11 +109,11 @@ def repeat_pattern(pattern: str, n_layer: int) -> str:
 class ModelConfig(_Frozen):
     """Sizes and the component switches (see components.py). Defaults are the 2017 Transformer's parts.
 
-    The last four switches are post-LLaMA parts, each off by default (off = today's model exactly):
-    qk_norm (RMSNorm of each head's Q and K, Qwen3 / Gemma 3; OLMo 2 norms the whole Q and K
-    projections instead), tie_embeddings (head = token embedding, GPT-2 / Gemma), parallel_block
-    (attention and FFN side by side, GPT-J / PaLM) and logit_softcap (c * tanh(logits / c), Gemma 2).
-    pos_type="nope" is NoPE (no positions at all).
+    The switches after rope_variant are post-LLaMA parts, each off by default (off = today's model
+    exactly): qk_norm (RMSNorm of each head's Q and K, Qwen3 / Gemma 3; OLMo 2 norms the whole Q and
+    K projections instead), tie_embeddings (head = token embedding, GPT-2 / Gemma), parallel_block
+    (attention and FFN side by side, GPT-J / PaLM), logit_softcap (c * tanh(logits / c), Gemma 2) and
+    window (sliding-window attention, Mistral / Gemma 2-3). pos_type="nope" is NoPE (no positions at all).
     """
 
     vocab_size: int | None = Field(default=None, gt=0, le=MAX_SIZE)  # None: taken from the data at train time
@@ -141,6 +141,12 @@ class ModelConfig(_Frozen):
     gdn_key_heads: int | None = new(None, gt=0, le=MAX_SIZE)  # None: gdn_heads / 2 when even
     gdn_head_dim: int | None = new(None, gt=0, le=MAX_SIZE)  # d_k = d_v; None: head_dim
     gdn_conv: int = new(4, gt=0, le=64)
+    # Sliding-window attention (swa): a local layer's query sees its `window` latest positions,
+    # itself included (Mistral's sliding_window; transformers' mask keeps kv > q - window). 0 = off:
+    # every layer global, and window_pattern is not used. window_pattern: one letter per layer,
+    # L local, G global, repeated over the stack ("L": Mistral; "LLLLLG": Gemma 3; "LG": Gemma 2).
+    window: int = new(0, ge=0, le=MAX_SIZE)
+    window_pattern: str = new("L", max_length=1024)
 
     @model_validator(mode="after")
     def _check_shapes(self) -> ModelConfig:
@@ -159,6 +165,10 @@ class ModelConfig(_Frozen):
         k_heads, v_heads, _ = self.gdn_shape
         if v_heads % k_heads:
             raise ValueError(f"gdn_key_heads={k_heads} must divide gdn_heads={v_heads}")
+        check_pattern("window_pattern", self.window_pattern, "LG", self.n_layer)
+        if self.window > self.ctx_len:
+            raise ValueError(f"window={self.window} is larger than ctx_len={self.ctx_len}: it would never "
+                             f"bind in training (window=0 is global attention)")
         return self
 
     @property
@@ -188,13 +198,19 @@ class ModelConfig(_Frozen):
         its module, mixer_params to its parameters, state_bytes to its decode state).
 
         "attn": global causal softmax attention (MHA/GQA/MQA by n_kv_head); "gdn": Gated DeltaNet
-        where gdn_pattern says D. A part that changes what a layer is adds its kind here, decided by
-        its own fields (a layer pattern, see repeat_pattern), and one entry in each of those three tables.
+        where gdn_pattern says D; "local": softmax attention within a sliding window where
+        window_pattern says L (swa). A part that changes what a layer is adds its kind here, decided
+        by its own fields (a layer pattern, see repeat_pattern), and one entry in each of those three
+        tables.
         """
         kinds = ["attn"] * self.n_layer
         if self.gdn_pattern:
             pattern = repeat_pattern(self.gdn_pattern, self.n_layer)
             kinds = ["gdn" if letter == "D" else kind for letter, kind in zip(pattern, kinds)]
+        if self.window:  # swa: softmax attention turns local where the pattern says L
+            pattern = repeat_pattern(self.window_pattern, self.n_layer)
+            kinds = ["local" if letter == "L" and kind == "attn" else kind
+                     for letter, kind in zip(pattern, kinds)]
         return tuple(kinds)
 
     def num_params(self) -> int:
@@ -221,7 +237,7 @@ class ModelConfig(_Frozen):
 
     def mixer_params(self, kind: str) -> int:
         """One token mixer of `kind` (see layer_kinds): each kind's exact term."""
-        if kind == "attn":
+        if kind in ("attn", "local"):  # a window changes which keys a query sees, not the weights
             d, hd = self.d_model, self.head_dim
             qkv_out = d * (self.n_head + 2 * self.n_kv_head) * hd + self.n_head * hd * d
             qk_norm = 2 * hd if self.qk_norm else 0  # one RMSNorm weight for Q, one for K, shared by heads
@@ -253,10 +269,12 @@ class ModelConfig(_Frozen):
 
     def state_bytes(self, kind: str, batch: int, max_len: int, bytes_per_elem: int) -> int:
         """Decode-state bytes of one layer of `kind` for `max_len` positions (tests pin it to the
-        tensors new_state allocates). attn: K and V of every position, 2 B G T hd. gdn: whatever
-        max_len, the conv's last K-1 inputs and the memory [Hv, hd, hd], kept in fp32 at least."""
-        if kind == "attn":
-            return 2 * batch * self.n_kv_head * max_len * self.head_dim * bytes_per_elem
+        tensors new_state allocates). attn: K and V of every position, 2 B G T hd. local: of the
+        window - 1 latest only (the query itself is the window's last key), whatever max_len. gdn:
+        whatever max_len, the conv's last K-1 inputs and the memory [Hv, hd, hd], kept in fp32 at least."""
+        kept = {"attn": max_len, "local": self.window - 1}
+        if kind in kept:
+            return 2 * batch * self.n_kv_head * kept[kind] * self.head_dim * bytes_per_elem
         if kind == "gdn":
             Hk, Hv, hd = self.gdn_shape
             conv = (self.gdn_conv - 1) * (2 * Hk + Hv) * hd * bytes_per_elem
@@ -269,11 +287,13 @@ class ModelConfig(_Frozen):
 
     def context_flops(self, kind: str) -> int:
         """Training FLOPs per token of a mixer beyond its weight matmuls: attention's scores and
-        weighted sum over ctx_len keys, 6 ctx d (the 2 n_ctx d_attn of Kaplan et al. 2020, x3).
+        weighted sum over ctx_len keys, 6 ctx d (the 2 n_ctx d_attn of Kaplan et al. 2020, x3); a
+        local layer's query reads window keys at most.
         gdn, per value head and chunk width C: the three C-wide products (k.k, q.k, scores.u), the
         triangular solve (C/2 rows of d_k + d_v) and the memory's read, correction and write."""
-        if kind == "attn":
-            return 6 * self.ctx_len * self.d_model
+        keys = {"attn": self.ctx_len, "local": self.window}
+        if kind in keys:
+            return 6 * keys[kind] * self.d_model
         if kind == "gdn":
             _, Hv, hd = self.gdn_shape
             C = min(GDN_CHUNK, self.ctx_len)
