@@ -186,6 +186,11 @@ def ablate(
     estimate = plan_estimate(plan if dry_run else pending_runs(plan, sweep_dir), n_workers, vocab)
     if dry_run:
         console.print(plan_table(plan, sweep_dir, n_workers, vocab, estimate))
+        if s.sizes:
+            from .cli_scale import size_report
+
+            console.print(f"per size (budget {s.budget}):", highlight=False, markup=False)
+            console.print(size_report(plan, n_workers, None)[1], highlight=False, markup=False, soft_wrap=True)
         return
     err_console.print(plan_line(plan, sweep_dir, n_workers, estimate), highlight=False, soft_wrap=True)
     if any(p.config.train.compile for p in plan):  # before the workers spawn: they inherit it
