@@ -71,21 +71,23 @@ def size_report(plan, workers: int | None, vocab: int | None, estimate: bool = T
                "busy": load is not None, "rule": {"max_epochs": ladder.MAX_EPOCHS, "day_s": ladder.DAY_S}}
     active = any(r["active_params"] != r["params"] for r in rows)
     heads = ["size", "runs", "params", "non-emb.", *(["active"] if active else []), "steps", "tokens/run",
-             "FLOPs/run", "est.", "corpus tok/param", "epochs", "warnings"]
+             "FLOPs/run", "est.", "corpus tok/param", "epochs", "warning"]
     c = ladder.count
     cells = [[r["size"] or "(base)", str(r["runs"]), c(r["params"]), c(r["non_embedding_params"]),
               *([c(r["active_params"])] if active else []), f"{r['steps']:,}", c(r["tokens"]), c(r["flops"]),
               "-" if r["est_s"] is None else fmt_seconds(r["est_s"]),
               "?" if r["corpus_tokens_per_param"] is None else f"{r['corpus_tokens_per_param']:.3g}",
-              "?" if r["epochs"] is None else f"{r['epochs']:.2g}", "; ".join(r["warnings"]) or "-"] for r in rows]
+              "?" if r["epochs"] is None else f"{r['epochs']:.2g}",
+              ", ".join(w.split(":")[0] for w in r["warnings"]) or "-"] for r in rows]
     cols = width()
     body = table(heads, cells, cols, fit=[("drop", "runs"), ("drop", "corpus tok/param"), ("drop", "params"),
-                                          ("cut", "warnings", 12)],
-                 right={h for h in heads if h not in ("size", "warnings")})
+                                          ("drop", "FLOPs/run")],
+                 right={h for h in heads if h not in ("size", "warning")})
     busy_note = f"; the machine is busy now (load {load[0]:.1f} on {load[1]} cores): expect longer" if load else ""
     when = (f"est. {fmt_seconds(total)} for {len(plan)} runs on {n_workers} worker{'s' * (n_workers > 1)}, from step "
             f"times measured on this machine{busy_note}") if total is not None else f"no time estimate ({why_not})"
-    notes = [when, f"Warnings: overfit risk when a run makes more than {ladder.MAX_EPOCHS} epochs over its "
+    notes = [f"{r['size'] or '(base)'}: {w}" for r in rows for w in r["warnings"]]
+    notes += [when, f"Warnings: overfit risk when a run makes more than {ladder.MAX_EPOCHS} epochs over its "
                    f"corpus' training split; a size whose runs take more than a day. Params, FLOPs: each size's "
                    f"first config (its reference end); FLOPs: training only."]
     return payload, "\n".join([body, ""] + [wrap(n, cols) for n in notes])

@@ -268,11 +268,13 @@ def _write_report(root: Path, out: Path | None, formats: tuple[str, ...], frames
     from .textable import width
     from .verdict import verdict_frame
 
+    from .scale import scale_frames
+
     frames = frames or rep.report_frames(root, min_effect)
     paths = rep.write_report(root, out, formats, frames)
     effects = frames[2]
-    console.print(verdict_text(verdict_frame(effects[effects["metric"] == rep.LOSS_METRIC]), frames[0], root, width()),
-                  highlight=False, markup=False, soft_wrap=True)
+    console.print(verdict_text(verdict_frame(effects[effects["metric"] == rep.LOSS_METRIC]), frames[0], root, width(),
+                               scale_frames(*frames)), highlight=False, markup=False, soft_wrap=True)
     main = next((paths[k] for k in ("report.html", "report.md", "report.json", "effects.csv") if k in paths),
                 paths["forest.png"])
     console.print(f"report: {main} (all files in {main.parent})", highlight=False, markup=False, soft_wrap=True)

@@ -267,6 +267,10 @@ def plot_eval_effects(eval_effects: pd.DataFrame, path: Path) -> Path:
 
 
 def plot_scale(by_size: pd.DataFrame, trends: pd.DataFrame, path: Path) -> Path:
+    return save(scale_figure(by_size, trends), path)
+
+
+def scale_figure(by_size: pd.DataFrame, trends: pd.DataFrame) -> Figure:
     """One small multiple per component: its gain in best val loss at each size (added solid, removed
     dashed, a few percent apart so the intervals do not hide each other) with the adjusted interval its
     call is made from, against non-embedding parameters on one shared log axis whose ticks are the
@@ -320,7 +324,7 @@ def plot_scale(by_size: pd.DataFrame, trends: pd.DataFrame, path: Path) -> Path:
     fig.supylabel("gain in best val loss (nats/char); > 0: helps")
     _title(fig, "each component's gain at each size, with the interval its call is made from; grey band: "
                 "smaller effects do not matter; title: the call across sizes", ncols)
-    return save(fig, path)
+    return fig
 
 
 def _count(n: float) -> str:

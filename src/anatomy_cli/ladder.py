@@ -65,12 +65,16 @@ def size_rows(plan, facts: dict, estimate: Estimate | None = None) -> list[dict]
     return rows
 
 
+OVERFIT_RISK, OVER_A_DAY = "overfit risk", "over a day"
+
+
 def warnings(row: dict) -> list[str]:
+    """'overfit risk: 24 epochs over its corpus (> 10)', 'over a day: 1.5 days': each starts with its short name."""
     out = []
     if row["epochs"] is not None and row["epochs"] > MAX_EPOCHS:
-        out.append(f"overfit risk: {row['epochs']:.0f} epochs over its corpus (> {MAX_EPOCHS})")
+        out.append(f"{OVERFIT_RISK}: {row['epochs']:.0f} epochs over its corpus (> {MAX_EPOCHS})")
     if row["est_s"] is not None and row["est_s"] > DAY_S:
-        out.append(f"takes {row['est_s'] / DAY_S:.1f} days")
+        out.append(f"{OVER_A_DAY}: {row['est_s'] / DAY_S:.1f} days")
     return out
 
 

@@ -145,8 +145,10 @@ def verdict_table(verdict: pd.DataFrame, fmt: str = "{:+.3f}") -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["rank", "component", "change", "gain", "interval", "call", "seeds"])
 
 
-def verdict_text(verdict: pd.DataFrame, runs: pd.DataFrame, root: Path, max_width: int | None) -> str:
-    """The verdict for a terminal or a pipe: plain text fitted to max_width (None: no limit)."""
+def verdict_text(verdict: pd.DataFrame, runs: pd.DataFrame, root: Path, max_width: int | None,
+                 across: sc.Scale | None = None) -> str:
+    """The verdict for a terminal or a pipe: plain text fitted to max_width (None: no limit); with
+    sizes, a line per component with its call across sizes."""
     if verdict.empty:
         return "verdict: no paired runs yet (an end and a variant with a shared seed)."
     ref, top = end_names(runs)
@@ -158,6 +160,9 @@ def verdict_text(verdict: pd.DataFrame, runs: pd.DataFrame, root: Path, max_widt
             + directions_text(verdict, ref, top))
     rule = vd.rule_line(verdict, "nats/char", f"the {ref} end's seed-to-seed sd", short=True)
     out = [textable.wrap(head, max_width), "", body, "", textable.wrap(rule, max_width)]
+    if across is not None:
+        out += ["", "Across sizes (gain at the smallest -> the largest size):"]
+        out += [textable.wrap(line, max_width) for line in scale_lines(across, bold=False)]
     if (verdict["n_pairs"] < vd.SEEDS_WANTED).any():
         cmd, est = vd.more_seeds(root, runs)
         out += [textable.wrap(f"To add seeds to {vd.SEEDS_WANTED}{vd.estimate_text(est)}:", max_width), f"  {cmd}"]
