@@ -188,3 +188,19 @@ def test_no_scale_section_without_two_sizes(tmp_path):
     runs, curves, effects = report.report_frames(root)
     assert (runs["size"] == "").all() and scale.scale_frames(runs, curves, effects) is None
     assert "Effects across scale" not in report.write_report(root)["report.md"].read_text()
+
+
+def test_results_file_carries_the_scale_numbers_for_readme_blocks(tmp_path):
+    from anatomy_cli import results
+
+    root = sized_study(tmp_path / "runs" / "study")
+    path = results.write_results(tmp_path / "experiments" / "results" / "study.json", root, report.report_frames(root))
+    doc = results.load(path)
+    assert {t["flip"]: t["call"] for t in doc["scale"]["trends"]} == {f: c for f, (_, c) in BUILT.items()}
+    block = results.render(doc, "scale")
+    assert "| component | change | S (12,416) | M (24,832) | L (49,664) | slope per 10x | call |" in block
+    rope = next(e for e in doc["scale"]["effects"] if e["flip"] == "rope" and e["size"] == "L")
+    assert f"| rope | added to 2017 | " in block and f"{rope['gain']:+.3f}".replace("-", "−") in block
+    assert results.render(doc, "trend gqa add-one") == "reverses sign"
+    with pytest.raises(results.ResultsError, match="no trend across sizes for gqa remove-one"):
+        results.render(doc, "trend gqa remove-one")
