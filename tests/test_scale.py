@@ -204,3 +204,13 @@ def test_results_file_carries_the_scale_numbers_for_readme_blocks(tmp_path):
     assert results.render(doc, "trend gqa add-one") == "reverses sign"
     with pytest.raises(results.ResultsError, match="no trend across sizes for gqa remove-one"):
         results.render(doc, "trend gqa remove-one")
+
+
+def test_groups_are_named_by_size_and_by_what_varies_within_a_size():
+    keys = pd.Series([f"rope|{json.dumps({'model.d_model': d, 'train.lr': lr})}" for d in (16, 32) for lr in (1e-3, 3e-3)])
+    sizes = pd.Series(["S", "S", "M", "M"])
+    names = report._group_names(keys, sizes)
+    assert list(names.values()) == ["size S, train.lr=0.001", "size S, train.lr=0.003", "size M, train.lr=0.001",
+                                    "size M, train.lr=0.003"]
+    assert scale.series_of("size M, train.lr=0.003", "M") == "train.lr=0.003"
+    assert list(report._group_names(keys).values())[0] == "d_model=16, train.lr=0.001"  # no sizes: the settings

@@ -105,6 +105,17 @@ def test_non_embedding_params_are_the_model_less_its_tables():
         assert cfg.num_params() == n + cfg.vocab_size * cfg.d_model * (1 if cfg.tie_embeddings else 2) + cfg.position_params
 
 
+def test_a_run_names_exactly_its_size_even_when_one_size_sets_less_than_another(tmp_path):
+    from anatomy_cli import components as comp
+    from anatomy_cli.report import _size_of
+
+    plan = expand(load_spec(sized_spec(tmp_path, {"S": {"d_model": 16}, "M": {"d_model": 16, "n_layer": 3}})))
+    records = [s.record() for s in dict.fromkeys(p.size for p in plan)]
+    assert records[0]["settings"] == {"model.d_model": 16, "model.n_layer": 2}  # the base's n_layer, said
+    for p in plan:
+        assert _size_of(comp.flat_config(p.config), records, p.design.components) == p.size.name
+
+
 # ------------------------------------------------------------------------------------ bad input
 
 
@@ -149,8 +160,8 @@ def test_a_size_redefined_in_a_sweep_directory_is_refused(tmp_path):
     (tmp_path / "sweep").mkdir()
     record_design(tmp_path / "sweep", plan[0].design, None, [plan[0].size])
     sweep = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
-    assert sweep["sizes"] == [{"name": "S", "settings": {"model.d_model": 16, "model.n_head": 2, "model.n_kv_head": 2},
-                               "budget": "same-steps"}]
+    assert sweep["sizes"] == [{"name": "S", "settings": {"model.d_model": 16, "model.n_head": 2, "model.n_layer": 2,
+                                                         "model.n_kv_head": 2}, "budget": "same-steps"}]
     (tmp_path / "b").mkdir()
     other = expand(load_spec(sized_spec(tmp_path / "b", {"S": {"d_model": 8, "n_head": 2}})))
     with pytest.raises(ConfigError, match="size S was defined differently"):

@@ -321,7 +321,6 @@ class ComponentSpec(_Frozen):
 
 
 COMPONENT_NAME = r"^[a-z][a-z0-9_]{0,31}$"
-BUDGETS = ("same-steps", "tokens-per-param")
 
 
 class SizeSpec(_Frozen):

@@ -340,9 +340,10 @@ def _group_names(keys: pd.Series, sizes: pd.Series | None = None) -> dict[str, s
     fields = sorted(set().union(*parsed.values())) if parsed else []
     varying = [k for k in fields if len({json.dumps(p.get(k)) for p in parsed.values()}) > 1]
     size_of = dict(zip(keys, sizes)) if sizes is not None else {}
-    if parsed and all(size_of.get(s) for s in parsed):
-        within = lambda k, n: {json.dumps(p.get(k)) for s, p in parsed.items() if size_of[s] == n}  # noqa: E731
-        varying = [k for k in varying if any(len(within(k, n)) > 1 for n in set(size_of.values()))]
+    if parsed and all(size_of.get(s) for s in parsed):  # keep what varies within a size, not only across
+        values = {(k, size_of[s], json.dumps(p.get(k))) for s, p in parsed.items() for k in varying}
+        varying = [k for k in varying if len({n for key, n, _ in values if key == k})
+                   < len([1 for key, _, _ in values if key == k])]
     return {s: ", ".join(([f"size {size_of[s]}"] if size_of.get(s) else [])
                          + [f"{k.removeprefix('model.')}={p.get(k)}" for k in varying]) for s, p in parsed.items()}
 

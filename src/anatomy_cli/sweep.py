@@ -176,10 +176,11 @@ def expand(spec: AblationSpec, flips: list[str] | None = None, seeds: int | None
     """The full plan; raises ConfigError listing every invalid config before anything runs.
 
     Component settings are resolved against the base with its size's and axis values (so gqa
-    follows an n_head axis or a size's n_head), then the size's and the axes' settings apply on
-    top; every run's actual component states are checked against its intended role, so a size,
-    axis or base setting that contradicts the role is an error, never a silently mislabelled run.
-    With [[sizes]] the whole design runs at every size (the slug starts with the size's name).
+    follows an n_head axis or a size's n_head), then axes apply on top; every run's actual component
+    states are checked against its intended role, so an axis or base setting that contradicts the
+    role is an error, never a silently mislabelled run (a size may not set what a component
+    switches: plan_sizes). With [[sizes]] the whole design runs at every size, its slugs starting
+    with the size's name.
     """
     design = design_of(spec, flips) if spec.design != "list" else None
     base = spec.base.model_dump(mode="json")
@@ -197,36 +198,34 @@ def expand(spec: AblationSpec, flips: list[str] | None = None, seeds: int | None
         raise ConfigError(f"the plan has {size:,} runs (configs x axis values x seeds x sizes); more than "
                           f"{MAX_PLAN_RUNS:,} is taken for a typo")
     plan, errors, seen = [], [], set()
-    for rung in plan_sizes(spec, design, axes) or [None]:
-        size_over = dict(rung.settings) if rung else {}
-        for slug, role, flip, want in points:
-            for values in itertools.product(*axes.values()):
-                axis_over = dict(zip(axes, values))
-                full_slug = "_".join(([rung.name] if rung else []) + [slug]
-                                     + [f"{k.split('.')[-1]}={v}" for k, v in axis_over.items()])
-                start = apply_overrides(base, {**size_over, **sets.get(slug, {}), **axis_over})
-                flat = components.flatten(start)
-                settings = {k: v for c in (design.components if design else ()) if c.name in want
-                            for k, v in c.settings(want[c.name], flat).items()}
-                for seed in seed_list:
-                    data = apply_overrides(start, {**settings, **axis_over, "seed": seed, "name": f"{spec.name}/{full_slug}"})
-                    try:
-                        cfg = validate(RunConfig, data)
-                    except ConfigError as err:
-                        errors.append(f"{full_slug} (seed {seed}): {err}")
-                        continue
-                    wrong = role_errors(cfg, design, want, axis_over, role)
-                    if wrong:
-                        errors.append(f"{full_slug}: {wrong}")
-                        break  # the same for every seed
-                    dumped = cfg.model_dump(mode="json")
-                    rid = runs.run_id(full_slug, seed, dumped)
-                    # A design plans each config once (with two components, A alone is all-on minus B);
-                    # a list design's entries are runs of their own even when their settings agree.
-                    same = runs.config_hash({k: v for k, v in dumped.items() if k != "name"}) if design else rid
-                    if same not in seen:
-                        seen.add(same)
-                        plan.append(PlannedRun(rid, full_slug, role, flip, cfg, design, rung))
+    for rung, (slug, role, flip, want), values in itertools.product(plan_sizes(spec, design, axes) or [None], points,
+                                                                    itertools.product(*axes.values())):
+        axis_over = dict(zip(axes, values))
+        full_slug = "_".join(([rung.name] if rung else []) + [slug]
+                             + [f"{k.split('.')[-1]}={v}" for k, v in axis_over.items()])
+        start = apply_overrides(base, {**(dict(rung.settings) if rung else {}), **sets.get(slug, {}), **axis_over})
+        flat = components.flatten(start)
+        settings = {k: v for c in (design.components if design else ()) if c.name in want
+                    for k, v in c.settings(want[c.name], flat).items()}
+        for seed in seed_list:
+            data = apply_overrides(start, {**settings, **axis_over, "seed": seed, "name": f"{spec.name}/{full_slug}"})
+            try:
+                cfg = validate(RunConfig, data)
+            except ConfigError as err:
+                errors.append(f"{full_slug} (seed {seed}): {err}")
+                continue
+            wrong = role_errors(cfg, design, want, axis_over, role)
+            if wrong:
+                errors.append(f"{full_slug}: {wrong}")
+                break  # the same for every seed
+            dumped = cfg.model_dump(mode="json")
+            rid = runs.run_id(full_slug, seed, dumped)
+            # A design plans each config once (with two components, A alone is all-on minus B);
+            # a list design's entries are runs of their own even when their settings agree.
+            same = runs.config_hash({k: v for k, v in dumped.items() if k != "name"}) if design else rid
+            if same not in seen:
+                seen.add(same)
+                plan.append(PlannedRun(rid, full_slug, role, flip, cfg, design, rung))
     if errors:
         more = f"; and {len(errors) - 4} more" if len(errors) > 4 else ""
         raise ConfigError(f"invalid configs in the plan ({len(errors)}): " + "; ".join(errors[:4]) + more)
@@ -234,25 +233,30 @@ def expand(spec: AblationSpec, flips: list[str] | None = None, seeds: int | None
 
 
 def plan_sizes(spec: AblationSpec, design: Design | None, axes: dict[str, list]) -> list[PlannedSize]:
-    """The spec's sizes as dotted settings laid over the base before the components are (SizeSpec.
-    resolved: n_kv_head keeps the base's ratio; steps computed under 'tokens-per-param').
+    """The spec's sizes as dotted settings laid over the base before the components are: every key
+    any size sets, at each size's resolved value (SizeSpec.resolved: n_kv_head keeps the base's
+    ratio), so a run's settings name exactly one size; steps computed under 'tokens-per-param'.
 
     A key a size sets that a component of the study switches, or that an axis also sets, is refused:
     which of the two holds would be an accident (a size that contradicts a role).
     """
     switched = {k: c.name for c in (design.components if design else ()) for k in c.keys}
-    out = []
+    keys = {f"{section}.{k}": None for size in spec.sizes for section in ("model", "train")
+            for k in getattr(size, section)}
     for size in spec.sizes:
-        given = {f"model.{k}": v for k, v in size.model.items()} | {f"train.{k}": v for k, v in size.train.items()}
-        for key in given:
+        for key in (f"{section}.{k}" for section in ("model", "train") for k in getattr(size, section)):
             if key in switched:
                 raise ConfigError(f"sizes.{size.name}.{key}: component {switched[key]} of this study switches "
                                   f"it, so a size cannot set it")
             if key in axes:
                 raise ConfigError(f"sizes.{size.name}.{key}: also an axis (axes.{key.split('.')[-1]}); a size and "
                                   f"an axis cannot both set it")
-        model, _ = size.resolved(spec.base)
-        over = given | ({"model.n_kv_head": model.n_kv_head} if "n_head" in size.model else {})
+    if "model.n_head" in keys:
+        keys["model.n_kv_head"] = None
+    out = []
+    for size in spec.sizes:
+        resolved = dict(zip(("model", "train"), (c.model_dump(mode="json") for c in size.resolved(spec.base))))
+        over = {key: resolved[key.split(".")[0]][key.split(".")[1]] for key in keys}
         if spec.budget == "tokens-per-param":
             over["train.steps"] = size_steps(spec, size)
         out.append(PlannedSize(size.name, tuple(over.items()), spec.budget, spec.tokens_per_param))
