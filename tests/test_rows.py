@@ -114,28 +114,33 @@ def check_config(case: Case) -> None:
             assert states[c.name] is want, f"{case.id} moved {c.name} to {states[c.name]}"
 
 
-def reach(tr, x: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Which parameter elements the training loss of the batch x (next token x + 1) reaches."""
+def reach(tr, x: torch.Tensor, p: int = 0) -> dict[str, torch.Tensor]:
+    """Which parameter elements the training loss reaches, of the tokens x [B, 1] each alone at position p."""
+    tr.fwd = functools.partial(tr.model, pos=torch.tensor([p]))
     tr.model.zero_grad(set_to_none=True)
     tr.losses(x, (x + 1) % tr.cfg.model.vocab_size)[0].backward()
     params = tr.model.named_parameters()
     return {n: (torch.zeros_like(p) if p.grad is None else p.grad) != 0 for n, p in params}
 
 
-def check_params(case: Case, tmp_path) -> None:
+def check_params(case: Case, tmp_path, make_lm) -> None:
     """num_params() == the module's count; active_params() == num_params() less what one token's
-    gradient skips but another token's reaches (a routed part's other experts). Zeros that every
-    token shares (the keys and memory a first position does not have) are not skipped; the token
-    table is a lookup that the formulas count whole."""
+    gradient skips but another token's, at any position, reaches (a routed part's other experts).
+    Zeros that every lone token shares (the keys and memory a first position does not have) are not
+    skipped; lookup tables (nn.Embedding) count whole, as in the formulas. Unit-gain weights."""
     cfg = model_config(case)
     assert cfg.num_params() == LM(cfg).num_params()
     model, opts = trainer_settings(case)
-    tr = trainer(tmp_path, "active", model, **opts)
+    tr = trainer(tmp_path, "active", model, **opts)  # its losses: what training minimises, aux terms too
     cfg = tr.cfg.model
-    every = reach(tr, torch.arange(cfg.vocab_size)[:, None])  # each token alone at position 0
+    tr.model.load_state_dict(make_lm(**cfg.model_dump()).state_dict())
+    lookups = {f"{n}.weight" for n, m in tr.model.named_modules() if isinstance(m, torch.nn.Embedding)}
+    every, each_token = {}, torch.arange(cfg.vocab_size)[:, None]  # [V, 1]
+    for p in range(cfg.ctx_len):  # every token alone, at every position
+        every = {n: r | every.get(n, r) for n, r in reach(tr, each_token, p).items()}
     for i in (0, 7, 19):
         alone = reach(tr, torch.tensor([[i]]))
-        skipped = sum(int((every[n] & ~alone[n]).sum()) for n in every if n != "tok.weight")
+        skipped = sum(int((every[n] & ~alone[n]).sum()) for n in every if n not in lookups)
         assert cfg.active_params() == cfg.num_params() - skipped, f"token {i} skips {skipped}"
 
 
@@ -272,8 +277,8 @@ def test_config(case):
 
 
 @EACH
-def test_param_counts(case, tmp_path):
-    check_params(case, tmp_path)
+def test_param_counts(case, tmp_path, make_lm):
+    check_params(case, tmp_path, make_lm)
 
 
 @EACH
@@ -307,17 +312,17 @@ def one(name: str, end: str = "llama", on: bool = True) -> Case:
     return Case(components.BY_NAME[name], end, on)
 
 
-def test_a_wrong_param_term_fails(monkeypatch, tmp_path):
+def test_a_wrong_param_term_fails(monkeypatch, tmp_path, make_lm):
     norm = ModelConfig.norm_params
     monkeypatch.setattr(ModelConfig, "norm_params", property(lambda self: norm.fget(self) + 1))
     with pytest.raises(AssertionError):
-        check_params(one("rmsnorm"), tmp_path)
+        check_params(one("rmsnorm"), tmp_path, make_lm)
 
 
-def test_a_wrong_active_count_fails(monkeypatch, tmp_path):
+def test_a_wrong_active_count_fails(monkeypatch, tmp_path, make_lm):
     monkeypatch.setattr(ModelConfig, "active_params", lambda self: self.num_params() - 1)
     with pytest.raises(AssertionError, match="skips 0"):
-        check_params(one("swiglu"), tmp_path)
+        check_params(one("swiglu"), tmp_path, make_lm)
 
 
 def test_a_mask_that_peeks_fails(monkeypatch, make_lm):
