@@ -153,6 +153,10 @@ BUILTINS: tuple[Component, ...] = (
               "no positions", "Yang, Kautz & Hatamizadeh 2025 (ICLR); Qwen3-Next",
               on={"model.gdn_pattern": "DDDA"}, off={"model.gdn_pattern": ""}, llama="off",
               parts=("attention in every layer", "Gated DeltaNet hybrid")),
+    Component("moe", "every FFN becomes routed experts, top-k per token, sized so active FFN params = dense",
+              "Shazeer et al. 2017; Switch (Fedus et al. 2022); Mixtral; Qwen3-MoE; DeepSeek V3",
+              on={"model.moe": True}, off={"model.moe": False}, llama="off",
+              parts=("dense FFN", "mixture of experts")),
 )
 BUILTIN_NAMES: tuple[str, ...] = tuple(c.name for c in BUILTINS)
 FIVE: tuple[str, ...] = tuple(c.name for c in BUILTINS if c.family == "llama")

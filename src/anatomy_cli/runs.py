@@ -288,8 +288,9 @@ def slugify(text: str) -> str:
 # that default they stay out of the hash, so a finished run keeps its id and a rerun skips it.
 HASH_NEUTRAL: dict[str, dict[str, Any]] = {
     "model": {"qk_norm": False, "tie_embeddings": False, "parallel_block": False, "logit_softcap": 0.0,
-              "gdn_pattern": "", "gdn_heads": None, "gdn_key_heads": None, "gdn_head_dim": None, "gdn_conv": 4},
-    "train": {"z_loss": 0.0},
+              "gdn_pattern": "", "gdn_heads": None, "gdn_key_heads": None, "gdn_head_dim": None, "gdn_conv": 4,
+              "moe": False, "moe_experts": 8, "moe_top_k": 2, "moe_hidden": None, "moe_shared": False},
+    "train": {"z_loss": 0.0, "moe_aux_loss": 0.001},
 }
 
 
