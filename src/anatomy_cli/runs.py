@@ -4,14 +4,18 @@ A run directory holds, in the order they are written:
   config.json       the resolved RunConfig (vocab_size filled in), written before training
   metrics.jsonl     one JSON object per line: every step has step, train_loss, grad_norm, lr,
                     tokens (train_loss is the cross-entropy; with train.z_loss > 0 each step
-                    also has z_loss, the term added to it); evaluation steps add val_loss, elapsed_s
+                    also has z_loss, the term added to it; a mixture-of-experts model's steps have
+                    moe_aux_loss, its load-balancing loss before train.moe_aux_loss scales it);
+                    evaluation steps add val_loss, elapsed_s
   vocab.json        the character vocabulary (a JSON list of characters, index = id)
   best.safetensors  weights at the best val loss;  last.safetensors  weights at the end
   resume.pt         optimizer/RNG/step state of an interrupted run (torch.load(weights_only=True))
   samples.txt       text generated from a fixed prefix, temperature and seed
   summary.json      written last, atomically: status ('completed', 'diverged', 'failed',
-                    'interrupted', 'running'), losses, params, tokens, speed, hardware, and
-                    corpus_sha256 (the fingerprint of the training text; resume refuses another)
+                    'interrupted', 'running'), losses, params (total) and active_params (per
+                    token), tokens, speed, hardware, corpus_sha256 (the fingerprint of the
+                    training text; resume refuses another), and for a mixture of experts
+                    expert_load ([layer][expert] fractions of routed tokens, see train.expert_load)
   .lock             held by the process training the run (lockfile.DirLock); a 'running'
                     summary names that owner, and is read as 'interrupted' once the owner is dead
 """
@@ -111,11 +115,11 @@ def json_line(row: dict) -> str:
 
 
 # Fields a reader may do arithmetic on: a value of another type is a corrupt file, not a crash later.
-SUMMARY_INTS = ("params", "best_step", "steps_done", "tokens_seen", "peak_mem_bytes", "threads", "diverged_at")
+SUMMARY_INTS = ("params", "active_params", "best_step", "steps_done", "tokens_seen", "peak_mem_bytes", "threads", "diverged_at")
 SUMMARY_FLOATS = ("best_val_loss", "final_val_loss", "bits_per_char", "tokens_per_s", "step_time_ms", "wall_s")
 SUMMARY_STRINGS = ("status", "run_id", "label", "error", "device", "hardware", "torch_version")
 METRIC_INTS = ("step", "tokens")
-METRIC_FLOATS = ("train_loss", "val_loss", "grad_norm", "lr", "elapsed_s")
+METRIC_FLOATS = ("train_loss", "val_loss", "grad_norm", "lr", "elapsed_s", "z_loss", "moe_aux_loss")
 
 
 def _is_int(v: Any) -> bool:
@@ -134,6 +138,16 @@ def field_problem(row: dict, ints: tuple[str, ...], floats: tuple[str, ...], str
             value = row.get(key)
             if value is not None and not ok(value):
                 return f"{key} is {json.dumps(value)[:40]}, not {kind}"
+    return None
+
+
+def load_problem(load: Any) -> str | None:
+    """expert_load must be a non-empty list of equally long lists of numbers (None: a dense run)."""
+    if load is None:
+        return None
+    if (not isinstance(load, list) or not load or not all(isinstance(row, list) and row for row in load)
+            or len({len(row) for row in load}) != 1 or not all(_is_float(v) for row in load for v in row)):
+        return f"expert_load is {json.dumps(load)[:40]}, not a [layer][expert] table of fractions"
     return None
 
 
@@ -183,7 +197,7 @@ def read_summary(run_dir: Path) -> dict | None:
         return None
     data = read_json(path)
     problem = "not a JSON object" if not isinstance(data, dict) else field_problem(
-        data, SUMMARY_INTS, SUMMARY_FLOATS, SUMMARY_STRINGS)
+        data, SUMMARY_INTS, SUMMARY_FLOATS, SUMMARY_STRINGS) or load_problem(data.get("expert_load"))
     if problem:
         raise RunError(f"corrupt {SUMMARY} in {run_dir}: {problem}")
     return data

@@ -109,8 +109,9 @@ class Trainer:
         self.autocast = autocast(self.device, t.dtype)
         self.step, self.best, self.best_step, self.ref_loss = 0, math.inf, -1, None
         self.last_val, self.elapsed, self.train_time = math.nan, 0.0, 0.0
-        # (step, lr, cross-entropy, grad norm, z term or None): device tensors until the next flush
-        self.pending: list[tuple[int, float, torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
+        # (step, lr, cross-entropy, grad norm, {z_loss, moe_aux_loss: value} as present): device
+        # tensors until the next flush
+        self.pending: list[tuple[int, float, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]] = []
         self.events = tb_events.for_run(self.run_dir, cfg.model_dump(mode="json"))  # None without tensorboard
 
     # ------------------------------------------------------------------ state
@@ -157,19 +158,24 @@ class Trainer:
         self.model.train()
         return float(total) / len(self.val)
 
-    def losses(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(loss to minimise, cross-entropy, z term or None) of one batch; the z term only when z_loss > 0.
+    def losses(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """(loss to minimise, cross-entropy, {metric name: value}) of one batch, all on the device.
 
-        z term = z_loss * mean over positions of logsumexp(logits)^2 (PaLM, Chowdhery et al. 2022,
-        sec. 5). It is on the device like the loss: no host read. Evaluation never adds it.
+        z_loss (train.z_loss > 0): the term z_loss * mean over positions of logsumexp(logits)^2 (PaLM,
+        Chowdhery et al. 2022, sec. 5), added to the loss. moe_aux_loss (a mixture-of-experts model):
+        the model's load-balancing loss, unscaled; train.moe_aux_loss times it is added. Evaluation
+        adds neither.
         """
         with self.autocast:
-            logits, loss = self.fwd(x, y)
-        coef = self.cfg.train.z_loss
-        if coef == 0:
-            return loss, loss, None
-        z = coef * logits.float().logsumexp(dim=-1).square().mean()  # logits: [B, T, V], unpadded
-        return loss + z, loss, z
+            logits, loss, aux = self.fwd(x, y, aux=True)
+        t, total, terms = self.cfg.train, loss, {}
+        if t.z_loss > 0:
+            terms["z_loss"] = t.z_loss * logits.float().logsumexp(dim=-1).square().mean()  # logits: [B, T, V]
+            total = total + terms["z_loss"]
+        if "moe_aux_loss" in aux:
+            terms["moe_aux_loss"] = aux["moe_aux_loss"]
+            total = total + t.moe_aux_loss * aux["moe_aux_loss"]
+        return total, loss, terms
 
     def train_step(self) -> None:
         t = self.cfg.train
@@ -177,26 +183,25 @@ class Trainer:
         for group in self.opt.param_groups:
             group["lr"] = lr
         x, y = self.sampler.next()
-        total, loss, z = self.losses(x, y)
+        total, loss, terms = self.losses(x, y)
         total.backward()
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip if t.grad_clip > 0 else math.inf)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         self.step += 1
-        self.pending.append((self.step, lr, loss.detach(), norm.detach(), None if z is None else z.detach()))
+        self.pending.append((self.step, lr, loss.detach(), norm.detach(), {k: v.detach() for k, v in terms.items()}))
 
     def flush(self, val_loss: float | None = None) -> int | None:
         """Write pending per-step lines (one host read for all of them); return a diverged step."""
         lines, diverged = [], None
         if self.pending:
-            rows = [torch.stack([l.float(), n.float()] + ([] if z is None else [z.float()]))
-                    for _, _, l, n, z in self.pending]
+            rows = [torch.stack([l.float(), n.float(), *(v.float() for v in terms.values())])
+                    for _, _, l, n, terms in self.pending]
             values = torch.stack(rows).tolist()
-            for (step, lr, *_), (loss, norm, *z) in zip(self.pending, values):
+            for (step, lr, _, _, terms), (loss, norm, *extra) in zip(self.pending, values):
                 tokens = step * self.cfg.train.batch_size * self.cfg.model.ctx_len
                 lines.append({"step": step, "train_loss": loss, "grad_norm": norm, "lr": lr, "tokens": tokens})
-                if z:  # z_loss > 0: the z term added to the minimised loss (train_loss stays the CE)
-                    lines[-1]["z_loss"] = z[0]
+                lines[-1].update(zip(terms, extra))  # z_loss, moe_aux_loss: besides the CE (train_loss)
                 if diverged is None and self.is_diverged(loss):
                     diverged = step
             self.pending = []
@@ -277,6 +282,23 @@ def write_samples(tr: Trainer) -> str:
     return text
 
 
+@torch.no_grad()
+def expert_load(tr: Trainer) -> list[list[float]] | None:
+    """Per MoE layer, the fraction of routed slots each expert got (each row sums to 1; a balanced
+    router gives 1/E), over the fixed validation windows with the best weights (best.safetensors):
+    the router the run's result comes from, so a collapse late in training shows. None for a dense
+    model or a run without best weights."""
+    if not tr.cfg.model.moe or tr.best_step < 0:
+        return None
+    load_weights(tr.model, tr.run_dir / runs.BEST)
+    tr.model.eval()
+    counts = 0
+    for x, y in tr.val:
+        with tr.autocast:
+            counts = counts + tr.fwd(x, y, aux=True)[2]["expert_counts"]  # [L, E]
+    return (counts / counts.sum(dim=-1, keepdim=True)).tolist()
+
+
 def available_bytes(device: torch.device) -> int | None:
     """Memory a new allocation can get: free GPU memory, or MemAvailable on Linux (None if unknown)."""
     if device.type == "cuda":
@@ -318,6 +340,7 @@ def summarize(tr: Trainer, status: str, diverged_at: int | None, extra: dict | N
         "components": list(components.on_names(tr.cfg)),
         "seed": tr.cfg.seed,
         "params": tr.model.num_params(),
+        "active_params": tr.cfg.model.active_params(),  # per token: a mixture's unrouted experts left out
         "best_val_loss": best,
         "best_step": tr.best_step if best is not None else None,
         "final_val_loss": tr.last_val if math.isfinite(tr.last_val) else None,
@@ -453,7 +476,8 @@ def _finish(tr: Trainer, stop, extra: dict | None) -> dict:
         (tr.run_dir / runs.RESUME).unlink(missing_ok=True)
         if status == runs.COMPLETED:
             write_samples(tr)
-        summary = summarize(tr, status, diverged_at, extra)
+        load = expert_load(tr)
+        summary = summarize(tr, status, diverged_at, {**(extra or {}), **({"expert_load": load} if load else {})})
     if tr.events is not None:
         tr.events.close()
     runs.atomic_write_json(tr.run_dir / runs.SUMMARY, summary)  # last
