@@ -17,7 +17,7 @@ from lm_checks import assert_causal, decode_in_chunks, tokens, train_losses, tra
 from toy_data import TINY_MODEL, TINY_TRAIN, write_corpus
 from typer.testing import CliRunner
 
-from anatomy_cli import components, runs
+from anatomy_cli import components, report, runs
 from anatomy_cli.cli import app
 from anatomy_cli.config import ConfigError, ModelConfig, RunConfig, validate
 from anatomy_cli.model import LM
@@ -317,6 +317,16 @@ def test_a_moe_run_records_its_metrics_and_routing(tmp_path):
     rows = [r for r in runs.read_metrics(tmp_path / "moe") if "train_loss" in r]
     assert rows and all(r["moe_aux_loss"] >= 1.0 for r in rows)  # >= 1 for top-2 of 4 (k when balanced)
     assert not any("moe_aux_loss" in r for r in runs.read_metrics(tmp_path / "dense"))
+    # the report: both counts in the runs table, and the routing figure for the MoE run only
+    paths = report.write_report(tmp_path, formats=("md", "json"))
+    assert report.expert_loads(report.load_runs(tmp_path)[0]) == [("llama+moe · seed 1337", load)]
+    assert paths["expert-load.png"].stat().st_size > 10_000
+    md = paths["report.md"].read_text()
+    assert "## Routing" in md and "expert-load.png" in md
+    row = next(line for line in md.splitlines() if line.startswith("| moe "))
+    assert [c.strip() for c in row.split("|")][5:7] == [f"{moe['params']:,}", f"{moe['active_params']:,}"]
+    table = {r["run_id"]: r for r in json.loads(paths["report.json"].read_text())["runs"]}
+    assert table["moe"]["active_params"] == moe["active_params"] and table["dense"]["active_params"] == dense["params"]
 
 
 def moe_vocab(tmp_path) -> int:

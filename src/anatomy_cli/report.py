@@ -66,15 +66,15 @@ SAMPLE_CHARS = 2000  # a report shows at most this much of each samples.txt
 
 RUN_COLUMNS = [
     "run_id", "path", "label", "role", *comp.BUILTIN_NAMES, "n_layer", "n_head", "n_kv_head", "d_model", "seed",
-    "params", "status", "best_val_loss", "best_step", "final_val_loss", "overfit_gap",
+    "params", "active_params", "status", "best_val_loss", "best_step", "final_val_loss", "overfit_gap",
     "bits_per_char", "tokens_per_s", "step_time_ms", "wall_s", "diverged_at", "max_grad_norm",
     "loss_spikes", "design", "settings",
 ]  # + a column per spec component found in sweep.json files, one val_loss_ctx_<N> per eval.json length
-INT_COLUMNS = ("n_layer", "n_head", "n_kv_head", "d_model", "seed", "params", "best_step",
+INT_COLUMNS = ("n_layer", "n_head", "n_kv_head", "d_model", "seed", "params", "active_params", "best_step",
                "diverged_at", "loss_spikes")
 FLOAT_COLUMNS = ("best_val_loss", "final_val_loss", "bits_per_char", "tokens_per_s",
                  "step_time_ms", "wall_s", "max_grad_norm")
-SUMMARY_KEYS = ("params", "best_val_loss", "best_step", "final_val_loss", "bits_per_char",
+SUMMARY_KEYS = ("params", "active_params", "best_val_loss", "best_step", "final_val_loss", "bits_per_char",
                 "tokens_per_s", "step_time_ms", "wall_s", "diverged_at")
 CURVE_COLUMNS = ["run_id", "step", "tokens", "split", "loss", "grad_norm"]  # grad_norm on train rows
 EFFECT_COLUMNS = ["metric", "flip", "direction", "against", "group", "n_pairs", "excluded", "mean_delta",
@@ -144,6 +144,8 @@ def _run_row(run_id: str, run_dir: Path, metrics: list[dict], design: tuple[comp
     row |= {"seed": config.get("seed"), "design": "+".join(c.name for c in design),
             "settings": _settings_key(flat, design)}
     row |= _outcome(read_summary(run_dir), metrics)
+    if row["active_params"] is None and not model.moe:  # summaries from before MoE: all of a dense model is active
+        row["active_params"] = row["params"]
     warmup = config.get("train", {}).get("warmup", TrainConfig.model_fields["warmup"].default)
     row |= _stability(metrics, warmup)
     row |= _ctx_losses(run_dir)
@@ -421,7 +423,7 @@ def _effects_frame(rows: list[dict]) -> pd.DataFrame:
 
 LOSS_METRIC, SPEED_METRIC = "best_val_loss", "tokens_per_s"
 OVERLAP_NOTE = "from training runs that may have shared the CPU: not a fair timing"
-RUN_TABLE = ["run_id", "label", "seed", "status", "params", "best_val_loss", "best_step",
+RUN_TABLE = ["run_id", "label", "seed", "status", "params", "active_params", "best_val_loss", "best_step",
              "final_val_loss", "overfit_gap", "bits_per_char", "tokens_per_s", "step_time_ms",
              "max_grad_norm", "loss_spikes", "diverged_at"]
 EFFECT_TABLE = ["flip", "direction", "against", "group", "n_pairs", "excluded", "mean_delta", "ci_low",
@@ -453,8 +455,8 @@ def write_report(root: Path, out_dir: Path | None = None, formats: tuple[str, ..
                  frames: tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame] | None = None) -> dict[str, Path]:
     """Write the report files into out_dir (default <root>/report/); returns {file name: path}.
 
-    Always the figures (forest.png, speed.png, curves.png, effects-over-training.png, and
-    grad-norm.png for a stability study); 'csv' adds runs.csv, effects.csv (loss and speed, told
+    Always the figures (forest.png, speed.png, curves.png, effects-over-training.png, grad-norm.png
+    for a stability study, expert-load.png when a run is a mixture of experts); 'csv' adds runs.csv, effects.csv (loss and speed, told
     apart by `metric`) and eval-effects.csv, 'md' report.md, 'html' a self-contained report.html,
     'json' report.json ({"root", "runs", "effects", "verdict", "eval_effects"}, NaN -> null).
     `frames`, from report_frames(root), spares reading the runs again.
@@ -476,6 +478,9 @@ def write_report(root: Path, out_dir: Path | None = None, formats: tuple[str, ..
              "effects-over-training.png": figures.plot_eval_effects(eval_effects, out / "effects-over-training.png")}
     if _stability_study(Path(root), runs):
         paths["grad-norm.png"] = figures.plot_curves(curves, panels, out / "grad-norm.png", value="grad_norm")
+    loads = expert_loads(runs)
+    if loads:
+        paths["expert-load.png"] = figures.plot_expert_load(loads, out / "expert-load.png")
     texts = {}
     if "csv" in formats:
         texts |= {"runs.csv": runs.to_csv(index=False), "effects.csv": effects.to_csv(index=False),
@@ -507,6 +512,16 @@ def _curve_panels(runs: pd.DataFrame) -> list[dict]:
                            "title": f"{sign}{flip} vs {against}" + (f" [{group}]" if group else ""),
                            "ref": list(ref["run_id"]), "var": list(var["run_id"])})
     return panels
+
+
+def expert_loads(runs: pd.DataFrame) -> list[tuple[str, list[list[float]]]]:
+    """(title, [layer][expert] shares) of each mixture-of-experts config's lowest seed with a recorded load."""
+    out = []
+    for run in _by_components(runs).drop_duplicates(["label", "settings"]).itertuples():
+        load = (read_summary(Path(run.path)) or {}).get("expert_load")
+        if load:
+            out.append((f"{run.label} · seed {run.seed}", load))
+    return out
 
 
 def _stability_study(root: Path, runs: pd.DataFrame) -> bool:
@@ -548,6 +563,7 @@ def _sections(root: Path, runs, effects, verdict, eval_effects, images: dict[str
         ("Curves", [("p", ("One panel per component: the runs with it flipped (its colour) against the end they "
                            "are compared with (grey); mean over seeds."))] + curves),
         ("Effects over training", _eval_blocks(eval_effects) + [("img", images["effects-over-training.png"])]),
+        *([("Routing", [("p", ROUTING_NOTE), ("img", images["expert-load.png"])])] if "expert-load.png" in images else []),
         ("Runs", [("p", f"{len(runs)} runs: {_status_counts(runs)}."),
                   ("table", _display(_by_components(runs), RUN_TABLE + ctx), True)]),
         ("Effect details", [("p", LOSS_NOTE), ("table", _display(loss, _effect_columns(loss)), False)]),
@@ -555,6 +571,10 @@ def _sections(root: Path, runs, effects, verdict, eval_effects, images: dict[str
     ]
 
 
+ROUTING_NOTE = ("Each mixture of experts (its lowest seed): the share of every layer's routed tokens that each "
+                "expert received on the fixed validation windows with the best weights, experts ordered by load "
+                "within a layer. Dashed: the uniform share 1/E. Bars far above the line mean a router that "
+                "collapsed onto a few experts; the rest then barely train.")
 LOSS_NOTE = ("delta = best val loss of the variant minus its end's run with the same seed (add-one: against "
              "the end with every component off, the 2017 end for the five 2017 -> LLaMA parts; remove-one: "
              "against the end with every component on, the LLaMA end); negative = the variant learns better. "
@@ -706,7 +726,7 @@ def _cell(value: Any, column: str, formats: dict) -> str:
     if isinstance(value, (bool, np.bool_)):
         return "yes" if value else "no"
     if isinstance(value, (int, np.integer)):
-        return f"{value:,}" if column == "params" else str(value)
+        return f"{value:,}" if column in ("params", "active_params") else str(value)
     if isinstance(value, (float, np.floating)):
         return formats.get(column, "{:.4f}").format(value)
     return str(value)

@@ -285,9 +285,10 @@ def write_samples(tr: Trainer) -> str:
 @torch.no_grad()
 def expert_load(tr: Trainer) -> list[list[float]] | None:
     """Per MoE layer, the fraction of routed slots each expert got (each row sums to 1; a balanced
-    router gives 1/E), over the fixed validation windows with the best weights (best.safetensors):
-    the router the run's result comes from, so a collapse late in training shows. None for a dense
-    model or a run without best weights."""
+    router gives 1/E; none can pass 1/k, as a token picks k different experts), over the fixed
+    validation windows with the best weights (best.safetensors): the router the run's result comes
+    from, so a collapse late in training shows (a tally over training would average it away). None
+    for a dense model or a run without best weights."""
     if not tr.cfg.model.moe or tr.best_step < 0:
         return None
     load_weights(tr.model, tr.run_dir / runs.BEST)
