@@ -133,6 +133,20 @@ def test_new_fields_at_their_defaults_keep_run_ids():
     assert runs.config_hash(on) != runs.config_hash(today)
 
 
+def test_components_command_shows_total_and_active_change():
+    result = CliRunner().invoke(app, ["components", "--json"])
+    assert result.exit_code == 0, result.output
+    row = next(r for r in json.loads(result.output)["components"] if r["name"] == "moe")
+    # LLaMA end, per layer: 8 x 3 x 128 x 176 + 1,024 router - 3 x 128 x 352; active: the router alone
+    assert (row["params_from_llama"], row["active_from_llama"]) == (4 * 406_528, 4 * 1_024)
+    # 2017 end, GELU experts: 8 x 2 x 128 x 256 + 1,024 - 2 x 128 x 512
+    assert (row["params_from_2017"], row["active_from_2017"]) == (4 * 394_240, 4 * 1_024)
+    rope = next(r for r in json.loads(result.output)["components"] if r["name"] == "rope")
+    assert rope["active_from_2017"] == rope["params_from_2017"]  # a dense part: every parameter is active
+    table = CliRunner().invoke(app, ["components"], env={"COLUMNS": "200"}).output
+    assert "+1,626,112" in table and "(active +4,096)" in table
+
+
 def test_the_component_row():
     row = components.BY_NAME["moe"]
     assert row.llama == "off" and row.source and dict(row.on) == {"model.moe": True}

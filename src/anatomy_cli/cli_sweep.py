@@ -281,9 +281,10 @@ def _fmt(v) -> str:
 REFERENCE_SIZE = {"vocab_size": 1719, "d_model": 128, "n_layer": 4, "n_head": 4, "n_kv_head": 4, "ctx_len": 128}
 
 
-def param_change(c, end_on: bool) -> int | None:
-    """Parameters the component adds (negative: removes) at the published size, from the 2017 end
-    (end_on False) or the LLaMA end; None for a component that does not touch the model."""
+def param_change(c, end_on: bool) -> tuple[int, int] | None:
+    """(total, active per token) parameters the component adds (negative: removes) at the published
+    size, from the 2017 end (end_on False) or the LLaMA end; None for a component that does not touch
+    the model."""
     from .config import ModelConfig
 
     if not any(k.startswith("model.") for k in c.keys):
@@ -293,8 +294,9 @@ def param_change(c, end_on: bool) -> int | None:
     counts = []
     for state in (True, False):
         settings = {k.removeprefix("model."): v for k, v in c.settings(state, flat).items() if k.startswith("model.")}
-        counts.append(ModelConfig.model_validate(model | settings).num_params())
-    return counts[0] - counts[1]
+        cfg = ModelConfig.model_validate(model | settings)
+        counts.append((cfg.num_params(), cfg.active_params()))
+    return counts[0][0] - counts[1][0], counts[0][1] - counts[1][1]
 
 
 @app.command("components")
@@ -307,21 +309,30 @@ def components_cmd(
     table_ = spec_table(load_spec(spec)) if spec is not None else dict(components.BY_NAME)
     rows = []
     for c in table_.values():
-        rows.append(components.record(c) | {
-            "off_text": c.describe("off"), "on_text": c.describe("on"),
-            "params_from_2017": param_change(c, False), "params_from_llama": param_change(c, True)})
+        change = {end: param_change(c, end == "llama") for end in ("2017", "llama")}
+        rows.append(components.record(c) | {"off_text": c.describe("off"), "on_text": c.describe("on")}
+                    | {f"params_from_{end}": d and d[0] for end, d in change.items()}
+                    | {f"active_from_{end}": d and d[1] for end, d in change.items()})
     if json_out:
         console.print_json(json.dumps({"reference_size": REFERENCE_SIZE, "components": rows}))
         return
-    out = Table(title="components: parameters each adds at vocab 1719, d 128, 4 layers, 4 heads, ctx 128",
+    out = Table(title="components: parameters each adds at vocab 1719, d 128, 4 layers, 4 heads, ctx 128 "
+                      "(and per token, where that differs)",
                 caption="anatomy components --json for sources and settings in full")
     for col in ("name", "off -> on", "from 2017", "from LLaMA", "about"):
         out.add_column(col, justify="right" if col.startswith("from") else "left",
                        no_wrap=col != "about", overflow="fold")
-    fmt = lambda v: "-" if v is None else f"{v:+,}"  # noqa: E731
     for r, c in zip(rows, table_.values()):
-        out.add_row(r["name"], change_text(c), fmt(r["params_from_2017"]), fmt(r["params_from_llama"]), r["about"])
+        out.add_row(r["name"], change_text(c), _change(r, "2017"), _change(r, "llama"), r["about"])
     console.print(out)
+
+
+def _change(row: dict, end: str) -> str:
+    """'+1,024', or '+1,626,112' over '(active +4,096)' for a part a token uses only some of; '-' for none."""
+    total, active = row[f"params_from_{end}"], row[f"active_from_{end}"]
+    if total is None:
+        return "-"
+    return f"{total:+,}" + (f"\n(active {active:+,})" if active != total else "")
 
 
 def change_text(c) -> str:
