@@ -17,7 +17,7 @@ from lm_checks import assert_causal, decode_in_chunks, tokens, train_losses, tra
 from toy_data import TINY_MODEL, TINY_TRAIN, write_corpus
 from typer.testing import CliRunner
 
-from anatomy_cli import components, report, runs
+from anatomy_cli import components, report, runs, tb_events
 from anatomy_cli.cli import app
 from anatomy_cli.config import ConfigError, ModelConfig, RunConfig, validate
 from anatomy_cli.model import LM
@@ -331,6 +331,11 @@ def test_a_moe_run_records_its_metrics_and_routing(tmp_path):
     rows = [r for r in runs.read_metrics(tmp_path / "moe") if "train_loss" in r]
     assert rows and all(r["moe_aux_loss"] >= 1.0 for r in rows)  # >= 1 for top-2 of 4 (k when balanced)
     assert not any("moe_aux_loss" in r for r in runs.read_metrics(tmp_path / "dense"))
+    if tb_events.available():  # the balance loss is a TensorBoard scalar too
+        from test_tb import read_events
+
+        tb = [e.value for e in read_events(tmp_path / "moe").Scalars("loss/moe_aux")]
+        assert tb == pytest.approx([r["moe_aux_loss"] for r in rows])
     # the report: both counts in the runs table, and the routing figure for the MoE run only
     paths = report.write_report(tmp_path, formats=("md", "json"))
     assert report.expert_loads(report.load_runs(tmp_path)[0]) == [("llama+moe · seed 1337", load)]
