@@ -14,11 +14,12 @@ DeepSeek V3 adds its shared expert ungated.
 Dispatch: the N * k (token, choice) slots are sorted by expert and each expert runs one matmul chain
 on its contiguous slice. The slice sizes depend on the data (one host read of E counts per layer),
 so torch.func.vmap cannot batch this module and torch.compile breaks its graph there. Both
-fixed-shape forms were measured at d_model 128, 8 experts, 1024 tokens (benchmarks/bench_moe.py):
-every expert on every token, masked, costs E/k = 4x the FLOPs and ran ~3.5x slower; torch's
-grouped_mm is fixed-shape and a little faster but on CPU needs 16-byte aligned sizes and, under
-torch.compile, bf16. Slots go to the experts and back by permutations (a gather and its inverse),
-so the backward pass scatters without collisions: the same gradients on any device and thread count.
+fixed-shape forms were measured at d_model 128, 8 experts, 1024 tokens (benchmarks/bench_moe.py,
+whole training steps, paired): every expert on every token, masked, costs E/k = 4x the expert FLOPs
+and took 2x as long; torch's grouped_mm (offsets on the device) was as fast, but on CPU it needs
+16-byte aligned sizes and, under torch.compile, bf16. Slots go to the experts and back by
+permutations (a gather and its inverse), so no two gradient contributions are scatter-added into
+one place (index_add_'s are, in an order a GPU does not fix).
 
 Load balancing (`balance`): Switch's E · Σ_e f_e · P_e with f_e the top-k assignments per token to
 expert e and P_e its mean router probability, both pooled over every MoE layer's tokens before the
