@@ -6,7 +6,7 @@ TORCH  ?= torch==2.13.0
 EXTRAS ?= dev,hf,dask,tb
 BIN    := $(VENV)/bin
 
-.PHONY: demo test check install clean
+.PHONY: demo test check results install clean
 
 $(BIN)/anatomy: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ test: install
 # The CI regression gate on best val loss (see experiments/ci-regression.toml).
 check: install
 	$(BIN)/anatomy check experiments/ci-regression.toml --baseline experiments/ci-baseline.json
+
+# Rewrite the README's marked result blocks from experiments/results/*.json (written by
+# `anatomy report RUNS_DIR --results experiments/results/STUDY.json`).
+results: install
+	$(BIN)/python -m anatomy_cli.results README.md
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

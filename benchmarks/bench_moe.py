@@ -31,7 +31,8 @@ from anatomy_cli.components import model_settings  # noqa: E402
 from anatomy_cli.config import ModelConfig, TrainConfig  # noqa: E402
 from anatomy_cli.model import LM  # noqa: E402
 from anatomy_cli.model.moe import MoE, activate  # noqa: E402
-from anatomy_cli.train import keep_freed_memory, make_optimizer  # noqa: E402
+from anatomy_cli.devices import keep_freed_memory  # noqa: E402
+from anatomy_cli.trainer import make_optimizer  # noqa: E402
 
 
 def masked_experts(self: MoE, flat, slots, counts):
@@ -118,11 +119,10 @@ def main(argv=None) -> None:
                      f"{common.median(ratio):.2f}x", f"±{100 * common.spread(ratio):.0f}%"])
     lines = common.table(["variant", "params", "active", "ms/step", "spread", "tokens/s", "vs sorted", "spread"], rows)
     lines += ["", f"B={args.batch} T={args.seq} ({tokens} tokens) d={args.d_model} L={args.layers} H=4 G=2 "
-                  f"V={args.vocab}; MoE: {moe.moe_experts} experts, top-{moe.moe_top_k}, hidden {moe.moe_expert_hidden} "
-                  f"(dense {moe.ffn_hidden}); {len(samples['sorted'])} interleaved rounds, median; ratios paired per round."]
-    print("\n".join(lines))
-    if not args.no_append:
-        common.append_results("Mixture-of-experts dispatch (bench_moe.py)", common.command_line(), lines)
+                  f"V={args.vocab}; MoE: {moe.moe_experts} experts, top-{moe.moe_top_k}, "
+                  f"hidden {moe.moe_expert_hidden} (dense {moe.ffn_hidden}); {len(samples['sorted'])} "
+                  f"interleaved rounds, median; ratios paired per round."]
+    common.publish("Mixture-of-experts dispatch (bench_moe.py)", lines, append=not args.no_append)
 
 
 if __name__ == "__main__":

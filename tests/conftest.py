@@ -6,14 +6,23 @@ a parametrized fixture) crossed with an n_kv_head axis that each test parametriz
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import math
+import os
+import shutil
+import tempfile
 
 import pytest
 import torch
 
 from anatomy_cli.config import ModelConfig
 from anatomy_cli.model import LM
+
+# Plan estimates calibrate into a cache of this test session, never the user's ~/.cache; set at import,
+# so the subprocesses tests start (their environment copied at import) share it too.
+os.environ["ANATOMY_CACHE"] = tempfile.mkdtemp(prefix="anatomy-test-cache-")
+atexit.register(shutil.rmtree, os.environ["ANATOMY_CACHE"], True)
 
 TOY = {"vocab_size": 50, "d_model": 32, "n_layer": 2, "n_head": 4, "n_kv_head": 4, "ctx_len": 24}
 

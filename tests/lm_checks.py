@@ -8,7 +8,8 @@ from toy_data import TINY_MODEL, TINY_TRAIN, write_corpus
 
 from anatomy_cli.config import RunConfig, validate
 from anatomy_cli.data import load_corpus
-from anatomy_cli.train import Trainer, resolve_config
+from anatomy_cli.train import resolve_config
+from anatomy_cli.trainer import Trainer
 
 
 def tokens(B: int, T: int, seed: int = 0, vocab: int = 50) -> torch.Tensor:
@@ -56,6 +57,4 @@ def trainer(tmp_path, name: str, model: dict | None = None, **train_opts) -> Tra
 
 
 def train_losses(tr: Trainer, steps: int = 3) -> list[float]:
-    for _ in range(steps):
-        tr.train_step()
-    return [float(loss) for _, _, loss, _, _ in tr.pending]
+    return [float(tr.train_step().loss) for _ in range(steps)]

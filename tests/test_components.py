@@ -222,7 +222,7 @@ def test_spec_component_runs_and_reports_its_effect_with_a_ci(tmp_path):
     effects = report.component_effects(runs_df)
     row = effects[(effects["flip"] == "wd0") & (effects["direction"] == "add-one")].iloc[0]
     assert row["n_pairs"] == 3 and row["against"] == "reference end"
-    assert row["ci_low"] < row["mean_delta"] < row["ci_high"]
+    assert row["family"] == 1 and row["adj_low"] == row["raw_low"] < row["gain"] < row["raw_high"] == row["adj_high"]
     paths = report.write_report(tmp_path / "runs" / "t")
     assert "wd0" in paths["report.md"].read_text()
 
@@ -243,8 +243,8 @@ def test_report_pairs_gqa_under_an_n_head_axis(tmp_path):
     assert (runs_df["role"] != "").all()
     effects = report.component_effects(runs_df)
     add = effects[(effects["flip"] == "gqa") & (effects["direction"] == "add-one")].set_index("group")
-    assert add.loc["n_head=2", "mean_delta"] == pytest.approx(0.02)
-    assert add.loc["n_head=4", "mean_delta"] == pytest.approx(0.04)
+    assert add.loc["n_head=2", "gain"] == pytest.approx(-0.02)
+    assert add.loc["n_head=4", "gain"] == pytest.approx(-0.04)
     assert (add["n_pairs"] == 2).all() and set(add["against"]) == {"2017 end"}
 
 
@@ -263,8 +263,18 @@ def test_two_component_study_pairs_both_directions(tmp_path):
             (run / "config.json").write_text(json.dumps(p.config.model_dump(mode="json") | {"model": {**p.config.model.model_dump(mode="json"), "vocab_size": 50}}))
             (run / "summary.json").write_text(json.dumps({"status": "completed", "best_val_loss": loss[p.slug]}))
     effects = report.component_effects(report.load_runs(tmp_path)[0]).set_index(["flip", "direction"])
-    assert effects.loc[("wd0", "add-one"), "mean_delta"] == pytest.approx(-0.1)
-    assert effects.loc[("lr2", "add-one"), "mean_delta"] == pytest.approx(-0.3)
-    assert effects.loc[("wd0", "remove-one"), "mean_delta"] == pytest.approx(0.2)  # lr2 alone - all-on
-    assert effects.loc[("lr2", "remove-one"), "mean_delta"] == pytest.approx(0.4)  # wd0 alone - all-on
+    assert effects.loc[("wd0", "add-one"), "gain"] == pytest.approx(0.1)
+    assert effects.loc[("lr2", "add-one"), "gain"] == pytest.approx(0.3)
+    assert effects.loc[("wd0", "remove-one"), "gain"] == pytest.approx(0.2)  # lr2 alone - all-on
+    assert effects.loc[("lr2", "remove-one"), "gain"] == pytest.approx(0.4)  # wd0 alone - all-on
     assert set(effects["against"]) == {"reference end", "all-on end"}
+
+
+def test_a_built_in_row_must_say_what_a_llama_export_does_with_it():
+    """No default: a row that forgets `llama` fails at import, instead of exporting a Llama that
+    silently ignores the part."""
+    with pytest.raises(TypeError, match="llama"):
+        comp.Component("x", "about", "source", on={"model.qk_norm": True})
+    with pytest.raises(ValueError, match="llama must be one of on, off, either"):
+        comp.Component("x", "about", "source", on={"model.qk_norm": True}, llama="maybe")
+    assert {c.llama for c in comp.BUILTINS} <= set(comp.LLAMA_STATES)

@@ -375,7 +375,8 @@ def hf_model(cfg: ModelConfig, shared: bool):
                   num_experts_per_tok=cfg.moe_top_k, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
                   use_sliding_window=False, attn_implementation="eager", experts_implementation="eager")
     if shared:
-        hc = transformers.Qwen2MoeConfig(**common, shared_expert_intermediate_size=cfg.moe_expert_hidden, qkv_bias=False)
+        hc = transformers.Qwen2MoeConfig(**common, shared_expert_intermediate_size=cfg.moe_expert_hidden,
+                                         qkv_bias=False)
         return transformers.Qwen2MoeForCausalLM(hc).eval()
     return transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**common)).eval()
 
@@ -396,8 +397,10 @@ def hf_state(model: LM, shared: bool) -> dict[str, torch.Tensor]:
            "lm_head.weight": sd["head.weight"]}
     for i in range(cfg.n_layer):
         a, o = f"blocks.{i}.", f"model.layers.{i}."
-        out |= dict(zip((o + f"self_attn.{p}_proj.weight" for p in "qkv"), sd[a + "attn.qkv.weight"].split([q, kv, kv])))
-        out |= {o + "self_attn.o_proj.weight": sd[a + "attn.out.weight"], o + "input_layernorm.weight": sd[a + "norm1.weight"],
+        qkv = sd[a + "attn.qkv.weight"].split([q, kv, kv])
+        out |= dict(zip((o + f"self_attn.{p}_proj.weight" for p in "qkv"), qkv))
+        out |= {o + "self_attn.o_proj.weight": sd[a + "attn.out.weight"],
+                o + "input_layernorm.weight": sd[a + "norm1.weight"],
                 o + "post_attention_layernorm.weight": sd[a + "norm2.weight"]}
         if cfg.qk_norm:
             out |= {o + f"self_attn.{p}_norm.weight": sd[a + f"attn.{p}_norm.weight"] for p in "qk"}

@@ -20,8 +20,8 @@ from anatomy_cli.runs import RunError
 pytestmark = pytest.mark.filterwarnings("error")  # the report must be warnings-free
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-FIGURES = {"forest.png", "speed.png", "curves.png", "effects-over-training.png"}
-T2 = 4.303  # t(0.975, df=2), by hand
+FIGURES = {"forest.png", "curves.png", "effects-over-training.png"}  # speed.png only with a timing pass
+T2 = 4.3026527  # t(0.975, df=2), from a printed table to 7 digits
 
 
 def model_for(flips, n_layer=4):
@@ -133,8 +133,11 @@ def test_empty_metrics_and_failed_runs_tolerated(tmp_path):
 def test_no_runs_raises_clearly(tmp_path):
     with pytest.raises(RunError, match="no runs under"):
         report.load_runs(tmp_path)
-    with pytest.raises(RunError, match="not a directory"):
+    with pytest.raises(RunError, match="runs directory not found"):
         report.load_runs(tmp_path / "missing")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(RunError, match="not a directory"):
+        report.load_runs(tmp_path / "file")
 
 
 # --------------------------------------------------------------------------------- effects
@@ -152,15 +155,19 @@ def test_add_one_mean_and_ci_by_hand(tmp_path):
     rope = effect(effects, "rope", "add-one")
     half = T2 * 0.05 / math.sqrt(3)  # sd of (-.2, -.25, -.3) is 0.05; half = 0.1242
     assert rope["n_pairs"] == 3 and rope["excluded"] == 0 and rope["group"] == ""
-    assert rope["mean_delta"] == pytest.approx(-0.25)
-    assert rope["ci_low"] == pytest.approx(-0.25 - half)
-    assert rope["ci_high"] == pytest.approx(-0.25 + half)
-    assert rope["ci_high"] < 0 and not rope["within_noise"] and rope["within_noise"] is not None
+    assert rope["gain"] == pytest.approx(0.25)  # the loss fell by 0.25: a gain of +0.25
+    assert rope["raw_low"] == pytest.approx(0.25 - half)
+    assert rope["raw_high"] == pytest.approx(0.25 + half)
     swiglu = effect(effects, "swiglu", "add-one")
     sd = np.std([0.1, -0.1, 0.1], ddof=1)
-    assert swiglu["mean_delta"] == pytest.approx(0.1 / 3)
-    assert swiglu["ci_high"] - swiglu["ci_low"] == pytest.approx(2 * T2 * sd / math.sqrt(3))
-    assert bool(swiglu["within_noise"]) is True
+    assert swiglu["gain"] == pytest.approx(-0.1 / 3)
+    assert swiglu["raw_high"] - swiglu["raw_low"] == pytest.approx(2 * T2 * sd / math.sqrt(3))
+    assert swiglu["call"] == "within noise"
+    t_adj = 0.975 * math.sqrt(2 / (1 - 0.975**2))  # df 2 closed form at 1 - 0.05/2 (Bonferroni over 2 effects)
+    assert rope["adj_high"] - rope["adj_low"] == pytest.approx(2 * t_adj * 0.05 / math.sqrt(3), rel=1e-9)
+    assert rope["family"] == 2 and rope["adj_level"] == pytest.approx(0.975)
+    assert rope["threshold"] == pytest.approx(0.1) and rope["threshold_basis"] == "noise floor"  # sd of 2.0, 2.1, 2.2
+    assert rope["call"] == "helps"
     assert set(effects["direction"]) == {"add-one"}  # no LLaMA end: no remove-one rows
 
 
@@ -168,10 +175,9 @@ def test_one_seed_has_no_ci(tmp_path):
     make_run(tmp_path, "base", best=2.0)
     make_run(tmp_path, "gqa", flips=("gqa",), best=2.05)
     row = effect(report.component_effects(report.load_runs(tmp_path)[0]), "gqa", "add-one")
-    assert row["n_pairs"] == 1 and row["mean_delta"] == pytest.approx(0.05)
-    assert math.isnan(row["ci_low"]) and math.isnan(row["ci_high"])
-    assert row["within_noise"] is None
-    assert row["note"] == "CI unavailable with one seed"
+    assert row["n_pairs"] == 1 and row["gain"] == pytest.approx(-0.05)
+    assert math.isnan(row["raw_low"]) and math.isnan(row["adj_high"]) and row["family"] == 0
+    assert row["call"] == "too few seeds"
 
 
 def test_remove_one_is_paired_against_llama_end(tmp_path):
@@ -182,7 +188,8 @@ def test_remove_one_is_paired_against_llama_end(tmp_path):
     make_run(tmp_path, "base-s1", seed=1, best=3.0)  # a 2017 end must not enter remove-one
     effects = report.component_effects(report.load_runs(tmp_path)[0])
     row = effect(effects, "rope", "remove-one")
-    assert row["n_pairs"] == 2 and row["mean_delta"] == pytest.approx(0.15)  # (0.2 + 0.1) / 2
+    assert row["n_pairs"] == 2 and row["gain"] == pytest.approx(0.15)  # losing rope costs (0.2 + 0.1) / 2
+    assert row["call"] == "too few seeds" and math.isfinite(row["adj_low"])
     assert len(effects) == 1
 
 
@@ -196,7 +203,7 @@ def test_diverged_run_excluded_but_listed(tmp_path):
     assert runs.set_index("run_id").loc["rms-s3", "diverged_at"] == 3
     row = effect(report.component_effects(runs), "rmsnorm", "add-one")
     assert row["n_pairs"] == 2 and row["excluded"] == 1
-    assert row["mean_delta"] == pytest.approx(-0.1)
+    assert row["gain"] == pytest.approx(0.1)
 
 
 def test_speed_effect_is_percent(tmp_path):
@@ -206,7 +213,9 @@ def test_speed_effect_is_percent(tmp_path):
     row = effect(report.component_effects(report.load_runs(tmp_path)[0], "tokens_per_s"),
                  "gqa", "add-one")
     assert row["metric"] == "tokens_per_s" and row["unit"] == "%"
-    assert row["mean_delta"] == pytest.approx(20.0)  # +10% and +30%
+    assert row["gain"] == pytest.approx(20.0)  # +10% and +30% faster with gqa
+    llama = report.component_effects(report.load_runs(tmp_path)[0], "tokens_per_s")
+    assert llama["threshold"].iloc[0] == pytest.approx(0.0)  # the 2017 end ran at 1000 tokens/s both times
 
 
 def test_unknown_metric_raises(tmp_path):
@@ -220,8 +229,8 @@ def test_groups_are_other_varying_settings(tmp_path):
         make_run(tmp_path, f"base-L{n_layer}", n_layer=n_layer, best=base)
         make_run(tmp_path, f"rope-L{n_layer}", flips=("rope",), n_layer=n_layer, best=rope)
     effects = report.component_effects(report.load_runs(tmp_path)[0])
-    assert effect(effects, "rope", "add-one", group="n_layer=2")["mean_delta"] == pytest.approx(-0.1)
-    assert effect(effects, "rope", "add-one", group="n_layer=6")["mean_delta"] == pytest.approx(-0.3)
+    assert effect(effects, "rope", "add-one", group="n_layer=2")["gain"] == pytest.approx(0.1)
+    assert effect(effects, "rope", "add-one", group="n_layer=6")["gain"] == pytest.approx(0.3)
 
 
 # --------------------------------------------------------------------------------- files
@@ -245,10 +254,8 @@ def test_plots_write_pngs(tmp_path):
     paths = [figures.plot_curves(curves, panels, tmp_path / "c.png"),
              figures.plot_curves(curves, panels, tmp_path / "g.png", value="grad_norm"),
              figures.plot_curves(curves.iloc[:0], [], tmp_path / "nocurves.png"),
-             figures.plot_forest(verdict.verdict_frame(effects), tmp_path / "f.png", floor=0.05),
+             figures.plot_forest(verdict.verdict_frame(effects), tmp_path / "f.png"),
              figures.plot_forest(verdict.verdict_frame(effects.iloc[:0]), tmp_path / "nof.png"),
-             figures.plot_effects(effects, tmp_path / "e.png"),
-             figures.plot_effects(effects.iloc[:0], tmp_path / "none.png"),
              figures.plot_eval_effects(report.effects_by_eval(runs, curves), tmp_path / "t.png"),
              figures.plot_eval_effects(report.effects_by_eval(runs.iloc[:0], curves), tmp_path / "not.png")]
     for path in paths:
@@ -277,7 +284,7 @@ def test_write_report_all_formats(tmp_path):
         assert run_id in md
     assert "![curves](curves.png)" in md and "![forest](forest.png)" in md
     assert "````text\n## the ``` base\n````" in md
-    assert "mean_delta_pct" in md  # the speed table
+    assert "`anatomy ablate SPEC --time --runs-dir" in md.replace("```bash\n", "`").replace("\n```", "`")  # no fair timing
 
     page = paths["report.html"].read_text()
     assert page.count("data:image/png;base64,") == len(FIGURES) + 1 and "<table" in page
@@ -319,8 +326,8 @@ def test_gqa_runs_with_several_kv_heads_get_their_own_groups(tmp_path):
         config["model"]["n_kv_head"] = kv
         (run / "config.json").write_text(json.dumps(config))
     effects = report.component_effects(report.load_runs(tmp_path)[0])
-    assert effect(effects, "gqa", "add-one", group="n_kv_head=1")["mean_delta"] == pytest.approx(0.2)
-    assert effect(effects, "gqa", "add-one", group="n_kv_head=2")["mean_delta"] == pytest.approx(0.1)
+    assert effect(effects, "gqa", "add-one", group="n_kv_head=1")["gain"] == pytest.approx(-0.2)
+    assert effect(effects, "gqa", "add-one", group="n_kv_head=2")["gain"] == pytest.approx(-0.1)
 
 
 def test_same_dir_name_in_two_sweeps_gets_a_path_id(tmp_path):
@@ -342,14 +349,61 @@ def p_df2(deltas):
     return 1.0 - t / math.sqrt(2.0 + t * t)
 
 
-def test_t_p_value_matches_closed_forms():
+def test_p_values_and_quantiles_match_closed_forms():
     from anatomy_cli import stats
 
-    for t in (0.5, 2.0, 4.303, 9.0):
-        assert stats.t_p_value(t, 1) == pytest.approx(1 - 2 / math.pi * math.atan(t))  # Cauchy
-        assert stats.t_p_value(t, 2) == pytest.approx(1 - t / math.sqrt(2 + t * t))
-    for df, q in enumerate(report.stats.T_975, start=1):
-        assert stats.t_p_value(q, df) == pytest.approx(0.05, abs=2e-4)
+    for d in ([0.3, 0.1], [0.5, 0.1, 0.2]):  # df 1: Cauchy, P(|T| < t) = 2/pi atan t; df 2: t / sqrt(2 + t^2)
+        d = np.asarray(d)
+        t = d.mean() / (d.std(ddof=1) / math.sqrt(len(d)))
+        want = 1 - 2 / math.pi * math.atan(t) if len(d) == 2 else 1 - t / math.sqrt(2 + t * t)
+        assert stats.paired(d)["p_value"] == pytest.approx(want, rel=1e-9)
+    # simultaneous quantiles past any 95% table: df 2 has t_q = sqrt(2 / (1 - (2q - 1)^2) - 2) ... checked
+    # through the closed-form CDF: P(|T| < t) = t / sqrt(2 + t^2) must equal 1 - alpha / m
+    rows = stats.judge([stats.paired([0.5, 0.1, 0.2])] * 10, threshold=0.0)
+    half = rows[0]["adj_high"] - rows[0]["gain"]
+    t = half / (np.std([0.5, 0.1, 0.2], ddof=1) / math.sqrt(3))
+    assert t / math.sqrt(2 + t * t) == pytest.approx(1 - 0.05 / 10, rel=1e-9)
+    assert rows[0]["family"] == 10 and rows[0]["adj_level"] == pytest.approx(0.995)
+    big = stats.paired(np.linspace(-1, 1, 61) + 0.1)  # df 60: the 95% quantile is 2.0003, not the normal 1.96
+    assert (big["raw_high"] - big["gain"]) / (big["sd"] / math.sqrt(61)) == pytest.approx(2.000298, rel=1e-5)
+
+
+def constructed(gains: dict[str, list[float]], threshold: float) -> dict[str, dict]:
+    """stats.judge over effects whose paired gains are given by hand: {name: row}."""
+    from anatomy_cli import stats
+
+    rows = stats.judge([stats.paired(g) for g in gains.values()], threshold)
+    return dict(zip(gains, rows))
+
+
+def test_every_call_from_constructed_effects():
+    from anatomy_cli import stats
+
+    rows = constructed({"big": [0.50, 0.45, 0.55],          # far beyond the threshold: helps
+                        "bad": [-0.30, -0.32, -0.31],       # hurts
+                        "tiny": [0.003, 0.002, 0.004],      # excludes 0 but inside +-0.05: negligible
+                        "noisy": [0.4, -0.3, 0.1],          # straddles 0, wide: within noise
+                        "small": [0.06, 0.02, 0.04],        # excludes 0? no (3 pairs, m 6): undecided
+                        "two": [0.5, 0.5001]}, 0.05)        # two seeds: no call
+    calls = {k: r["call"] for k, r in rows.items()}
+    assert calls == {"big": "helps", "bad": "hurts", "tiny": "negligible", "noisy": "within noise",
+                     "small": "within noise", "two": "too few seeds"}
+    for r in rows.values():  # the interval shown agrees with the call: no "helps" that crosses 0
+        if r["call"] in ("helps", "hurts"):
+            assert (r["adj_low"] > 0) == (r["call"] == "helps") and (r["adj_high"] < 0) == (r["call"] == "hurts")
+            assert abs(r["gain"]) > 0.05
+        if r["call"] == "negligible":
+            assert -0.05 < r["adj_low"] and r["adj_high"] < 0.05
+        if r["n_pairs"] >= 2:  # the adjusted interval always contains the raw one (m > 1)
+            assert r["adj_low"] < r["raw_low"] and r["adj_high"] > r["raw_high"]
+    # the issue's case: +0.003 [+0.002, +0.004] called "helps" inside a 0.009 noise band; now negligible
+    assert constructed({"wd": [0.003, 0.002, 0.004], "lr": [0.47, 0.45, 0.50]}, 0.009)["wd"]["call"] == "negligible"
+    # the practical part alone decides between helps and within noise
+    assert stats.call(3, 0.04, 0.01, 0.07, 0.05) == "within noise" and stats.call(3, 0.06, 0.01, 0.11, 0.05) == "helps"
+    assert stats.call(3, -0.06, -0.11, -0.01, 0.05) == "hurts" and stats.call(0, math.nan, math.nan, math.nan, 0.05) == \
+        "no completed pairs"
+    unknown = constructed({"a": [0.01, 0.011, 0.012]}, math.nan)["a"]  # no noise floor: the interval alone decides
+    assert unknown["call"] == "helps" and math.isnan(unknown["threshold"])
 
 
 def test_holm_by_hand():
@@ -378,10 +432,8 @@ def test_effects_are_holm_corrected_by_hand(tmp_path):
         row = effect(effects, name, "add-one")
         assert row["p_value"] == pytest.approx(p_hand, rel=1e-6)
         assert row["p_holm"] == pytest.approx(holm[name], rel=1e-6)
-    assert effect(effects, "rope", "add-one")["within_noise"] is False  # 3p = 0.04 < 0.05
     sw = effect(effects, "swiglu", "add-one")
-    assert sw["ci_high"] < 0 and sw["within_noise"] is True  # 2p = 0.082: a chance crossing, after Holm
-    assert "not after Holm over 3 effects" in sw["note"]
+    assert sw["raw_low"] > 0 and sw["adj_low"] < 0 and sw["call"] == "within noise"  # raw excludes 0, adjusted not
 
 
 def five_sweep_json(root, **invocation):
@@ -403,18 +455,18 @@ def test_verdict_one_seed(tmp_path):
         make_run(root, name, flips=flips, best=best, seed=1337)
     runs = report.load_runs(root)[0]
     v = verdict.verdict_frame(report.component_effects(runs))
-    # gain = -delta added to 2017, +delta removed from LLaMA; largest first
+    # gain = loss without - loss with: added to 2017 and removed from LLaMA alike; largest first
     assert list(zip(v["flip"], v["direction"])) == [("rope", "add-one"), ("rope", "remove-one"),
                                                     ("swiglu", "add-one"), ("gqa", "add-one")]
     assert v["gain"].tolist() == pytest.approx([0.4, 0.3, 0.1, -0.05])
-    assert v["rank"].tolist() == [1, 2, 3, 4] and (v["call"] == "one seed, no interval").all()
-    assert v["gain_low"].isna().all()
+    assert v["rank"].tolist() == [1, 2, 3, 4] and (v["call"] == "too few seeds").all()
+    assert v["adj_low"].isna().all()
 
     md = report.write_report(root)["report.md"].read_text()
-    assert md.index("## Verdict") < md.index("## Speed") < md.index("## Curves") < md.index("## Runs") < md.index("## Samples")
-    top = md[md.index("## Verdict"):md.index("## Speed")]
+    assert md.index("## Verdict") < md.index("## Curves") < md.index("## Speed") < md.index("## Runs") < md.index("## Samples")
+    top = md[md.index("## Verdict"):md.index("## Curves")]
     assert top.index("| rope ") < top.index("| swiglu ") < top.index("| gqa ")
-    assert "+0.400" in top and "one seed, no interval" in top and "One seed: each effect is a point estimate" in top
+    assert "+0.400" in top and "too few seeds" in top and "One seed: each effect is a point estimate" in top
     cmd = f"anatomy ablate experiments/five-flips.toml --steps 20 --seeds 3 --runs-dir {tmp_path / 'runs'}"
     assert f"```bash\n{cmd}\n```" in top and "(est. " in top
     assert "20 training steps (5,120 tokens: batch 4 x ctx 64)" in top
@@ -432,18 +484,21 @@ def test_verdict_three_seeds(tmp_path):
     effects = report.component_effects(runs)
     v = verdict.verdict_frame(effects)
     assert v["flip"].tolist() == ["rope", "swiglu"]
-    half = T2 * 0.05 / math.sqrt(3)
+    q = 1 - 0.05 / 2  # simultaneous over the 2 effects; df 2: P(|T| < t) = t / sqrt(2 + t^2) = q
+    half = q * math.sqrt(2 / (1 - q * q)) * 0.05 / math.sqrt(3)
     assert v.loc[0, "gain"] == pytest.approx(0.25)
-    assert (v.loc[0, "gain_low"], v.loc[0, "gain_high"]) == pytest.approx((0.25 - half, 0.25 + half))
-    assert v.loc[0, "call"] == "helps" and v.loc[1, "call"] == "within noise (Holm)"
+    assert (v.loc[0, "adj_low"], v.loc[0, "adj_high"]) == pytest.approx((0.25 - half, 0.25 + half))
+    assert v.loc[0, "call"] == "helps" and v.loc[1, "call"] == "within noise"
     assert v.loc[1, "gain"] == pytest.approx(-0.1 / 3)
-    assert verdict.noise_floor(runs)["reference"] == pytest.approx((0.1, 3))  # sd of 2.0, 2.1, 2.2
+    assert verdict.noise_floor(runs)["reference"] == pytest.approx((0.1, 3, 2.1))  # sd of 2.0, 2.1, 2.2
 
     md = report.write_report(tmp_path)["report.md"].read_text()
-    top = md[md.index("## Verdict"):md.index("## Speed")]
+    top = md[md.index("## Verdict"):md.index("## Curves")]
     assert f"[{0.25 - half:+.3f}, {0.25 + half:+.3f}]" in top and "one seed" not in top
     assert "2017 end sd 0.1000 over 3 seeds" in top
-    assert "2 effects are tested at once" in top and "Holm-Bonferroni" in top
+    assert "simultaneous 97.5% interval over seeds (Bonferroni over the 2 effects" in top
+    assert "±0.100 nats/char (the 2017 end's seed-to-seed sd of best val loss)" in top
+    assert md.index("## Effects over training") < md.index("## Speed") < md.index("## Runs")
 
 
 def test_effects_by_eval_by_hand(tmp_path):
@@ -451,7 +506,7 @@ def test_effects_by_eval_by_hand(tmp_path):
         return [{"step": s, "tokens": 100 * s, "train_loss": 3.0, "val_loss": v} for s, v in zip((0, 2, 4), vals)]
 
     base = {1: (4.0, 3.0, 2.5), 2: (4.1, 3.2, 2.4)}
-    rope = {1: (4.0, 2.6, 2.4), 2: (4.1, 2.6, 2.4)}  # deltas: step 2 -.4 -.6, step 4 -.1 0
+    rope = {1: (4.0, 2.6, 2.4), 2: (4.1, 2.6, 2.4)}  # gains: step 2 +.4 +.6, step 4 +.1 0
     for seed in (1, 2):
         make_run(tmp_path, f"base-s{seed}", seed=seed, metrics=curve(base[seed]))
         make_run(tmp_path, f"rope-s{seed}", flips=("rope",), seed=seed, metrics=curve(rope[seed]))
@@ -461,10 +516,10 @@ def test_effects_by_eval_by_hand(tmp_path):
     assert list(ev.columns) == [c for c in report.EVAL_EFFECT_COLUMNS if c != "step"]
     assert ev.index.tolist() == [0, 2, 4] and (ev["n_pairs"] == 2).all()
     assert ev.loc[2, "tokens"] == 200 and ev.loc[4, "flip"] == "rope"
-    assert ev.loc[0, "mean_delta"] == pytest.approx(0.0)
-    assert ev.loc[2, "mean_delta"] == pytest.approx(-0.5) and ev.loc[4, "mean_delta"] == pytest.approx(-0.05)
-    t1 = 12.706  # df = 1; sd of two values = |a - b| / sqrt 2
-    assert ev.loc[2, "ci_high"] - ev.loc[2, "ci_low"] == pytest.approx(2 * t1 * (0.2 / math.sqrt(2)) / math.sqrt(2))
+    assert ev.loc[0, "gain"] == pytest.approx(0.0)
+    assert ev.loc[2, "gain"] == pytest.approx(0.5) and ev.loc[4, "gain"] == pytest.approx(0.05)
+    t1 = 12.7062047  # df = 1; sd of two values = |a - b| / sqrt 2
+    assert ev.loc[2, "raw_high"] - ev.loc[2, "raw_low"] == pytest.approx(2 * t1 * (0.2 / math.sqrt(2)) / math.sqrt(2))
 
 
 # --------------------------------------------------------------------------------- timing and permissions
@@ -486,22 +541,28 @@ def test_timing_effects_pair_within_rounds(tmp_path):
 
     rows = {r["direction"]: r for r in timing.timing_effects(timing_record())}
     add = [10.0, 20.0, 15.0]  # 100 * (1100/1000 - 1), 600/500, 1150/1000: paired in each round
-    assert rows["add-one"]["mean_delta"] == pytest.approx(15.0) and rows["add-one"]["n_pairs"] == 3
-    assert rows["add-one"]["ci_high"] - rows["add-one"]["ci_low"] == pytest.approx(
+    assert rows["add-one"]["gain"] == pytest.approx(15.0) and rows["add-one"]["n_pairs"] == 3
+    assert rows["add-one"]["raw_high"] - rows["add-one"]["raw_low"] == pytest.approx(
         2 * T2 * np.std(add, ddof=1) / math.sqrt(3))
-    assert rows["remove-one"]["mean_delta"] == pytest.approx(np.mean([0.0, -20.0, -10.0]))
+    # removing gqa from LLaMA: with it 900 / without 900, 1000/800, 900/810 -> +0%, +25%, +11.1%
+    assert rows["remove-one"]["gain"] == pytest.approx(np.mean([0.0, 25.0, 100 * (900 / 810 - 1)]))
+    tps = [1000.0, 500.0, 1000.0]  # the 2017 end's rounds: the speed threshold is their sd in % of the mean
+    assert timing.threshold(timing_record()) == pytest.approx(100 * np.std(tps, ddof=1) / np.mean(tps))
     assert rows["add-one"]["against"] == "2017 end" and rows["remove-one"]["against"] == "LLaMA end"
 
     sweep(tmp_path / "runs")
     paths = report.write_report(tmp_path / "runs")
     md = paths["report.md"].read_text()  # no timing pass: the speed effects say what they are
-    assert "No timing pass in this directory" in md and report.OVERLAP_NOTE in paths["effects.csv"].read_text()
+    assert "Not measured fairly here" in md and report.OVERLAP_NOTE in paths["effects.csv"].read_text()
+    assert "speed.png" not in paths  # no chart that looks like a result
     timing.write_timing(tmp_path / "runs", timing_record())
     _, _, effects = report.report_frames(tmp_path / "runs")
     speed = effects[effects["metric"] == "tokens_per_s"]
     assert set(speed["flip"]) == {"gqa"} and speed["note"].str.contains("timing pass: 3 rounds").all()
-    md = report.write_report(tmp_path / "runs")["report.md"].read_text()
-    assert "No timing pass" not in md and "timing pass: 4 configs x 3 rounds x 10 timed steps" in md
+    paths = report.write_report(tmp_path / "runs")
+    md = paths["report.md"].read_text()
+    assert "Not measured fairly" not in md and "timing pass: 4 configs x 3 rounds x 10 timed steps" in md
+    assert "![speed](speed.png)" in md and paths["speed.png"].read_bytes().startswith(PNG_MAGIC)
 
 
 def _atomic_write_keeps_0600() -> bool:
@@ -537,3 +598,91 @@ def test_a_killed_runs_running_summary_reads_as_interrupted(tmp_path):
     summary["owner"] = {"pid": 2**22 + 12345, "start": "1", "host": os.uname().nodename}  # no such process
     (run / "summary.json").write_text(json.dumps(summary))
     assert report.load_runs(tmp_path)[0]["status"].tolist() == ["interrupted"]
+
+
+# --------------------------------------------------------------------------------- one rule, everywhere
+
+CALLED = {"rope": ((0.3, 0.31, 0.305), "helps"), "gqa": ((-0.2, -0.21, -0.205), "hurts"),
+          "rmsnorm": ((0.001, 0.0012, 0.0011), "negligible"), "swiglu": ((0.1, -0.1, 0.05), "within noise"),
+          "prenorm": ((0.4, 0.41), "too few seeds")}  # gains by seed; the 2017 end's sd is 0.01
+
+
+def called_sweep(root):
+    for i, seed in enumerate((1, 2, 3)):
+        base = 2.0 + 0.01 * i
+        make_run(root, f"base-s{seed}", seed=seed, best=base)
+        for flip, (gains, _) in CALLED.items():
+            if i < len(gains):
+                make_run(root, f"{flip}-s{seed}", flips=(flip,), seed=seed, best=base - gains[i])
+
+
+def test_words_markers_json_and_csv_follow_one_rule(tmp_path):
+    called_sweep(tmp_path)
+    runs, curves, effects = report.report_frames(tmp_path)
+    v = verdict.verdict_frame(effects[effects["metric"] == "best_val_loss"])
+    want = {flip: call for flip, (_, call) in CALLED.items()}
+    assert dict(zip(v["flip"], v["call"])) == want
+    assert v["threshold"].tolist() == pytest.approx([0.01] * 5) and (v["family"] == 5).all()
+
+    fig = figures.forest_figure(v)  # the markers, read back from the figure's artists
+    marks = [line for line in fig.axes[0].get_lines() if (line.get_gid() or "").startswith("call:")]
+    assert [m.get_gid().removeprefix("call:") for m in marks] == v["call"].tolist()
+    for m, call in zip(marks, v["call"]):
+        shape, filled = figures.CALL_MARKERS[call]
+        assert m.get_marker() == shape and (m.get_markerfacecolor() != "white") == filled
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert set(want.values()) <= set(legend) and any("smaller effects do not matter" in t for t in legend)
+    band = [p for p in fig.axes[0].patches]  # the +-threshold band
+    assert len(band) == 1 and band[0].get_x() == pytest.approx(-0.01) and band[0].get_width() == pytest.approx(0.02)
+
+    paths = report.write_report(tmp_path, frames=(runs, curves, effects))
+    md = paths["report.md"].read_text()
+    table = md[md.index("## Verdict"):md.index("## Curves")]
+    for flip, call in want.items():  # each verdict row says the same call beside its adjusted interval
+        row = next(line for line in table.splitlines() if line.startswith("|") and f" {flip} " in line)
+        cells = [c.strip() for c in row.strip().strip("|").split("|")]
+        assert cells[5] == call and cells[4] == (f"[{v[v['flip'] == flip].iloc[0].adj_low:+.3f}, "
+                                                 f"{v[v['flip'] == flip].iloc[0].adj_high:+.3f}]")
+    doc = json.loads(paths["report.json"].read_text())
+    for rows in (doc["effects"], pd.read_csv(paths["effects.csv"]).to_dict("records")):
+        loss = {r["flip"]: r for r in rows if r["metric"] == "best_val_loss"}
+        assert {f: r["call"] for f, r in loss.items()} == want
+        for f, r in loss.items():
+            assert r["threshold"] == pytest.approx(0.01) and r["threshold_basis"] == "noise floor"
+            assert {"adj_low", "adj_high", "raw_low", "raw_high", "gain"} <= set(r)
+
+
+def test_min_effect_moves_the_practical_part(tmp_path):
+    from typer.testing import CliRunner
+
+    from anatomy_cli.cli import app
+
+    called_sweep(tmp_path / "s")
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "s"), "--min-effect", "0.5", "--json"])
+    assert result.exit_code == 0, result.output
+    loss = {e["flip"]: e for e in json.loads(result.output)["effects"] if e["metric"] == "best_val_loss"}
+    # rope's +0.305 [+0.26, +0.35] is now confidently smaller than 0.5; gqa's -0.205 too
+    assert loss["rope"]["call"] == "negligible" and loss["gqa"]["call"] == "negligible"
+    assert loss["rope"]["threshold"] == 0.5 and loss["rope"]["threshold_basis"] == "min-effect"
+    bad = CliRunner().invoke(app, ["report", str(tmp_path / "s"), "--min-effect", "-1"])
+    assert bad.exit_code == 2
+
+
+def test_figure_text_is_at_least_10_px_at_the_report_width(tmp_path, monkeypatch):
+    from matplotlib.text import Text
+
+    seen = []
+    real = figures.save
+    monkeypatch.setattr(figures, "save", lambda fig, path: (seen.append(fig), real(fig, path))[1])
+    called_sweep(tmp_path / "runs")  # forest with every call
+    sweep(tmp_path / "more")  # curves, grad norms and effects over training of a five-part study
+    report.write_report(tmp_path / "runs")
+    report.write_report(tmp_path / "more")
+    assert len(seen) >= 7
+    for fig in seen:
+        shown = min(1.0, figures.WIDTH_IN / fig.get_figwidth())  # the report shows a figure at most this wide
+        assert shown == 1.0  # no figure is wider than the report: nothing is scaled down on a desktop
+        for text in fig.findobj(Text):
+            if text.get_visible() and text.get_text().strip():
+                px = text.get_fontsize() * figures.DPI / 72 * shown
+                assert px >= 10, (text.get_text(), px)

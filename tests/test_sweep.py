@@ -127,20 +127,27 @@ def test_diverged_run_is_recorded_and_sweep_goes_on(tmp_path):
     assert {x["run_id"] for x in execute(expand(s), tmp_path / "runs")} == {x["run_id"] for x in summaries}
 
 
-def test_estimates_calibrate_on_finished_runs(tmp_path):
-    from anatomy_cli.sweep import ASSUMED_FLOPS, estimate_seconds, measured_flops
+@pytest.mark.slow
+def test_plan_estimates_come_from_a_cached_calibration(tmp_path, monkeypatch):
+    from anatomy_cli import calibrate
+    from anatomy_cli.sweep import check_data, plan_estimate
 
-    assert measured_flops(tmp_path / "none") is None
-    s = load(write_spec(tmp_path, top={"design": "list", "configs": [{"name": "a"}]}))
+    monkeypatch.setenv("ANATOMY_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(calibrate, "busy", lambda: None)  # cache even on a loaded test machine
+    s = load(write_spec(tmp_path, top={"design": "list", "configs": [{"name": "a"}, {"name": "b", "set": {
+        "train.steps": 24}}]}))
     plan = expand(s)
-    execute(plan, tmp_path / "r")
-    rate, n = measured_flops(tmp_path / "r")
-    summary = runs.read_summary(tmp_path / "r" / plan[0].run_id)
-    model = json.loads((tmp_path / "r" / plan[0].run_id / runs.CONFIG).read_text())["model"]
-    from anatomy_cli.config import ModelConfig
-
-    assert n == 1 and rate == pytest.approx(summary["tokens_per_s"] * ModelConfig(**model).flops_per_token())
-    assert estimate_seconds(plan[0].config, 2 * ASSUMED_FLOPS) == pytest.approx(estimate_seconds(plan[0].config) / 2)
+    per_run, startup = plan_estimate(plan, 1, check_data(plan))
+    cache = json.loads((tmp_path / "cache" / "calibration.json").read_text())
+    assert len(cache) == 1  # one shape class: the two configs differ only in steps
+    cal = next(iter(cache.values()))
+    assert cal["step_s"] > 0 and cal["eval_s"] > 0 and startup > 0
+    a, b = (per_run[p.run_id] for p in plan)
+    assert b - a == pytest.approx(12 * cal["step_s"] + 2 * cal["eval_s"])  # 12 more steps, 2 more evaluations
+    (tmp_path / "cache" / "calibration.json").write_text(json.dumps({k: v | {"step_s": 1.0} for k, v in cache.items()}))
+    again, _ = plan_estimate(plan, 1, check_data(plan))  # read from the cache, not measured again
+    assert again[plan[1].run_id] - again[plan[0].run_id] == pytest.approx(12.0 + 2 * cal["eval_s"])
+    assert calibrate.plan_seconds([5.0, 4.0, 3.0, 3.0], 2, 1.0) == 9.0  # 5+3 | 4+3 onto 2 workers, + start-up
 
 
 def test_completed_runs_are_skipped_and_failed_rerun(tmp_path):
@@ -173,7 +180,10 @@ def test_lock_refuses_a_live_holder_and_takes_over_a_stale_one(tmp_path):
 
 @pytest.mark.slow
 def test_sigkill_mid_sweep_then_rerun_completes_without_retraining(tmp_path):
-    spec_path = write_spec(tmp_path, top={"design": "list", "configs": [{"name": f"c{i}"} for i in range(4)]},
+    # c1 lasts 240 steps, so "c0 done and c1 under way" holds for seconds, not a poll's worth of
+    # time, before the test kills the sweep in that state
+    configs = [{"name": f"c{i}", "set": {"train.steps": 240 if i == 1 else 80}} for i in range(4)]
+    spec_path = write_spec(tmp_path, top={"design": "list", "configs": configs},
                            train={"steps": 80, "eval_interval": 40})
     runs_dir = tmp_path / "runs"
     cmd = [sys.executable, "-m", "anatomy_cli", "ablate", str(spec_path), "--runs-dir", str(runs_dir),
@@ -182,18 +192,19 @@ def test_sigkill_mid_sweep_then_rerun_completes_without_retraining(tmp_path):
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
                             start_new_session=True)
     sweep = runs_dir / "toy"
-    deadline = time.time() + 120
-    while time.time() < deadline:  # wait until one run completed and the next is under way
+    deadline = time.time() + 180
+    while True:  # wait until one run completed and the next is under way
         states = [runs.run_status(d) for d in sweep.glob("*/")] if sweep.exists() else []
         if states.count(runs.COMPLETED) >= 1 and runs.RUNNING in states:
             break
+        assert time.time() < deadline and proc.poll() is None, f"never saw c0 done and c1 under way: {states}"
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     finished = {d.name: (d / runs.SUMMARY).read_text() for d in sweep.iterdir()
                 if runs.run_status(d) == runs.COMPLETED}
     assert finished and len(finished) < 4
-    rerun = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    rerun = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     assert rerun.returncode == 0, rerun.stderr
     dirs = [d for d in sweep.iterdir() if d.is_dir()]
     assert len(dirs) == 4  # complete, no duplicates
@@ -202,26 +213,53 @@ def test_sigkill_mid_sweep_then_rerun_completes_without_retraining(tmp_path):
         assert (sweep / name / runs.SUMMARY).read_text() == text
     for d in dirs:  # each run's metrics hold every step exactly once
         steps = [r["step"] for r in runs.read_metrics(d)]
-        assert steps == list(range(0, 81))
+        assert steps == list(range(0, runs.read_config(d)["train"]["steps"] + 1))
     assert not (sweep / ".lock").exists()
 
 
 @pytest.mark.slow
 def test_two_concurrent_ablates_leave_exactly_one_running(tmp_path):
-    spec_path = write_spec(tmp_path, top={"design": "list", "configs": [{"name": "a"}, {"name": "b"}]},
-                           train={"steps": 60, "eval_interval": 30})
+    """The second sweep meets the first one holding the lock with a run in flight (a run that cannot
+    finish before it is stopped, so the outcome cannot depend on timing): it exits 3 naming the
+    owner and touches nothing; the first carries on, then stops on Ctrl-C with the lock released."""
+    spec_path = write_spec(tmp_path, top={"design": "list", "configs": [{"name": "a"}]},
+                           train={"steps": 10**6, "eval_interval": 100, "sample_len": 0})
     cmd = [sys.executable, "-m", "anatomy_cli", "ablate", str(spec_path), "--runs-dir", str(tmp_path / "runs"),
            "--workers", "1", "--no-report"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    lock = tmp_path / "runs" / "toy" / ".lock"
-    deadline = time.time() + 60
-    while not lock.exists() and time.time() < deadline:
-        time.sleep(0.02)
-    second = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
-    out, err = first.communicate(timeout=300)
-    assert first.returncode == 0, err
-    assert second.returncode == 3
-    assert f"is in use by pid {first.pid}" in second.stderr
-    assert "Traceback" not in second.stderr
-    assert all(runs.run_status(d) == runs.COMPLETED for d in (tmp_path / "runs" / "toy").iterdir() if d.is_dir())
+    first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    sweep = tmp_path / "runs" / "toy"
+    try:
+        deadline = time.time() + 180
+        while not (any(len(runs.read_metrics(d)) > 3 for d in sweep.glob("*/")) or first.poll() is not None):
+            assert time.time() < deadline, "the first sweep never got a run under way"
+            time.sleep(0.05)
+        (run,) = [d for d in sweep.iterdir() if d.is_dir()]
+        second = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+        assert second.returncode == 3, second.stderr
+        assert f"is in use by pid {first.pid}" in second.stderr and "Traceback" not in second.stderr
+        assert first.poll() is None  # the first one was not disturbed
+        assert runs.read_summary(run)["owner"]["pid"] == first.pid and runs.run_status(run) == runs.RUNNING
+    finally:
+        first.send_signal(signal.SIGINT)
+        _, err = first.communicate(timeout=300)
+    assert first.returncode == 130, err
+    assert [d.name for d in sweep.iterdir() if d.is_dir()] == [run.name]
+    assert runs.run_status(run) == runs.INTERRUPTED and not (sweep / ".lock").exists()
+
+
+def test_a_busy_calibration_is_cached_as_busy_and_redone_when_idle(tmp_path, monkeypatch):
+    from anatomy_cli import calibrate
+
+    monkeypatch.setenv("ANATOMY_CACHE", str(tmp_path))
+    measured = []
+    monkeypatch.setattr(calibrate, "_measure", lambda configs, threads: measured.append(len(configs)) or [
+        {"step_s": 0.01, "eval_s": 0.1, "run_s": 1.0, "startup_s": 2.0} for _ in configs])
+    monkeypatch.setattr(calibrate, "busy", lambda: (9.0, 2))
+    assert calibrate.calibrations({"k": None}, 1)["k"]["busy"] is True
+    calibrate.calibrations({"k": None}, 1)  # still busy: the busy one is used, not measured again
+    assert measured == [1]
+    monkeypatch.setattr(calibrate, "busy", lambda: None)
+    assert calibrate.calibrations({"k": None}, 1)["k"]["busy"] is False and measured == [1, 1]
+    calibrate.calibrations({"k": None}, 1)
+    assert measured == [1, 1]

@@ -27,7 +27,7 @@ def _device(name: str):
         raise ConfigError(f"--device must be one of {', '.join(DEVICES)}, got {name!r}")
     from .devices import resolve_device
 
-    return resolve_device(name)
+    return resolve_device(name, "--device")
 
 
 def _print_json(obj) -> None:

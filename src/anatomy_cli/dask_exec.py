@@ -18,11 +18,12 @@ from pathlib import Path
 from . import runs
 from .config import ConfigError
 from .jobs import Job, run_job
+from .errors import InputError
 
 CorpusFiles = dict[str, bytes]  # file name -> bytes of a prepared corpus folder
 
 
-class ExecutorError(RuntimeError):
+class ExecutorError(InputError):
     """The cluster cannot be reached or a worker lacks anatomy."""
 
 

@@ -27,6 +27,7 @@ from importlib import resources
 from pathlib import Path
 
 from .runs import atomic_write_json
+from .errors import InputError
 
 META, VOCAB_FILE, TRAIN_BIN, VAL_BIN = "meta.json", "vocab.json", "train.bin", "val.bin"
 TEXT_SUFFIXES = (".md", ".txt")
@@ -36,7 +37,7 @@ ID_TYPES = ("B", "H", "I")  # array typecodes of uint8, uint16, uint32 ids: the 
 Pieces = Callable[[], Iterator[str]]  # each call yields the whole text again, in pieces
 
 
-class DataError(ValueError):
+class DataError(InputError):
     """A corpus that cannot be used: missing, not UTF-8, empty, or too short."""
 
 

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pandas as pd
 
+WRAP_COLUMNS = ("note",)  # long prose cells wrap; every other cell keeps to one line (tables scroll)
 TEXT_COLUMNS = ("run_id", "label", "status", "flip", "component", "direction", "change", "against", "group",
-                "within_noise", "note", "call", "interval", "metric")
+                "threshold_basis", "note", "call", "interval", "metric")
 
 
 def markdown(title: str, lead: str, sections: list[tuple[str, list]]) -> str:
@@ -66,7 +67,10 @@ table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;paddin
 td{text-align:right}td.t{text-align:left}th{background:#f3f3f3;position:sticky;top:0}
 .scroll{max-height:30em;overflow:auto;border:1px solid #ddd;display:inline-block;max-width:100%}
 .scroll td{white-space:nowrap}
-img{max-width:100%;height:auto}code{background:#f3f3f3;padding:0 .25em}
+img{max-width:100%;height:auto}.fig{overflow-x:auto}.tw{overflow-x:auto;max-width:100%}
+td{white-space:nowrap}td.w{white-space:normal;min-width:18em}
+@media (max-width:760px){body{padding:0 .8em}.fig img{max-width:none;width:auto}}
+@media (max-width:600px){table{font-size:12px}td,th{padding:2px 4px}.c-rank,.c-seeds{display:none}}code{background:#f3f3f3;padding:0 .25em}
 pre{white-space:pre-wrap;background:#f7f7f7;padding:.6em;font-size:12px}pre.cmd{background:#eef3fb}
 .samples{display:grid;gap:1em;grid-template-columns:repeat(auto-fill,minmax(24em,1fr))}
 figcaption{font-weight:600}.lead{font-size:15px}"""
@@ -77,7 +81,8 @@ def html_page(title: str, lead: str, sections: list[tuple[str, list]]) -> str:
     parts = [f"<h1>{html.escape(title)}</h1><p class=\"lead\">{_inline(lead)}</p><nav>{nav}</nav>"]
     for name, blocks in sections:
         parts.append(f'<h2 id="{_anchor(name)}">{html.escape(name)}</h2>' + "".join(_html_block(b) for b in blocks))
-    return (f"<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
+    return (f"<!doctype html>\n<html><head><meta charset=\"utf-8\">"
+            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{html.escape(title)}</title>"
             f"<style>{STYLE}</style></head><body>\n" + "\n".join(parts) + "\n</body></html>\n")
 
 
@@ -104,10 +109,11 @@ def _html_block(block: tuple) -> str:
         if not len(block[1]):
             return "<p><em>None.</em></p>"
         body = _html_table(block[1])
-        return f'<div class="scroll">{body}</div>' if len(block) > 2 and block[2] else body
+        return f'<div class="{"scroll" if len(block) > 2 and block[2] else "tw"}">{body}</div>'
     if kind == "img":
         data = base64.b64encode(Path(block[1]).read_bytes()).decode("ascii")
-        return f'<p><img alt="{html.escape(Path(block[1]).stem)}" src="data:image/png;base64,{data}"></p>'
+        # A narrow screen scrolls the figure sideways at its own size, where its text is >= 10 px.
+        return f'<div class="fig"><img alt="{html.escape(Path(block[1]).stem)}" src="data:image/png;base64,{data}"></div>'
     if kind == "samples":
         cards = "".join(f"<figure><figcaption>{html.escape(h)}</figcaption><pre>{html.escape(t)}</pre></figure>"
                         for h, t in block[1])
@@ -116,8 +122,10 @@ def _html_block(block: tuple) -> str:
 
 
 def _html_table(table: pd.DataFrame) -> str:
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in table.columns)
-    cls = ['t' if c in TEXT_COLUMNS else '' for c in table.columns]
-    rows = "".join("<tr>" + "".join(f'<td class="{k}">{html.escape(str(v))}</td>' if k else f"<td>{html.escape(str(v))}</td>"
-                                    for k, v in zip(cls, row)) + "</tr>" for row in table.itertuples(index=False))
+    # c-NAME classes: a narrow screen hides the columns it can spare (rank: the order says it; seeds)
+    head = "".join(f'<th class="c-{_anchor(str(c))}">{html.escape(str(c))}</th>' for c in table.columns)
+    cls = [(("t w " if c in WRAP_COLUMNS else "t ") if c in TEXT_COLUMNS else "") + f"c-{_anchor(str(c))}"
+           for c in table.columns]
+    rows = "".join("<tr>" + "".join(f'<td class="{k}">{html.escape(str(v))}</td>' for k, v in zip(cls, row)) + "</tr>"
+                   for row in table.itertuples(index=False))
     return f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"

@@ -59,11 +59,17 @@ def resolve_lengths(items: list[tuple[int, bool]], ctx_len: int) -> list[int]:
 
 def length_problem(cfg: ModelConfig, n: int, n_val: int) -> str | None:
     """Why length n cannot be measured for this model and val split, or None if it can."""
-    if cfg.pos_type == "learned" and n > cfg.ctx_len:
-        return LEARNED_NA.format(cfg.ctx_len)
+    if cfg.max_positions is not None and n > cfg.max_positions:
+        return LEARNED_NA.format(cfg.max_positions)
     if n_val < n + 1:  # a window of n inputs needs n + 1 ids (the targets are shifted by one)
         return f"n/a (val split has {n_val:,} ids; a window of {n:,} needs {n + 1:,})"
     return None
+
+
+def eval_bytes(cfg: ModelConfig, n: int, batch_size: int, batches: int) -> int:
+    """Bytes an evaluation at length n holds: every window's ids (int64, made up front) plus one
+    batch's forward, bounded by what a training step at that length would need."""
+    return 8 * batches * batch_size * (n + 1) + cfg.model_copy(update={"ctx_len": n}).train_bytes(batch_size)
 
 
 def val_loss_at(model, val_ids, n: int, batch_size: int, batches: int, dtype: str = "float32") -> float:
@@ -110,6 +116,7 @@ def eval_lengths(run_dir: Path, ctx: list[tuple[int, bool]], batches: int | None
                  batch_size: int | None = None, device: str = "cpu", corpus_cache: dict | None = None) -> dict:
     """{"val_loss_by_ctx": {"64": 1.9, "256": None}, "ctx_len", "pos_type", "notes", ...} for a run."""
     from .checkpoint import load_run
+    from .devices import require_memory
 
     cfg, _, model = load_run(run_dir, "best", device)
     corpus = run_corpus(cfg, run_dir, corpus_cache)
@@ -121,6 +128,8 @@ def eval_lengths(run_dir: Path, ctx: list[tuple[int, bool]], batches: int | None
         if problem:
             losses[str(n)], notes[str(n)] = None, problem
         else:
+            require_memory(eval_bytes(cfg.model, n, bs, nb), device,
+                           f"{run_dir}: --batches {nb} x --batch-size {bs} windows of {n} characters")
             losses[str(n)] = val_loss_at(model, corpus.val, n, bs, nb, cfg.train.dtype)  # the run's own dtype
     return {"val_loss_by_ctx": losses, "ctx_len": cfg.model.ctx_len, "pos_type": cfg.model.pos_type,
             "notes": notes, "label": components.label(cfg), "weights": "best", "batch_size": bs, "batches": nb,
@@ -236,11 +245,12 @@ def decode_lengths(cfg: ModelConfig, prefix_len: int, new: int) -> tuple[int, in
     learned table caps prefix + new at ctx_len, with a note saying so."""
     if prefix_len < 1 or new < 1:
         raise ConfigError(f"--prefix-len and --new must be >= 1, got {prefix_len} and {new}")
-    if cfg.pos_type != "learned" or prefix_len + new <= cfg.ctx_len:
+    limit = cfg.max_positions
+    if limit is None or prefix_len + new <= limit:
         return prefix_len, new, None
-    p = min(prefix_len, cfg.ctx_len // 2)
-    n = min(new, cfg.ctx_len - p)
-    return p, n, (f"learned positions: prefix+new capped at ctx_len={cfg.ctx_len} "
+    p = min(prefix_len, limit // 2)
+    n = min(new, limit - p)
+    return p, n, (f"learned positions: prefix+new capped at ctx_len={limit} "
                   f"(prefix {p}, new {n}; asked {prefix_len}+{new})")
 
 
@@ -354,10 +364,19 @@ def bench_decode(cfg: ModelConfig, trained=None, kv_heads: list[int] | None = No
     """One row per n_kv_head: the trained model where its head count matches, else untrained."""
     import torch
 
+    from .devices import require_memory
+    from .sample import window_bytes
+
     if dtype not in DTYPES:
         raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     torch_dtype = getattr(torch, dtype)
     prefix_len, new, note = decode_lengths(cfg, prefix_len, new)
+    window = prefix_len + new
+    elem = torch.tensor([], dtype=torch_dtype).element_size()
+    mha = cfg.model_copy(update={"n_kv_head": cfg.n_head})  # the largest cache of the rows
+    require_memory((window_bytes(mha, window) + 4 * mha.num_params()) * elem // 4 + 8 * window, device,
+                   f"d_model={cfg.d_model}, n_layer={cfg.n_layer}, --prefix-len {prefix_len} + --new {new} (model, "
+                   f"KV cache and position tables in {dtype})")
     rows = []
     for g in kv_heads or kv_head_list(cfg.n_head):
         c = validate(ModelConfig, {**cfg.model_dump(), "n_kv_head": g}, prefix="model.")
@@ -378,6 +397,7 @@ def bench_decode(cfg: ModelConfig, trained=None, kv_heads: list[int] | None = No
 
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "fp16": 2, "float16": 2, "bf16": 2, "bfloat16": 2, "fp8": 1,
                "float8": 1, "int8": 1}
+MAX_CONFIG_BYTES = 16 << 20  # the largest Hugging Face config.json is tens of KB
 HF_KEYS = {"layers": "num_hidden_layers", "heads": "num_attention_heads", "kv_heads": "num_key_value_heads",
            "head_dim": "head_dim", "hidden": "hidden_size"}
 
@@ -401,6 +421,10 @@ def read_hf_config(path: Path) -> dict[str, int | None]:
     """
     path = Path(path)
     path = path / "config.json" if path.is_dir() else path
+    if path.exists() and not path.is_file():  # /dev/zero, a FIFO: would be read forever
+        raise ConfigError(f"config is not a regular file: {path}")
+    if path.is_file() and path.stat().st_size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: {path.stat().st_size:,} bytes is not a model config (> {MAX_CONFIG_BYTES:,})")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:

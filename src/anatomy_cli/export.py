@@ -27,10 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import save
 
 from . import components, runs
 from .checkpoint import load_run, load_run_config
+from .errors import InputError
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -55,7 +56,7 @@ GLOBAL_RENAMES: dict[str, str] = {
 }
 
 
-class ExportError(ValueError):
+class ExportError(InputError):
     """A run that cannot be exported (not LLaMA-shaped, unexpected weights, or a busy out_dir)."""
 
 
@@ -197,7 +198,7 @@ def check_out_dir(out_dir: Path, run_dir: Path, overwrite: bool) -> None:
     if out_dir.resolve() == run_dir.resolve():
         raise ExportError(f"export target is the run directory itself: {out_dir}")
     if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
-        raise ExportError(f"export target {out_dir} exists and is not empty (pass overwrite=True to replace)")
+        raise ExportError(f"export target {out_dir} exists and is not empty (pass --overwrite to replace it)")
 
 
 def readme_prompt(run_cfg, chars: list[str]) -> str:
@@ -257,7 +258,7 @@ def export_hf(run_dir: Path | str, out_dir: Path | str, which: str = "best",
 
     out_dir.mkdir(parents=True, exist_ok=True)
     runs.atomic_write_json(out_dir / CONFIG_FILE, config)
-    save_file(tensors, str(out_dir / WEIGHTS_FILE), metadata={"format": "pt"})
+    runs.atomic_write_bytes(out_dir / WEIGHTS_FILE, save(tensors, metadata={"format": "pt"}))
     runs.atomic_write_json(out_dir / VOCAB_FILE, vocab.chars)
     runs.atomic_write_text(out_dir / README_FILE, readme_text(run_cfg, vocab.chars, run_dir, which, n_params))
     return {

@@ -1,8 +1,8 @@
 """The report's figures (matplotlib's object API, Agg canvas, no pyplot; no torch).
 
   colour           one colour per component, from its name: the same in every figure
-  plot_forest      each component's gain in best val loss with its 95% interval, ranked (the verdict)
-  plot_effects     mean paired delta with its interval per component, a panel per metric (speed)
+  plot_forest      each effect's gain with the interval its call is made from, ranked, one marker per
+                   call, the threshold band (the verdict; the speed effects of a timing pass)
   plot_curves      small multiples: a panel per component and direction, the variant (component
                    colour) against its end (grey); val solid, train faint
   plot_eval_effects  each component's paired effect at every evaluation against tokens seen
@@ -15,6 +15,7 @@ tab20b picked by a CRC of its name, so a component has its colour in every repor
 
 from __future__ import annotations
 
+import io
 import math
 import textwrap
 import zlib
@@ -25,13 +26,21 @@ import pandas as pd
 from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
 
 from anatomy_cli import components as comp
+from anatomy_cli import stats
+from anatomy_cli.runs import atomic_write_bytes
 
 END_COLOUR = "#555555"  # the end a variant is compared with
-MARKERS = {"add-one": "o", "remove-one": "s"}
-MAX_COLUMNS = 5
+# One marker per call (stats.py): (marker, filled). Decided calls are filled.
+CALL_MARKERS = {stats.HELPS: (">", True), stats.HURTS: ("<", True), stats.NEGLIGIBLE: ("D", True),
+                stats.NOISE: ("o", False), stats.TOO_FEW: ("X", False)}
+# The report shows figures at most this wide (document.STYLE: body 1300 px less padding) at dpi 100,
+# so a figure no wider than WIDTH_IN is shown 1:1 and font sizes >= "small" (8.3 pt) are >= 10 px.
+DPI, WIDTH_IN = 100, 12.5
+MAX_COLUMNS = 4
 
 
 def colour(name: str) -> str:
@@ -45,14 +54,17 @@ def colour(name: str) -> str:
 
 
 def save(fig: Figure, path: Path) -> Path:
+    """The PNG written atomically (a full disk or an interrupt leaves the old figure, no torn one)."""
     FigureCanvasAgg(fig)  # attach an Agg canvas explicitly: no backend switching, no pyplot
-    fig.savefig(path, dpi=100)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=DPI)
+    atomic_write_bytes(path, png.getvalue())
     return Path(path)
 
 
 def _title(fig: Figure, text: str, ncols: int) -> None:
     """A suptitle wrapped to the figure's width (about 13 characters per inch at this size)."""
-    fig.suptitle(textwrap.fill(text, max(40, int(13 * 3.3 * ncols))), fontsize="medium")
+    fig.suptitle(textwrap.fill(text, max(40, int(11 * _width(ncols)))), fontsize="medium")
 
 
 def _empty(ax, text: str) -> None:
@@ -60,73 +72,72 @@ def _empty(ax, text: str) -> None:
     ax.set_axis_off()
 
 
-# --------------------------------------------------------------------------- verdict / effects
+# --------------------------------------------------------------------------- verdict
 
 
-def plot_forest(verdict: pd.DataFrame, path: Path, floor: float = math.nan, unit: str = "nats/char") -> Path:
-    """Gain (positive = the component helps) with its 95% interval, one row per component and
-    direction in verdict order; a grey band of +-1 baseline seed sd marks the noise floor."""
-    fig = Figure(figsize=(9, 1.4 + 0.42 * max(2, len(verdict))), layout="constrained")
+def plot_forest(verdict: pd.DataFrame, path: Path, unit: str = "nats/char") -> Path:
+    return save(forest_figure(verdict, unit), path)
+
+
+def forest_figure(verdict: pd.DataFrame, unit: str = "nats/char") -> Figure:
+    """Each effect's gain (positive = the component helps) with the interval its call is made from,
+    one row per component and direction in verdict order; a grey band of +-threshold (the smallest
+    effect that matters, the verdict's `threshold`) and one marker style per call (CALL_MARKERS)."""
+    fig = Figure(figsize=(WIDTH_IN * 0.8, 1.6 + 0.45 * max(2, len(verdict))), layout="constrained")
     ax = fig.add_subplot()
     if verdict.empty:
         _empty(ax, "no paired runs")
-        return save(fig, path)
+        return fig
     y = np.arange(len(verdict))
-    if math.isfinite(floor):
-        ax.axvspan(-floor, floor, color="#dddddd", zorder=0, label=f"±1 sd of the reference end over seeds ({floor:.3f})")
+    th = float(verdict["threshold"].iloc[0])
+    if math.isfinite(th) and th > 0:
+        size = f"{th:.1f}%" if unit == "%" else f"{th:.3f}"
+        ax.axvspan(-th, th, color="#dddddd", zorder=0, label=f"±{size}: smaller effects do not matter")
     ax.axvline(0.0, color="black", linewidth=0.8, zorder=1)
     for yi, r in zip(y, verdict.itertuples()):
         c = colour(r.flip)
-        if math.isfinite(r.gain_low):
-            ax.plot([r.gain_low, r.gain_high], [yi, yi], color=c, linewidth=2.2, solid_capstyle="butt", zorder=2)
-        hollow = r.call.startswith("within") or r.n_pairs < 2
-        ax.plot([r.gain], [yi], MARKERS.get(r.direction, "o"), color=c, markersize=8, zorder=3,
-                markerfacecolor="white" if hollow else c, markeredgewidth=1.8)
+        if math.isfinite(r.adj_low):
+            ax.plot([r.adj_low, r.adj_high], [yi, yi], color=c, linewidth=2.2, solid_capstyle="butt", zorder=2)
+        marker, filled = CALL_MARKERS.get(r.call, CALL_MARKERS[stats.NOISE])
+        ax.plot([r.gain], [yi], marker, color=c, markersize=9, zorder=3, markeredgewidth=1.8,
+                markerfacecolor=c if filled else "white", gid=f"call:{r.call}")
+    _forest_limits(ax, verdict, th)
     labels = [f"{r.flip} ({'added to' if r.direction == 'add-one' else 'removed from'} {r.against})"
               + (f" [{r.group}]" if r.group else "") for r in verdict.itertuples()]
     ax.set_yticks(y, labels)
     for tick, r in zip(ax.get_yticklabels(), verdict.itertuples()):
         tick.set_color(colour(r.flip))
     ax.invert_yaxis()
-    ax.set_xlabel(f"gain in best val loss ({unit}); > 0: the component helps")
+    what = "speed gain (% tokens/s with it vs without)" if unit == "%" else f"gain in best val loss ({unit})"
+    ax.set_xlabel(f"{what}; > 0: the component helps; line: the adjusted interval the call is made from")
     ax.grid(axis="x", alpha=0.3)
-    ax.set_title("● added to the reference end   ■ removed from the all-on end   hollow: within noise or one seed",
-                 fontsize="small")
-    if math.isfinite(floor):
-        ax.legend(loc="lower right", fontsize="small")
-    return save(fig, path)
+    handles = [Line2D([], [], linestyle="none", marker=m, color="#333333", markersize=8, markeredgewidth=1.5,
+                      markerfacecolor="#333333" if f else "white", label=call)
+               for call, (m, f) in CALL_MARKERS.items() if call in set(verdict["call"])]
+    band = ax.get_legend_handles_labels()[0]
+    fig.legend(handles=band + handles, loc="outside upper center", ncols=min(6, len(handles) + len(band)),
+               fontsize="small", frameon=False)
+    return fig
 
 
-def plot_effects(effects: pd.DataFrame, path: Path, title: str = "") -> Path:
-    """Mean paired delta with its 95% interval per component and direction, a panel per metric."""
-    metrics = list(dict.fromkeys(effects["metric"])) or ["best_val_loss"]
-    n = max([len(effects[effects["metric"] == m]) for m in metrics] + [2])
-    fig = Figure(figsize=(9, 1.2 + 0.4 * n * len(metrics)), layout="constrained")
-    axes = fig.subplots(len(metrics), 1, squeeze=False)[:, 0]
-    for ax, metric in zip(axes, metrics):
-        cell = effects[effects["metric"] == metric].reset_index(drop=True)
-        if cell.empty:
-            _empty(ax, "no paired runs")
-            continue
-        ax.axvline(0.0, color="black", linewidth=0.8)
-        for i, r in cell.iterrows():
-            c = colour(r["flip"])
-            if np.isfinite(r["ci_low"]):
-                ax.plot([r["ci_low"], r["ci_high"]], [i, i], color=c, linewidth=2.2)
-            ax.plot([r["mean_delta"]], [i], MARKERS.get(r["direction"], "o"), color=c, markersize=8)
-        ax.set_yticks(range(len(cell)), [f"{r.flip} ({r.direction} vs {r.against}, n={r.n_pairs})" for r in cell.itertuples()])
-        for tick, r in zip(ax.get_yticklabels(), cell.itertuples()):
-            tick.set_color(colour(r.flip))
-        ax.invert_yaxis()
-        ax.grid(axis="x", alpha=0.3)
-        unit = "%" if (cell["unit"] == "%").all() else ""
-        ax.set_xlabel(f"{metric}: mean paired delta{f' ({unit})' if unit else ''}, 95% interval")
-    if title:
-        fig.suptitle(title, fontsize="medium")
-    return save(fig, path)
+def _forest_limits(ax, verdict: pd.DataFrame, th: float) -> None:
+    """x range from the gains, the threshold and the intervals of called rows: a two-seed interval
+    (t at 1 degree of freedom) may be 20x wider and would flatten the rest; it runs off the axis."""
+    called = verdict[verdict["n_pairs"] >= stats.MIN_PAIRS]
+    values = np.concatenate([verdict["gain"].to_numpy(float), called["adj_low"].to_numpy(float),
+                             called["adj_high"].to_numpy(float), [th, -th, 0.0]])
+    values = values[np.isfinite(values)]
+    lo, hi = float(values.min()), float(values.max())
+    pad = 0.08 * (hi - lo or 1.0)
+    ax.set_xlim(lo - pad, hi + pad)
 
 
 # --------------------------------------------------------------------------- curves
+
+
+def _width(ncols: int) -> float:
+    """Inches for a row of ncols panels: about 3 in each, never wider than the report shows 1:1."""
+    return min(WIDTH_IN, 3.0 * ncols + 0.6)
 
 
 def _grid(n_panels_per_row: list[int]):
@@ -145,7 +156,7 @@ def plot_curves(curves: pd.DataFrame, panels: list[dict], path: Path, value: str
     directions = list(dict.fromkeys(p["direction"] for p in panels))
     per_row = [sum(p["direction"] == d for p in panels) for d in directions]
     nrows, ncols = _grid(per_row)
-    fig = Figure(figsize=(3.3 * ncols + 0.6, 2.7 * nrows + 0.8), layout="constrained")
+    fig = Figure(figsize=(_width(ncols), 2.7 * nrows + 0.9), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False, sharex=True, sharey=True)
     data = curves[np.isfinite(curves[value].to_numpy(dtype=float))] if len(curves) else curves
     if not panels:
@@ -204,7 +215,7 @@ def _panel(ax, data: pd.DataFrame, p: dict, value: str) -> None:
         ax.set_yscale("log")
     ax.set_title(p["title"], fontsize="small", color=c)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="x-small", loc="upper right")
+    ax.legend(fontsize="small", loc="upper right")
 
 
 def _limits(ax, data: pd.DataFrame, value: str) -> None:
@@ -223,10 +234,10 @@ def _limits(ax, data: pd.DataFrame, value: str) -> None:
 
 def plot_eval_effects(eval_effects: pd.DataFrame, path: Path) -> Path:
     """Per component: its gain in val loss at every evaluation (add-one solid, remove-one dashed),
-    mean over seeds with the 95% interval as a band, against tokens seen."""
+    mean over seeds with the raw 95% interval as a band, against tokens seen."""
     flips = list(dict.fromkeys(eval_effects["flip"]))
     nrows, ncols = _grid([len(flips)])
-    fig = Figure(figsize=(3.4 * ncols + 0.6, 2.8 * nrows + 0.8), layout="constrained")
+    fig = Figure(figsize=(_width(ncols), 2.8 * nrows + 1.0), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False, sharex=True, sharey=True)
     if not flips:
         _empty(axes[0][0], "no paired runs")
@@ -236,17 +247,16 @@ def plot_eval_effects(eval_effects: pd.DataFrame, path: Path) -> Path:
         ax.axhline(0.0, color="black", linewidth=0.8)
         for (direction, group), cell in rows.groupby(["direction", "group"], sort=False):
             cell = cell[cell["step"] > 0].sort_values("step")  # step 0: untrained, no effect yet
-            sign = -1.0 if direction == "add-one" else 1.0
             x = cell["tokens"].to_numpy(float) if cell["tokens"].notna().all() else cell["step"].to_numpy(float)
             style = "-" if direction == "add-one" else "--"
             name = ("added" if direction == "add-one" else "removed") + (f" [{group}]" if group else "")
-            ax.plot(x, sign * cell["mean_delta"].to_numpy(float), style, color=c, linewidth=1.6, label=name)
-            lo, hi = sign * cell["ci_low"].to_numpy(float), sign * cell["ci_high"].to_numpy(float)
+            ax.plot(x, cell["gain"].to_numpy(float), style, color=c, linewidth=1.6, label=name)
+            lo, hi = cell["raw_low"].to_numpy(float), cell["raw_high"].to_numpy(float)
             if np.isfinite(lo).any():
-                ax.fill_between(x, np.fmin(lo, hi), np.fmax(lo, hi), color=c, alpha=0.15, linewidth=0)
+                ax.fill_between(x, lo, hi, color=c, alpha=0.15, linewidth=0)
         ax.set_title(flip, fontsize="small", color=c)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize="x-small")
+        ax.legend(fontsize="small")
     for ax in list(axes.flat)[len(flips):]:
         ax.set_axis_off()
     from matplotlib.ticker import EngFormatter
@@ -255,7 +265,7 @@ def plot_eval_effects(eval_effects: pd.DataFrame, path: Path) -> Path:
     fig.supxlabel("tokens seen")
     fig.supylabel("gain in val loss (nats/char); > 0: helps")
     _title(fig, "effect at every evaluation, paired by seed: solid = added to the reference end, dashed = "
-                "removed from the all-on end; band = 95% interval over seeds", ncols)
+                "removed from the all-on end; band = raw 95% interval over seeds", ncols)
     return save(fig, path)
 
 

@@ -1,11 +1,11 @@
 """Read run directories into pandas frames and write the comparison report (no torch).
 
   load_runs          every run dir under a root -> (runs frame, long curves frame)
-  component_effects  runs frame -> add-one / remove-one effect of each component, paired by seed,
-                     Holm-corrected over every effect of the metric (stats.py)
+  component_effects  runs frame -> add-one / remove-one gain of each component, paired by seed,
+                     judged as one family by stats.py's rule (adjusted interval, threshold, call)
   effects_by_eval    the same pairs at every evaluation step (effects over training)
   report_frames      runs, curves, loss and speed effects (speed from a timing pass when there is one)
-  write_report       the files: report.md/.html (verdict first: verdict.py), CSV, JSON, figures
+  write_report       the files: report.md/.html (words: sections.py, verdict.py), CSV, JSON, figures
                      (figures.py), rendered by document.py
 
 How an effect is measured. A run's role comes from its own config.json, never from its name, read
@@ -14,12 +14,12 @@ parts where there is none): the reference end ("2017") has every component off, 
 ("llama") every one on, an add-one run exactly one, a remove-one run all but one. Runs are
 compared only inside a group that shares the study and every config value except the settings
 its components switch and the seed, and only pairs with the same seed are differenced (same data
-order, same init stream):
-  add-one f     delta = metric(reference + f)   - metric(reference end)
-  remove-one f  delta = metric(all-on end - f)  - metric(all-on end)
-For speed-like metrics (RELATIVE_METRICS) the delta is a relative change in percent instead:
-100 * (variant / reference - 1). Only pairs whose two runs completed count; the rest are tallied
-in `excluded` (a diverged run is a result to report, not a number to average).
+order, same init stream), as the gain of having the component (positive = it helps):
+  add-one f     gain = loss(reference end)  - loss(reference + f)
+  remove-one f  gain = loss(all-on end - f) - loss(all-on end)
+For speed-like metrics (RELATIVE_METRICS) the gain is a relative change in percent instead
+(stats.gain). Only pairs whose two runs completed count; the rest are tallied in `excluded` (a
+diverged run is a result to report, not a number to average).
 
 Library code: returns data or writes files, never prints or exits; problems raise RunError or
 ValueError with a one-line message. Figures use matplotlib's object API (no pyplot global state).
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +42,6 @@ from anatomy_cli.config import ModelConfig, TrainConfig
 from anatomy_cli.runs import (
     COMPLETED,
     CONFIG,
-    SAMPLES,
     RunError,
     atomic_write_text,
     find_runs,
@@ -54,31 +52,29 @@ from anatomy_cli.runs import (
     read_summary,
     status_of,
 )
-from anatomy_cli.stats import t_interval
+from anatomy_cli.summary import COLUMNS, RunSummary
 
 EVAL = "eval.json"  # optional: {"val_loss_by_ctx": {"128": 1.52, "512": null}, ...}
 INCOMPLETE = "incomplete"  # status of a run dir without summary.json (never finished, or killed)
 SPIKE_FACTOR = 1.5
 # Metrics whose effect is a relative change in percent (their scale depends on the hardware).
 RELATIVE_METRICS = ("tokens_per_s", "step_time_ms", "wall_s", "params")
+HIGHER_IS_BETTER = ("tokens_per_s",)  # every other metric: lower is better
 FORMATS = ("md", "html", "csv", "json")
 SAMPLE_CHARS = 2000  # a report shows at most this much of each samples.txt
 
+# Summary columns (summary.COLUMNS) are RunSummary's fields marked as such, typed by it.
 RUN_COLUMNS = [
     "run_id", "path", "label", "role", *comp.BUILTIN_NAMES, "n_layer", "n_head", "n_kv_head", "d_model", "seed",
-    "params", "active_params", "status", "best_val_loss", "best_step", "final_val_loss", "overfit_gap",
-    "bits_per_char", "tokens_per_s", "step_time_ms", "wall_s", "diverged_at", "max_grad_norm",
-    "loss_spikes", "design", "settings",
+    "status", *COLUMNS, "overfit_gap", "max_grad_norm", "loss_spikes", "design", "settings",
 ]  # + a column per spec component found in sweep.json files, one val_loss_ctx_<N> per eval.json length
-INT_COLUMNS = ("n_layer", "n_head", "n_kv_head", "d_model", "seed", "params", "active_params", "best_step",
-               "diverged_at", "loss_spikes")
-FLOAT_COLUMNS = ("best_val_loss", "final_val_loss", "bits_per_char", "tokens_per_s",
-                 "step_time_ms", "wall_s", "max_grad_norm")
-SUMMARY_KEYS = ("params", "active_params", "best_val_loss", "best_step", "final_val_loss", "bits_per_char",
-                "tokens_per_s", "step_time_ms", "wall_s", "diverged_at")
+INT_COLUMNS = ("n_layer", "n_head", "n_kv_head", "d_model", "seed", "loss_spikes",
+               *(c for c in COLUMNS if RunSummary.kind(c) is int))
+FLOAT_COLUMNS = ("max_grad_norm", *(c for c in COLUMNS if RunSummary.kind(c) is float))
 CURVE_COLUMNS = ["run_id", "step", "tokens", "split", "loss", "grad_norm"]  # grad_norm on train rows
-EFFECT_COLUMNS = ["metric", "flip", "direction", "against", "group", "n_pairs", "excluded", "mean_delta",
-                  "ci_low", "ci_high", "unit", "p_value", "p_holm", "within_noise", "note"]
+EFFECT_COLUMNS = ["metric", "flip", "direction", "against", "group", "n_pairs", "excluded", "unit", "gain",
+                  "adj_low", "adj_high", "threshold", "threshold_basis", "call", "raw_low", "raw_high", "sd",
+                  "p_value", "p_holm", "adj_level", "family", "note"]
 CTX_PREFIX = "val_loss_ctx_"
 
 
@@ -118,6 +114,8 @@ def _design(sweep_dir: Path) -> tuple[comp.Component, ...]:
 
 
 def _run_dirs(root: Path) -> list[Path]:
+    if not root.exists():
+        raise RunError(f"runs directory not found: {root}")
     if not root.is_dir():
         raise RunError(f"not a directory: {root}")
     dirs = find_runs(root)
@@ -172,7 +170,7 @@ def _settings_key(flat: dict, design: tuple[comp.Component, ...]) -> str:
 def _outcome(summary: dict | None, metrics: list[dict]) -> dict:
     """Summary fields; losses fall back to metrics.jsonl when there is no summary yet."""
     summary = summary or {}
-    out = {k: summary.get(k) for k in SUMMARY_KEYS}
+    out = {k: summary.get(k) for k in COLUMNS}
     out["status"] = status_of(summary) or INCOMPLETE  # a killed run reads 'interrupted', not 'running'
     vals = [(m.get("step"), m["val_loss"]) for m in metrics if m.get("val_loss") is not None]
     finite = [(s, v) for s, v in vals if math.isfinite(v)]
@@ -246,18 +244,20 @@ def _runs_frame(rows: list[dict]) -> pd.DataFrame:
 # ------------------------------------------------------------------------------- effects
 
 
-def component_effects(runs_df: pd.DataFrame, metric: str = "best_val_loss") -> pd.DataFrame:
-    """Add-one and remove-one effect of each flip on `metric`, paired by seed (EFFECT_COLUMNS).
+def component_effects(runs_df: pd.DataFrame, metric: str = "best_val_loss",
+                      min_effect: float | None = None) -> pd.DataFrame:
+    """Add-one and remove-one effect of each flip on `metric`, paired by seed, judged (EFFECT_COLUMNS).
 
-    mean_delta/ci_low/ci_high are in the metric's units (unit 'abs'), or, for RELATIVE_METRICS
-    such as tokens_per_s, a relative change in percent (unit '%'). The CI is a 95% Student-t
-    interval over the paired differences (uncorrected); p_value is the paired t-test's, p_holm
-    the Holm-Bonferroni adjusted one over every effect of this call; within_noise is True when
-    p_holm >= 0.05 (the corrected call: m effects are tested at once) and None with
-    fewer than two pairs. `excluded` counts pairs skipped because a run did not complete (or
-    lacks the metric).
+    `gain` is what having the component is worth (positive = it helps; gain_of), in the metric's
+    units (unit 'abs') or, for RELATIVE_METRICS such as tokens_per_s, in percent (unit '%'). Every
+    effect of the metric is one family for stats.judge: adj_low/adj_high the simultaneous interval
+    the call is made from, raw_low/raw_high the uncorrected 95% one, p_holm Holm's p. The threshold
+    is `min_effect`, else the metric's noise floor (threshold). `excluded` counts pairs skipped
+    because a run did not complete (or lacks the metric).
     """
-    return _effects_frame(_effect_rows(runs_df, metric))
+    rows = _effect_rows(runs_df, metric)
+    th = (min_effect, vd.GIVEN) if min_effect is not None else (threshold(runs_df, metric), vd.FLOOR)
+    return _effects_frame(rows, {metric: th})
 
 
 def _effect_rows(runs_df: pd.DataFrame, metric: str) -> list[dict]:
@@ -342,49 +342,53 @@ def _pairings(members: pd.DataFrame):
 def _group_effects(members: pd.DataFrame, group: str, metric: str) -> list[dict]:
     rows = []
     for flip, direction, against, ref, var in _pairings(members):
-        row = _paired(ref, var, metric)
+        row = _paired(ref, var, metric, direction)
         if row:
             rows.append({"flip": flip, "direction": direction, "against": against, "group": group, **row})
     return rows
 
 
-EVAL_EFFECT_COLUMNS = ["flip", "direction", "against", "group", "step", "tokens", "n_pairs", "mean_delta",
-                       "ci_low", "ci_high"]
+EVAL_EFFECT_COLUMNS = ["flip", "direction", "against", "group", "step", "tokens", "n_pairs", "gain",
+                       "raw_low", "raw_high"]
 
 
 def effects_by_eval(runs_df: pd.DataFrame, curves_df: pd.DataFrame) -> pd.DataFrame:
-    """The paired val-loss effect of each flip at every evaluation step (EVAL_EFFECT_COLUMNS).
+    """The paired val-loss gain of each flip at every evaluation step (EVAL_EFFECT_COLUMNS).
 
     Same pairs as component_effects on best_val_loss (same seed, both runs completed), but the
-    delta is val loss(variant) - val loss(reference) at one step, with a 95% t interval over
-    seeds at that step: whether an effect is a head start that fades or a lasting gain.
+    gain is in val loss at one step, with the raw 95% t interval over seeds at that step (no call
+    is made from it): whether an effect is a head start that fades or a lasting gain.
     """
     val = curves_df[curves_df["split"] == "val"]
     curves = {rid: sub.drop_duplicates("step").set_index("step") for rid, sub in val.groupby("run_id")}
     rows = []
     for group, members in _groups(runs_df[runs_df["role"] != ""]):
         for flip, direction, against, ref, var in _pairings(members):
-            deltas = []
+            gains = []
             for seed in ref.index.intersection(var.index).sort_values():
                 r, v = ref.loc[seed], var.loc[seed]
                 if r["status"] == COMPLETED and v["status"] == COMPLETED and r.run_id in curves and v.run_id in curves:
-                    a, b = curves[r.run_id], curves[v.run_id]
-                    deltas.append((b["loss"] - a["loss"]).dropna().rename(seed))
-            if not deltas:
+                    gains.append(gain_of(curves[r.run_id]["loss"], curves[v.run_id]["loss"], LOSS_METRIC,
+                                         direction).dropna().rename(seed))
+            if not gains:
                 continue
-            table = pd.concat(deltas, axis=1)
+            table = pd.concat(gains, axis=1)
             tokens = curves[ref.iloc[0].run_id]["tokens"] if ref.iloc[0].run_id in curves else None
             for step, values in table.iterrows():
                 values = values.to_numpy(float)
-                ci = t_interval(values[np.isfinite(values)])
+                st = stats.paired(values[np.isfinite(values)])
                 rows.append({"flip": flip, "direction": direction, "against": against, "group": group,
                              "step": int(step), "tokens": float(tokens.get(step, math.nan)) if tokens is not None
-                             else math.nan, "n_pairs": int(np.isfinite(values).sum()),
-                             **{k: ci[k] for k in ("mean_delta", "ci_low", "ci_high")}})
+                             else math.nan, **{k: st[k] for k in ("n_pairs", "gain", "raw_low", "raw_high")}})
     return pd.DataFrame(rows, columns=EVAL_EFFECT_COLUMNS)
 
 
-def _paired(ref: pd.DataFrame, var: pd.DataFrame, metric: str) -> dict | None:
+def gain_of(end, variant, metric: str, direction: str):
+    """stats.gain for `metric` (relative for RELATIVE_METRICS, higher is better for tokens/s)."""
+    return stats.gain(end, variant, direction == "add-one", metric in RELATIVE_METRICS, metric in HIGHER_IS_BETTER)
+
+
+def _paired(ref: pd.DataFrame, var: pd.DataFrame, metric: str, direction: str) -> dict | None:
     seeds = ref.index.intersection(var.index).sort_values()
     if seeds.empty:
         return None
@@ -392,30 +396,37 @@ def _paired(ref: pd.DataFrame, var: pd.DataFrame, metric: str) -> dict | None:
     done = ((ref["status"] == COMPLETED) & (var["status"] == COMPLETED)).to_numpy()
     r = ref[metric].to_numpy(dtype=float, na_value=np.nan)
     v = var[metric].to_numpy(dtype=float, na_value=np.nan)
-    relative = metric in RELATIVE_METRICS
-    with np.errstate(divide="ignore", invalid="ignore"):
-        delta = 100.0 * (v / r - 1.0) if relative else v - r
-    ok = done & np.isfinite(delta)
-    return {"metric": metric, "n_pairs": int(ok.sum()), "excluded": int((~ok).sum()),
-            "unit": "%" if relative else "abs", **t_interval(delta[ok])}
+    gain = gain_of(r, v, metric, direction)
+    ok = done & np.isfinite(gain)
+    return {"metric": metric, "excluded": int((~ok).sum()), "unit": "%" if metric in RELATIVE_METRICS else "abs",
+            "note": "", **stats.paired(gain[ok])}
 
 
-def _effects_frame(rows: list[dict]) -> pd.DataFrame:
-    """Rows -> EFFECT_COLUMNS, with the Holm correction over every effect of the same metric."""
-    df = pd.DataFrame(rows, columns=EFFECT_COLUMNS)
-    for idx in df.groupby("metric").groups.values():
-        df.loc[idx, "p_holm"] = stats.holm(df.loc[idx, "p_value"].to_numpy(float))
-    df["p_holm"] = df["p_holm"].astype(float)
-    df["within_noise"] = pd.Series([None if not np.isfinite(p) else bool(p >= stats.ALPHA) for p in df["p_holm"]],
-                                   index=df.index, dtype=object)
-    m = df.groupby("metric")["p_value"].transform(lambda s: int(np.isfinite(s.to_numpy(float)).sum()))
-    chance = ((df["ci_low"] > 0) | (df["ci_high"] < 0)) & df["within_noise"].eq(True)
-    df.loc[chance, "note"] = ["; ".join(filter(None, [f"95% CI excludes 0, but not after Holm over {k} effects", note]))
-                              for k, note in zip(m[chance], df.loc[chance, "note"])]
+def _effects_frame(rows: list[dict], thresholds: dict[str, tuple[float, str]]) -> pd.DataFrame:
+    """Rows -> EFFECT_COLUMNS: each metric's effects judged as one family (stats.judge) against its
+    (threshold, basis)."""
+    judged = []
+    for metric in dict.fromkeys(r["metric"] for r in rows):
+        value, basis = thresholds.get(metric, (math.nan, vd.FLOOR))
+        judged += [r | {"threshold_basis": basis} for r in stats.judge([r for r in rows if r["metric"] == metric], value)]
+    for r in judged:
+        if r["call"] == stats.NOISE and (r["adj_low"] > 0 or r["adj_high"] < 0):
+            r["note"] = "; ".join(filter(None, ["the interval excludes 0, but the gain is within the threshold",
+                                                r["note"]]))
+    df = pd.DataFrame(judged, columns=EFFECT_COLUMNS)
     order = {"flip": {f: i for i, f in enumerate(comp.BUILTIN_NAMES)}}  # built-ins in table order, then others
     df = df.sort_values(["metric", "direction", "flip", "group"], kind="stable",
                         key=lambda s: s.map(lambda f: order[s.name].get(f, len(order[s.name]))) if s.name in order else s)
     return df.reset_index(drop=True)
+
+
+def threshold(runs_df: pd.DataFrame, metric: str) -> float:
+    """The smallest effect that matters by default: the noise floor, the seed-to-seed sd of the
+    reference end's `metric` (the all-on end's where there is no reference end), in percent of its
+    mean for RELATIVE_METRICS; NaN with fewer than two seeds."""
+    floor = vd.noise_floor(runs_df, metric)
+    sd, _, mean = floor.get("reference") or floor.get("all-on") or (math.nan, 0, math.nan)
+    return 100.0 * sd / mean if metric in RELATIVE_METRICS else sd
 
 
 # ------------------------------------------------------------------------------- report files
@@ -423,44 +434,44 @@ def _effects_frame(rows: list[dict]) -> pd.DataFrame:
 
 LOSS_METRIC, SPEED_METRIC = "best_val_loss", "tokens_per_s"
 OVERLAP_NOTE = "from training runs that may have shared the CPU: not a fair timing"
-RUN_TABLE = ["run_id", "label", "seed", "status", "params", "active_params", "best_val_loss", "best_step",
-             "final_val_loss", "overfit_gap", "bits_per_char", "tokens_per_s", "step_time_ms",
-             "max_grad_norm", "loss_spikes", "diverged_at"]
-EFFECT_TABLE = ["flip", "direction", "against", "group", "n_pairs", "excluded", "mean_delta", "ci_low",
-                "ci_high", "p_value", "p_holm", "within_noise", "note"]
-FLOAT_FORMATS = {"tokens_per_s": "{:,.0f}", "step_time_ms": "{:.1f}", "wall_s": "{:.1f}",
-                 "max_grad_norm": "{:.3g}", "p_value": "{:.3g}", "p_holm": "{:.3g}"}
-PCT_FORMATS = {"mean_delta": "{:+.1f}", "ci_low": "{:+.1f}", "ci_high": "{:+.1f}"}
-PCT_HEADERS = {"mean_delta": "mean_delta_pct", "ci_low": "ci_low_pct", "ci_high": "ci_high_pct"}
 
 
-def report_frames(root: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """(runs, curves, effects) of every run under root; effects hold loss and speed, told apart by `metric`.
+def report_frames(root: Path, min_effect: float | None = None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(runs, curves, effects) of every run under root; effects hold loss and speed, told apart by `metric`,
+    each metric judged as one family (stats.py's rule).
 
-    Speed effects come from root/timing.json when a timing pass wrote one (`anatomy ablate --time`),
-    else from the training runs' tokens/s, each row noted as not a fair timing.
+    Loss effects' threshold: `min_effect` (nats/char), else the noise floor. Speed effects come from
+    root/timing.json when a timing pass wrote one (`anatomy ablate --time`; threshold: the reference
+    end's round-to-round spread), else from the training runs' tokens/s, each row noted as not a fair
+    timing (threshold: the reference end's seed-to-seed spread).
     """
     runs, curves = load_runs(Path(root))
     record = timing.read_timing(Path(root))
     if record is not None:
-        speed = timing.timing_effects(record)
+        speed, speed_th = timing.timing_effects(record), timing.threshold(record)
     else:
-        speed = _effect_rows(runs, SPEED_METRIC)
+        speed, speed_th = _effect_rows(runs, SPEED_METRIC), threshold(runs, SPEED_METRIC)
         for row in speed:
             row["note"] = "; ".join(filter(None, [OVERLAP_NOTE, row["note"]]))
-    return runs, curves, _effects_frame(_effect_rows(runs, LOSS_METRIC) + speed)
+    loss_th = (min_effect, vd.GIVEN) if min_effect is not None else (threshold(runs, LOSS_METRIC), vd.FLOOR)
+    effects = _effects_frame(_effect_rows(runs, LOSS_METRIC) + speed, {LOSS_METRIC: loss_th,
+                                                                        SPEED_METRIC: (speed_th, vd.FLOOR)})
+    return runs, curves, effects
 
 
 def write_report(root: Path, out_dir: Path | None = None, formats: tuple[str, ...] = FORMATS,
                  frames: tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame] | None = None) -> dict[str, Path]:
     """Write the report files into out_dir (default <root>/report/); returns {file name: path}.
 
-    Always the figures (forest.png, speed.png, curves.png, effects-over-training.png, grad-norm.png
-    for a stability study, expert-load.png when a run is a mixture of experts); 'csv' adds runs.csv, effects.csv (loss and speed, told
-    apart by `metric`) and eval-effects.csv, 'md' report.md, 'html' a self-contained report.html,
-    'json' report.json ({"root", "runs", "effects", "verdict", "eval_effects"}, NaN -> null).
-    `frames`, from report_frames(root), spares reading the runs again.
+    Always the figures (forest.png, curves.png, effects-over-training.png; speed.png with a timing
+    pass; grad-norm.png for a stability study; expert-load.png when a run is a mixture of experts);
+    'csv' adds runs.csv, effects.csv (loss and speed, told apart by `metric`) and eval-effects.csv,
+    'md' report.md, 'html' a self-contained report.html, 'json' report.json ({"root", "runs",
+    "effects", "verdict", "eval_effects"}, NaN -> null). `frames`, from report_frames(root), spares
+    reading the runs again.
     """
+    from anatomy_cli import sections
+
     unknown = sorted(set(formats) - set(FORMATS))
     if unknown:
         raise ValueError(f"unknown report format(s) {', '.join(unknown)}; choose from {', '.join(FORMATS)}")
@@ -468,14 +479,14 @@ def write_report(root: Path, out_dir: Path | None = None, formats: tuple[str, ..
     out = Path(out_dir) if out_dir is not None else Path(root) / "report"
     out.mkdir(parents=True, exist_ok=True)
     loss, speed = effects[effects["metric"] == LOSS_METRIC], effects[effects["metric"] == SPEED_METRIC]
-    verdict = vd.verdict_frame(loss)
+    verdict, speed_verdict = vd.verdict_frame(loss), vd.verdict_frame(speed)
     eval_effects = effects_by_eval(runs, curves)
-    floor = vd.noise_floor(runs)
     panels = _curve_panels(runs)
-    paths = {"forest.png": figures.plot_forest(verdict, out / "forest.png", floor.get("reference", (math.nan,))[0]),
-             "speed.png": figures.plot_effects(speed, out / "speed.png"),
+    paths = {"forest.png": figures.plot_forest(verdict, out / "forest.png"),
              "curves.png": figures.plot_curves(curves, panels, out / "curves.png"),
              "effects-over-training.png": figures.plot_eval_effects(eval_effects, out / "effects-over-training.png")}
+    if timing.read_timing(Path(root)) is not None:
+        paths["speed.png"] = figures.plot_forest(speed_verdict, out / "speed.png", unit="%")
     if _stability_study(Path(root), runs):
         paths["grad-norm.png"] = figures.plot_curves(curves, panels, out / "grad-norm.png", value="grad_norm")
     loads = expert_loads(runs)
@@ -490,16 +501,25 @@ def write_report(root: Path, out_dir: Path | None = None, formats: tuple[str, ..
                "eval_effects": records(eval_effects)}
         texts["report.json"] = json.dumps(doc, indent=2, allow_nan=False) + "\n"
     if "md" in formats or "html" in formats:
-        sections = _sections(Path(root), runs, effects, verdict, eval_effects, paths)
-        lead = f"Runs under `{root}`: {len(runs)} runs ({_status_counts(runs)})."
+        parts = sections.Parts(Path(root), runs, effects, verdict, speed_verdict, eval_effects, paths,
+                               components_of(runs))
+        lead, body = sections.lead(parts), sections.sections(parts)
         if "md" in formats:
-            texts["report.md"] = document.markdown("anatomy report", lead, sections)
+            texts["report.md"] = document.markdown("anatomy report", lead, body)
         if "html" in formats:
-            texts["report.html"] = document.html_page("anatomy report", lead, sections)
+            texts["report.html"] = document.html_page("anatomy report", lead, body)
     for name, text in texts.items():
         atomic_write_text(out / name, text)
         paths[name] = out / name
     return paths
+
+
+def components_of(runs: pd.DataFrame) -> dict[str, comp.Component]:
+    """The components of every study under the runs, by name (about, source: the report names them)."""
+    out: dict[str, comp.Component] = {}
+    for sweep_dir in dict.fromkeys(Path(p).parent for p in runs["path"]):
+        out |= {c.name: c for c in _design(sweep_dir) if c.name not in out}
+    return out
 
 
 def _curve_panels(runs: pd.DataFrame) -> list[dict]:
@@ -516,8 +536,10 @@ def _curve_panels(runs: pd.DataFrame) -> list[dict]:
 
 def expert_loads(runs: pd.DataFrame) -> list[tuple[str, list[list[float]]]]:
     """(title, [layer][expert] shares) of each mixture-of-experts config's lowest seed with a recorded load."""
+    from anatomy_cli.sections import by_components
+
     out = []
-    for run in _by_components(runs).drop_duplicates(["label", "settings"]).itertuples():
+    for run in by_components(runs).drop_duplicates(["label", "settings"]).itertuples():
         load = (read_summary(Path(run.path)) or {}).get("expert_load")
         if load:
             out.append((f"{run.label} · seed {run.seed}", load))
@@ -546,199 +568,3 @@ def _json_value(value: Any) -> Any:
     if isinstance(value, (float, np.floating)):
         return float(value) if math.isfinite(value) else None
     return None if pd.isna(value) else value
-
-
-# ------------------------------------------------------------------------------- sections
-
-
-def _sections(root: Path, runs, effects, verdict, eval_effects, images: dict[str, Path]) -> list[tuple[str, list]]:
-    """The report in reading order: verdict, speed, curves, effects over training, runs, details, samples."""
-    loss = effects[effects["metric"] == LOSS_METRIC]
-    speed = effects[effects["metric"] == SPEED_METRIC]
-    ctx = [c for c in runs.columns if c.startswith(CTX_PREFIX)]
-    curves = [("img", images["curves.png"])] + ([("img", images["grad-norm.png"])] if "grad-norm.png" in images else [])
-    return [
-        ("Verdict", _verdict_blocks(root, runs, loss, verdict) + [("img", images["forest.png"])]),
-        ("Speed", _speed_blocks(root, speed) + [("img", images["speed.png"])]),
-        ("Curves", [("p", ("One panel per component: the runs with it flipped (its colour) against the end they "
-                           "are compared with (grey); mean over seeds."))] + curves),
-        ("Effects over training", _eval_blocks(eval_effects) + [("img", images["effects-over-training.png"])]),
-        *([("Routing", [("p", ROUTING_NOTE), ("img", images["expert-load.png"])])] if "expert-load.png" in images else []),
-        ("Runs", [("p", f"{len(runs)} runs: {_status_counts(runs)}."),
-                  ("table", _display(_by_components(runs), RUN_TABLE + ctx), True)]),
-        ("Effect details", [("p", LOSS_NOTE), ("table", _display(loss, _effect_columns(loss)), False)]),
-        ("Samples", [("p", "One per config (its lowest seed), from the best weights."), ("samples", _samples(runs))]),
-    ]
-
-
-ROUTING_NOTE = ("Each mixture of experts (its lowest seed): the share of every layer's routed tokens that each "
-                "expert received on the fixed validation windows with the best weights, experts ordered by load "
-                "within a layer. Dashed: the uniform share 1/E. Bars far above the line mean a router that "
-                "collapsed onto a few experts; the rest then barely train.")
-LOSS_NOTE = ("delta = best val loss of the variant minus its end's run with the same seed (add-one: against "
-             "the end with every component off, the 2017 end for the five 2017 -> LLaMA parts; remove-one: "
-             "against the end with every component on, the LLaMA end); negative = the variant learns better. "
-             "ci_low/ci_high: 95% Student-t interval over seeds, uncorrected; p_holm: the paired t-test's p "
-             "after Holm-Bonferroni over every effect of the table; within_noise: p_holm >= 0.05.")
-
-
-def _verdict_blocks(root: Path, runs: pd.DataFrame, loss: pd.DataFrame, verdict: pd.DataFrame) -> list:
-    if verdict.empty:
-        return [("p", "No paired runs yet: the verdict needs an end and at least one variant with a shared seed.")]
-    bud, floor = vd.budget(runs), vd.noise_floor(runs)
-    one_seed = (verdict["n_pairs"] <= 1).all()
-    names = comp.end_names(runs.loc[runs["role"] != "", "design"].iloc[0].split("+"))
-    ref_name, top_name = ("2017", "LLaMA") if names == ("2017", "llama") else names
-    tested = int(np.isfinite(loss["p_value"].to_numpy(float)).sum())
-    lines = [_budget_line(bud, ref_name, top_name), _noise_line(floor, ref_name, top_name)]
-    if tested:
-        lines.append(f"**Multiple comparisons**: {tested} effects are tested at once, so the within-noise call is "
-                     f"Holm-Bonferroni corrected (family-wise 5%); the intervals shown are the uncorrected 95% "
-                     f"t intervals over seeds.")
-    blocks = [("p", "What each component is worth in best val loss (nats/char; positive = having the component "
-                    "helps), largest first. Added = to the " + f"{ref_name} end; removed = from the {top_name} end."),
-              ("table", verdict_table(verdict), False), ("list", lines)]
-    if one_seed or (verdict["n_pairs"] < vd.SEEDS_WANTED).any():
-        cmd, est = vd.more_seeds(root, runs)
-        when = f" (est. {_fmt_time(est[0])} with {est[1]} worker{'s' * (est[1] > 1)})" if est else ""
-        say = "One seed: each effect is a point estimate, no interval." if one_seed else "Fewer than 3 seeds for some configs."
-        blocks += [("p", f"{say} To add seeds to {vd.SEEDS_WANTED} (finished runs are skipped){when}:"), ("code", cmd)]
-    return blocks
-
-
-def _budget_line(bud: dict, ref_name: str, top_name: str) -> str:
-    if "steps" not in bud:
-        return "**Budget**: unknown."
-    text = (f"**Budget**: this holds for {bud['steps']:,} training steps"
-            + (f" ({bud['tokens']:,} tokens: batch {bud['batch_size']} x ctx {bud['ctx_len']})" if "tokens" in bud else "")
-            + ".")
-    if "reference" in bud and "all-on" in bud:
-        text += (f" There the {ref_name} end reaches {bud['reference']:.3f} and the {top_name} end "
-                 f"{bud['all-on']:.3f} ({bud['reference'] - bud['all-on']:+.3f} apart).")
-    if bud.get("still_improving"):
-        text += (f" The {ref_name} end was still improving at its last evaluation, so a longer budget can "
-                 f"shrink or reorder effects: see Effects over training.")
-    return text
-
-
-def _noise_line(floor: dict, ref_name: str, top_name: str) -> str:
-    parts = [f"{name} end sd {sd:.4f} over {n} seeds" for role, name in (("reference", ref_name), ("all-on", top_name))
-             if role in floor for sd, n in [floor[role]] if math.isfinite(sd)]
-    if not parts:
-        return "**Noise floor**: unknown with one seed per config (seed-to-seed spread of the ends' best val loss)."
-    return f"**Noise floor** (seed-to-seed sd of best val loss): {'; '.join(parts)}."
-
-
-def _fmt_time(s: float) -> str:
-    return f"{s:.0f} s" if s < 90 else f"{s / 60:.1f} min"
-
-
-def verdict_table(verdict: pd.DataFrame) -> pd.DataFrame:
-    """The verdict as display strings (rank, component, change, gain, interval, seeds, p_holm, call)."""
-    rows = []
-    for r in verdict.itertuples():
-        rows.append({"rank": str(r.rank), "component": r.flip,
-                     "change": ("added to " if r.direction == "add-one" else "removed from ") + r.against
-                     + (f" [{r.group}]" if r.group else ""),
-                     "gain": "" if not math.isfinite(r.gain) else f"{r.gain:+.3f}",
-                     "interval": f"[{r.gain_low:+.3f}, {r.gain_high:+.3f}]" if math.isfinite(r.gain_low) else
-                     (vd.ONE_SEED if r.n_pairs == 1 else ""),
-                     "seeds": str(r.n_pairs), "p_holm": f"{r.p_holm:.3g}" if math.isfinite(r.p_holm) else "",
-                     "call": r.call})
-    columns = ["rank", "component", "change", "gain", "interval", "seeds", "p_holm", "call"]
-    if len(verdict) and (verdict["n_pairs"] <= 1).all():  # one seed: the interval column says it once per row
-        columns = columns[:5]
-    return pd.DataFrame(rows, columns=columns)
-
-
-def _speed_blocks(root: Path, speed: pd.DataFrame) -> list:
-    record = timing.read_timing(root)
-    if record is not None:
-        head = (timing.summary_line(record) + ". Each component's effect is paired within a round: 100 x (variant "
-                "tokens/s / its end's - 1); positive = faster; 95% interval over rounds, within_noise Holm-corrected.")
-    else:
-        head = ("No timing pass in this directory: the effects below come from the training runs' tokens/s, which "
-                "shared the CPU with whichever runs overlapped them, so they measure scheduling as much as the "
-                "component. For a fair timing run the same `anatomy ablate` command with `--time`.")
-    said_above = f"{re.escape(OVERLAP_NOTE)}|{timing.NOTE_RE}"  # the paragraph says where the numbers come from
-    shown = speed.assign(note=[re.sub(said_above, "", n).strip("; ") for n in speed["note"]])
-    columns = [c for c in _effect_columns(speed) if c not in ("against", "excluded", "p_value")
-               and (c != "note" or (shown["note"] != "").any())]
-    return [("p", head), ("table", _display(shown, columns, PCT_FORMATS).rename(columns=PCT_HEADERS), False)]
-
-
-def _eval_blocks(eval_effects: pd.DataFrame) -> list:
-    text = ("Each component's paired effect on val loss at every evaluation, as a gain (positive = helps): a "
-            "head start that fades comes back to zero, a lasting gain stays apart.")
-    if eval_effects.empty:
-        return [("p", text)]
-    moves = ranking_moves(eval_effects)
-    return [("p", text)] + ([("p", "Ranking by gain (nats/char) early, midway and at the end:"), ("list", moves)]
-                            if moves else [])
-
-
-def ranking_moves(eval_effects: pd.DataFrame) -> list[str]:
-    """'added, step 50: prenorm +0.272 > rope +0.246 > ...' at the first evaluation after step 0, the
-    middle one and the last, per direction (the first group's effects)."""
-    ev = eval_effects[(eval_effects["step"] > 0) & (eval_effects["group"] == eval_effects["group"].iloc[0])]
-    out = []
-    for direction, word in (("add-one", "added"), ("remove-one", "removed")):
-        d = ev[ev["direction"] == direction]
-        steps = sorted(d["step"].unique())
-        sign = -1.0 if direction == "add-one" else 1.0
-        for step in dict.fromkeys([steps[0], steps[len(steps) // 2], steps[-1]] if steps else []):
-            at = d[d["step"] == step]
-            at = at.assign(g=sign * at["mean_delta"]).sort_values("g", ascending=False)
-            out.append(f"{word}, step {step}: " + " > ".join(f"{r.flip} {r.g:+.3f}" for r in at.itertuples()))
-    return out
-
-
-def component_columns(runs: pd.DataFrame) -> list[str]:
-    """The runs frame's per-component on/off columns: the built-ins, then spec components."""
-    return [c for c in runs.columns if c in comp.BY_NAME or (c not in RUN_COLUMNS and not c.startswith(CTX_PREFIX))]
-
-
-def _by_components(runs: pd.DataFrame) -> pd.DataFrame:
-    """Runs ordered by how many components they have on (the reference end first), then label."""
-    n_on = runs[component_columns(runs)].sum(axis=1)
-    return runs.assign(_n=n_on).sort_values(["_n", "label", "seed", "run_id"])
-
-
-def _status_counts(runs: pd.DataFrame) -> str:
-    return ", ".join(f"{n} {status}" for status, n in runs["status"].value_counts().items())
-
-
-def _effect_columns(effects: pd.DataFrame) -> list[str]:
-    # The group column only says something when there is more than one group.
-    return [c for c in EFFECT_TABLE if c != "group" or (effects["group"] != "").any()]
-
-
-def _display(df: pd.DataFrame, columns: list[str], formats: dict | None = None) -> pd.DataFrame:
-    """The same table as strings, formatted once for both markdown and HTML."""
-    formats = FLOAT_FORMATS | (formats or {})
-    return pd.DataFrame({c: [_cell(v, c, formats) for v in df[c].astype(object)] for c in columns},
-                        columns=columns)
-
-
-def _cell(value: Any, column: str, formats: dict) -> str:
-    if value is None or (not isinstance(value, str) and pd.isna(value)):
-        return ""
-    if isinstance(value, (bool, np.bool_)):
-        return "yes" if value else "no"
-    if isinstance(value, (int, np.integer)):
-        return f"{value:,}" if column in ("params", "active_params") else str(value)
-    if isinstance(value, (float, np.floating)):
-        return formats.get(column, "{:.4f}").format(value)
-    return str(value)
-
-
-def _samples(runs: pd.DataFrame) -> list[tuple[str, str]]:
-    """(heading, text) for one run per config (its lowest seed) with a samples.txt, reference end first."""
-    out = []
-    for run in _by_components(runs).drop_duplicates(["label", "settings"]).itertuples():
-        path = Path(run.path) / SAMPLES
-        if path.is_file():
-            text = path.read_text(encoding="utf-8", errors="replace")
-            text = text[:SAMPLE_CHARS] + ("\n[...]" if len(text) > SAMPLE_CHARS else "")
-            out.append((f"{run.label} · seed {run.seed} · {run.run_id}", text))
-    return out

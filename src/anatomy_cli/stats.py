@@ -1,13 +1,25 @@
-"""Paired-difference statistics for component effects (no scipy, no torch).
+"""The one rule every call in a report follows, and the paired statistics it rests on (no torch).
 
-  t_interval   mean and 95% Student-t interval of paired differences, with a two-sided p-value
-  t_p_value    two-sided p of a one-sample t statistic (exact for integer degrees of freedom)
-  holm         Holm-Bonferroni adjusted p-values for m tests at once (Holm 1979)
+The rule. Effects tested together (every loss effect of a study; every speed effect) form one
+family of m. Each effect's interval is a simultaneous Bonferroni interval: the Student-t interval at
+level 1 - alpha/m over its paired differences (t quantile at 1 - alpha/(2m)), so all m intervals
+hold together with probability >= 1 - alpha. A call needs both parts: the statistical one (that
+interval excludes zero) and the practical one (the effect is larger than the smallest effect that
+matters, `threshold`):
+  helps         adjusted interval > 0 and gain > +threshold
+  hurts         adjusted interval < 0 and gain < -threshold
+  negligible    the adjusted interval lies inside (-threshold, +threshold): confidently too small
+  within noise  anything else (undecided)
+  too few seeds fewer than MIN_PAIRS paired differences: no call
+The interval shown beside a call is the one it is made from; the raw 95% interval and the
+Holm-Bonferroni p-value (Holm 1979; step-down, never less powerful than Bonferroni) are details.
 
-Why Holm: a report tests every component in both directions at once (10 tests for the five
-2017 -> LLaMA parts). At 95% each, one of ten crossing zero by chance is no surprise; Holm's
-step-down keeps the chance of *any* false finding at 5% and is never less powerful than plain
-Bonferroni (the correction recent architecture comparisons use: Narang et al. 2021 and after).
+  gain       the sign convention: what having the component is worth, positive = it helps
+  paired     mean, sd, raw 95% interval and two-sided p of one effect's paired differences
+  judge      a family of paired effects -> adjusted intervals, Holm p-values and calls
+  holm       Holm-Bonferroni adjusted p-values
+
+Distributions come from scipy.stats (t quantiles at any level, the one-sample t-test).
 """
 
 from __future__ import annotations
@@ -15,64 +27,83 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from scipy import stats as sps
 
 ALPHA = 0.05
-# Two-sided 95% Student-t quantiles t(0.975, df) for df = 1..30; beyond 30 the normal 1.96.
-T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-         2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-         2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+MIN_PAIRS = 3
+HELPS, HURTS, NEGLIGIBLE, NOISE, TOO_FEW, NONE = (
+    "helps", "hurts", "negligible", "within noise", "too few seeds", "no completed pairs")
+CALLS = (HELPS, HURTS, NEGLIGIBLE, NOISE, TOO_FEW)
 
 
-def t_975(df: int) -> float:
-    return T_975[df - 1] if 1 <= df <= len(T_975) else 1.96
-
-
-def t_p_value(t: float, df: int) -> float:
-    """Two-sided p = P(|T| >= |t|) for Student's t with integer df >= 1.
-
-    The closed form for integer df (Abramowitz & Stegun 26.7.3/26.7.4): with theta = atan(|t|/sqrt(df)),
-    A(t|df) = P(|T| < |t|) is a finite series in cos^2(theta), so no special functions are needed.
-    """
-    if not math.isfinite(t):
-        return 0.0 if not math.isnan(t) else math.nan
-    theta = math.atan(abs(t) / math.sqrt(df))
-    s, c2 = math.sin(theta), math.cos(theta) ** 2
-    if df % 2 == 1:  # odd: 2/pi * (theta + sin cos (1 + 2/3 c2 + 2.4/3.5 c2^2 + ...))
-        term, total = 1.0, 1.0 if df > 1 else 0.0
-        for k in range(1, (df - 1) // 2):
-            term *= c2 * (2 * k) / (2 * k + 1)
-            total += term
-        a = 2.0 / math.pi * (theta + s * math.cos(theta) * total)
-    else:  # even: sin (1 + 1/2 c2 + 1.3/2.4 c2^2 + ...)
-        term, total = 1.0, 1.0
-        for k in range(1, df // 2):
-            term *= c2 * (2 * k - 1) / (2 * k)
-            total += term
-        a = s * total
-    return min(1.0, max(0.0, 1.0 - a))
-
-
-def t_interval(deltas) -> dict:
-    """Mean, 95% Student-t CI and two-sided p of paired differences; within_noise and a note.
-
-    within_noise (uncorrected) is True when the CI contains 0, None with fewer than two pairs.
-    """
-    deltas = np.asarray(deltas, dtype=float)
-    n = len(deltas)
-    out = {"mean_delta": float(np.mean(deltas)) if n else math.nan, "ci_low": math.nan,
-           "ci_high": math.nan, "p_value": math.nan, "within_noise": None, "note": ""}
-    if n == 0:
-        out["note"] = "no completed pairs"
-    elif n == 1:
-        out["note"] = "CI unavailable with one seed"
-    else:
-        se = float(np.std(deltas, ddof=1)) / math.sqrt(n)
-        half = t_975(n - 1) * se
-        out |= {"ci_low": out["mean_delta"] - half, "ci_high": out["mean_delta"] + half}
-        out["p_value"] = t_p_value(out["mean_delta"] / se, n - 1) if se > 0 else (
-            1.0 if out["mean_delta"] == 0 else 0.0)
-        out["within_noise"] = bool(out["ci_low"] <= 0.0 <= out["ci_high"])
+def paired(diffs) -> dict:
+    """n, gain (mean), sd, raw_low/raw_high (95% t interval) and p_value (one-sample t-test vs 0)."""
+    d = np.asarray(diffs, dtype=float)
+    n = len(d)
+    out = {"n_pairs": n, "gain": float(d.mean()) if n else math.nan, "sd": math.nan,
+           "raw_low": math.nan, "raw_high": math.nan, "p_value": math.nan}
+    if n < 2:
+        return out
+    out["sd"] = float(d.std(ddof=1))
+    half = float(sps.t.ppf(1 - ALPHA / 2, n - 1)) * out["sd"] / math.sqrt(n)
+    out |= {"raw_low": out["gain"] - half, "raw_high": out["gain"] + half}
+    if out["sd"] > 1e-12 * max(1.0, abs(out["gain"])):
+        out["p_value"] = float(sps.ttest_1samp(d, 0.0).pvalue)
+    else:  # identical differences: certain (p 0) unless they are all zero
+        out["p_value"] = 1.0 if out["gain"] == 0 else 0.0
     return out
+
+
+def gain(end, variant, add_one: bool, relative: bool = False, higher_is_better: bool = False):
+    """What having a component is worth, from its end's value and its variant's (numbers or arrays).
+
+    add-one: the variant has the component and the end lacks it; remove-one the other way round.
+    Lower is better (a loss): without - with, or 100 * (without / with - 1) % when relative; higher
+    is better (tokens/s): 100 * (with / without - 1) %. Positive: the component helps.
+    """
+    with_, without = (variant, end) if add_one else (end, variant)
+    if higher_is_better:
+        with_, without = without, with_
+    if relative:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return 100.0 * (np.divide(without, with_) - 1.0)
+    return without - with_
+
+
+def judge(effects: list[dict], threshold: float, alpha: float = ALPHA, min_pairs: int = MIN_PAIRS) -> list[dict]:
+    """One family: each dict of `paired` gets adj_low/adj_high, adj_level, family, p_holm, threshold, call.
+
+    The family size m counts the effects that have an interval (two pairs or more); an unknown
+    (NaN) threshold counts as 0, so only the statistical part decides.
+    """
+    rows = [dict(e) for e in effects]
+    m = sum(r["n_pairs"] >= 2 for r in rows)
+    level = 1 - alpha / max(1, m)
+    p_holm = holm([r["p_value"] for r in rows])
+    th = threshold if math.isfinite(threshold) else 0.0
+    for r, ph in zip(rows, p_holm):
+        r |= {"adj_low": math.nan, "adj_high": math.nan, "adj_level": level, "family": m,
+              "p_holm": float(ph), "threshold": threshold}
+        if r["n_pairs"] >= 2:
+            half = float(sps.t.ppf(1 - alpha / (2 * m), r["n_pairs"] - 1)) * r["sd"] / math.sqrt(r["n_pairs"])
+            r |= {"adj_low": r["gain"] - half, "adj_high": r["gain"] + half}
+        r["call"] = call(r["n_pairs"], r["gain"], r["adj_low"], r["adj_high"], th, min_pairs)
+    return rows
+
+
+def call(n: int, gain: float, low: float, high: float, threshold: float, min_pairs: int = MIN_PAIRS) -> str:
+    """The call of one effect from its adjusted interval [low, high] and the threshold (>= 0)."""
+    if n == 0 or not math.isfinite(gain):
+        return NONE
+    if n < min_pairs:
+        return TOO_FEW
+    if low > 0 and gain > threshold:
+        return HELPS
+    if high < 0 and gain < -threshold:
+        return HURTS
+    if -threshold < low and high < threshold:
+        return NEGLIGIBLE
+    return NOISE
 
 
 def holm(p_values) -> np.ndarray:

@@ -1,15 +1,15 @@
 """The answer a report leads with: each component's worth, ranked, and what it holds for (no torch).
 
-  verdict_frame   loss effects -> one row per component and direction, as a gain (positive = the
-                  component helps), ranked, with the Holm-corrected call
-  noise_floor     the seed-to-seed spread of each end's best val loss (the yardstick for "small")
+  verdict_frame   judged loss effects -> one row per component and direction, ranked by gain
+  noise_floor     the seed-to-seed spread of each end's best val loss (the default smallest effect
+                  that matters: stats.py states the rule)
   budget          the training budget the verdict holds for, and how far apart the two ends are
   more_seeds      the exact `anatomy ablate` command that adds seeds, with its estimated time
+  rule_line       the rule of stats.py in one sentence, with a family's numbers
 
-Sign convention. An add-one delta is loss(reference end + f) - loss(reference end), so a component
-that helps has a negative delta; a remove-one delta is loss(all-on end - f) - loss(all-on end), so
-a component that helps has a positive one. The verdict turns both into one number, the gain in
-nats/char of having the component (add-one: -delta; remove-one: +delta), so one ranking reads both.
+Sign convention (everywhere: report, CLI, CSV/JSON, README): the gain is the loss reduction of
+having the component, in nats/char: loss(without) - loss(with), so positive = the component helps,
+whichever end it was added to or removed from (report.gain_of), and one ranking reads both.
 """
 
 from __future__ import annotations
@@ -22,43 +22,25 @@ import numpy as np
 import pandas as pd
 
 from anatomy_cli import runs as runs_mod
+from anatomy_cli import stats
 
 SEEDS_WANTED = 3
-VERDICT_COLUMNS = ["rank", "flip", "direction", "against", "group", "n_pairs", "gain", "gain_low", "gain_high",
-                   "p_holm", "call"]
-ONE_SEED = "one seed, no interval"
+FLOOR, GIVEN = "noise floor", "min-effect"  # where a family's threshold came from (threshold_basis)
+VERDICT_COLUMNS = ["rank", "flip", "direction", "against", "group", "n_pairs", "gain", "adj_low", "adj_high",
+                   "threshold", "threshold_basis", "call", "raw_low", "raw_high", "p_holm", "adj_level", "family"]
 
 
 def verdict_frame(loss_effects: pd.DataFrame) -> pd.DataFrame:
-    """Loss effects (component_effects rows) -> VERDICT_COLUMNS, largest gain first."""
-    rows = []
-    for e in loss_effects.itertuples():
-        sign = -1.0 if e.direction == "add-one" else 1.0
-        lo, hi = sorted((sign * e.ci_low, sign * e.ci_high)) if np.isfinite(e.ci_low) else (math.nan, math.nan)
-        gain = sign * e.mean_delta
-        rows.append({"flip": e.flip, "direction": e.direction, "against": e.against, "group": e.group,
-                     "n_pairs": e.n_pairs, "gain": gain, "gain_low": lo, "gain_high": hi, "p_holm": e.p_holm,
-                     "call": _call(e.n_pairs, e.within_noise, gain)})
-    df = pd.DataFrame(rows, columns=VERDICT_COLUMNS)
-    df = df.sort_values("gain", ascending=False, na_position="last", kind="stable").reset_index(drop=True)
+    """Loss effects (component_effects rows, already judged) -> VERDICT_COLUMNS, largest gain first."""
+    df = loss_effects.sort_values("gain", ascending=False, na_position="last", kind="stable").reset_index(drop=True)
     df["rank"] = np.arange(1, len(df) + 1)
-    return df
+    return df[VERDICT_COLUMNS]
 
 
-def _call(n_pairs: int, within_noise, gain: float) -> str:
-    if n_pairs == 0 or not math.isfinite(gain):
-        return "no completed pairs"
-    if n_pairs == 1:
-        return ONE_SEED
-    if within_noise:
-        return "within noise (Holm)"
-    return "helps" if gain > 0 else "hurts"
+def noise_floor(runs: pd.DataFrame, metric: str = "best_val_loss") -> dict[str, tuple[float, int, float]]:
+    """{'reference' | 'all-on': (sd of `metric` over seeds, seeds, mean)} for each end that has runs.
 
-
-def noise_floor(runs: pd.DataFrame) -> dict[str, tuple[float, int]]:
-    """{'reference' | 'all-on': (sd of best val loss over seeds, seeds)} for each end that has runs.
-
-    The sd is over completed runs of one config (the group with the most seeds); NaN with one seed.
+    Over completed runs of one config (the group with the most seeds); the sd is NaN with one seed.
     """
     out = {}
     for role in ("reference", "all-on"):
@@ -66,9 +48,11 @@ def noise_floor(runs: pd.DataFrame) -> dict[str, tuple[float, int]]:
         if done.empty:
             continue
         best = max((g for _, g in done.groupby(["design", "settings"])), key=len)
-        values = best.drop_duplicates("seed")["best_val_loss"].to_numpy(float)
+        values = best.drop_duplicates("seed")[metric].to_numpy(float, na_value=np.nan)
         values = values[np.isfinite(values)]
-        out[role] = (float(np.std(values, ddof=1)) if len(values) > 1 else math.nan, len(values))
+        if len(values):
+            out[role] = (float(np.std(values, ddof=1)) if len(values) > 1 else math.nan, len(values),
+                         float(values.mean()))
     return out
 
 
@@ -93,16 +77,11 @@ def budget(runs: pd.DataFrame) -> dict:
     return out
 
 
-def more_seeds(root: Path, runs: pd.DataFrame, wanted: int = SEEDS_WANTED) -> tuple[str, tuple[float, int] | None]:
-    """(the command that brings every config to `wanted` seeds, (estimated seconds, workers) or None).
-
-    The command repeats the invocation sweep.json recorded (spec, --flip, --steps); completed runs
-    are skipped by the sweep, so it trains only the new seeds. The estimate is the plan's own
-    (sweep.estimate_seconds at the FLOP/s measured over the sweep's finished runs).
-    """
+def ablate_command(root: Path, *extra: str) -> str:
+    """The `anatomy ablate` command that made the sweep at root (sweep.json's invocation: spec, --flip,
+    --steps) with `extra` options, writing to the same directory."""
     root = Path(root)
-    design = runs_mod.read_design(root) or {}
-    how = design.get("invocation") or {}
+    how = (runs_mod.read_design(root) or {}).get("invocation") or {}
     spec = how.get("spec")
     if spec is None and not how:
         guess = Path("experiments") / f"{root.name}.toml"
@@ -112,29 +91,61 @@ def more_seeds(root: Path, runs: pd.DataFrame, wanted: int = SEEDS_WANTED) -> tu
         parts += ["--flip", str(how["flip"])]
     if how.get("steps"):
         parts += ["--steps", str(how["steps"])]
-    parts += ["--seeds", str(wanted), "--runs-dir", str(root.parent)]
-    return " ".join(parts), _estimate(root, runs, wanted)
+    return " ".join([*parts, *extra, "--runs-dir", str(root.parent)])
+
+
+def more_seeds(root: Path, runs: pd.DataFrame, wanted: int = SEEDS_WANTED) -> tuple[str, tuple[float, int] | None]:
+    """(the command that brings every config to `wanted` seeds, (estimated seconds, workers) or None).
+
+    Completed runs are skipped by the sweep, so the command trains only the new seeds. The estimate
+    comes from the finished runs' measured times (_estimate).
+    """
+    return ablate_command(root, "--seeds", str(wanted)), _estimate(Path(root), runs, wanted)
+
+
+def estimate_text(est: tuple[float, int] | None) -> str:
+    if est is None:
+        return ""
+    s, workers = est
+    when = f"{s:.0f} s" if s < 90 else f"{s / 60:.1f} min"
+    return f" (est. {when} with {workers} worker{'s' * (workers > 1)})"
+
+
+def rule_line(judged: pd.DataFrame, unit: str, floor_text: str, seeds: str = "seeds", short: bool = False) -> str:
+    """The rule (stats.py) in one sentence, with this family's numbers: level, m, threshold and its basis."""
+    if judged.empty or not (judged["family"] > 0).any():
+        return f"The rule: no intervals yet (a call needs {stats.MIN_PAIRS} {seeds} or more)."
+    m, level = int(judged["family"].iloc[0]), float(judged["adj_level"].iloc[0])
+    th, basis = float(judged["threshold"].iloc[0]), judged["threshold_basis"].iloc[0]
+    where = floor_text if basis == FLOOR else "given by --min-effect"
+    size = (f"±{th:.1f}%" if unit == "%" else f"±{th:.3f} {unit}") if math.isfinite(th) else None
+    if short:
+        practical = f"|gain| > {size.lstrip('±')} ({where})" if size else "nothing more (no noise floor yet)"
+        return (f"Intervals: simultaneous {100 * level:.4g}% over the {m} effects; a call needs the interval to "
+                f"exclude 0 and {practical}; fewer than {stats.MIN_PAIRS} {seeds}: no call.")
+    practical = (f"its gain is larger than the smallest effect that matters, {size} ({where})" if size else
+                 "(the smallest effect that matters is unknown with one seed of the reference end: the interval alone "
+                 "decides)")
+    return (f"**The rule**: each interval is a simultaneous {100 * level:.4g}% interval over {seeds} (Bonferroni over "
+            f"the {m} effects tested together, so all hold at once with 95% confidence). A component helps or hurts "
+            f"when its interval excludes 0 and {practical}; negligible: the interval lies inside {size or '±0'}; "
+            f"within noise: undecided; fewer than {stats.MIN_PAIRS} {seeds}: too few for a call. Raw 95% intervals "
+            f"and Holm p-values: Effect details.")
 
 
 def _estimate(root: Path, runs: pd.DataFrame, wanted: int) -> tuple[float, int] | None:
-    from anatomy_cli.config import RunConfig
-    from anatomy_cli.sweep import ASSUMED_FLOPS, default_workers, estimate_seconds, measured_flops
+    """The new seeds' wall time: each config's finished runs as measured here (their wall_s), plus the
+    per-run and start-up times of this machine's calibration when one is cached; None without them."""
+    from anatomy_cli.calibrate import cached_overheads, plan_seconds
+    from anatomy_cli.sweep import default_workers
 
-    studied = runs[runs["role"] != ""]
-    if studied.empty:
-        return None
-    measured = measured_flops(root) if root.is_dir() else None
-    rate = measured[0] if measured else ASSUMED_FLOPS
-    total, n_new = 0.0, 0
-    for _, config_runs in studied.groupby(["design", "settings", "role"]):
+    new = []
+    run_s, startup_s = cached_overheads()
+    for _, config_runs in runs[runs["role"] != ""].groupby(["design", "settings", "role"]):
         missing = wanted - config_runs["seed"].nunique()
-        if missing <= 0:
-            continue
-        try:
-            cfg = RunConfig.model_validate(runs_mod.read_json(Path(config_runs.iloc[0]["path"]) / runs_mod.CONFIG))
-        except (ValueError, runs_mod.RunError):
+        wall = config_runs.loc[config_runs["status"] == runs_mod.COMPLETED, "wall_s"].median()
+        if missing > 0 and not math.isfinite(wall):
             return None
-        total += missing * estimate_seconds(cfg, rate)
-        n_new += missing
-    workers = default_workers(n_new) if n_new else 1
-    return total / workers, workers
+        new += [wall + run_s] * max(0, missing)
+    workers = default_workers(len(new)) if new else 1
+    return plan_seconds(new, workers, startup_s), workers

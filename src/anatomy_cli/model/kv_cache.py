@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import InputError
 
-class CacheFullError(ValueError):
+
+class CacheFullError(InputError):
     """More positions were asked of the cache than it was allocated for."""
 
 

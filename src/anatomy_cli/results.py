@@ -1,0 +1,247 @@
+"""A study's results as one small file, and the README's numbers rendered from it (no torch).
+
+  write_results   the file `anatomy report RUNS_DIR --results PATH` writes (pandas only there)
+  render          one marked block or inline value, from a results document (plain dicts)
+  update          every marked block of a text, rewritten from its study's results file
+  main            python -m anatomy_cli.results [--check] [README.md]: rewrite, or list what drifted
+
+Marked blocks. A README names a study's file (experiments/results/<study>.json beside it) and
+what to show; the text between the markers is the tool's, never typed by hand:
+  <!-- results five-flips directions -->   ...table...   <!-- /results -->
+  gain <!-- results five-flips gain rope add-one -->+0.445<!-- /results --> nats
+Kinds: verdict, directions, ends, rule, moves (blocks); gain FLIP DIRECTION [STEP], interval FLIP
+DIRECTION, call FLIP DIRECTION (inline).
+
+The file (FORMAT, VERSION 1): study, runs {total, completed}, seeds, budget, ends {role: {name,
+mean, sd, seeds}}, effects [{metric, flip, direction, against, group, n_pairs, gain, adj_low,
+adj_high, adj_level, family, threshold, threshold_basis, call, raw_low, raw_high, p_holm}],
+eval_gains [{flip, direction, group, steps, tokens, gain}] (val-loss gain at every evaluation).
+No curves, no paths. Readers ignore keys they do not know; VERSION changes only when a key's meaning
+does, and a reader refuses a newer version by name.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+from .errors import InputError
+
+FORMAT, VERSION = "anatomy-results", 1
+RESULTS_DIR = Path("experiments") / "results"
+MARK = re.compile(r"<!-- results (?P<study>[\w.-]+) (?P<what>[^>]*?) -->(?P<body>.*?)<!-- /results -->", re.DOTALL)
+EFFECT_KEYS = ("metric", "flip", "direction", "against", "group", "n_pairs", "gain", "adj_low", "adj_high",
+               "adj_level", "family", "threshold", "threshold_basis", "call", "raw_low", "raw_high", "p_holm")
+BLOCKS = ("verdict", "directions", "ends", "rule", "moves")
+
+
+class ResultsError(InputError):
+    """A results file or a marked block that cannot be read or rendered."""
+
+
+# --------------------------------------------------------------------------- writing (from report frames)
+
+
+def build(root: Path, frames) -> dict:
+    """The results document of the runs under root (frames: report.report_frames(root))."""
+    from anatomy_cli import report as rep
+    from anatomy_cli import sections
+    from anatomy_cli import verdict as vd
+
+    runs, curves, effects = frames
+    ref, top = sections.end_names(runs)
+    floor = vd.noise_floor(runs)
+    ends = {role: {"name": name, "mean": _num(floor[role][2]), "sd": _num(floor[role][0]), "seeds": floor[role][1]}
+            for role, name in (("reference", ref), ("all-on", top)) if role in floor}
+    ev = rep.effects_by_eval(runs, curves)
+    eval_gains = [{"flip": f, "direction": d, "group": g, "steps": [int(x) for x in cell["step"]],
+                   "tokens": [_num(x, 0) for x in cell["tokens"]], "gain": [_num(x, 4) for x in cell["gain"]]}
+                  for (f, d, g), cell in ev.groupby(["flip", "direction", "group"], sort=False)]
+    return {"format": FORMAT, "version": VERSION, "study": Path(root).name,
+            "runs": {"total": len(runs), "completed": int((runs["status"] == "completed").sum())},
+            "seeds": sorted(int(s) for s in runs["seed"].dropna().unique()),
+            "budget": {k: _num(v) if isinstance(v, float) else v for k, v in vd.budget(runs).items()},
+            "ends": ends, "effects": [{k: _plain(r[k]) for k in EFFECT_KEYS} for r in rep.records(effects)],
+            "eval_gains": eval_gains}
+
+
+def write_results(path: Path, root: Path, frames) -> Path:
+    from anatomy_cli.runs import atomic_write_text
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(build(root, frames), indent=1, allow_nan=False) + "\n")
+    return path
+
+
+def _num(x, digits: int = 6):
+    return None if x is None or not math.isfinite(float(x)) else round(float(x), digits)
+
+
+def _plain(v):
+    return _num(v) if isinstance(v, float) else v
+
+
+# --------------------------------------------------------------------------- reading and rendering
+
+
+def load(path: Path) -> dict:
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ResultsError(f"cannot read results file {path}: {err}") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise ResultsError(f"{path} is not an anatomy results file")
+    if doc.get("version", 0) > VERSION:
+        raise ResultsError(f"{path} is results version {doc['version']}; this anatomy reads up to {VERSION}")
+    return doc
+
+
+def render(doc: dict, what: str) -> str:
+    """One marked block (a BLOCKS kind: markdown between newlines) or an inline value."""
+    kind, *args = what.split()
+    if kind in BLOCKS:
+        return "\n" + globals()[f"_{kind}"](doc, *args) + "\n"
+    if kind in ("gain", "interval", "call"):
+        return _inline(doc, kind, *args)
+    raise ResultsError(f"unknown results block {kind!r}; choose from {', '.join(BLOCKS)}, gain, interval, call")
+
+
+def _loss(doc: dict) -> list[dict]:
+    return [e for e in doc["effects"] if e["metric"] == "best_val_loss"]
+
+
+def _g(x, digits: int = 3) -> str:
+    return "n/a" if x is None else f"{x:+.{digits}f}".replace("-", "−")
+
+
+def _interval(e: dict) -> str:
+    return "—" if e["adj_low"] is None else f"[{_g(e['adj_low'])}, {_g(e['adj_high'])}]"
+
+
+def _end(doc: dict, role: str) -> str:
+    return doc["ends"].get(role, {}).get("name", role)
+
+
+def _change(doc: dict, e: dict) -> str:
+    return (f"added to {_end(doc, 'reference')}" if e["direction"] == "add-one"
+            else f"removed from {_end(doc, 'all-on')}") + (f" [{e['group']}]" if e["group"] else "")
+
+
+def _verdict(doc: dict) -> str:
+    rows = sorted(_loss(doc), key=lambda e: -math.inf if e["gain"] is None else -e["gain"])
+    lines = ["| rank | component | change | gain | interval | call |", "|---:|---|---|---:|---|---|"]
+    lines += [f"| {i} | {e['flip']} | {_change(doc, e)} | {_g(e['gain'])} | {_interval(e)} | {e['call']} |"
+              for i, e in enumerate(rows, 1)]
+    return "\n".join(lines)
+
+
+def _directions(doc: dict) -> str:
+    effects = _loss(doc)
+    dirs = [d for d in ("add-one", "remove-one") if any(e["direction"] == d for e in effects)]
+    heads = {"add-one": f"added to the {_end(doc, 'reference')} end", "remove-one": f"removed from the {_end(doc, 'all-on')} end"}
+    by = {(e["flip"], e["direction"], e["group"]): e for e in effects}
+    flips = list(dict.fromkeys((e["flip"], e["group"]) for e in sorted(effects, key=lambda e: -(e["gain"] or 0))))
+    lines = ["| component | " + " | ".join(heads[d] for d in dirs) + " |", "|---|" + "---|" * len(dirs)]
+    for flip, group in flips:
+        cells = [by.get((flip, d, group)) for d in dirs]
+        name = flip + (f" [{group}]" if group else "")
+        lines.append(f"| {name} | " + " | ".join("" if e is None else f"{_g(e['gain'])} {_interval(e)} {e['call']}"
+                                                  for e in cells) + " |")
+    return "\n".join(lines)
+
+
+def _ends(doc: dict) -> str:
+    b, parts = doc["budget"], []
+    for role in ("reference", "all-on"):
+        e = doc["ends"].get(role)
+        if e:
+            sd = f", seed-to-seed sd {e['sd']:.3f}" if e["sd"] is not None else ""
+            parts.append(f"the {e['name']} end reaches {e['mean']:.3f}{sd}")
+    tokens = f" ({b['tokens']:,} tokens)" if b.get("tokens") else ""
+    return (f"Best val loss (nats/char), mean over {len(doc['seeds'])} seeds: " + " and ".join(parts)
+            + f"; budget {b.get('steps', '?'):,} steps{tokens}; {doc['runs']['completed']} of {doc['runs']['total']}"
+            f" runs completed.")
+
+
+def _rule(doc: dict) -> str:
+    e = next((e for e in _loss(doc) if e["family"]), None)
+    if e is None:
+        return "No intervals: every effect has fewer than two seeds."
+    th = "unknown" if e["threshold"] is None else f"±{e['threshold']:.3f} nats/char"
+    basis = "the reference end's seed-to-seed sd" if e["threshold_basis"] == "noise floor" else "given by --min-effect"
+    return (f"Intervals are simultaneous {100 * e['adj_level']:.4g}% intervals (Bonferroni over the {e['family']} "
+            f"effects); a call needs the interval to exclude 0 and the gain to lie beyond {th} ({basis}); "
+            f"negligible: the interval lies inside it.")
+
+
+def _moves(doc: dict, *_: str) -> str:
+    lines = []
+    rows = [r for r in doc["eval_gains"] if r["group"] == (doc["eval_gains"][0]["group"] if doc["eval_gains"] else "")]
+    for direction, word in (("add-one", "added"), ("remove-one", "removed")):
+        mine = [r for r in rows if r["direction"] == direction]
+        steps = sorted({s for r in mine for s in r["steps"] if s > 0})
+        for step in dict.fromkeys([steps[0], steps[len(steps) // 2], steps[-1]] if steps else []):
+            at = sorted(((r["gain"][r["steps"].index(step)], r["flip"]) for r in mine if step in r["steps"]),
+                        key=lambda t: -t[0])
+            lines.append(f"- {word}, step {step}: " + " > ".join(f"{f} {_g(g)}" for g, f in at))
+    return "\n".join(lines)
+
+
+def _inline(doc: dict, kind: str, flip: str = "", direction: str = "", step: str = "") -> str:
+    if step:
+        row = next((r for r in doc["eval_gains"] if r["flip"] == flip and r["direction"] == direction), None)
+        if row is None or int(step) not in row["steps"]:
+            raise ResultsError(f"{doc['study']}: no evaluation gain for {flip} {direction} at step {step}")
+        return _g(row["gain"][row["steps"].index(int(step))])
+    e = next((e for e in _loss(doc) if e["flip"] == flip and e["direction"] == direction), None)
+    if e is None:
+        raise ResultsError(f"{doc['study']}: no effect {flip} {direction}")
+    return {"gain": _g(e["gain"]), "interval": _interval(e), "call": e["call"]}[kind]
+
+
+# --------------------------------------------------------------------------- documents
+
+
+def update(text: str, folder: Path) -> str:
+    """text with every marked block rendered from folder/experiments/results/<study>.json."""
+    cache: dict[str, dict] = {}
+
+    def one(m: re.Match) -> str:
+        study = m["study"]
+        if study not in cache:
+            cache[study] = load(Path(folder) / RESULTS_DIR / f"{study}.json")
+        return f"<!-- results {study} {m['what']} -->{render(cache[study], m['what'])}<!-- /results -->"
+
+    return MARK.sub(one, text)
+
+
+def drifted(text: str, folder: Path) -> list[str]:
+    """The marked blocks whose text differs from what their results file renders ('study what')."""
+    fresh = update(text, folder)
+    return [f"{a['study']} {a['what']}" for a, b in zip(MARK.finditer(text), MARK.finditer(fresh)) if a[0] != b[0]]
+
+
+def main(argv: list[str]) -> int:
+    check = "--check" in argv
+    paths = [Path(a) for a in argv if a != "--check"] or [Path("README.md")]
+    bad = 0
+    for path in paths:
+        text = path.read_text(encoding="utf-8")
+        if check:
+            for block in drifted(text, path.parent):
+                print(f"{path}: block '{block}' differs from its results file", file=sys.stderr)
+                bad += 1
+        else:
+            new = update(text, path.parent)
+            if new != text:
+                path.write_text(new, encoding="utf-8")
+                print(f"{path}: rewritten from {RESULTS_DIR}/")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

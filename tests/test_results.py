@@ -1,0 +1,104 @@
+"""The README's numbers come from results files the tool wrote (experiments/results/<study>.json):
+every marked block re-renders to the same text, and no result-like number sits outside one."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from test_report import CALLED, called_sweep
+
+from anatomy_cli import report, results
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+# A number with three decimals or more (a loss, a gain, an interval end), with its sign if any.
+RESULT_NUMBER = re.compile(r"[+−-]?\d+\.\d{3,}")
+PENDING = re.compile(r"<!-- pending-results (?P<study>[\w.-]+) -->(?P<body>.*?)<!-- /pending-results -->", re.DOTALL)
+
+
+def test_readme_blocks_match_their_results_files():
+    text = README.read_text(encoding="utf-8")
+    for m in results.MARK.finditer(text):
+        assert (ROOT / results.RESULTS_DIR / f"{m['study']}.json").is_file(), f"no results file for {m['study']}"
+    assert results.drifted(text, ROOT) == []
+
+
+def test_no_result_number_outside_a_rendered_block():
+    """Hand-typed results live only in pending regions, and only until their study's file exists."""
+    text = README.read_text(encoding="utf-8")
+    for m in PENDING.finditer(text):
+        assert not (ROOT / results.RESULTS_DIR / f"{m['study']}.json").exists(), (
+            f"experiments/results/{m['study']}.json exists: render the README's pending {m['study']} numbers from "
+            f"it (marked blocks, python -m anatomy_cli.results README.md)")
+    bare = PENDING.sub("", results.MARK.sub("", text))
+    bare = re.sub(r"```.*?```", "", bare, flags=re.DOTALL)  # commands and specs, not results
+    assert RESULT_NUMBER.findall(bare) == []
+
+
+def rendered_study(tmp_path) -> tuple[Path, dict]:
+    called_sweep(tmp_path / "runs" / "toy")
+    frames = report.report_frames(tmp_path / "runs" / "toy")
+    path = results.write_results(tmp_path / "doc" / results.RESULTS_DIR / "toy.json", tmp_path / "runs" / "toy", frames)
+    return path, json.loads(path.read_text())
+
+
+DOC = """# Findings
+<!-- results toy ends --><!-- /results -->
+<!-- results toy directions --><!-- /results -->
+<!-- results toy verdict --><!-- /results -->
+<!-- results toy rule --><!-- /results -->
+<!-- results toy moves --><!-- /results -->
+RoPE gains <!-- results toy gain rope add-one --><!-- /results --> nats
+<!-- results toy interval rope add-one --><!-- /results -->, <!-- results toy call rope add-one --><!-- /results -->.
+"""
+
+
+def test_results_file_renders_every_kind_and_drift_fails(tmp_path):
+    path, doc = rendered_study(tmp_path)
+    assert doc["format"] == results.FORMAT and doc["version"] == results.VERSION and doc["study"] == "toy"
+    assert path.stat().st_size < 20_000 and "curves" not in doc and "runs" in doc  # small: no curves, no paths
+    assert {e["flip"]: e["call"] for e in doc["effects"] if e["metric"] == "best_val_loss"} == {
+        f: call for f, (_, call) in CALLED.items()}
+
+    text = results.update(DOC, tmp_path / "doc")
+    rope = next(e for e in doc["effects"] if e["flip"] == "rope" and e["metric"] == "best_val_loss")
+    assert f"RoPE gains <!-- results toy gain rope add-one -->{rope['gain']:+.3f}<!-- /results --> nats" in text
+    assert f"| rope | {rope['gain']:+.3f} [{rope['adj_low']:+.3f}, {rope['adj_high']:+.3f}] helps |" in text
+    assert "| 1 | prenorm | added to 2017 | +0.405 | [+0.087, +0.723] | too few seeds |" in text  # 2 seeds: no call
+    assert "the 2017 end reaches 2.010, seed-to-seed sd 0.010" in text
+    assert "simultaneous 99% intervals (Bonferroni over the 5 effects)" in text
+    assert results.drifted(text, tmp_path / "doc") == [] and results.update(text, tmp_path / "doc") == text
+
+    edited = text.replace(f"{rope['gain']:+.3f}<!-- /results --> nats", "+0.500<!-- /results --> nats")
+    assert results.drifted(edited, tmp_path / "doc") == ["toy gain rope add-one"]
+    (tmp_path / "doc" / "README.md").write_text(edited)
+    assert results.main(["--check", str(tmp_path / "doc" / "README.md")]) == 1
+    assert results.main([str(tmp_path / "doc" / "README.md")]) == 0
+    assert (tmp_path / "doc" / "README.md").read_text() == text  # rewritten from the file
+
+
+def test_results_format_is_forward_compatible(tmp_path):
+    path, doc = rendered_study(tmp_path)
+    newer_keys = doc | {"something_new": [1, 2]} | {"effects": [e | {"new_field": 1} for e in doc["effects"]]}
+    path.write_text(json.dumps(newer_keys))
+    assert results.update(DOC, tmp_path / "doc") == results.update(DOC, tmp_path / "doc")  # unknown keys ignored
+    path.write_text(json.dumps(doc | {"version": results.VERSION + 1}))
+    with pytest.raises(results.ResultsError, match="results version 2; this anatomy reads up to 1"):
+        results.update(DOC, tmp_path / "doc")
+    with pytest.raises(results.ResultsError, match="unknown results block"):
+        results.render(doc, "pie-chart")
+
+
+def test_report_writes_the_results_file(tmp_path):
+    from typer.testing import CliRunner
+
+    from anatomy_cli.cli import app
+
+    called_sweep(tmp_path / "toy")
+    out = tmp_path / "experiments" / "results" / "toy.json"
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "toy"), "--results", str(out)])
+    assert result.exit_code == 0, result.output
+    assert results.load(out)["study"] == "toy" and f"results: {out}" in result.stdout

@@ -1,0 +1,95 @@
+"""The answer in the terminal: `anatomy ablate` ends with the verdict and the report's path, fits
+narrow terminals, and is plain text in a pipe (a line per finished run, no progress bars)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from test_report import called_sweep
+from toy_data import write_spec
+from typer.testing import CliRunner
+
+from anatomy_cli.cli import app
+
+ANSI = re.compile(r"\x1b\[")
+
+
+@pytest.fixture(scope="module")
+def ablated(tmp_path_factory):
+    """A one-seed toy ablation of rope, run through the CLI at 60 columns."""
+    tmp = tmp_path_factory.mktemp("term")
+    spec = write_spec(tmp)
+    args = ["ablate", str(spec), "--flip", "rope", "--seeds", "1", "--workers", "1", "--runs-dir", str(tmp / "runs")]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "60"})
+    return tmp, spec, args, result
+
+
+def table_lines(text: str) -> list[str]:
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if re.match(r"(rank\s+)?component\s+change", line))
+    return lines[start:start + next(j for j, line in enumerate(lines[start:]) if not line.strip())]
+
+
+@pytest.mark.slow
+def test_ablate_ends_with_the_verdict_and_the_report_path(ablated):
+    tmp, _, _, result = ablated
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    last = out.rstrip().splitlines()[-1]
+    assert last == f"report: {tmp / 'runs' / 'toy' / 'report' / 'report.html'} (all files in {tmp / 'runs' / 'toy' / 'report'})"
+    assert "forest.png" not in out and "effects.csv" not in out  # not the list of files
+    rows = table_lines(out)
+    assert rows[0].split() == ["rank", "component", "change", "gain", "interval", "call"]  # seeds dropped at 60
+    body = [r.split() for r in rows[2:] if r.strip()]
+    assert sorted(r[1] + " " + r[2] for r in body) == ["rope added", "rope removed"]
+    assert all(r[-3:] == ["too", "few", "seeds"] for r in body)
+    assert all(len(line) <= 60 for line in rows)
+    assert "To add seeds to 3" in out and "--seeds 3" in out
+    err = result.stderr  # CliRunner is no terminal: one line per finished run, no bars
+    assert [line.split("]")[0] for line in err.splitlines() if line.startswith("[")] == ["[1/4", "[2/4", "[3/4", "[4/4"]
+    assert "━" not in err and "4 completed, 0 diverged, 0 failed of 4 runs" in err
+
+
+@pytest.mark.slow
+def test_ablate_in_a_pipe_is_plain_text(ablated):
+    tmp, _, args, _ = ablated
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "80"}
+    proc = subprocess.run([sys.executable, "-m", "anatomy_cli", *args], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert not ANSI.search(proc.stdout) and not ANSI.search(proc.stderr)
+    assert "4 of 4 runs already done" in proc.stderr and "━" not in proc.stderr
+    assert proc.stdout.startswith("verdict: gain in best val loss") and "report: " in proc.stdout
+    assert table_lines(proc.stdout)[0].split() == ["rank", "component", "change", "gain", "interval", "call", "seeds"]
+
+
+@pytest.mark.parametrize("columns", [80, 60])
+def test_report_verdict_fits_the_terminal(tmp_path, columns):
+    called_sweep(tmp_path)
+    result = CliRunner().invoke(app, ["report", str(tmp_path)], env={"COLUMNS": str(columns)})
+    assert result.exit_code == 0, result.output
+    text = result.stdout[result.stdout.index("verdict: gain"):]
+    rows = table_lines(text)
+    assert all(len(line) <= columns for line in rows)
+    rope = next(r for r in rows if " rope " in f" {r} ")
+    assert " helps" in rope and "[+0." in rope
+    assert "simultaneous 99% over the 5 effects" in " ".join(text.split())
+
+
+def test_components_fit_80_and_60_columns_and_wide_is_whole():
+    for columns in (80, 60):
+        result = CliRunner().invoke(app, ["components"], env={"COLUMNS": str(columns)})
+        assert result.exit_code == 0
+        lines = result.stdout.splitlines()
+        assert all(len(line) <= columns for line in lines), max(lines, key=len)
+        from anatomy_cli.components import BUILTIN_NAMES
+
+        first = lines.index(next(line for line in lines if line.startswith("name ")))
+        rows = lines[first + 2:first + 2 + len(BUILTIN_NAMES)]
+        assert [line.split()[0] for line in rows] == list(BUILTIN_NAMES)  # a line each
+    wide = CliRunner().invoke(app, ["components", "--wide"], env={"COLUMNS": "60"}).stdout
+    assert "RMSNorm instead of LayerNorm: scale only, no mean, no bias" in wide and "Zhang & Sennrich 2019" in wide
