@@ -115,8 +115,11 @@ def sdpa_kernel(cfg, batch: int, device: torch.device, dtype: str) -> str:
     """The SDPA kernel family ('flash', 'efficient', 'cudnn', 'math', ...) torch dispatches the run's
     causal training attention to: torch._fused_sdp_choice on q [B, H, T, hd], k/v [B, G, T, hd]
     of the autocast dtype. On CPU 'flash' is the CPU flash kernel. Under torch.compile inductor
-    lowers to the same aten kernel."""
+    lowers to the same aten kernel. Sliding-window layers pass a band mask, which CUDA's flash
+    kernel does not take: with both kinds it reads 'flash, local: efficient'."""
     from torch.nn.attention import SDPBackend
+
+    from .model.attention import attention_mask
 
     if device.type not in ("cpu", "cuda"):  # MPS and others: torch's math path (MPS: its own math kernel)
         return "math"
@@ -124,13 +127,20 @@ def sdpa_kernel(cfg, batch: int, device: torch.device, dtype: str) -> str:
     if choose is None:
         return "unknown"
     tdtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
-    q = torch.zeros(batch, cfg.n_head, cfg.ctx_len, cfg.head_dim, device=device, dtype=tdtype)
-    kv = torch.zeros(batch, cfg.n_kv_head, cfg.ctx_len, cfg.head_dim, device=device, dtype=tdtype)
-    try:
-        choice = choose(q, kv, kv, is_causal=True, enable_gqa=cfg.n_kv_head != cfg.n_head)
-        return SDPBackend(choice).name.lower().removesuffix("_attention")
-    except (RuntimeError, TypeError, ValueError):
-        return "unknown"
+    T = cfg.ctx_len
+    q = torch.zeros(batch, cfg.n_head, T, cfg.head_dim, device=device, dtype=tdtype)
+    kv = torch.zeros(batch, cfg.n_kv_head, T, cfg.head_dim, device=device, dtype=tdtype)
+    names = {}
+    for kind, window in (("attn", 0), ("local", cfg.window)):
+        if kind in cfg.layer_kinds:
+            mask = attention_mask(0, T, T, window, device)  # None: SDPA's causal flag
+            try:
+                choice = choose(q, kv, kv, attn_mask=mask, is_causal=mask is None,
+                                enable_gqa=cfg.n_kv_head != cfg.n_head)
+                names[kind] = SDPBackend(choice).name.lower().removesuffix("_attention")
+            except (RuntimeError, TypeError, ValueError):
+                names[kind] = "unknown"
+    return ", ".join(name if kind == "attn" else f"{kind}: {name}" for kind, name in names.items())
 
 
 # ----------------------------------------------------------------------- what a run ran on

@@ -20,7 +20,8 @@ A run directory holds, in the order they are written:
                     'diverged', 'failed', 'interrupted', 'running'), losses, params (total) and
                     active_params (per token), tokens, speed, hardware, cpu_capability,
                     corpus_sha256 (the fingerprint of the training text; resume refuses another),
-                    and for a mixture of experts expert_load ([layer][expert] fractions of routed
+                    for a prepared folder corpus_files (its files' fingerprint: prepared.py), and
+                    for a mixture of experts expert_load ([layer][expert] fractions of routed
                     tokens, see train.expert_load)
   .lock             held by the process training the run (lockfile.DirLock); a 'running'
                     summary names that owner, and is read as 'interrupted' once the owner is dead

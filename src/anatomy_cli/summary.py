@@ -64,6 +64,7 @@ class RunSummary(BaseModel):
     diverged_at: int | None = _field(COLUMN)
     error: str | None = None
     corpus_sha256: str | None = _field(CARRIED)
+    corpus_files: dict | None = _field(CARRIED)  # a prepared folder's files' fingerprint (prepared.py)
     # A mixture of experts: [layer][expert] fractions of routed tokens (train.expert_load).
     expert_load: list[list[float]] | None = None
 

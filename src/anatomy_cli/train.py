@@ -141,7 +141,7 @@ def _from_scratch(cfg: RunConfig, run_dir: Path, corpus: Corpus, progress, stop,
     runs.drop_temp_files(run_dir)
     runs.atomic_write_json(run_dir / runs.CONFIG, cfg.model_dump(mode="json"))  # first
     corpus.vocab.save(run_dir / runs.VOCAB)
-    carried = {**carried, "run_id": run_dir.name, "corpus_sha256": corpus.meta.get("sha256")}
+    carried = {**carried, "run_id": run_dir.name, **corpus_identity(corpus)}
     with _recorded(run_dir, carried):
         return _finish(Trainer(cfg, run_dir, corpus, progress), stop, carried)
 
@@ -172,7 +172,7 @@ def resume(run_dir: Path, progress: Progress | None = None, stop: Callable[[], b
         tr.restore()  # a bad checkpoint raises here and leaves the run as it was
         (run_dir / runs.LAST).unlink(missing_ok=True)  # the weights of where it stopped: stale from here on
         runs.drop_temp_files(run_dir)
-        carried = {**carried, "run_id": run_dir.name, "corpus_sha256": corpus.meta.get("sha256")}
+        carried = {**carried, "run_id": run_dir.name, **corpus_identity(corpus)}
         with _recorded(run_dir, carried):
             return _finish(tr, stop, carried)
 
@@ -182,12 +182,25 @@ def has_checkpoint(run_dir: Path) -> bool:
     return (Path(run_dir) / runs.RESUME).is_file()
 
 
+def corpus_identity(corpus: Corpus) -> dict:
+    """What a summary records of its corpus: the sha256 of its text and, for a prepared folder, its
+    files' fingerprint (prepared.py), so a resume can tell other data from the same."""
+    files = corpus.meta.get("fingerprint")
+    return {"corpus_sha256": corpus.meta.get("sha256")} | ({"corpus_files": files} if files else {})
+
+
 def check_corpus(run_dir: Path, cfg: RunConfig, before: RunSummary, corpus: Corpus) -> None:
-    """Refuse to continue a run on other data than it started on (fingerprint, else vocabulary size)."""
+    """Refuse to continue a run on other data than it started on (fingerprints, else vocabulary size)."""
+    from .prepared import changed_file
+
     was, now = before.corpus_sha256, corpus.meta.get("sha256")
     if was and now and was != now:
         raise runs.RunError(f"{run_dir}: the corpus changed since the run started (sha256 {was[:12]}... is now "
                             f"{now[:12]}...); resuming would train on other data")
+    name = changed_file(before.corpus_files, corpus.meta.get("fingerprint"))
+    if name is not None:
+        raise runs.RunError(f"{run_dir}: {name} of the prepared corpus {cfg.data.source} changed since the run "
+                            f"started; resuming would train on other data")
     if len(corpus.vocab) != cfg.model.vocab_size:
         raise runs.RunError(f"{run_dir}: the corpus changed since the run started (vocabulary size differs)")
 
