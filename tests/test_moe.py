@@ -143,7 +143,7 @@ def test_components_command_shows_total_and_active_change():
     assert (row["params_from_2017"], row["active_from_2017"]) == (4 * 394_240, 4 * 1_024)
     rope = next(r for r in json.loads(result.output)["components"] if r["name"] == "rope")
     assert rope["active_from_2017"] == rope["params_from_2017"]  # a dense part: every parameter is active
-    table = CliRunner().invoke(app, ["components"], env={"COLUMNS": "200"}).output
+    table = CliRunner().invoke(app, ["components", "--wide"]).output
     assert "+1,626,112" in table and "(active +4,096)" in table
 
 
