@@ -88,7 +88,15 @@ def test_sample_refuses_non_finite_weights_and_points_at_best(copy_of, temp):
 
 @pytest.mark.parametrize("temp", ["nan", "inf", "-inf"])
 def test_sample_refuses_non_finite_temperature(trained, temp):
-    one_error_line(invoke("sample", trained, "--temp", temp, "--max-new", 5), 2, "temperature must be >= 0 and finite")
+    one_error_line(invoke("sample", trained, "--temp", temp, "--max-new", 5), 2, "--temp must be >= 0 and finite")
+
+
+@pytest.mark.parametrize("option, value, fragment", [("--top-k", 0, "--top-k must be >= 1, got 0"),
+                                                     ("--window", 0, "--window must be between 2 and"),
+                                                     ("--window", 1, "--window must be between 2 and")])
+def test_sample_errors_name_the_flag_at_fault(trained, option, value, fragment):
+    """The message names the option the user typed (and --window 0 is not silently ctx_len)."""
+    one_error_line(invoke("sample", trained, option, value, "--max-new", 3), 2, fragment)
 
 
 def test_sample_tiny_temperature_is_near_greedy_not_a_crash(trained):
@@ -212,7 +220,7 @@ def test_absurd_sizes_are_refused_before_allocating(corpus, tmp_path, setting, f
 
 def test_sample_window_that_cannot_fit_is_refused(trained):
     one_error_line(invoke("sample", trained, "--window", 10**9, "--max-new", 3), 2, "--window 1000000000 needs about")
-    one_error_line(invoke("sample", trained, "--window", 2**40, "--max-new", 3), 2, "window must be between 2 and")
+    one_error_line(invoke("sample", trained, "--window", 2**40, "--max-new", 3), 2, "--window must be between 2 and")
 
 
 def test_a_device_file_is_not_a_corpus(tmp_path):
