@@ -126,7 +126,11 @@ def test_causality(make_lm, part, base):
 @MODEL_PART
 @BASE
 def test_cached_decode_equals_full_forward(make_lm, part, base):
-    model = make_lm(**{**BASES[base], **PARTS[part]})
+    check_cached_decode(make_lm(**{**BASES[base], **PARTS[part]}))
+
+
+def check_cached_decode(model) -> None:
+    """Prefill + one token at a time, and uneven chunks, both == one full forward (16 tokens)."""
     idx = tokens(2, 16, seed=1)
     with torch.no_grad():
         full, _ = model(idx)

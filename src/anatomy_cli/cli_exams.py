@@ -146,7 +146,7 @@ def bench_decode_cmd(
                                                            "built from the size options.")] = None,
     new: Annotated[int, typer.Option(help="Tokens to decode.")] = 200,
     prefix_len: Annotated[int, typer.Option(help="Prompt length (prefilled in one forward).")] = 64,
-    kv_heads: Annotated[Optional[str], typer.Option(help="n_kv_head values, e.g. 4,2,1 (default H, H/2, 1).")] = None,
+    kv_heads: Annotated[Optional[str], typer.Option(help="n_kv_head values and/or mla, e.g. 4,2,1,mla (default H, H/2, 1, mla).")] = None,
     d_model: Annotated[Optional[int], typer.Option(help=f"Without a run: d_model (default {SIZE_DEFAULTS['d_model']}).")] = None,
     n_layer: Annotated[Optional[int], typer.Option(help=f"Without a run: layers (default {SIZE_DEFAULTS['n_layer']}).")] = None,
     n_head: Annotated[Optional[int], typer.Option(help=f"Without a run: query heads (default {SIZE_DEFAULTS['n_head']}).")] = None,
@@ -159,8 +159,9 @@ def bench_decode_cmd(
 ):
     """Inference cost: prefill and decode tokens/s with and without the KV cache, KV bytes, memory.
 
-    Sweeps n_kv_head over MHA / GQA / MQA. With a run dir, its own head count uses the trained
-    weights and the others an untrained model of the same sizes (speed does not need training).
+    Sweeps n_kv_head over MHA / GQA / MQA, then MLA (latent attention). With a run dir, its own
+    attention uses the trained weights and the others an untrained model of the same sizes (speed
+    does not need training).
     """
     sizes = {"d_model": d_model, "n_layer": n_layer, "n_head": n_head, "ctx_len": ctx, "vocab_size": vocab}
     dev = _device(device)
@@ -193,7 +194,7 @@ def _render_bench(out: dict) -> None:
         for col in cols:
             table.add_column(col, justify="left" if col in ("attn", "weights") else "right")
     for r in out["rows"]:
-        attn = f"{r['attention']} G={r['n_kv_head']}"
+        attn = f"MLA r+p={r['latent']}" if r["latent"] else f"{r['attention']} G={r['n_kv_head']}"
         speed.add_row(attn, r["weights"].split(" (")[0], f"{r['prefill_tok_s']:,.0f}", f"{r['decode_tok_s_cached']:,.0f}",
                       f"{r['decode_tok_s_uncached']:,.0f}", f"{r['speedup']:.2f}x", "yes" if r["same_output"] else "no")
         memory.add_row(attn, f"{r['kv_bytes_per_token']:,}", f"{r['kv_cache_bytes']:,} ({exams.fmt_bytes(r['kv_cache_bytes'])})",
@@ -204,7 +205,8 @@ def _render_bench(out: dict) -> None:
     cuda = "peak_cuda_bytes" in out["rows"][0]
     console.print(f"tok/s: prefill = prompt tokens / one forward; decode = greedy sample.generate forwards per second "
                   f"(window = prefix + new, no context shift); untrained = random weights of the same sizes (speed needs no "
-                  f"training). KV total = 2 x L x B x G x T x hd x bytes. "
+                  f"training). KV total = 2 x L x B x G x T x hd x bytes (MLA: L x B x (r + p) x T x bytes, the latent and the "
+                  f"shared rope key). "
                   f"peak = {'CUDA max allocated' if cuda else 'process peak RSS (whole process so far)'}.", highlight=False)
     if out["note"]:
         console.print(f"note: {out['note']}", highlight=False)
@@ -236,13 +238,16 @@ def kv_budget_cmd(
     kv_heads: Annotated[Optional[int], typer.Option(help="num_key_value_heads (default: heads).")] = None,
     head_dim: Annotated[Optional[int], typer.Option(help="head_dim (default: hidden / heads).")] = None,
     hidden: Annotated[Optional[int], typer.Option(help="hidden_size.")] = None,
+    kv_lora_rank: Annotated[Optional[int], typer.Option(help="MLA: kv_lora_rank, the cached latent (with --rope-dim).")] = None,
+    rope_dim: Annotated[Optional[int], typer.Option(help="MLA: qk_rope_head_dim, the cached shared rope key.")] = None,
     seq: Annotated[int, typer.Option(help="Sequence length T (tokens in the cache).")] = 4096,
     batch: Annotated[int, typer.Option(help="Batch size B.")] = 1,
     dtype: Annotated[str, typer.Option(help="bf16 | fp16 | fp32 | fp8")] = "bf16",
     json_out: JsonOut = False,
 ):
-    """KV-cache budget: MHA vs the config's GQA vs MQA, in exact bytes and MiB/GiB (no torch)."""
-    shape = exams.attn_shape(config, layers=layers, heads=heads, kv_heads=kv_heads, head_dim=head_dim, hidden=hidden)
+    """KV-cache budget: MHA vs the config's GQA vs MQA (vs MLA), in exact bytes and MiB/GiB (no torch)."""
+    shape = exams.attn_shape(config, layers=layers, heads=heads, kv_heads=kv_heads, head_dim=head_dim, hidden=hidden,
+                             kv_lora_rank=kv_lora_rank, rope_dim=rope_dim)
     out = exams.kv_budget(shape, seq, batch, dtype)
     if json_out:
         return _print_json(out)
@@ -252,7 +257,8 @@ def kv_budget_cmd(
         table.add_column(col, justify="left" if col == "attention" else "right", no_wrap=True)
     for r in out["rows"]:
         name = f"{r['attention']} (config)" if r["is_config"] else r["attention"]
-        table.add_row(name, str(r["kv_heads"]), f"{r['bytes']:,}", r["human"], f"{r['bytes_per_token']:,}",
-                      "1" if r["mha_over"] == 1 else f"1/{r['mha_over']:g}")
+        g = str(r["kv_heads"]) if r["kv_heads"] else f"latent {shape.kv_lora_rank}+{shape.rope_dim}"
+        table.add_row(name, g, f"{r['bytes']:,}", r["human"], f"{r['bytes_per_token']:,}",
+                      "1" if r["mha_over"] == 1 else f"1/{r['mha_over']:.3g}")
     console.print(table)
     console.print(f"bytes = {out['formula']}", highlight=False)

@@ -153,6 +153,10 @@ BUILTINS: tuple[Component, ...] = (
               "no positions", "Yang, Kautz & Hatamizadeh 2025 (ICLR); Qwen3-Next",
               on={"model.gdn_pattern": "DDDA"}, off={"model.gdn_pattern": ""}, llama="off",
               parts=("attention in every layer", "Gated DeltaNet hybrid")),
+    Component("mla", "multi-head latent attention: K and V rebuilt from a cached d/2 latent plus one shared "
+              "RoPE key (replaces the K/V heads, so n_kv_head is unused)", "DeepSeek-V2 (2024); DeepSeek-V3",
+              on={"model.attn_type": "mla"}, off={"model.attn_type": "softmax"}, llama="off",
+              parts=("softmax attention", "latent attention")),
 )
 BUILTIN_NAMES: tuple[str, ...] = tuple(c.name for c in BUILTINS)
 FIVE: tuple[str, ...] = tuple(c.name for c in BUILTINS if c.family == "llama")

@@ -97,8 +97,8 @@ def matmul_precision(device: torch.device, dtype: str) -> str:
 def sdpa_kernel(cfg, batch: int, device: torch.device, dtype: str) -> str:
     """The SDPA kernel family ('flash', 'efficient', 'cudnn', 'math', ...) torch dispatches the run's
     causal training attention to: torch._fused_sdp_choice on q [B, H, T, hd], k/v [B, G, T, hd]
-    of the autocast dtype. On CPU 'flash' is the CPU flash kernel. Under torch.compile inductor
-    lowers to the same aten kernel."""
+    (MLA: q, k [B, H, T, nope + rope], v [B, H, T, v_head_dim]) of the autocast dtype. On CPU
+    'flash' is the CPU flash kernel. Under torch.compile inductor lowers to the same aten kernel."""
     from torch.nn.attention import SDPBackend
 
     if device.type not in ("cpu", "cuda"):  # MPS and others: torch's math path (MPS: its own math kernel)
@@ -107,10 +107,15 @@ def sdpa_kernel(cfg, batch: int, device: torch.device, dtype: str) -> str:
     if choose is None:
         return "unknown"
     tdtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
-    q = torch.zeros(batch, cfg.n_head, cfg.ctx_len, cfg.head_dim, device=device, dtype=tdtype)
-    kv = torch.zeros(batch, cfg.n_kv_head, cfg.ctx_len, cfg.head_dim, device=device, dtype=tdtype)
+    G, qk_dim, v_dim = cfg.n_kv_head, cfg.head_dim, cfg.head_dim
+    if cfg.attn_type == "mla":  # every head gets its own K and V from the latent
+        m = cfg.mla_dims
+        G, qk_dim, v_dim = cfg.n_head, m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
+    q = torch.zeros(batch, cfg.n_head, cfg.ctx_len, qk_dim, device=device, dtype=tdtype)
+    k = torch.zeros(batch, G, cfg.ctx_len, qk_dim, device=device, dtype=tdtype)
+    v = torch.zeros(batch, G, cfg.ctx_len, v_dim, device=device, dtype=tdtype)
     try:
-        choice = choose(q, kv, kv, is_causal=True, enable_gqa=cfg.n_kv_head != cfg.n_head)
+        choice = choose(q, k, v, is_causal=True, enable_gqa=G != cfg.n_head)
         return SDPBackend(choice).name.lower().removesuffix("_attention")
     except (RuntimeError, TypeError, ValueError):
         return "unknown"

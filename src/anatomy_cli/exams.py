@@ -4,9 +4,10 @@
   eval_lengths     one run dir -> best-weights val loss at each context length
   eval_tree        a run dir or a sweep dir -> eval_lengths for each completed run, eval.json written
   stability_table  report.load_runs frame -> per label: runs, diverged, spikes, grad norm, loss
-  bench_decode     a model's sizes -> prefill/decode tokens/s, KV bytes, memory for MHA/GQA/MQA,
+  bench_decode     a model's sizes -> prefill/decode tokens/s, KV bytes, memory for MHA/GQA/MQA/MLA,
                    and every layer's decode-state bytes at 4k and 32k positions
   kv_budget        sizes (from a Hugging Face config.json or options) -> KV bytes, MHA vs GQA vs MQA
+                   (vs MLA's latent cache where a kv_lora_rank is known)
 
 Length extrapolation is measured, never faked: a learned position table has no row past ctx_len,
 so those lengths are "n/a" (null in eval.json), not silently cropped; RoPE simply rotates by
@@ -30,7 +31,7 @@ from typing import Any
 
 from . import runs
 from . import components
-from .config import ConfigError, ModelConfig, validate
+from .config import MLA_SIZES, ConfigError, ModelConfig, validate
 
 EVAL = "eval.json"  # the file report.load_runs reads val_loss_ctx_<N> columns from
 LEARNED_NA = "n/a (learned table ends at ctx_len={})"
@@ -218,17 +219,19 @@ def attention_name(n_head: int, n_kv_head: int) -> str:
     return "MHA" if n_kv_head == n_head else "MQA" if n_kv_head == 1 else "GQA"
 
 
-def kv_head_list(n_head: int, text: str | None = None) -> list[int]:
-    """Default H, H/2, 1 (duplicates and non-divisors dropped); else a comma list, each dividing H."""
+def kv_head_list(n_head: int, text: str | None = None) -> list[int | str]:
+    """Default H, H/2, 1 (duplicates and non-divisors dropped), then "mla" (latent attention);
+    else a comma list of K/V head counts, each dividing H, and/or mla."""
     if text is None:
-        return [g for g in dict.fromkeys((n_head, n_head // 2, 1)) if g > 0 and n_head % g == 0]
-    parts = [p.strip() for p in text.split(",")]
-    if not all(p.isdecimal() and int(p) > 0 for p in parts):
-        raise ConfigError(f"--kv-heads expects positive integers, e.g. {n_head},{max(1, n_head // 2)},1; got {text!r}")
-    bad = [p for p in parts if n_head % int(p)]
+        return [g for g in dict.fromkeys((n_head, n_head // 2, 1)) if g > 0 and n_head % g == 0] + ["mla"]
+    parts = [p.strip().lower() for p in text.split(",")]
+    if not all(p == "mla" or (p.isdecimal() and int(p) > 0) for p in parts):
+        raise ConfigError(f"--kv-heads expects positive integers or mla, e.g. {n_head},{max(1, n_head // 2)},1,mla; "
+                          f"got {text!r}")
+    bad = [p for p in parts if p != "mla" and n_head % int(p)]
     if bad:
         raise ConfigError(f"--kv-heads {', '.join(bad)}: each must divide n_head={n_head}")
-    return list(dict.fromkeys(int(p) for p in parts))
+    return list(dict.fromkeys(p if p == "mla" else int(p) for p in parts))
 
 
 def decode_lengths(cfg: ModelConfig, prefix_len: int, new: int) -> tuple[int, int, str | None]:
@@ -348,10 +351,12 @@ def long_context_bytes(cfg: ModelConfig, elem: int) -> list[dict]:
 DTYPES = ("float32", "bfloat16", "float16")
 
 
-def bench_decode(cfg: ModelConfig, trained=None, kv_heads: list[int] | None = None, new: int = 200,
+def bench_decode(cfg: ModelConfig, trained=None, kv_heads: list[int | str] | None = None, new: int = 200,
                  prefix_len: int = 64, device: str = "cpu", dtype: str = "float32",
                  on_row: Callable[[dict], None] | None = None) -> dict:
-    """One row per n_kv_head: the trained model where its head count matches, else untrained."""
+    """One row per n_kv_head of softmax attention and one for "mla" (latent attention at its
+    default sizes, or the run's, and without QK-norm, which it does not take): the trained model
+    where the row is the run's own attention, else an untrained one of the same sizes."""
     import torch
 
     if dtype not in DTYPES:
@@ -359,12 +364,19 @@ def bench_decode(cfg: ModelConfig, trained=None, kv_heads: list[int] | None = No
     torch_dtype = getattr(torch, dtype)
     prefix_len, new, note = decode_lengths(cfg, prefix_len, new)
     rows = []
+    softmax = {**cfg.model_dump(), "attn_type": "softmax", **dict.fromkeys(MLA_SIZES)}
     for g in kv_heads or kv_head_list(cfg.n_head):
-        c = validate(ModelConfig, {**cfg.model_dump(), "n_kv_head": g}, prefix="model.")
-        is_trained = trained is not None and g == cfg.n_kv_head
+        if g == "mla":
+            c = cfg if cfg.attn_type == "mla" else validate(
+                ModelConfig, {**softmax, "attn_type": "mla", "qk_norm": False}, prefix="model.")
+            is_trained, m = trained is not None and cfg.attn_type == "mla", c.mla_dims
+            head = {"n_kv_head": None, "attention": "MLA", "latent": f"{m.kv_lora_rank}+{m.qk_rope_head_dim}"}
+        else:
+            c = validate(ModelConfig, {**softmax, "n_kv_head": g}, prefix="model.")
+            is_trained = trained is not None and cfg.attn_type == "softmax" and g == cfg.n_kv_head
+            head = {"n_kv_head": g, "attention": attention_name(c.n_head, g), "latent": None}
         model = trained.to(dtype=torch_dtype) if is_trained else fresh_model(c, device, torch_dtype)
-        row = {"n_kv_head": g, "attention": attention_name(c.n_head, g),
-               "weights": "trained (run)" if is_trained else "untrained (same sizes)"}
+        row = head | {"weights": "trained (run)" if is_trained else "untrained (same sizes)"}
         row |= bench_one(model, c, prefix_len, new, device)
         rows.append(row)
         if on_row:
@@ -379,12 +391,15 @@ def bench_decode(cfg: ModelConfig, trained=None, kv_heads: list[int] | None = No
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "fp16": 2, "float16": 2, "bf16": 2, "bfloat16": 2, "fp8": 1,
                "float8": 1, "int8": 1}
 HF_KEYS = {"layers": "num_hidden_layers", "heads": "num_attention_heads", "kv_heads": "num_key_value_heads",
-           "head_dim": "head_dim", "hidden": "hidden_size"}
+           "head_dim": "head_dim", "hidden": "hidden_size",
+           # MLA (DeepSeek-V2/V3 config.json): the cached latent and rope key; MHA's head is the nope part
+           "kv_lora_rank": "kv_lora_rank", "rope_dim": "qk_rope_head_dim", "nope_dim": "qk_nope_head_dim"}
 
 
 @dataclass(frozen=True)
 class AttnShape:
-    """What a KV cache's size depends on: L layers, H query heads, G K/V heads, hd per head."""
+    """What a KV cache's size depends on: L layers, H query heads, G K/V heads, hd per head; for
+    MLA, the latent (kv_lora_rank) and shared rope key (rope_dim) cached per token per layer."""
 
     layers: int
     heads: int
@@ -392,6 +407,8 @@ class AttnShape:
     head_dim: int
     hidden: int | None
     source: str
+    kv_lora_rank: int | None = None
+    rope_dim: int | None = None
 
 
 def read_hf_config(path: Path) -> dict[str, int | None]:
@@ -422,7 +439,8 @@ def read_hf_config(path: Path) -> dict[str, int | None]:
 
 def attn_shape(config: Path | None = None, **options: int | None) -> AttnShape:
     """Sizes from config.json, overridden by any option given; kv_heads defaults to heads,
-    head_dim to hidden / heads."""
+    head_dim to a DeepSeek config's qk_nope_head_dim (its MHA baseline, DeepSeek-V2 Table 1) or
+    hidden / heads. kv_lora_rank and rope_dim come together (MLA) or not at all."""
     sizes = read_hf_config(config) if config is not None else dict.fromkeys(HF_KEYS)
     sizes |= {k: v for k, v in options.items() if v is not None}
     where = str(config) if config is not None else "options"
@@ -437,8 +455,11 @@ def attn_shape(config: Path | None = None, **options: int | None) -> AttnShape:
     heads, kv = sizes["heads"], sizes["kv_heads"] or sizes["heads"]
     if heads % kv:
         raise ConfigError(f"{where}: num_key_value_heads={kv} must divide num_attention_heads={heads}")
-    head_dim = sizes["head_dim"] or _divide(sizes["hidden"], heads, where)
-    return AttnShape(sizes["layers"], heads, kv, head_dim, sizes["hidden"], where)
+    if (sizes["kv_lora_rank"] is None) != (sizes["rope_dim"] is None):
+        raise ConfigError(f"{where}: MLA needs both --kv-lora-rank and --rope-dim (kv_lora_rank, qk_rope_head_dim)")
+    head_dim = sizes["head_dim"] or sizes["nope_dim"] or _divide(sizes["hidden"], heads, where)
+    return AttnShape(sizes["layers"], heads, kv, head_dim, sizes["hidden"], where, sizes["kv_lora_rank"],
+                     sizes["rope_dim"])
 
 
 def _divide(hidden: int, heads: int, where: str) -> int:
@@ -459,21 +480,28 @@ def fmt_bytes(n: int) -> str:
 
 
 def kv_budget(shape: AttnShape, seq: int, batch: int = 1, dtype: str = "bf16") -> dict:
-    """KV bytes = 2 (K and V) x L x B x G x T x hd x bytes, for G = H (MHA), the config's G, 1 (MQA)."""
+    """KV bytes = 2 (K and V) x L x B x G x T x hd x bytes, for G = H (MHA), the config's G, 1 (MQA);
+    with a kv_lora_rank, MLA's L x B x (kv_lora_rank + rope_dim) x T x bytes too (then the config's)."""
     if dtype not in DTYPE_BYTES:
         raise ConfigError(f"--dtype must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
     if seq <= 0 or batch <= 0:
         raise ConfigError(f"--seq and --batch must be positive, got {seq} and {batch}")
-    nbytes = DTYPE_BYTES[dtype]
+    nbytes, mla = DTYPE_BYTES[dtype], shape.kv_lora_rank is not None
+    widths = {(attention_name(shape.heads, g), g): 2 * g * shape.head_dim for g in dict.fromkeys((shape.heads, shape.kv_heads, 1))}
+    if mla:
+        widths[("MLA", None)] = shape.kv_lora_rank + shape.rope_dim  # one latent + one rope key, no heads
+    mha_width = 2 * shape.heads * shape.head_dim
     rows = []
-    for g in dict.fromkeys((shape.heads, shape.kv_heads, 1)):
-        per_token = 2 * shape.layers * g * shape.head_dim * nbytes
+    for (name, g), width in widths.items():
+        per_token = shape.layers * width * nbytes
         total = per_token * batch * seq
-        rows.append({"attention": attention_name(shape.heads, g), "kv_heads": g, "is_config": g == shape.kv_heads,
+        rows.append({"attention": name, "kv_heads": g, "is_config": name == "MLA" if mla else g == shape.kv_heads,
                      "bytes": total, "human": fmt_bytes(total), "bytes_per_token": per_token,
-                     "ratio_to_mha": g / shape.heads, "mha_over": shape.heads / g})
+                     "ratio_to_mha": width / mha_width, "mha_over": mha_width / width})
+    formula = "2 x layers x batch x kv_heads x seq x head_dim x bytes"
+    formula += "; MLA: layers x batch x (kv_lora_rank + rope_dim) x seq x bytes" if mla else ""
     return {**asdict(shape), "seq": seq, "batch": batch, "dtype": dtype, "bytes_per_elem": nbytes,
-            "formula": "2 x layers x batch x kv_heads x seq x head_dim x bytes", "rows": rows}
+            "formula": formula, "rows": rows}
 
 
 def jsonable(obj: Any) -> Any:

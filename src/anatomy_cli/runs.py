@@ -288,7 +288,9 @@ def slugify(text: str) -> str:
 # that default they stay out of the hash, so a finished run keeps its id and a rerun skips it.
 HASH_NEUTRAL: dict[str, dict[str, Any]] = {
     "model": {"qk_norm": False, "tie_embeddings": False, "parallel_block": False, "logit_softcap": 0.0,
-              "gdn_pattern": "", "gdn_heads": None, "gdn_key_heads": None, "gdn_head_dim": None, "gdn_conv": 4},
+              "gdn_pattern": "", "gdn_heads": None, "gdn_key_heads": None, "gdn_head_dim": None, "gdn_conv": 4,
+              "attn_type": "softmax", "q_lora_rank": None, "kv_lora_rank": None, "qk_rope_head_dim": None,
+              "qk_nope_head_dim": None, "v_head_dim": None},
     "train": {"z_loss": 0.0},
 }
 

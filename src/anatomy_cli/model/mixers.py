@@ -25,8 +25,9 @@ from torch import nn
 
 from .attention import CausalSelfAttention
 from .gdn import GatedDeltaNet
+from .mla import LatentAttention
 
-MIXERS: dict[str, type[nn.Module]] = {"attn": CausalSelfAttention, "gdn": GatedDeltaNet}
+MIXERS: dict[str, type[nn.Module]] = {"attn": CausalSelfAttention, "gdn": GatedDeltaNet, "mla": LatentAttention}
 
 
 def make_mixer(cfg, layer: int) -> nn.Module:
