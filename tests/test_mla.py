@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from test_modern import check_cached_decode, decode_in_chunks, tokens
+from lm_checks import assert_cached_decode, assert_causal, decode_in_chunks, tokens
 from typer.testing import CliRunner
 
 from anatomy_cli import components as comp
@@ -155,22 +155,23 @@ def test_model_param_count_is_exact(base, sizes):
 
 @BASE
 def test_causality(base):
-    model = mla_lm(**BASES[base], **SIZES)
-    idx = tokens(2, 16, seed=3)
-    with torch.no_grad():
-        ref, _ = model(idx)
-        for t in (0, 6, 15):
-            changed = idx.clone()
-            changed[:, t] = (changed[:, t] + 1) % 50
-            logits, _ = model(changed)
-            torch.testing.assert_close(logits[:, :t], ref[:, :t], atol=1e-6, rtol=0)
-            assert (logits[:, t:] - ref[:, t:]).abs().amax(dim=(0, 2)).min() > 1e-3  # reaches every later position
+    assert_causal(mla_lm(**BASES[base], **SIZES))
 
 
 @BASE
 @pytest.mark.parametrize("extra", [{}, {"parallel_block": True}, {"pos_type": "nope"}], ids=["plain", "parallel", "nope"])
 def test_cached_decode_equals_full_forward(base, extra):
-    check_cached_decode(mla_lm(**{**BASES[base], **SIZES, **extra}))
+    assert_cached_decode(mla_lm(**{**BASES[base], **SIZES, **extra}))
+
+
+def test_mla_in_the_attention_layers_of_a_gdn_hybrid():
+    """gdn_pattern picks the Gated DeltaNet layers; the rest are mla (as Kimi Linear pairs KDA with MLA)."""
+    model = mla_lm(**LLAMA, **SIZES, n_layer=4, gdn_pattern="DA")
+    cfg = model.cfg
+    assert cfg.layer_kinds == ("gdn", "mla", "gdn", "mla") and cfg.num_params() == model.num_params()
+    assert_cached_decode(model)
+    cache = model.new_cache(1, 8)
+    assert cache.layer_bytes()[1::2] == [cfg.state_bytes("mla", 1, 8, 4)] * 2 == [8 * 26 * 4] * 2
 
 
 def test_cache_holds_only_the_latent_and_the_rope_key():
@@ -273,6 +274,10 @@ def test_bench_decode_measures_mla_next_to_mha_gqa_mqa():
     assert mla["kv_bytes_per_token"] == L * (r + p) * nbytes == 160
     assert [rows[a]["kv_bytes_per_token"] for a in ("MHA", "GQA", "MQA")] == [512, 256, 128]  # 2 L G hd x 4
     assert mla["same_output"]  # cached greedy decode == uncached
+    table = CliRunner().invoke(app, ["bench-decode", "--d-model", "32", "--n-layer", "2", "--n-head", "4", "--ctx", "64",
+                                     "--new", "2", "--prefix-len", "4", "--kv-heads", "2,mla"])
+    assert table.exit_code == 0, table.output
+    assert "MLA" in table.stdout and "r+p=16+4" in table.stdout  # rich may wrap the label in a cell
 
 
 def test_bench_decode_of_an_mla_config_keeps_its_sizes():

@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from lm_checks import assert_causal, decode_in_chunks, tokens, train_losses, trainer
+from lm_checks import assert_cached_decode, assert_causal, tokens, train_losses, trainer
 from toy_data import TINY_MODEL, TINY_TRAIN, write_corpus
 
 from anatomy_cli import runs
@@ -126,19 +126,7 @@ def test_causality(make_lm, part, base):
 @MODEL_PART
 @BASE
 def test_cached_decode_equals_full_forward(make_lm, part, base):
-    check_cached_decode(make_lm(**{**BASES[base], **PARTS[part]}))
-
-
-def check_cached_decode(model) -> None:
-    """Prefill + one token at a time, and uneven chunks, both == one full forward (16 tokens)."""
-    idx = tokens(2, 16, seed=1)
-    with torch.no_grad():
-        full, _ = model(idx)
-        singles, cache = decode_in_chunks(model, idx, [6] + [1] * 10)
-        chunked, _ = decode_in_chunks(model, idx, [5, 3, 1, 4, 1, 2])  # non-square masks too
-    assert cache.past_len == 16
-    torch.testing.assert_close(singles, full, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(chunked, full, atol=1e-5, rtol=1e-5)
+    assert_cached_decode(make_lm(**{**BASES[base], **PARTS[part]}))
 
 
 # ------------------------------------------------------------------------- determinism

@@ -194,7 +194,7 @@ def _render_bench(out: dict) -> None:
         for col in cols:
             table.add_column(col, justify="left" if col in ("attn", "weights") else "right")
     for r in out["rows"]:
-        attn = f"MLA r+p={r['latent']}" if r["latent"] else f"{r['attention']} G={r['n_kv_head']}"
+        attn = _attn_label(r)
         speed.add_row(attn, r["weights"].split(" (")[0], f"{r['prefill_tok_s']:,.0f}", f"{r['decode_tok_s_cached']:,.0f}",
                       f"{r['decode_tok_s_uncached']:,.0f}", f"{r['speedup']:.2f}x", "yes" if r["same_output"] else "no")
         memory.add_row(attn, f"{r['kv_bytes_per_token']:,}", f"{r['kv_cache_bytes']:,} ({exams.fmt_bytes(r['kv_cache_bytes'])})",
@@ -212,16 +212,21 @@ def _render_bench(out: dict) -> None:
         console.print(f"note: {out['note']}", highlight=False)
 
 
+def _attn_label(row: dict) -> str:
+    return f"MLA r+p={row['latent']}" if row["latent"] else f"{row['attention']} G={row['n_kv_head']}"
+
+
 def _render_long_context(rows: list[dict]) -> None:
     """Decode-state bytes at 4k and 32k positions, per layer kind, against attention in every layer."""
-    kinds = list(rows[0]["long_context"][0]["per_layer"])
+    kinds = list(dict.fromkeys(k for r in rows for k in r["long_context"][0]["per_layer"]))  # attn, mla, gdn
     table = Table(title="decode state at long contexts (B=1, formula)")
     for col in ("attn", "positions", *(f"{k} per layer" for k in kinds), "total", "attention everywhere"):
         table.add_column(col, justify="left" if col == "attn" else "right")
     for r in rows:
         for at in r["long_context"]:
-            table.add_row(f"{r['attention']} G={r['n_kv_head']}", f"{at['positions']:,}",
-                          *(f"{exams.fmt_bytes(at['per_layer'][k])} x{at['layers'][k]}" for k in kinds),
+            table.add_row(_attn_label(r), f"{at['positions']:,}",
+                          *(f"{exams.fmt_bytes(at['per_layer'][k])} x{at['layers'][k]}" if k in at["layers"] else "-"
+                            for k in kinds),
                           exams.fmt_bytes(at["total"]), exams.fmt_bytes(at["all_attention"]))
     console.print(table)
 
