@@ -77,9 +77,7 @@ def main(argv=None) -> None:
     lines += ["", f"{args.cores} parallel runs / sequential (1 thread each): **{par_s / one_s:.2f}x**; "
                   f"{args.cores} workers x 1 thread / 1 worker x {args.cores} threads: **{par_s / seq_s:.2f}x**; "
                   f"identical metrics across all three: {same}"]
-    print("\n".join(lines))
-    if not args.no_append:
-        common.append_results("bench_sweep: 1 x N threads vs N workers x 1 thread", common.command_line(), lines)
+    common.publish("bench_sweep: 1 x N threads vs N workers x 1 thread", lines, not args.no_append)
 
 
 if __name__ == "__main__":

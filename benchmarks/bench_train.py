@@ -1,7 +1,7 @@
 """Training step time (forward + backward + clip + AdamW step) at the seed size, on CPU.
 
 Variants, all interleaved round by round so machine noise hits each alike:
-  anatomy    anatomy_cli.model.LM + anatomy_cli.train.make_optimizer (fused AdamW), the exact step
+  anatomy    anatomy_cli.model.LM + anatomy_cli.trainer.make_optimizer (fused AdamW), the exact step
              of Trainer.train_step (lr set, autocast, loss.backward, clip_grad_norm_, step, zero_grad)
   reference  benchmarks/reference.py: the hand-written "slow" model + plain AdamW, same step
   +compile   anatomy with torch.compile on the forward, as Trainer does (--compile)
@@ -32,7 +32,8 @@ import reference  # noqa: E402
 from anatomy_cli.components import model_settings  # noqa: E402
 from anatomy_cli.config import DataConfig, ModelConfig, RunConfig, TrainConfig  # noqa: E402
 from anatomy_cli.model import LM  # noqa: E402
-from anatomy_cli.train import keep_freed_memory, make_optimizer  # noqa: E402
+from anatomy_cli.devices import keep_freed_memory  # noqa: E402
+from anatomy_cli.trainer import make_optimizer  # noqa: E402
 
 # the LLaMA parts at full K/V heads (n_kv_head stays the config's): GQA is timed separately
 CONFIGS = {"2017": {}, "llama": {k: v for k, v in model_settings().items() if k != "n_kv_head"}}
@@ -130,7 +131,8 @@ def paired_ratio(samples: dict, a: str, b: str) -> tuple[float, float] | None:
 def bf16_loss(args, cfg_name: str) -> dict:
     """Train the seed config N steps with fp32 and with bf16 autocast from one seed; val losses."""
     from anatomy_cli.data import load_corpus
-    from anatomy_cli.train import Trainer, resolve_config
+    from anatomy_cli.train import resolve_config
+    from anatomy_cli.trainer import Trainer
 
     source = str(args.text) if args.text.is_file() else None  # None: anatomy's embedded corpus
     corpus = load_corpus(source, 0.1, args.seq)
@@ -143,10 +145,10 @@ def bf16_loss(args, cfg_name: str) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             tr = Trainer(cfg, Path(tmp), corpus)
             t0 = time.perf_counter()
-            for _ in range(t.steps):
-                tr.train_step()
+            tr.train_steps(t.steps)
+            tr.sync()
             secs = time.perf_counter() - t0
-            out[dtype] = {"val_loss": tr.evaluate(), "train_loss": float(tr.pending[-1][2]), "s": secs}
+            out[dtype] = {"val_loss": tr.evaluate(), "train_loss": float(tr.last.loss), "s": secs}
     return out
 
 

@@ -204,3 +204,10 @@ def append_results(section_title: str, command: str, lines: list[str], path: Pat
             f.write(head + "\n")
         f.write("\n".join(body) + "\n")
     return path
+
+
+def publish(section_title: str, lines: list[str], append: bool = True) -> None:
+    """Print the result lines and, unless the script ran with --no-append, add them to RESULTS.md."""
+    print("\n".join(lines))
+    if append:
+        append_results(section_title, command_line(), lines)

@@ -302,7 +302,7 @@ def step_variant(cfg, batch: int, device, dtype, compile_mode: str | None):
 
     from anatomy_cli.config import TrainConfig
     from anatomy_cli.model import LM
-    from anatomy_cli.train import make_optimizer
+    from anatomy_cli.trainer import make_optimizer
 
     torch.manual_seed(0)
     model = LM(cfg).to(device)

@@ -8,7 +8,8 @@ from toy_data import TINY_MODEL, TINY_TRAIN, write_corpus
 
 from anatomy_cli.config import RunConfig, validate
 from anatomy_cli.data import load_corpus
-from anatomy_cli.train import Trainer, resolve_config
+from anatomy_cli.train import resolve_config
+from anatomy_cli.trainer import Trainer
 
 
 def tokens(B: int, T: int, seed: int = 0, vocab: int = 50) -> torch.Tensor:
@@ -29,9 +30,10 @@ def assert_causal(model, T: int = 16) -> None:
             assert per_pos.min() > 1e-3, f"token {t} did not reach every later position: {per_pos}"
 
 
-def decode_in_chunks(model, idx: torch.Tensor, chunks: list[int]):
-    """Feed idx through one cache in chunks of the given sizes; return the concatenated logits."""
-    cache = model.new_cache(idx.shape[0], idx.shape[1])
+def decode_in_chunks(model, idx: torch.Tensor, chunks: list[int], max_len: int | None = None):
+    """Feed idx through one cache (for max_len positions, default idx's length) in chunks of the
+    given sizes; return the concatenated logits and the cache."""
+    cache = model.new_cache(idx.shape[0], max_len or idx.shape[1])
     out, t = [], 0
     for n in chunks:
         assert cache.past_len == t
@@ -68,6 +70,4 @@ def trainer(tmp_path, name: str, model: dict | None = None, **train_opts) -> Tra
 
 
 def train_losses(tr: Trainer, steps: int = 3) -> list[float]:
-    for _ in range(steps):
-        tr.train_step()
-    return [float(loss) for _, _, loss, _, _ in tr.pending]
+    return [float(tr.train_step().loss) for _ in range(steps)]

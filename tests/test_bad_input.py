@@ -221,3 +221,151 @@ def test_a_device_file_is_not_a_corpus(tmp_path):
 
 def test_an_absurdly_nested_set_key_is_one_line():
     one_error_line(invoke("train", "--set", "a." * 5000 + "b=1"), 2, "is nested deeper than any spec section")
+
+
+# ------------------------------------------------------------------------------- one error base
+
+
+def test_every_bad_input_error_derives_from_one_torch_free_base():
+    """The CLI catches InputError alone (exit 2), so a domain error that does not derive from it
+    would surface as an 'internal error'. Every exception class of the package is either bad
+    input, a directory in use (Locked: exit 3), or named here as something else."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import anatomy_cli
+    from anatomy_cli.errors import InputError
+    from anatomy_cli.lockfile import Locked
+
+    found = {}
+    for info in pkgutil.walk_packages(anatomy_cli.__path__, "anatomy_cli."):
+        if info.name.endswith("__main__"):
+            continue
+        module = importlib.import_module(info.name)
+        found |= {name: obj for name, obj in vars(module).items()
+                  if inspect.isclass(obj) and issubclass(obj, BaseException) and obj.__module__ == info.name}
+    assert {"ConfigError", "RunError", "DataError", "BaselineError", "ExecutorError", "SampleError", "PositionError",
+            "CacheFullError", "ExportError"} <= set(found)
+    others = {name for name, cls in found.items() if not issubclass(cls, (InputError, Locked))}
+    assert others == {"WorkerDied"}  # a worker killed under us (signal, out of memory): not the input's fault
+    code = "import sys, anatomy_cli.errors; print(sorted(m for m in sys.modules if m.startswith(('torch', 'anatomy'))))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['anatomy_cli', 'anatomy_cli.errors']"
+
+
+# ------------------------------------------------------------------------- resume, nesting, names
+
+
+@pytest.mark.parametrize("extra, named", [
+    (["--steps", "50"], "--steps"), (["--set", "train.lr=1"], "--set"), (["--device", "cpu"], "--device"),
+    (["--compile"], "--compile"), (["--dtype", "float32"], "--dtype"), (["--out", "elsewhere"], "--out"),
+    (["--overwrite"], "--overwrite"), (["--runs-dir", "elsewhere"], "--runs-dir"), (["spec.toml"], "SPEC"),
+    (["--steps", "0", "--set", "x=1"], "--steps, --set"),
+])
+def test_resume_refuses_options_it_would_ignore(trained, extra, named):
+    """A resumed run continues with its recorded config: an option that cannot apply is refused,
+    naming it, before anything is read or written (it used to be ignored silently)."""
+    before = (trained / runs.METRICS).read_text()
+    one_error_line(invoke("train", "--resume", trained, *extra), 2, f"{named}: a resumed run continues with the config")
+    assert (trained / runs.METRICS).read_text() == before
+
+
+def test_nothing_is_trained_or_planned_inside_a_run_or_a_sweep(trained, corpus, tmp_path):
+    one_error_line(invoke("train", *run_sets(corpus), "--out", trained / "inner"), 2,
+                   f"is inside the run directory {trained}")
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / runs.SWEEP).write_text('{"components": []}')
+    one_error_line(invoke("train", *run_sets(corpus), "--out", sweep / "mine"), 2, f"is inside the sweep directory {sweep}")
+    for runs_dir in (trained, trained / "sub"):
+        one_error_line(invoke("ablate", write_spec(tmp_path), "--runs-dir", runs_dir, "--dry-run"), 2,
+                       f"is inside the run directory {trained}: a run folder holds one run; choose another --runs-dir")
+    assert not (trained / "inner").exists() and not (trained / "sub").exists() and not (sweep / "mine").exists()
+
+
+def test_a_report_of_a_tree_with_a_run_inside_a_run_names_it(trained, tmp_path):
+    outer = shutil.copytree(trained, tmp_path / "sweep" / "outer")
+    shutil.copytree(trained, outer / "inner")
+    one_error_line(invoke("report", tmp_path / "sweep", "--format", "csv"), 2,
+                   f"{outer / 'inner'} is inside the run directory {outer}")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["ablate", "--device", "tpu", "--dry-run"], "--device: Input should be 'auto', 'cpu', 'cuda' or 'mps'"),
+    (["ablate", "--dtype", "float16", "--dry-run"], "--dtype: Input should be 'float32' or 'bfloat16'"),
+    (["train", "--dtype", "float16"], "--dtype: Input should be 'float32' or 'bfloat16'"),
+    (["train", "--set", 'data.source=""'], "data.source: String should have at least 1 character"),
+])
+def test_an_option_s_error_names_the_option(args, fragment, tmp_path):
+    one_error_line(invoke(*args, "--runs-dir", tmp_path / "r") if args[0] == "ablate" else invoke(*args), 2, fragment)
+
+
+@pytest.mark.parametrize("make_args, fragment", [
+    (lambda t, run: ["eval", run, "--batches", 10**12], "--batches 1000000000000 x --batch-size 4 windows of 16"),
+    (lambda t, run: ["eval", run, "--batch-size", 10**12], "--batches 2 x --batch-size 1000000000000 windows"),
+    (lambda t, run: ["bench-decode", "--prefix-len", 10**9, "--new", 2], "--prefix-len 1000000000 + --new 2"),
+    (lambda t, run: ["bench-decode", "--d-model", 10**9, "--new", 2], "d_model=1000000000"),
+])
+def test_exams_refuse_sizes_that_cannot_fit_before_allocating(trained, tmp_path, make_args, fragment):
+    result = invoke(*make_args(tmp_path, trained))
+    one_error_line(result, 2, fragment)
+    assert "GiB is available on cpu" in result.output
+
+
+@pytest.mark.parametrize("make_args, fragment", [
+    (lambda t, run: ["kv-budget", "--config", "/dev/zero"], "config is not a regular file: /dev/zero"),
+    (lambda t, run: ["export", run, t / "hf", "--weights", "newest"], "--weights must be best or last"),
+    (lambda t, run: ["report", run, "--out", _write(t / "f", "x")], "not a directory (a file is in the way)"),
+    (lambda t, run: ["prepare", "--out", run], "is a run directory, not a prepared corpus directory"),
+    (lambda t, run: ["prepare", "--out", run / "data"], "is inside the run directory"),
+    (lambda t, run: ["eval", run, "--device", "cuda" if not _has_cuda() else "mps"], "--device: "),
+])
+def test_paths_devices_and_names_are_one_line_naming_the_option(trained, tmp_path, make_args, fragment):
+    one_error_line(invoke(*make_args(tmp_path, trained)), 2, fragment)
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+# ------------------------------------------------------------------------------- warnings
+
+
+def test_library_warnings_stay_off_stderr_unless_debug(trained, tmp_path, monkeypatch):
+    """A torch/pandas/matplotlib UserWarning inside a command (torch's TF32 API notice on a GPU, say)
+    is not the user's business: the command prints its own output only; --debug shows it."""
+    import warnings
+
+    from anatomy_cli import report
+
+    real = report.write_report
+
+    def noisy(*args, **kwargs):
+        warnings.warn("a library's UserWarning", UserWarning)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(report, "write_report", noisy)
+    with warnings.catch_warnings(record=True) as shown:  # what would reach stderr
+        warnings.simplefilter("always")
+        quiet = invoke("report", trained, "--format", "csv", "--out", tmp_path / "a")
+    assert quiet.exit_code == 0 and not shown, [str(w.message) for w in shown]
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        loud = runner.invoke(app, ["--debug", "report", str(trained), "--format", "csv", "--out", str(tmp_path / "b")])
+    assert loud.exit_code == 0 and [str(w.message) for w in shown] == ["a library's UserWarning"]
+
+
+def test_spawned_workers_keep_library_warnings_off_stderr():
+    code = ("import warnings\nfrom anatomy_cli.worker import Worker\n"
+            "with Worker() as w:\n    w.call(warnings.warn, 'a warning in the worker')\nprint('done')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "PYTHONWARNINGS": "always"})
+    assert out.stdout.strip() == "done" and "a warning in the worker" not in out.stderr, out.stderr

@@ -4,6 +4,7 @@ unchanged code and fails, naming the config, against a baseline with lower numbe
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from toy_data import write_spec
@@ -37,10 +38,40 @@ def test_gate_is_two_sided_a_fall_past_tolerance_fails():
 
 def test_environment_warnings_name_torch_and_machine():
     base = {"torch_version": "2.13.0+cpu", "machine": "AMD EPYC (2 threads)", "configs": {}}
-    assert gate.environment_warnings(base, "2.13.0+cpu", "AMD EPYC (2 threads)") == []
-    warnings = gate.environment_warnings(base, "2.14.0", "Apple M3 (8 threads)")
+    assert gate.environment_warnings(base, "2.13.0+cpu", "AMD EPYC (2 threads)", "AVX512") == []
+    warnings = gate.environment_warnings(base, "2.14.0", "Apple M3 (8 threads)", "DEFAULT")
     assert len(warnings) == 2 and "torch '2.13.0+cpu'" in warnings[0] and "'Apple M3 (8 threads)'" in warnings[1]
-    assert gate.environment_warnings({"configs": {}}, "2.14.0", "x") == []  # an old baseline without the fields
+    assert "no CPU capability recorded" in warnings[1] and "(CPU capability DEFAULT)" in warnings[1]
+    assert gate.environment_warnings({"configs": {}}, "2.14.0", "x", "AVX2") == []  # an old baseline without the fields
+
+
+def test_machine_warning_names_the_cpu_capability_behind_one_model_name():
+    base = {"torch_version": "2.13.0+cpu", "machine": "AMD EPYC (2 threads)", "cpu_capability": "AVX512", "configs": {}}
+    assert gate.environment_warnings(base, "2.13.0+cpu", "AMD EPYC (2 threads)", "AVX512") == []
+    (line,) = gate.environment_warnings(base, "2.13.0+cpu", "AMD EPYC (2 threads)", "AVX2")
+    assert "with CPU capability AVX512, this one runs AVX2" in line and "'AMD EPYC (2 threads)'" in line
+    (line,) = gate.environment_warnings(base, "2.13.0+cpu", "Intel Xeon (2 threads)", "AVX2")
+    assert "'AMD EPYC (2 threads)' (CPU capability AVX512), this is 'Intel Xeon (2 threads)' (CPU capability AVX2)" in line
+
+
+def test_a_baseline_without_a_capability_is_named_once_numbers_differ():
+    """experiments/ci-baseline.json predates the field: identical numbers need no line, moved ones say
+    this machine's capability and that the baseline cannot tell its own."""
+    base = gate.load_baseline(Path(__file__).parents[1] / "experiments" / "ci-baseline.json")
+    assert "cpu_capability" not in base
+    machine = base["machine"]
+    same = [{"config": "2017", "identical": True, "verdict": "ok"}]
+    moved = [{"config": "2017", "identical": False, "verdict": "ok"}]
+    assert gate.environment_warnings(base, base["torch_version"], machine, "AVX512", same) == []
+    (line,) = gate.environment_warnings(base, base["torch_version"], machine, "AVX2", moved)
+    assert f"not identical on {machine!r} (CPU capability AVX2)" in line
+    assert "does not record its CPU capability" in line
+
+
+def test_update_records_the_cpu_capability():
+    results = {"a": {1: 3.0, 2: 3.1}}
+    base = gate.build_baseline(results, 1, "ci", "2.13.0+cpu", "AMD EPYC (2 threads)", "AVX512")
+    assert base["cpu_capability"] == "AVX512" and base["machine"] == "AMD EPYC (2 threads)"
 
 
 @pytest.mark.parametrize("text, fragment", [
@@ -50,6 +81,7 @@ def test_environment_warnings_name_torch_and_machine():
     ('{"configs": {"a": {"best_val_loss": true}}}', "finite numeric best_val_loss"),
     ('{"gate_seed": "1337", "configs": {"a": {"best_val_loss": 3.0}}}', "gate_seed must be an integer"),
     ('{"torch_version": 2.1, "configs": {"a": {"best_val_loss": 3.0}}}', "torch_version must be a string"),
+    ('{"cpu_capability": 512, "configs": {"a": {"best_val_loss": 3.0}}}', "cpu_capability must be a string"),
     ('{"configs": {}}', "empty 'configs' table"),
 ])
 def test_malformed_baseline_fields_are_named(tmp_path, text, fragment):
@@ -93,6 +125,10 @@ def test_gate_passes_then_fails_against_lower_numbers(tmp_path):
     assert "baseline rewritten" in made.output
     data = json.loads(baseline.read_text())
     assert set(data["configs"]) == {"2017", "2017+rope", "llama", "llama-rope"}
+    from anatomy_cli.devices import cpu_capability
+
+    assert data["cpu_capability"] == cpu_capability() and data["cpu_capability"]
+    machine = data["machine"]
     ok = runner.invoke(app, ["check", str(spec), "--baseline", str(baseline), "--runs-dir", str(tmp_path / "again"),
                              "--workers", "1", "--json"])
     assert ok.exit_code == 0, ok.output
@@ -111,5 +147,10 @@ def test_gate_passes_then_fails_against_lower_numbers(tmp_path):
     assert leak.exit_code == 1
     assert "2017+rope (improved)" in leak.output and "anatomy check --update" in leak.output
     assert "warning: baseline recorded with torch '1.0.0'" in leak.output and "'a PDP-11'" in leak.output
+    data["machine"], data["cpu_capability"] = machine, "NEON"  # this CPU's name, another instruction set
+    baseline.write_text(json.dumps(data))
+    other = runner.invoke(app, ["check", str(spec), "--baseline", str(baseline), "--from-runs",
+                                str(tmp_path / "again" / "gate")])
+    assert f"with CPU capability NEON, this one runs {cpu_capability()}" in " ".join(other.output.split())
     missing = runner.invoke(app, ["check", str(spec), "--baseline", str(baseline), "--from-runs", str(tmp_path / "no")])
     assert missing.exit_code == 2 and "runs directory not found" in missing.output

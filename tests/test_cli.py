@@ -203,14 +203,14 @@ BAD = [
     ("train-heads-kv", lambda t, c, r, r17: ["train", "--set", "model.n_kv_head=3"], 2, "n_kv_head=3 must divide n_head=4"),
     ("train-heads-dmodel", lambda t, c, r, r17: ["train", "--set", "model.n_head=5"], 2, "must divide d_model"),
     ("train-odd-rope", lambda t, c, r, r17: ["train", "--set", "model.d_model=12", "--set", "model.pos_type=rope"], 2, "even head_dim"),
-    ("train-steps-zero", lambda t, c, r, r17: ["train", "--steps", 0], 2, "train.steps"),
+    ("train-steps-zero", lambda t, c, r, r17: ["train", "--steps", 0], 2, "--steps: Input should be greater than 0"),
     ("train-bad-toml", lambda t, c, r, r17: ["train", _file(t, "bad.toml", "[model\n")], 2, "invalid TOML"),
     ("train-no-spec", lambda t, c, r, r17: ["train", t / "missing.toml"], 2, "spec not found"),
     ("train-set-syntax", lambda t, c, r, r17: ["train", "--set", "model.d_model"], 2, "key=value"),
     ("train-runs-dir-file", lambda t, c, r, r17: ["train", *run_sets(c), "--runs-dir", _file(t, "f", "x")], 2, "is a file"),
-    ("train-unwritable-out", lambda t, c, r, r17: ["train", *run_sets(c), "--out", _file(t, "g", "x") / "sub"], 2, "Not a directory"),
+    ("train-unwritable-out", lambda t, c, r, r17: ["train", *run_sets(c), "--out", _file(t, "g", "x") / "sub"], 2, "not a directory (a file is in the way)"),
     ("train-resume-completed", lambda t, c, r, r17: ["train", "--resume", r], 2, "only interrupted runs"),
-    ("train-bad-device", lambda t, c, r, r17: ["train", "--device", "tpu"], 2, "train.device"),
+    ("train-bad-device", lambda t, c, r, r17: ["train", "--device", "tpu"], 2, "--device: Input should be 'auto'"),
     ("sample-missing-run", lambda t, c, r, r17: ["sample", t / "no-run"], 2, "run directory not found"),
     ("sample-bad-prefix", lambda t, c, r, r17: ["sample", r, "--prefix", "λ☃"], 2, "not in the vocabulary: 'λ', '☃'"),
     ("sample-neg-temp", lambda t, c, r, r17: ["sample", r, "--temp", -1], 2, "temperature must be >= 0"),
@@ -234,13 +234,20 @@ BAD = [
     ("check-corrupt-baseline", lambda t, c, r, r17: ["check", write_spec(t), "--baseline", _file(t, "b.json", "[1, 2]")], 2, "has no 'configs' table"),
     ("export-2017-run", lambda t, c, r, r17: ["export", r17, "--to", "hf", t / "hfout"], 2, "LayerNorm (needs rmsnorm), post-norm (needs pre)"),
     ("export-bad-target", lambda t, c, r, r17: ["export", r, "--to", "onnx", t / "o"], 2, "only 'hf'"),
+    ("components-missing-spec", lambda t, c, r, r17: ["components", t / "nope.toml"], 2, "spec not found"),
+    ("eval-bad-ctx", lambda t, c, r, r17: ["eval", r, "--ctx", "0"], 2, "--ctx expects positive lengths"),
+    ("stability-missing", lambda t, c, r, r17: ["stability", t / "nowhere"], 2, "runs directory not found"),
+    ("bench-decode-kv-heads", lambda t, c, r, r17: ["bench-decode", "--kv-heads", "3"], 2, "each must divide n_head=4"),
+    ("kv-budget-no-heads", lambda t, c, r, r17: ["kv-budget", "--layers", "2"], 2, "missing --heads"),
 ]
 
 
 @pytest.mark.parametrize("case", BAD, ids=[b[0] for b in BAD])
 def test_bad_input_is_one_line_and_exit_code(case, tmp_path, corpus, trained, trained_2017):
-    _, build, code, fragment = case
-    result = invoke(*build(tmp_path, corpus, trained, trained_2017))
+    case_id, build, code, fragment = case
+    args = build(tmp_path, corpus, trained, trained_2017)
+    assert case_id.startswith(f"{args[0]}-"), "a case's id starts with the command it runs"
+    result = invoke(*args)
     output = result.output
     assert result.exit_code == code, output
     assert fragment in output, output
@@ -249,13 +256,28 @@ def test_bad_input_is_one_line_and_exit_code(case, tmp_path, corpus, trained, tr
     assert len(error_lines) == 1, output
 
 
-def test_bad_input_matrix_is_large():
-    assert len(BAD) >= 25
+def test_bad_input_matrix_covers_every_command():
+    """Every command has bad-input cases of its own (the case above checks that each case's id names
+    the command it runs), and no case is counted twice."""
+    import typer.main
+
+    commands = set(typer.main.get_command(app).commands)
+    assert {"train", "ablate", "report", "kv-budget", "bench-decode"} <= commands
+    assert commands == {cmd for cmd in commands for case_id, *_ in BAD if case_id.startswith(f"{cmd}-")}
+    assert len({case_id for case_id, *_ in BAD}) == len(BAD)
 
 
 def test_debug_flag_shows_traceback():
-    result = runner.invoke(app, ["--debug", "train", "--set", "model.n_kv_head=3"])
-    assert result.exit_code != 0 and result.exception is not None
+    cmd = [sys.executable, "-m", "anatomy_cli", "train", "--set", "model.n_kv_head=3"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    plain = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert plain.returncode == 2 and "Traceback" not in plain.stderr
+    assert plain.stderr.strip() == "error: model: n_kv_head=3 must divide n_head=4"
+    debug = subprocess.run(cmd[:3] + ["--debug"] + cmd[3:], capture_output=True, text=True, env=env, timeout=120)
+    assert debug.returncode != 0
+    assert debug.stderr.startswith("Traceback (most recent call last):")
+    assert "anatomy_cli.config.ConfigError: model: n_kv_head=3 must divide n_head=4" in debug.stderr
+    assert "load_run_config" in debug.stderr  # the frames of the call that refused it
 
 
 # ------------------------------------------------------------------------------ interruption

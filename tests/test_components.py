@@ -16,7 +16,7 @@ from anatomy_cli.config import AblationSpec, ConfigError, ModelConfig, RunConfig
 from anatomy_cli.sweep import design_of, execute, expand, load_spec, parse_flips, spec_table
 
 runner = CliRunner()
-MODERN = ("qknorm", "tied", "parallel", "zloss", "softcap", "nope", "gdn")
+MODERN = ("qknorm", "tied", "parallel", "zloss", "softcap", "nope", "gdn", "swa", "mla")
 LLAMA_BASE = {"norm_type": "rmsnorm", "norm_pos": "pre", "pos_type": "rope", "ffn_type": "swiglu", "n_kv_head": 2}
 WD0 = {"about": "no weight decay", "off": {"train.weight_decay": 0.1}, "on": {"train.weight_decay": 0.0}}
 
@@ -30,7 +30,7 @@ def spec(**kw) -> AblationSpec:
 
 def test_table_holds_the_five_then_six_modern_parts_with_sources():
     assert comp.FIVE == ("rmsnorm", "prenorm", "rope", "swiglu", "gqa")
-    assert comp.BUILTIN_NAMES[: len(comp.FIVE + MODERN)] == comp.FIVE + MODERN  # then the 2024-2026 parts
+    assert comp.BUILTIN_NAMES == comp.FIVE + MODERN
     for c in comp.BUILTINS:
         assert c.about and c.source and c.on, c.name
         assert all(k.split(".")[0] in comp.SECTIONS for k in c.keys), c.name
@@ -268,3 +268,13 @@ def test_two_component_study_pairs_both_directions(tmp_path):
     assert effects.loc[("wd0", "remove-one"), "gain"] == pytest.approx(0.2)  # lr2 alone - all-on
     assert effects.loc[("lr2", "remove-one"), "gain"] == pytest.approx(0.4)  # wd0 alone - all-on
     assert set(effects["against"]) == {"reference end", "all-on end"}
+
+
+def test_a_built_in_row_must_say_what_a_llama_export_does_with_it():
+    """No default: a row that forgets `llama` fails at import, instead of exporting a Llama that
+    silently ignores the part."""
+    with pytest.raises(TypeError, match="llama"):
+        comp.Component("x", "about", "source", on={"model.qk_norm": True})
+    with pytest.raises(ValueError, match="llama must be one of on, off, either"):
+        comp.Component("x", "about", "source", on={"model.qk_norm": True}, llama="maybe")
+    assert {c.llama for c in comp.BUILTINS} <= set(comp.LLAMA_STATES)

@@ -12,7 +12,7 @@ import torch
 from fake_device import DEVICE, FakeDevice, OnDevice
 from toy_data import TINY_MODEL, TINY_TRAIN, write_corpus, write_spec
 
-from anatomy_cli import devices, exams, runs
+from anatomy_cli import devices, exams, runs, trainer
 from anatomy_cli import train as training
 from anatomy_cli.checkpoint import load_run
 from anatomy_cli.config import RunConfig, validate
@@ -45,7 +45,8 @@ def test_train_eval_and_sample_leave_no_tensor_behind(tmp_path, monkeypatch, mod
     the device (MPS), and the numbers equal the CPU's (the fake device computes on the CPU)."""
     cfg = run_cfg(tmp_path, model, sample_len=40)
     on_cpu = training.train(cfg, tmp_path / "cpu")
-    monkeypatch.setattr(training, "resolve_device", lambda name: DEVICE)
+    for module in (training, trainer):
+        monkeypatch.setattr(module, "resolve_device", lambda name: DEVICE)
 
     def left_behind(phase: str) -> str:
         return f"{phase}: " + "\n".join(dict.fromkeys(fd.problems))

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from anatomy_cli import exams, runs
 from anatomy_cli.cli import app
 from anatomy_cli.components import label
-from anatomy_cli.config import AblationSpec, ConfigError, RunConfig, load_toml, validate
+from anatomy_cli.config import AblationSpec, ConfigError, ModelConfig, RunConfig, load_toml, validate
 from anatomy_cli.model.positions import PositionError
 from anatomy_cli.report import load_runs
 from anatomy_cli.sweep import execute, expand
@@ -379,3 +379,22 @@ def test_kv_budget_never_imports_torch(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("pos_type", ["learned", "rope", "nope"])
+def test_every_position_limit_is_model_max_positions(pos_type):
+    """Sampling windows, eval lengths and decode lengths all ask ModelConfig.max_positions: a learned
+    table ends at ctx_len, RoPE and NoPE do not end (None)."""
+    from anatomy_cli.sample import SampleError, check_options
+
+    cfg = ModelConfig(vocab_size=50, d_model=32, n_head=4, n_kv_head=4, ctx_len=16, pos_type=pos_type)
+    bounded = pos_type == "learned"
+    assert cfg.max_positions == (16 if bounded else None)
+    assert (exams.length_problem(cfg, 17, 10_000) is not None) is bounded
+    assert exams.length_problem(cfg, 16, 10_000) is None
+    assert (exams.decode_lengths(cfg, 10, 10)[2] is not None) is bounded
+    if bounded:
+        with pytest.raises(SampleError, match="ends at ctx_len=16"):
+            check_options(cfg, 0.8, None, 17)
+    else:
+        assert check_options(cfg, 0.8, None, 17) == 17

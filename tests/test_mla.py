@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -244,6 +245,30 @@ def test_every_layer_is_an_mla_layer_with_its_own_formulas():
     assert ModelConfig(**LLAMA).context_flops("attn") == 3 * 128 * (128 + 128)
 
 
+def test_a_window_leaves_mla_layers_global():
+    """window turns softmax layers local; mla layers (and a hybrid's gdn ones) stay as they are, and
+    the model computes exactly what it computes without the window."""
+    sizes = {**LLAMA, **SIZES, "n_layer": 4, "ctx_len": 24}
+    windowed = mla_lm(**sizes, window=4, window_pattern="LLLG")
+    assert windowed.cfg.layer_kinds == ("mla",) * 4
+    assert mla_config(**sizes, gdn_pattern="DA", window=4, window_pattern="LG").layer_kinds == ("gdn", "mla") * 2
+    plain = mla_lm(**sizes)
+    plain.load_state_dict(windowed.state_dict())
+    idx = tokens(2, 24, seed=3)  # longer than the window
+    with torch.no_grad():
+        torch.testing.assert_close(windowed(idx)[0], plain(idx)[0], atol=0, rtol=0)
+    assert all(state.capacity == 24 for state in windowed.new_cache(1, 24).states)  # every layer grows
+
+
+def test_sdpa_kernel_asks_with_mla_shapes():
+    from anatomy_cli.devices import sdpa_kernel
+
+    cpu = torch.device("cpu")
+    for cfg in (mla_config(**LLAMA, **SIZES), mla_config(**LLAMA, **SIZES, n_layer=4, window=4, window_pattern="LG")):
+        assert re.fullmatch(r"mla: \w+", sdpa_kernel(cfg, 2, cpu, "float32")), cfg
+    assert "mla" not in sdpa_kernel(ModelConfig(**LLAMA), 2, cpu, "float32")
+
+
 def test_bf16_cache_holds_half_the_bytes_and_decodes():
     model = mla_lm(**LLAMA, **SIZES)
     idx = tokens(1, 8)
@@ -291,6 +316,22 @@ def test_bench_decode_of_an_mla_config_keeps_its_sizes():
         exams.kv_head_list(4, "2,gqa")
 
 
+def test_bench_decode_takes_mla_once_next_to_sliding_windows():
+    """--windows multiplies the softmax rows; MLA is one global row (a window leaves it be)."""
+    args = ["bench-decode", "--d-model", "32", "--n-layer", "2", "--n-head", "4", "--ctx", "64", "--new", "2",
+            "--prefix-len", "8", "--kv-heads", "2,mla", "--windows", "0,4", "--window-pattern", "LG"]
+    result = CliRunner().invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)["rows"]
+    assert [(r["attention"], r["sliding_window"]) for r in rows] == [("GQA", 0), ("GQA", 4), ("MLA", 0)]
+    gqa, swa, mla = rows
+    assert list(mla["layer_states"]) == ["mla"] and list(swa["layer_states"]) == ["local", "attn"]
+    assert mla["kv_bytes_per_token"] == 2 * (16 + 4) * 4 and swa["layer_states"]["local"]["bytes"] == 2 * 2 * 3 * 8 * 4
+    table = CliRunner().invoke(app, args)  # the long-context table takes rows of different kinds
+    assert table.exit_code == 0, table.output
+    assert "SWA 4 LG" in table.stdout and "r+p=16+4" in table.stdout
+
+
 # ------------------------------------------------------------------------- kv-budget (no torch)
 
 
@@ -307,6 +348,16 @@ def test_kv_budget_adds_mla_at_the_default_study():
     assert per_token == {"MHA": 4 * 2 * 4 * 32 * 4, "GQA": 4 * 2 * 2 * 32 * 4, "MQA": 4 * 2 * 32 * 4, "MLA": 4 * 80 * 4}
     assert rows["MLA"]["is_config"] and not rows["GQA"]["is_config"] and rows["MLA"]["kv_heads"] is None
     assert rows["MLA"]["bytes"] == 64 * 4 * 80 * 4 and rows["MLA"]["ratio_to_mha"] == 80 / 256
+
+
+def test_kv_budget_sliding_layers_bound_softmax_rows_not_mla():
+    rows = kv_rows("--layers", 4, "--heads", 4, "--kv-heads", 2, "--head-dim", 32, "--kv-lora-rank", 64,
+                   "--rope-dim", 16, "--window", 16, "--window-pattern", "LLLG", "--seq", 64, "--dtype", "fp32")
+    kept = 1 * 64 + 3 * 15  # one global layer of 64 positions, three local of window - 1
+    assert {name: r["bytes"] for name, r in rows.items()} == {
+        "MHA": kept * 2 * 4 * 32 * 4, "GQA": kept * 2 * 2 * 32 * 4, "MQA": kept * 2 * 32 * 4, "MLA": 4 * 64 * 80 * 4}
+    assert rows["MLA"]["local_layer_bytes"] is None and rows["GQA"]["local_layer_bytes"] == 15 * 2 * 2 * 32 * 4
+    assert rows["MLA"]["ratio_to_mha"] == rows["MLA"]["bytes"] / rows["MHA"]["bytes"] and rows["GQA"]["ratio_to_mha"] == 0.5
 
 
 def test_kv_budget_reads_a_deepseek_config(tmp_path):

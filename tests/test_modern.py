@@ -21,7 +21,8 @@ from anatomy_cli.config import ConfigError, ModelConfig, RunConfig, TrainConfig,
 from anatomy_cli.model import LM
 from anatomy_cli.model.attention import CausalSelfAttention
 from anatomy_cli.model.positions import POSITIONS, NoPositions, RoPE
-from anatomy_cli.train import Trainer, train
+from anatomy_cli.train import train
+from anatomy_cli.trainer import Trainer
 
 pytestmark = [pytest.mark.filterwarnings("error"), pytest.mark.usefixtures("single_thread")]
 

@@ -133,8 +133,11 @@ def test_empty_metrics_and_failed_runs_tolerated(tmp_path):
 def test_no_runs_raises_clearly(tmp_path):
     with pytest.raises(RunError, match="no runs under"):
         report.load_runs(tmp_path)
-    with pytest.raises(RunError, match="not a directory"):
+    with pytest.raises(RunError, match="runs directory not found"):
         report.load_runs(tmp_path / "missing")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(RunError, match="not a directory"):
+        report.load_runs(tmp_path / "file")
 
 
 # --------------------------------------------------------------------------------- effects

@@ -3,8 +3,11 @@ runs saved and resumable, no worker left behind, lock released); a SIGKILLed run
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
+import random
 import signal
 import subprocess
 import sys
@@ -51,6 +54,11 @@ def steps(run_dir: Path) -> list[int]:
     return [r["step"] for r in runs.read_metrics(run_dir)]
 
 
+def timings(run_dir: Path, upto: int) -> list[float]:
+    """elapsed_s of the evaluations up to a step: a run trained again from step 0 would rewrite them."""
+    return [r["elapsed_s"] for r in runs.read_metrics(run_dir) if "elapsed_s" in r and r["step"] <= upto]
+
+
 def in_flight(sweep: Path, n: int) -> bool:
     """n runs have trained a few steps and are still going."""
     dirs = [d for d in sweep.glob("*/") if runs.run_status(d) == runs.RUNNING and len(runs.read_metrics(d)) > 3]
@@ -94,12 +102,12 @@ def test_signal_stops_a_sweep_like_ctrl_c(tmp_path, sig, workers):
         assert steps(d) == list(range(n_steps + 1)), d.name
 
 
-def train_cmd(tmp_path: Path, out: Path, n_steps: int = 200) -> list[str]:
+def train_cmd(tmp_path: Path, out: Path, n_steps: int = 200, **train) -> list[str]:
     corpus = write_corpus(tmp_path)
     sets = [f"--set=data.source={json.dumps(str(corpus))}"]
     sets += [f"--set=model.{k}={json.dumps(v)}" for k, v in TINY_MODEL.items()]
-    sets += [f"--set=train.{k}={json.dumps(v)}" for k, v in TINY_TRAIN.items()]
-    sets += [f"--set=train.steps={n_steps}", "--set=train.eval_interval=100", "--set=train.sample_len=0"]
+    train = {**TINY_TRAIN, "steps": n_steps, "eval_interval": 100, "sample_len": 0, **train}
+    sets += [f"--set=train.{k}={json.dumps(v)}" for k, v in train.items() if v is not None]
     return CLI + ["train", *sets, "--out", str(out)]
 
 
@@ -125,7 +133,9 @@ def test_sigterm_saves_a_training_run_and_resume_finishes_it(tmp_path):
 @pytest.mark.slow
 def test_sigkilled_run_is_resumable_from_scratch(tmp_path):
     run = tmp_path / "run"
-    proc = subprocess.Popen(train_cmd(tmp_path, run), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
+    never = 10**6  # no checkpoint before the kill, however late it lands
+    proc = subprocess.Popen(train_cmd(tmp_path, run, checkpoint_every=never), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=ENV)
     wait_for(lambda: len(runs.read_metrics(run)) > 20 or proc.poll() is not None, what="training under way")
     proc.kill()
     proc.wait()
@@ -140,13 +150,53 @@ def test_sigkilled_run_is_resumable_from_scratch(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("every", [None, 3], ids=["at-evals", "every-3-steps"])
+def test_sigkill_at_a_random_step_loses_at_most_one_interval(tmp_path, every):
+    """SIGKILL (what an OOM kill or a preemption does) once a random number of metric lines is on
+    disk: the resumed run continues from the last checkpoint and ends with an uninterrupted run's
+    metrics, lines written after that checkpoint included, bit for bit."""
+    n_steps, eval_interval = 400, 20
+    opts = {"eval_interval": eval_interval, "log_interval": 1, "threads": 1, "checkpoint_every": every}
+    lines = random.Random().randrange(2 * eval_interval + 5, 300)  # > 2 evals: a checkpoint exists
+    run = tmp_path / "run"
+    proc = subprocess.Popen(train_cmd(tmp_path, run, n_steps, **opts), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=ENV)
+    wait_for(lambda: len(runs.read_metrics(run)) >= lines or proc.poll() is not None, what=f"{lines} metric lines")
+    proc.kill()
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, f"finished before the kill ({lines} lines)"
+    assert runs.run_status(run) == runs.INTERRUPTED
+    from anatomy_cli.checkpoint import load_checkpoint
+
+    saved = load_checkpoint(run / runs.RESUME)["step"]
+    written = steps(run)[-1]
+    assert eval_interval <= saved <= written, (saved, written, lines)
+    before = timings(run, saved)
+    resumed = subprocess.run(CLI + ["train", "--resume", str(run)], capture_output=True, text=True, env=ENV,
+                             timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    assert timings(run, saved) == before  # continued from the checkpoint, not trained again
+    straight = tmp_path / "straight"
+    whole = subprocess.run(train_cmd(tmp_path, straight, n_steps, **opts), capture_output=True, text=True, env=ENV,
+                           timeout=600)
+    assert whole.returncode == 0, whole.stderr
+
+    def strip(d):
+        return [{k: v for k, v in r.items() if k not in runs.TIMING_KEYS} for r in runs.read_metrics(d)]
+
+    assert strip(run) == strip(straight), (saved, written, lines)
+    a, b = runs.read_summary(run), runs.read_summary(straight)
+    assert (a["best_val_loss"], a["best_step"], a["status"]) == (b["best_val_loss"], b["best_step"], runs.COMPLETED)
+    assert not (run / runs.RESUME).exists() and not list(run.glob(".*.tmp"))
+
+
+@pytest.mark.slow
 def test_ctrl_c_twice_aborts_but_leaves_the_run_resumable(tmp_path):
     run = tmp_path / "run"
     proc = subprocess.Popen(train_cmd(tmp_path, run), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=ENV)
     wait_for(lambda: len(runs.read_metrics(run)) > 20 or proc.poll() is not None, what="training under way")
-    proc.send_signal(signal.SIGINT)
-    time.sleep(0.01)  # two signals, not one merged pending one; the second most likely lands mid-step
+    proc.send_signal(signal.SIGINT)  # wherever each lands (or if the two merge), the run is left resumable
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=180)
     assert proc.returncode == 130, err
@@ -183,6 +233,45 @@ def test_sigkilled_sweep_parent_does_not_orphan_its_workers(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_sweep_worker_killed_under_its_run_leaves_it_resumable(tmp_path):
+    """The OOM killer (or a SIGKILL) takes one worker: the sweep ends (exit 1) naming the run
+    interrupted, and a rerun continues it from its last checkpoint."""
+    spec = write_spec(tmp_path, top={"design": "list", "configs": [{"name": f"c{i}"} for i in range(2)]},
+                      train={"steps": 1000, "eval_interval": 50, "sample_len": 0})
+    cmd = CLI + ["ablate", str(spec), "--runs-dir", str(tmp_path / "runs"), "--workers", "2", "--no-report"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+                            start_new_session=True)
+    sweep = tmp_path / "runs" / "toy"
+
+    def checkpointed() -> Path | None:
+        return next((d for d in sweep.glob("*/") if runs.run_status(d) == runs.RUNNING
+                     and (d / runs.RESUME).is_file() and len(runs.read_metrics(d)) > 120), None)
+
+    try:
+        wait_for(lambda: checkpointed() or proc.poll() is not None, what="a run with a checkpoint")
+        victim = checkpointed()
+        assert victim is not None, proc.communicate()[1]
+        os.kill(runs.read_summary(victim)["owner"]["pid"], signal.SIGKILL)
+        out, err = proc.communicate(timeout=180)
+        wait_for(lambda: group_gone(proc.pid), timeout=60, what="every worker exited")
+    finally:
+        if not group_gone(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 1, err
+    assert "interrupted (rerun to resume)" in flat(out) and "Traceback" not in err
+    summary = runs.read_summary(victim)
+    assert summary["status"] == runs.INTERRUPTED and "worker process died" in summary["error"]
+    from anatomy_cli.checkpoint import load_checkpoint
+
+    saved = load_checkpoint(victim / runs.RESUME)["step"]
+    before = timings(victim, saved)
+    rerun = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr
+    assert raw_status(victim) == runs.COMPLETED and steps(victim) == list(range(1001))
+    assert timings(victim, saved) == before  # resumed at its checkpoint, not trained again
+
+
+@pytest.mark.slow
 def test_two_ablates_started_at_the_same_instant_one_runs_one_exits_3(tmp_path):
     spec = write_spec(tmp_path, top={"design": "list", "configs": [{"name": "a"}]},
                       train={"steps": 30, "eval_interval": 10, "sample_len": 0})
@@ -198,3 +287,137 @@ def test_two_ablates_started_at_the_same_instant_one_runs_one_exits_3(tmp_path):
         assert "is in use by pid" in flat(loser) and "Traceback" not in loser
         (run,) = [d for d in (runs_dir / "toy").iterdir() if d.is_dir()]
         assert steps(run) == list(range(31))  # trained once, not twice into one file
+
+
+# ------------------------------------------------------------------ every long command, every signal
+
+
+def handlers_installed(pid: int) -> bool:
+    """The command has entered its body: it catches SIGTERM and SIGHUP (Python alone catches SIGINT
+    only), read from the process's caught-signal mask."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+    return all(caught >> (sig - 1) & 1 for sig in (signal.SIGTERM, signal.SIGHUP))
+
+
+def spawned_child(pid: int) -> bool:
+    """A multiprocessing 'spawn' worker of `pid` is running (the timing pass's worker)."""
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return False
+    for child in children:
+        with contextlib.suppress(OSError):
+            if b"multiprocessing.spawn" in Path(f"/proc/{child}/cmdline").read_bytes():
+                return True
+    return False
+
+
+@pytest.fixture(scope="module")
+def long_inputs(tmp_path_factory) -> Path:
+    """What each long command needs: a trained 2017 run and a LLaMA-shaped one, a spec whose runs
+    never end, a baseline, and an 8 GB sparse corpus of NULs (valid UTF-8, no disk used)."""
+    root = tmp_path_factory.mktemp("long")
+    for name, extra in (("run17", []), ("runll", ["--set=model.norm_type=rmsnorm", "--set=model.norm_pos=pre",
+                                                  "--set=model.pos_type=rope", "--set=model.ffn_type=swiglu"])):
+        cmd = train_cmd(root, root / name, n_steps=12)[len(CLI):] + extra
+        result = subprocess.run(CLI + cmd, capture_output=True, text=True, env=ENV, timeout=600)
+        assert result.returncode == 0, result.stderr
+    write_spec(root, top={"design": "list", "configs": [{"name": "a"}]},
+               train={"steps": 10**6, "eval_interval": 100, "sample_len": 0})
+    (root / "baseline.json").write_text('{"configs": {"a": {"best_val_loss": 3.0}}}')
+    with open(root / "huge.txt", "wb") as f:
+        f.truncate(8 << 30)
+    return root
+
+
+def fifo_copy(run: Path, dest: Path, name: str) -> Path:
+    """A copy of `run` at `dest` whose `name` is a FIFO no one writes: reading it blocks until interrupted."""
+    copy = shutil.copytree(run, dest)
+    (copy / name).unlink()
+    os.mkfifo(copy / name)
+    return copy
+
+
+# command -> (args builder(inputs, tmp), the state to wait for, if not handlers_installed)
+LONG = {
+    "train": (lambda i, t: train_cmd(t, t / "run", n_steps=10**6)[len(CLI):],
+              lambda t, pid: len(runs.read_metrics(t / "run")) > 3),
+    "ablate": (lambda i, t: ["ablate", str(i / "toy.toml"), "--runs-dir", str(t / "runs"), "--workers", "1"],
+               lambda t, pid: in_flight(t / "runs" / "toy", 1)),
+    "ablate-time": (lambda i, t: ["ablate", str(i / "toy.toml"), "--runs-dir", str(t / "runs"), "--time",
+                                  "--time-steps", str(10**6)], lambda t, pid: spawned_child(pid)),
+    "check": (lambda i, t: ["check", str(i / "toy.toml"), "--baseline", str(i / "baseline.json"), "--runs-dir",
+                            str(t / "runs"), "--workers", "1"], lambda t, pid: in_flight(t / "runs" / "toy", 1)),
+    "eval": (lambda i, t: ["eval", str(shutil.copytree(i / "run17", t / "run")), "--ctx", "16",
+                           "--batches", "20000"], None),
+    "sample": (lambda i, t: ["sample", str(i / "runll"), "--max-new", str(10**8)], None),
+    "bench-decode": (lambda i, t: ["bench-decode", "--new", str(10**6), "--prefix-len", "8"], None),
+    "report": (lambda i, t: ["report", str(fifo_copy(i / "run17", t / "sweep" / "r", runs.METRICS).parent)], None),
+    "stability": (lambda i, t: ["stability", str(fifo_copy(i / "run17", t / "sweep" / "r", runs.METRICS).parent)],
+                  None),
+    "export": (lambda i, t: ["export", str(fifo_copy(i / "runll", t / "run", runs.CONFIG)), str(t / "hf")], None),
+    "prepare": (lambda i, t: ["prepare", str(i / "huge.txt"), "--out", str(t / "prepared")], None),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the caught-signal mask from /proc")
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["sigint", "sigterm", "sighup"])
+@pytest.mark.parametrize("command", list(LONG))
+def test_every_long_command_stops_on_each_signal(long_inputs, tmp_path, command, sig):
+    """Mid-command, SIGINT, SIGTERM and SIGHUP all end it like Ctrl-C: exit 130, one line, no worker
+    left running, no lock held, no temp file left behind."""
+    build, state = LONG[command]
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = subprocess.Popen(CLI + build(long_inputs, work), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, env=ENV, cwd=work, start_new_session=True)
+    try:
+        wait_for(lambda: (handlers_installed(proc.pid) and (state is None or state(work, proc.pid)))
+                 or proc.poll() is not None, what=f"{command} under way")
+        assert proc.poll() is None, proc.communicate()[1]
+        proc.send_signal(sig)  # to the command only, as `kill` or a service manager would
+        _, err = proc.communicate(timeout=180)
+        assert proc.returncode == 130, err
+        assert "interrupted" in err and "Traceback" not in err and "internal error" not in err, err
+        wait_for(lambda: group_gone(proc.pid), timeout=60, what="every worker exited")
+    finally:
+        if not group_gone(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
+    left = [p for p in work.rglob("*") if p.name == ".lock" or p.name.endswith(".tmp")]
+    assert not left, left
+    if command == "train":
+        assert raw_status(work / "run") == runs.INTERRUPTED
+
+
+def test_a_second_signal_after_the_run_saved_still_says_how_to_resume(tmp_path, monkeypatch):
+    """The flake of the Ctrl-C-twice test, made deterministic: the second signal lands after the run
+    has saved and the graceful stop is over (here: while the CLI prints 'interrupted at step ...').
+    The run was started, so the hint is printed all the same."""
+    from typer.testing import CliRunner
+
+    from anatomy_cli import cli_app
+    from anatomy_cli import train as training
+    from anatomy_cli.cli import app
+
+    real = training.train
+    monkeypatch.setattr(training, "train", lambda *a, **k: real(*a, **{**k, "stop": lambda: True}))  # stop after 1 step
+    landed = []
+    printer = cli_app.err_console.print
+
+    def second_signal(*args, **kwargs):
+        if not landed and args and "interrupted at step" in str(args[0]):
+            landed.append(args[0])
+            raise KeyboardInterrupt
+        return printer(*args, **kwargs)
+
+    monkeypatch.setattr(cli_app.err_console, "print", second_signal)
+    run = tmp_path / "run"
+    result = CliRunner().invoke(app, train_cmd(tmp_path, run)[len(CLI):])
+    assert landed and result.exit_code == 130, result.output
+    assert raw_status(run) == runs.INTERRUPTED
+    assert f"error: interrupted; resume with: anatomy train --resume {run}" in flat(result.output)

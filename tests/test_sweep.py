@@ -180,7 +180,10 @@ def test_lock_refuses_a_live_holder_and_takes_over_a_stale_one(tmp_path):
 
 @pytest.mark.slow
 def test_sigkill_mid_sweep_then_rerun_completes_without_retraining(tmp_path):
-    spec_path = write_spec(tmp_path, top={"design": "list", "configs": [{"name": f"c{i}"} for i in range(4)]},
+    # c1 lasts 240 steps, so "c0 done and c1 under way" holds for seconds, not a poll's worth of
+    # time, before the test kills the sweep in that state
+    configs = [{"name": f"c{i}", "set": {"train.steps": 240 if i == 1 else 80}} for i in range(4)]
+    spec_path = write_spec(tmp_path, top={"design": "list", "configs": configs},
                            train={"steps": 80, "eval_interval": 40})
     runs_dir = tmp_path / "runs"
     cmd = [sys.executable, "-m", "anatomy_cli", "ablate", str(spec_path), "--runs-dir", str(runs_dir),
@@ -189,18 +192,19 @@ def test_sigkill_mid_sweep_then_rerun_completes_without_retraining(tmp_path):
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
                             start_new_session=True)
     sweep = runs_dir / "toy"
-    deadline = time.time() + 120
-    while time.time() < deadline:  # wait until one run completed and the next is under way
+    deadline = time.time() + 180
+    while True:  # wait until one run completed and the next is under way
         states = [runs.run_status(d) for d in sweep.glob("*/")] if sweep.exists() else []
         if states.count(runs.COMPLETED) >= 1 and runs.RUNNING in states:
             break
+        assert time.time() < deadline and proc.poll() is None, f"never saw c0 done and c1 under way: {states}"
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     finished = {d.name: (d / runs.SUMMARY).read_text() for d in sweep.iterdir()
                 if runs.run_status(d) == runs.COMPLETED}
     assert finished and len(finished) < 4
-    rerun = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    rerun = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     assert rerun.returncode == 0, rerun.stderr
     dirs = [d for d in sweep.iterdir() if d.is_dir()]
     assert len(dirs) == 4  # complete, no duplicates
@@ -209,29 +213,39 @@ def test_sigkill_mid_sweep_then_rerun_completes_without_retraining(tmp_path):
         assert (sweep / name / runs.SUMMARY).read_text() == text
     for d in dirs:  # each run's metrics hold every step exactly once
         steps = [r["step"] for r in runs.read_metrics(d)]
-        assert steps == list(range(0, 81))
+        assert steps == list(range(0, runs.read_config(d)["train"]["steps"] + 1))
     assert not (sweep / ".lock").exists()
 
 
 @pytest.mark.slow
 def test_two_concurrent_ablates_leave_exactly_one_running(tmp_path):
-    spec_path = write_spec(tmp_path, top={"design": "list", "configs": [{"name": "a"}, {"name": "b"}]},
-                           train={"steps": 60, "eval_interval": 30})
+    """The second sweep meets the first one holding the lock with a run in flight (a run that cannot
+    finish before it is stopped, so the outcome cannot depend on timing): it exits 3 naming the
+    owner and touches nothing; the first carries on, then stops on Ctrl-C with the lock released."""
+    spec_path = write_spec(tmp_path, top={"design": "list", "configs": [{"name": "a"}]},
+                           train={"steps": 10**6, "eval_interval": 100, "sample_len": 0})
     cmd = [sys.executable, "-m", "anatomy_cli", "ablate", str(spec_path), "--runs-dir", str(tmp_path / "runs"),
            "--workers", "1", "--no-report"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    lock = tmp_path / "runs" / "toy" / ".lock"
-    deadline = time.time() + 60
-    while not lock.exists() and time.time() < deadline:
-        time.sleep(0.02)
-    second = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
-    out, err = first.communicate(timeout=300)
-    assert first.returncode == 0, err
-    assert second.returncode == 3
-    assert f"is in use by pid {first.pid}" in second.stderr
-    assert "Traceback" not in second.stderr
-    assert all(runs.run_status(d) == runs.COMPLETED for d in (tmp_path / "runs" / "toy").iterdir() if d.is_dir())
+    first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    sweep = tmp_path / "runs" / "toy"
+    try:
+        deadline = time.time() + 180
+        while not (any(len(runs.read_metrics(d)) > 3 for d in sweep.glob("*/")) or first.poll() is not None):
+            assert time.time() < deadline, "the first sweep never got a run under way"
+            time.sleep(0.05)
+        (run,) = [d for d in sweep.iterdir() if d.is_dir()]
+        second = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+        assert second.returncode == 3, second.stderr
+        assert f"is in use by pid {first.pid}" in second.stderr and "Traceback" not in second.stderr
+        assert first.poll() is None  # the first one was not disturbed
+        assert runs.read_summary(run)["owner"]["pid"] == first.pid and runs.run_status(run) == runs.RUNNING
+    finally:
+        first.send_signal(signal.SIGINT)
+        _, err = first.communicate(timeout=300)
+    assert first.returncode == 130, err
+    assert [d.name for d in sweep.iterdir() if d.is_dir()] == [run.name]
+    assert runs.run_status(run) == runs.INTERRUPTED and not (sweep / ".lock").exists()
 
 
 def test_a_busy_calibration_is_cached_as_busy_and_redone_when_idle(tmp_path, monkeypatch):

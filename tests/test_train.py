@@ -15,7 +15,8 @@ from toy_data import TINY_MODEL, TINY_TRAIN, write_corpus
 from anatomy_cli import runs
 from anatomy_cli.config import RunConfig, TrainConfig, validate
 from anatomy_cli.data import load_corpus
-from anatomy_cli.train import Trainer, lr_at, resolve_config, train
+from anatomy_cli.train import resolve_config, train
+from anatomy_cli.trainer import Trainer, lr_at
 
 
 def test_lr_schedule_warmup_then_cosine_to_floor():
@@ -69,7 +70,7 @@ HEAP = """
 import ctypes, resource, sys, torch
 from anatomy_cli.config import ModelConfig
 from anatomy_cli.model import LM
-from anatomy_cli.train import keep_freed_memory
+from anatomy_cli.devices import keep_freed_memory
 class MallInfo2(ctypes.Structure):  # glibc >= 2.33
     _fields_ = [(name, ctypes.c_size_t) for name in
                 ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
@@ -93,10 +94,12 @@ def step():
     opt.zero_grad(set_to_none=True)
 for _ in range(5):
     step()
-f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(5):
+faults = []
+for _ in range(7):  # page faults of each step, one at a time
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     step()
-print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)  # page faults in 5 steps
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+print(",".join(map(str, faults)))
 """
 
 
@@ -112,10 +115,13 @@ def test_keep_freed_memory_lets_training_steps_reuse_their_buffers():
     def run(mode):
         out = subprocess.run([sys.executable, "-c", HEAP, mode], capture_output=True, text=True, check=True)
         mmapped, faults = out.stdout.split()
-        return mmapped == "True", int(faults)
+        return mmapped == "True", sorted(int(f) for f in faults.split(","))
 
     assert run("default")[0]
     mmapped, faults = run("keep")
     assert not mmapped
-    # measured over 5 toy steps: 0-2,048 kept; 6,000-20,000 with only one of the two thresholds set
-    assert faults < 3000
+    # A step's activations are ~20 MiB (5,000+ pages): faulted in anew, a step faults thousands of
+    # times (6,000-20,000 per 5 steps measured with only one of the two thresholds set); reused, a
+    # step faults 0-300 times. The median step is judged, not the sum, so that a neighbour's load
+    # (a page-compaction burst in one step, measured: 3,073 faults over 5) cannot decide the test.
+    assert faults[len(faults) // 2] < 300, faults

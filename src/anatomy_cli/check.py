@@ -9,7 +9,9 @@ IMPROVED when now < baseline - tolerance. Both are moves larger than reseeding e
 unexplained fall is as suspect as a rise (attention that sees the next character makes loss fall
 by nats): an improvement passes only once it is recorded deliberately with `anatomy check --update`.
 On the same machine and torch the gate seed reproduces its numbers exactly, so the table also says
-whether each number is identical, and `environment_warnings` names a baseline from elsewhere.
+whether each number is identical, and `environment_warnings` names a baseline from elsewhere:
+another torch, another machine, or the same CPU model name with another vector instruction set
+(cpu_capability: AVX2, AVX512, ...), whose kernels round differently.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ import statistics
 from pathlib import Path
 
 from . import runs
+from .errors import InputError
 
+ENVIRONMENT = ("torch_version", "machine", "cpu_capability")  # baseline fields that say where it was measured
 TOLERANCE_SIGMAS = 2.0
 MIN_TOLERANCE = 0.005
 
@@ -35,7 +39,7 @@ VERDICTS = {  # verdict -> what a failure of that kind asks of whoever reads it
 }
 
 
-class BaselineError(ValueError):
+class BaselineError(InputError):
     """A missing or malformed baseline file."""
 
 
@@ -68,7 +72,7 @@ def _is_number(value) -> bool:
 
 
 def build_baseline(results: dict[str, dict[int, float | None]], gate_seed: int, spec_name: str,
-                   torch_version: str, hardware: str) -> dict:
+                   torch_version: str, hardware: str, cpu_capability: str | None = None) -> dict:
     configs, variances = {}, []
     for slug, by_seed in sorted(results.items()):
         values = [v for v in by_seed.values() if v is not None]
@@ -93,6 +97,7 @@ def build_baseline(results: dict[str, dict[int, float | None]], gate_seed: int, 
                       f"= {TOLERANCE_SIGMAS} x {pooled:.4f})",
         "torch_version": torch_version,
         "machine": hardware,
+        "cpu_capability": cpu_capability,
         "platform": platform.platform(),
         "measured_on": dt.date.today().isoformat(),
         "configs": configs,
@@ -111,7 +116,7 @@ def load_baseline(path: Path) -> dict:
         raise BaselineError(f"baseline {path} has an empty 'configs' table: nothing to gate")
     if "gate_seed" in data and not _is_int(data["gate_seed"]):
         raise BaselineError(f"baseline {path}: gate_seed must be an integer, got {data['gate_seed']!r}")
-    for key in ("torch_version", "machine"):
+    for key in ENVIRONMENT:
         if data.get(key) is not None and not isinstance(data[key], str):
             raise BaselineError(f"baseline {path}: {key} must be a string, got {data[key]!r}")
     for slug, entry in data["configs"].items():
@@ -156,12 +161,31 @@ def failure_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
-def environment_warnings(baseline: dict, torch_version: str, machine: str) -> list[str]:
-    """Lines naming each way this environment differs from the one the baseline was recorded in."""
+def environment_warnings(baseline: dict, torch_version: str, machine: str, cpu_capability: str | None,
+                         rows: list[dict] | None = None) -> list[str]:
+    """Lines naming each way this environment differs from the one the baseline was recorded in.
+
+    The CPU capability is named with the machine: one model name ('AMD EPYC') can run AVX2 on one
+    host and AVX512 on another. A baseline that does not record one (written before it was) cannot
+    rule that out, which is worth a line once the numbers are not identical (`rows`: compare()'s).
+    """
     out = []
-    for key, now, what in (("torch_version", torch_version, "torch"), ("machine", machine, "machine")):
-        then = baseline.get(key)
-        if then is not None and then != now:
-            out.append(f"baseline recorded with {what} {then!r}, this is {now!r}: numbers will not be identical "
-                       f"and may move by more than seed noise")
+    then_cap = baseline.get("cpu_capability")
+    cap = f" (CPU capability {cpu_capability})" if cpu_capability else ""
+    then_machine = baseline.get("machine")
+    if baseline.get("torch_version") not in (None, torch_version):
+        out.append(f"baseline recorded with torch {baseline['torch_version']!r}, this is {torch_version!r}: "
+                   f"numbers will not be identical and may move by more than seed noise")
+    if then_machine is not None and then_machine != machine:
+        then_cap_text = f"CPU capability {then_cap}" if then_cap else "no CPU capability recorded"
+        out.append(f"baseline recorded with machine {then_machine!r} ({then_cap_text}), this is {machine!r}{cap}: "
+                   f"numbers will not be identical and may move by more than seed noise")
+    elif then_cap is not None and then_cap != cpu_capability:
+        out.append(f"baseline recorded on {machine!r} with CPU capability {then_cap}, this one runs "
+                   f"{cpu_capability}: the same CPU name with another instruction set rounds floats differently; "
+                   f"numbers will not be identical and may move by more than seed noise")
+    elif then_cap is None and then_machine is not None and any(r.get("identical") is False for r in rows or ()):
+        out.append(f"numbers are not identical on {machine!r}{cap}; the baseline does not record its CPU capability, "
+                   f"so a different instruction set behind the same CPU name cannot be ruled out (AVX2 and AVX512 "
+                   f"kernels round differently)")
     return out

@@ -1,7 +1,8 @@
 """Weights on disk: safetensors only (no pickle), written atomically; loading a run back.
 
-Optimizer/RNG state for resuming goes through torch.save and comes back with
-torch.load(weights_only=True), which refuses arbitrary pickled objects.
+A checkpoint (weights, optimizer, RNG and counters in one file, for resuming) goes through
+torch.save and comes back with torch.load(weights_only=True), which refuses arbitrary pickled
+objects. Every file here is written to a temp file, fsynced and renamed into place.
 """
 
 from __future__ import annotations
@@ -20,34 +21,48 @@ from .data import CharVocab, DataError
 from .model import LM
 
 
-def save_weights(model: torch.nn.Module, path: Path) -> None:
-    """Every state-dict key, tied ones too: safetensors refuses tensors that share memory, so a
-    second name for one tensor (head.weight when tied to tok.weight) is written as a copy, and
-    loading copies both names back into the one parameter."""
+def save_weights(weights: torch.nn.Module | dict, path: Path) -> None:
+    """A module's (or a state dict's) every key, tied ones too: safetensors refuses tensors that share
+    memory, so a second name for one tensor (head.weight when tied to tok.weight) is written as a
+    copy, and loading copies both names back into the one parameter."""
     state, seen = {}, set()
-    for k, v in model.state_dict().items():
+    for k, v in (weights.state_dict() if isinstance(weights, torch.nn.Module) else weights).items():
         v = v.detach().contiguous().cpu()
         state[k] = v.clone() if v.data_ptr() in seen else v
         seen.add(v.data_ptr())
+    _atomic(path, lambda tmp: save_file(state, tmp))
+
+
+def _atomic(path: Path, write) -> None:
+    """write(tmp) into a temp file beside path, fsync it, then rename it over path: a reader (or a
+    resume after a kill at any instant) sees the old file or the new one, never part of one."""
     fd, tmp = tempfile.mkstemp(dir=Path(path).parent, prefix=f".{Path(path).name}.", suffix=".tmp")
     os.close(fd)
     try:
-        save_file(state, tmp)
-        runs.normal_mode(tmp)  # after save_file: a mode set on the mkstemp file before it does not survive
+        with runs.writing(path):
+            write(tmp)
+        runs.normal_mode(tmp)  # after writing: a mode set on the mkstemp file before save_file does not survive
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
-def load_weights(model: torch.nn.Module, path: Path, hint: str = "") -> None:
-    """Load safetensors weights into `model`; a mismatch or a NaN/inf weight is a one-line RunError (+ hint)."""
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """A safetensors file as a CPU state dict; missing or corrupt is a one-line RunError."""
     if not Path(path).is_file():
         raise runs.RunError(f"missing weights file {path}")
     try:
-        state = load_file(str(path), device="cpu")  # load_state_dict copies to the model's device, any kind
+        return load_file(str(path), device="cpu")  # load_state_dict copies to the model's device, any kind
     except (SafetensorError, OSError, ValueError) as err:
         raise runs.RunError(f"corrupt weights file {path}: {str(err).splitlines()[0]}") from None
+
+
+def load_weights(model: torch.nn.Module, path: Path, hint: str = "") -> None:
+    """Load safetensors weights into `model`; a mismatch or a NaN/inf weight is a one-line RunError (+ hint)."""
+    state = read_weights(path)
     # A diverged run's weights hold NaN/inf: every logit would be NaN (argmax 0, multinomial refuses).
     bad = [k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
     if bad:
@@ -61,21 +76,21 @@ def load_weights(model: torch.nn.Module, path: Path, hint: str = "") -> None:
         raise runs.RunError(f"weights in {path} do not match the run's config: {detail}") from None
 
 
-def save_state(state: dict, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=Path(path).parent, prefix=f".{Path(path).name}.", suffix=".tmp")
-    runs.normal_mode(fd)
-    os.close(fd)
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+def save_checkpoint(state: dict, path: Path) -> None:
+    """One file with everything a resume needs (tensors, numbers, containers), replaced atomically."""
+    _atomic(path, lambda tmp: torch.save(state, tmp))
 
 
-def load_state(path: Path) -> dict:
+def load_checkpoint(path: Path) -> dict:
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise runs.RunError(f"no resumable state in {Path(path).parent} (missing {Path(path).name})") from None
     except Exception as err:  # a corrupt or foreign pickle: refuse it, whatever it is
         raise runs.RunError(f"corrupt resume state {path}: {err.__class__.__name__}") from None
+    if not isinstance(state, dict):
+        raise runs.RunError(f"corrupt resume state {path}: not a checkpoint")
+    return state
 
 
 def load_run_config(run_dir: Path) -> RunConfig:

@@ -15,17 +15,22 @@ Exit codes (stable, for scripts):
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import signal
 import sys
+import threading
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
 
-from . import runs
 from .config import ConfigError
+from .errors import InputError
 
 app = typer.Typer(
     name="anatomy",
@@ -45,9 +50,13 @@ class _Console(Console):
         raise BrokenPipeError
 
 
-console = _Console()
-err_console = _Console(stderr=True)
-STATE = {"debug": False}
+# User text (paths, spec and component descriptions, error messages) is printed as it is: markup and
+# emoji codes are off, so "[/bold]" or ":x:" in a name is never parsed. Styled words use rich Text.
+console = _Console(markup=False, emoji=False)
+err_console = _Console(stderr=True, markup=False, emoji=False)
+# debug: --debug was given. hint: what an interrupted command tells the user (see on_interrupt).
+# aborted: a StopFlag has raised KeyboardInterrupt in this command (later signals are let be).
+STATE: dict = {"debug": False, "hint": None, "aborted": False}
 
 EXIT_FAILED, EXIT_INPUT, EXIT_LOCKED, EXIT_INTERRUPTED, EXIT_PIPE = 1, 2, 3, 130, 141
 
@@ -56,38 +65,51 @@ Sets = Annotated[Optional[list[str]], typer.Option("--set", help="Dotted overrid
 JsonOut = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
 
 
-def input_errors() -> tuple[type[BaseException], ...]:
-    """Domain exceptions that mean 'bad input': one line, exit 2."""
-    from .check import BaselineError
-    from .dask_exec import ExecutorError
-    from .data import DataError
+def styled(label: str, style: str, rest: str = ""):
+    """A styled word followed by plain text (never parsed as markup): styled("error:", "bold red", " ...")."""
+    from rich.text import Text
 
-    errors: list[type[BaseException]] = [ConfigError, runs.RunError, DataError, BaselineError, ExecutorError]
-    if "torch" in sys.modules:  # these modules import torch; only present if a command loaded them
-        from .model.kv_cache import CacheFullError
-        from .model.positions import PositionError
-        from .sample import SampleError
-
-        errors += [SampleError, PositionError, CacheFullError]
-    return tuple(errors)
+    return Text.assemble((label, style), rest)
 
 
 def fail(message: str, code: int = EXIT_INPUT) -> typer.Exit:
-    from rich.markup import escape  # a message may hold brackets: anatomy-cli[tb], a [components.X] table
-
-    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    err_console.print(styled("error:", "bold red", f" {message}"), highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 
+def on_interrupt(hint: Callable[[], str | None]) -> None:
+    """Register what an interrupted command tells the user, asked when the interrupt lands: a run
+    that was started says how to resume it, wherever the signal caught the command."""
+    STATE["hint"] = hint
+
+
+def _interrupted() -> str:
+    hint = STATE["hint"]() if STATE["hint"] else None
+    return f"interrupted; {hint}" if hint else "interrupted"
+
+
+def one_line(text: str) -> str:
+    """An exception's text on one line (a pydantic dump or a C++ message can span several)."""
+    return " ".join(str(text).split())
+
+
 def handle_errors(fn):
-    """Turn domain exceptions into one-line messages and documented exit codes."""
+    """Turn domain exceptions into one-line messages and documented exit codes.
+
+    For the whole command, SIGTERM and SIGHUP stop it as Ctrl-C does (StopFlag(graceful=False)):
+    the work unwinds (locks released, workers ended, temp files removed) and the exit is 130. A
+    command that can stop cleanly (train, ablate) nests a graceful StopFlag of its own. Library
+    warnings (torch, pandas, matplotlib) are not shown unless --debug.
+    """
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         from .lockfile import Locked
 
+        STATE["hint"], STATE["aborted"] = None, False
         try:
-            return fn(*args, **kwargs)
+            with StopFlag(graceful=False), quiet_warnings():
+                return fn(*args, **kwargs)
         except (typer.Exit, typer.Abort):
             raise
         except Locked as err:
@@ -95,26 +117,42 @@ def handle_errors(fn):
                 raise
             raise fail(str(err), EXIT_LOCKED) from None
         except KeyboardInterrupt:
-            raise fail("interrupted", EXIT_INTERRUPTED) from None
+            raise fail(_interrupted(), EXIT_INTERRUPTED) from None
         except BrokenPipeError:  # the reader went away (`anatomy sample ... | head`): stop quietly, like cat
             _silence_stdout()
             raise typer.Exit(EXIT_PIPE) from None
-        except input_errors() as err:
+        except InputError as err:
             if STATE["debug"]:
                 raise
             raise fail(str(err)) from None
         except OSError as err:
             if STATE["debug"]:
                 raise
-            where = f": {err.filename}" if getattr(err, "filename", None) else ""
-            raise fail(f"{err.strerror or err.__class__.__name__}{where}") from None
+            raise fail(os_error_line(err)) from None
         except Exception as err:  # a bug, not bad input: still one line unless --debug
             if STATE["debug"]:
                 raise
-            raise fail(f"internal error: {err.__class__.__name__}: {err} (rerun with --debug for the traceback)",
-                       EXIT_FAILED) from None
+            raise fail(f"internal error: {err.__class__.__name__}: {one_line(err)} (rerun with --debug for the "
+                       f"traceback)", EXIT_FAILED) from None
 
     return wrapper
+
+
+def os_error_line(err: OSError) -> str:
+    """'No space left on device: runs/x/metrics.jsonl' (the path when the error knows it)."""
+    where = f": {err.filename}" if getattr(err, "filename", None) else ""
+    if isinstance(err, (FileExistsError, NotADirectoryError)) and where:  # mkdir met a file where a folder goes
+        return f"not a directory (a file is in the way){where}"
+    return f"{err.strerror or one_line(err) or err.__class__.__name__}{where}"
+
+
+@contextlib.contextmanager
+def quiet_warnings():
+    """Library warnings off for a command (shown with --debug): a user sees our messages, not theirs."""
+    with warnings.catch_warnings():
+        if not STATE["debug"]:
+            warnings.simplefilter("ignore")
+        yield
 
 
 def _silence_stdout() -> None:
@@ -145,22 +183,28 @@ class StopFlag:
 
     graceful=False makes the first signal abort, as Ctrl-C does by default: for work that cannot
     stop cleanly, so that SIGTERM and SIGHUP at least unwind it (locks released, exit 130).
+    Flags raise KeyboardInterrupt once per command (STATE["aborted"]): signals after that are let
+    be, so the unwinding they started (a lock released, workers joined) is not itself cut short.
+    Off the main thread (where Python cannot take signals) it installs nothing.
     """
 
     def __init__(self, graceful: bool = True):
         self.requested = False
         self.graceful = graceful
+        self.previous: dict = {}
 
     def __enter__(self) -> StopFlag:
-        import signal
+        from .worker import STOP_SIGNALS
 
-        from .jobs import STOP_SIGNALS
-
-        self.previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
         return self
 
     def _handle(self, signum, frame) -> None:
+        if STATE["aborted"]:
+            return
         if self.requested or not self.graceful:
+            STATE["aborted"] = True
             raise KeyboardInterrupt
         self.requested = True
 
@@ -168,7 +212,5 @@ class StopFlag:
         return self.requested
 
     def __exit__(self, *exc) -> None:
-        import signal
-
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)

@@ -27,7 +27,7 @@ def _device(name: str):
         raise ConfigError(f"--device must be one of {', '.join(DEVICES)}, got {name!r}")
     from .devices import resolve_device
 
-    return resolve_device(name)
+    return resolve_device(name, "--device")
 
 
 def _print_json(obj) -> None:
@@ -146,7 +146,12 @@ def bench_decode_cmd(
                                                            "built from the size options.")] = None,
     new: Annotated[int, typer.Option(help="Tokens to decode.")] = 200,
     prefix_len: Annotated[int, typer.Option(help="Prompt length (prefilled in one forward).")] = 64,
-    kv_heads: Annotated[Optional[str], typer.Option(help="n_kv_head values and/or mla, e.g. 4,2,1,mla (default H, H/2, 1, mla).")] = None,
+    kv_heads: Annotated[Optional[str], typer.Option(help="n_kv_head values and/or mla, e.g. 4,2,1,mla (default H, H/2, "
+                                                         "1, mla).")] = None,
+    windows: Annotated[Optional[str], typer.Option(help="Sliding windows to compare, e.g. 0,16 (0 = global; "
+                                                         "default: the model's own).")] = None,
+    window_pattern: Annotated[Optional[str], typer.Option(help="L local / G global per layer, repeated (default: "
+                                                                "the model's own, L without a run).")] = None,
     d_model: Annotated[Optional[int], typer.Option(help=f"Without a run: d_model (default {SIZE_DEFAULTS['d_model']}).")] = None,
     n_layer: Annotated[Optional[int], typer.Option(help=f"Without a run: layers (default {SIZE_DEFAULTS['n_layer']}).")] = None,
     n_head: Annotated[Optional[int], typer.Option(help=f"Without a run: query heads (default {SIZE_DEFAULTS['n_head']}).")] = None,
@@ -159,9 +164,10 @@ def bench_decode_cmd(
 ):
     """Inference cost: prefill and decode tokens/s with and without the KV cache, KV bytes, memory.
 
-    Sweeps n_kv_head over MHA / GQA / MQA, then MLA (latent attention). With a run dir, its own
-    attention uses the trained weights and the others an untrained model of the same sizes (speed
-    does not need training).
+    Sweeps n_kv_head over MHA / GQA / MQA, and --windows over sliding windows, then MLA (latent
+    attention, global: a window leaves its layers be). With a run dir, its own configuration uses
+    the trained weights and the others an untrained model of the same sizes (speed does not need
+    training). KV bytes are measured from each layer's state tensors.
     """
     sizes = {"d_model": d_model, "n_layer": n_layer, "n_head": n_head, "ctx_len": ctx, "vocab_size": vocab}
     dev = _device(device)
@@ -177,7 +183,9 @@ def bench_decode_cmd(
     else:
         model_cfg = _sized_model(sizes, parts)
     heads = exams.kv_head_list(model_cfg.n_head, kv_heads)
-    out = exams.bench_decode(model_cfg, trained, heads, new, prefix_len, dev, dtype)
+    sliding = exams.window_list(windows, model_cfg.window)
+    out = exams.bench_decode(model_cfg, trained, heads, new, prefix_len, dev, dtype, windows=sliding,
+                             window_pattern=window_pattern)
     out["run_dir"] = str(run_dir) if run_dir else None
     if json_out:
         return _print_json(out)
@@ -190,7 +198,8 @@ def _render_bench(out: dict) -> None:
                         f"{m['pos_type']}, prefix {out['prefix_len']} + {out['new']} new, {out['device']} {out['dtype']}")
     memory = Table(title=f"KV cache and memory (B=1, T={out['window']})")
     for table, cols in ((speed, ("attn", "weights", "prefill tok/s", "decode cached", "uncached", "speed-up", "same")),
-                        (memory, ("attn", "KV bytes/token", "KV total", "model+cache", "peak"))):
+                        (memory, ("attn", "KV bytes/token", "KV total", "per layer", "model+cache",
+                                  "peak"))):
         for col in cols:
             table.add_column(col, justify="left" if col in ("attn", "weights") else "right")
     for r in out["rows"]:
@@ -198,27 +207,32 @@ def _render_bench(out: dict) -> None:
         speed.add_row(attn, r["weights"].split(" (")[0], f"{r['prefill_tok_s']:,.0f}", f"{r['decode_tok_s_cached']:,.0f}",
                       f"{r['decode_tok_s_uncached']:,.0f}", f"{r['speedup']:.2f}x", "yes" if r["same_output"] else "no")
         memory.add_row(attn, f"{r['kv_bytes_per_token']:,}", f"{r['kv_cache_bytes']:,} ({exams.fmt_bytes(r['kv_cache_bytes'])})",
-                       exams.fmt_bytes(r["model_cache_bytes"]), exams.fmt_bytes(r.get("peak_cuda_bytes", r.get("peak_rss_bytes"))))
+                       _layer_text(r["layer_states"], out["window"]), exams.fmt_bytes(r["model_cache_bytes"]),
+                       exams.fmt_bytes(r.get("peak_cuda_bytes", r.get("peak_rss_bytes"))))
     console.print(speed)
     console.print(memory)
     _render_long_context(out["rows"])
     cuda = "peak_cuda_bytes" in out["rows"][0]
     console.print(f"tok/s: prefill = prompt tokens / one forward; decode = greedy sample.generate forwards per second "
                   f"(window = prefix + new, no context shift); untrained = random weights of the same sizes (speed needs no "
-                  f"training). KV total = 2 x L x B x G x T x hd x bytes (MLA: L x B x (r + p) x T x bytes, the latent and the "
-                  f"shared rope key). "
+                  f"training). KV total = 2 x L x B x G x T x hd x bytes for global layers; a local (sliding-window) "
+                  f"layer holds window - 1 positions whatever T; an MLA layer L x B x (r + p) x T x bytes (the latent "
+                  f"and the shared rope key). "
                   f"peak = {'CUDA max allocated' if cuda else 'process peak RSS (whole process so far)'}.", highlight=False)
     if out["note"]:
         console.print(f"note: {out['note']}", highlight=False)
 
 
 def _attn_label(row: dict) -> str:
-    return f"MLA r+p={row['latent']}" if row["latent"] else f"{row['attention']} G={row['n_kv_head']}"
+    if row["latent"]:
+        return f"MLA r+p={row['latent']}"
+    swa = f" SWA {row['sliding_window']} {row['window_pattern']}" if row["sliding_window"] else ""
+    return f"{row['attention']} G={row['n_kv_head']}{swa}"
 
 
 def _render_long_context(rows: list[dict]) -> None:
     """Decode-state bytes at 4k and 32k positions, per layer kind, against attention in every layer."""
-    kinds = list(dict.fromkeys(k for r in rows for k in r["long_context"][0]["per_layer"]))  # attn, mla, gdn
+    kinds = list(dict.fromkeys(k for r in rows for k in r["long_context"][0]["per_layer"]))  # attn, local, mla, gdn
     table = Table(title="decode state at long contexts (B=1, formula)")
     for col in ("attn", "positions", *(f"{k} per layer" for k in kinds), "total", "attention everywhere"):
         table.add_column(col, justify="left" if col == "attn" else "right")
@@ -229,6 +243,12 @@ def _render_long_context(rows: list[dict]) -> None:
                             for k in kinds),
                           exams.fmt_bytes(at["total"]), exams.fmt_bytes(at["all_attention"]))
     console.print(table)
+
+
+def _layer_text(states: dict, window: int) -> str:
+    """'attn 256 B/token, local 3,840 B': a growing state per token, a bounded one in total."""
+    return ", ".join(f"{kind} {s['bytes']:,} B" if s["bounded"] else f"{kind} {s['bytes'] // window:,} B/token"
+                     for kind, s in states.items())
 
 
 # ----------------------------------------------------------------------------------- kv-budget
@@ -243,6 +263,10 @@ def kv_budget_cmd(
     kv_heads: Annotated[Optional[int], typer.Option(help="num_key_value_heads (default: heads).")] = None,
     head_dim: Annotated[Optional[int], typer.Option(help="head_dim (default: hidden / heads).")] = None,
     hidden: Annotated[Optional[int], typer.Option(help="hidden_size.")] = None,
+    window: Annotated[Optional[int], typer.Option(help="sliding_window of the local layers (0: none; default: "
+                                                       "the config's).")] = None,
+    window_pattern: Annotated[Optional[str], typer.Option(help="L local / G global per layer, repeated (default: "
+                                                                "the config's layer_types, else every layer).")] = None,
     kv_lora_rank: Annotated[Optional[int], typer.Option(help="MLA: kv_lora_rank, the cached latent (with --rope-dim).")] = None,
     rope_dim: Annotated[Optional[int], typer.Option(help="MLA: qk_rope_head_dim, the cached shared rope key.")] = None,
     seq: Annotated[int, typer.Option(help="Sequence length T (tokens in the cache).")] = 4096,
@@ -250,20 +274,29 @@ def kv_budget_cmd(
     dtype: Annotated[str, typer.Option(help="bf16 | fp16 | fp32 | fp8")] = "bf16",
     json_out: JsonOut = False,
 ):
-    """KV-cache budget: MHA vs the config's GQA vs MQA (vs MLA), in exact bytes and MiB/GiB (no torch)."""
+    """KV-cache budget: MHA vs the config's GQA vs MQA (vs MLA), in exact bytes and MiB/GiB (no torch).
+
+    Sliding-window layers (the config's layer_types, or --window with --window-pattern) hold at most
+    window - 1 positions each, whatever the sequence length. MLA (a DeepSeek config, or
+    --kv-lora-rank with --rope-dim) caches one latent and one rope key per token per layer.
+    """
     shape = exams.attn_shape(config, layers=layers, heads=heads, kv_heads=kv_heads, head_dim=head_dim, hidden=hidden,
-                             kv_lora_rank=kv_lora_rank, rope_dim=rope_dim)
+                             window=window, window_pattern=window_pattern, kv_lora_rank=kv_lora_rank,
+                             rope_dim=rope_dim)
     out = exams.kv_budget(shape, seq, batch, dtype)
     if json_out:
         return _print_json(out)
+    swa = f", sliding window {shape.window} on {shape.local_layers} of {shape.layers} layers" if shape.local_layers else ""
     table = Table(title=f"KV cache: {shape.layers} layers, {shape.heads} heads x {shape.head_dim}, T={seq}, "
-                        f"B={batch}, {dtype} ({shape.source})")
-    for col in ("attention", "kv heads", "bytes", "size", "per token", "vs MHA"):
+                        f"B={batch}, {dtype}{swa} ({shape.source})")
+    cols = ("attention", "kv heads", "bytes", "size", "per token", "vs MHA") + (("all global",) if swa else ())
+    for col in cols:
         table.add_column(col, justify="left" if col == "attention" else "right", no_wrap=True)
     for r in out["rows"]:
         name = f"{r['attention']} (config)" if r["is_config"] else r["attention"]
         g = str(r["kv_heads"]) if r["kv_heads"] else f"latent {shape.kv_lora_rank}+{shape.rope_dim}"
-        table.add_row(name, g, f"{r['bytes']:,}", r["human"], f"{r['bytes_per_token']:,}",
-                      "1" if r["mha_over"] == 1 else f"1/{r['mha_over']:.3g}")
+        cells = [name, g, f"{r['bytes']:,}", r["human"], f"{r['bytes_per_token']:,}",
+                 "1" if r["mha_over"] == 1 else f"1/{r['mha_over']:.3g}"]
+        table.add_row(*cells, *([exams.fmt_bytes(r["bytes_all_global"])] if swa else []))
     console.print(table)
     console.print(f"bytes = {out['formula']}", highlight=False)

@@ -11,11 +11,11 @@ from rich.table import Table
 
 from . import runs
 from .cli_app import (EXIT_FAILED, EXIT_INTERRUPTED, JsonOut, RunsDir, StopFlag, app, console, err_console,
-                      handle_errors, safe_dir)
+                      handle_errors, on_interrupt, safe_dir)
 from . import components
 from .components import label
 from .config import MAX_SEEDS, ConfigError
-from .sweep import DEFAULT_SPEC, check_data, load_spec, spec_table
+from .sweep import DEFAULT_SPEC, check_data, load_plan, spec_table
 
 MinEffect = Annotated[Optional[float], typer.Option(
     "--min-effect", min=0.0, help="The smallest gain in best val loss (nats/char) that matters for a call (default: "
@@ -107,9 +107,10 @@ class SweepDisplay:
     def __init__(self, total: int):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=err_console)
-        self.sweep = self.progress.add_task("[bold]sweep", total=total, info="")
+        self.progress = Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[info]}", markup=False), TimeElapsedColumn(),
+                                 console=err_console)
+        self.sweep = self.progress.add_task("sweep", total=total, info="")
         self.tasks: dict[str, int] = {}
         self.failed = 0
 
@@ -162,7 +163,7 @@ def ablate(
     holds at the plan's largest run, at most one per core); compiled graphs are cached once in
     RUNS_DIR/<spec>/.compile-cache for every run of the same shape.
     """
-    from .sweep import default_workers, execute, expand, parse_flips
+    from .sweep import default_workers, execute
 
     if steps is not None and steps <= 0:
         raise ConfigError(f"--steps must be > 0, got {steps}")
@@ -170,9 +171,9 @@ def ablate(
         raise ConfigError(f"--executor must be local or dask, got {executor!r}")
     if json_out and not dry_run:
         raise ConfigError("--json prints the plan: use it with --dry-run")
-    s = with_train(load_spec(spec), device=device, compile=compile or None, dtype=dtype)
-    plan = expand(s, parse_flips(flip, spec_table(s)), seeds, steps)
+    s, plan = load_plan(spec, flip, seeds, steps, device=device, compile=compile or None, dtype=dtype)
     sweep_dir = safe_dir(runs_dir) / s.name
+    runs.check_placement(sweep_dir, "sweep", "--runs-dir")  # before the plan is shown (execute checks again)
     if json_out:
         console.print_json(json.dumps(plan_json(s, plan, sweep_dir)))
         return
@@ -194,6 +195,7 @@ def ablate(
         share_compile_cache(sweep_dir, n_workers)
     live = console.is_terminal and err_console.is_terminal  # bars only where someone watches them
     display = SweepDisplay(len(plan)) if live else LineDisplay(len(plan))
+    on_interrupt(lambda: "rerun the same command to resume")  # a second signal, wherever it lands
     with StopFlag(graceful=executor == "local") as stop, display:
         summaries = execute(plan, sweep_dir, n_workers, display, sweep_name=s.name, executor=executor,
                             address=address, invocation={"spec": None if spec is None else str(spec), "flip": flip,
@@ -204,12 +206,13 @@ def ablate(
                           f"the same command to resume", highlight=False)
         raise typer.Exit(EXIT_INTERRUPTED)
     statuses = [x.get("status") for x in summaries]
+    lost = statuses.count(runs.INTERRUPTED)  # a worker killed under its run (resumable)
     err_console.print(f"{statuses.count(runs.COMPLETED)} completed, {statuses.count(runs.DIVERGED)} diverged, "
-                      f"{statuses.count(runs.FAILED)} failed of {len(plan)} runs in {sweep_dir}", highlight=False,
-                      soft_wrap=True)
+                      f"{statuses.count(runs.FAILED)} failed" + (f", {lost} interrupted (rerun to resume)" if lost else "")
+                      + f" of {len(plan)} runs in {sweep_dir}", highlight=False, soft_wrap=True)
     if not no_report:
         _write_report(sweep_dir, None, ("md", "html", "csv", "json"), min_effect=min_effect)
-    if runs.FAILED in statuses:
+    if runs.FAILED in statuses or lost:
         raise typer.Exit(EXIT_FAILED)
 
 
@@ -234,14 +237,6 @@ def _time(plan, sweep_dir: Path, workers: int, steps: int, rounds: int) -> None:
     console.print(f"timing: {path}", highlight=False, markup=False, soft_wrap=True)
     if runs.find_runs(sweep_dir):
         _write_report(sweep_dir, None, ("md", "html", "csv", "json"))
-
-
-def with_train(spec, **overrides):
-    """The spec with base.train fields overridden (None = keep the spec's), validated again."""
-    from .config import AblationSpec, apply_overrides, validate
-
-    sets = {f"base.train.{k}": v for k, v in overrides.items() if v is not None}
-    return validate(AblationSpec, apply_overrides(spec.model_dump(mode="json"), sets)) if sets else spec
 
 
 def sweep_workers(plan, vocab: dict, cpu_default: int) -> int:
@@ -343,8 +338,9 @@ REFERENCE_SIZE = {"vocab_size": 1719, "d_model": 128, "n_layer": 4, "n_head": 4,
 
 def param_change(c, end_on: bool) -> int | None:
     """Parameters the component adds (negative: removes) at the published size, from the 2017 end
-    (end_on False) or the LLaMA end; None for a component that does not touch the model."""
-    from .config import ModelConfig
+    (end_on False) or the LLaMA end; None for a component that does not touch the model, or (a
+    spec's own) cannot be placed at that size (n_head = 3 does not divide d_model 128)."""
+    from .config import ModelConfig, validate
 
     if not any(k.startswith("model.") for k in c.keys):
         return None
@@ -353,7 +349,10 @@ def param_change(c, end_on: bool) -> int | None:
     counts = []
     for state in (True, False):
         settings = {k.removeprefix("model."): v for k, v in c.settings(state, flat).items() if k.startswith("model.")}
-        counts.append(ModelConfig.model_validate(model | settings).num_params())
+        try:
+            counts.append(validate(ModelConfig, model | settings).num_params())
+        except ConfigError:
+            return None
     return counts[0] - counts[1]
 
 
@@ -367,7 +366,9 @@ def components_cmd(
     """The component table: name, off -> on settings, what it changes in parameters, source."""
     from .textable import table, width, wrap
 
-    table_ = spec_table(load_spec(spec)) if spec is not None else dict(components.BY_NAME)
+    table_ = dict(components.BY_NAME)
+    if spec is not None:  # validated exactly as ablate validates it, plan included
+        table_ = spec_table(load_plan(spec)[0])
     rows = []
     for c in table_.values():
         rows.append(components.record(c) | {
@@ -393,6 +394,7 @@ def change_text(c) -> str:
     """'norm_type: layernorm -> rmsnorm' (one key), else the settings in full."""
     if len(c.keys) == 1:
         key = c.keys[0]
-        off = "(base)" if c.off is None else c.off[key] if c.off[key] != "" else "''"  # gdn_pattern's off
+        off = c.off.get(key, "(base)") if c.off else "(base)"
+        off = "''" if off == "" else off  # gdn_pattern's off
         return f"{key.removeprefix('model.')}: {off} -> {c.on[key]}"
     return f"{c.describe('off')} -> {c.describe('on')}"

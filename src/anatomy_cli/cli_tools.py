@@ -11,8 +11,9 @@ import typer
 from rich.table import Table
 
 from .cli_sweep import SweepDisplay
-from .cli_app import EXIT_FAILED, JsonOut, RunsDir, StopFlag, safe_dir, app, console, err_console, handle_errors
-from .sweep import experiments_dir, load_spec
+from .cli_app import (EXIT_FAILED, JsonOut, RunsDir, app, console, err_console, handle_errors, safe_dir,
+                      styled)
+from .sweep import experiments_dir, load_plan
 from .config import ConfigError
 
 CI_SPEC = "ci-regression.toml"
@@ -36,62 +37,61 @@ def check(
 
     if tolerance is not None and not math.isfinite(tolerance):
         raise ConfigError(f"--tolerance must be a finite number >= 0, got {tolerance}")
-    s = load_spec(spec or experiments_dir() / CI_SPEC)
+    s, plan = load_plan(spec or experiments_dir() / CI_SPEC, seeds=update_seeds if update else None)
     if update:
-        return _update(s, baseline, runs_dir, workers, update_seeds)
+        return _update(s, plan, baseline, runs_dir, workers, update_seeds)
     base = gate.load_baseline(baseline) if baseline.exists() else None
     if base is None:
         raise gate.BaselineError(f"baseline not found: {baseline} (create it with --update)")
-    sweep_dir = from_runs or _run_spec(s, runs_dir, workers)
+    sweep_dir = from_runs or _run_spec(s, plan, runs_dir, workers)
     rows = gate.compare(base, gate.collect(sweep_dir), tolerance)
-    warnings = gate.environment_warnings(base, *_environment())
+    warnings = gate.environment_warnings(base, *_environment(), rows)
     if json_out:
         console.print_json(json.dumps({"passed": gate.passed(rows), "rows": rows, "warnings": warnings,
                                        "failures": gate.failure_lines(rows)}))
         raise typer.Exit(0 if gate.passed(rows) else EXIT_FAILED)
     for line in warnings:
-        err_console.print(f"[bold yellow]warning:[/] {line}", highlight=False, soft_wrap=True)
+        err_console.print(styled("warning:", "bold yellow", f" {line}"), highlight=False, soft_wrap=True)
     console.print(check_table(rows, baseline))
     if not gate.passed(rows):
         bad = ", ".join(f"{r['config']} ({r['verdict'].lower()})" for r in rows if r["verdict"] != gate.OK)
-        console.print(f"[bold red]regression gate failed:[/] {bad}", highlight=False)
+        console.print(styled("regression gate failed:", "bold red", f" {bad}"), highlight=False)
         for line in gate.failure_lines(rows):
             console.print(f"  {line}", highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_FAILED)
-    console.print(f"[bold green]regression gate passed[/] ({len(rows)} configs)")
+    console.print(styled("regression gate passed", "bold green", f" ({len(rows)} configs)"))
 
 
-def _environment() -> tuple[str, str]:
-    """(torch version, machine) as `check --update` records them in a baseline."""
+def _environment() -> tuple[str, str, str | None]:
+    """(torch version, machine, CPU capability) as `check --update` records them in a baseline."""
     import torch
 
-    from .train import hardware
+    from .devices import cpu_capability, hardware
 
-    return torch.__version__, hardware(torch.device("cpu"))
+    return torch.__version__, hardware(torch.device("cpu")), cpu_capability()
 
 
-def _run_spec(s, runs_dir: Path, workers: int | None, seeds: int | None = None) -> Path:
-    from .sweep import default_workers, execute, expand
+def _run_spec(s, plan, runs_dir: Path, workers: int | None) -> Path:
+    from .sweep import default_workers, execute
 
-    plan = expand(s, seeds=seeds)
     sweep_dir = safe_dir(runs_dir) / s.name
     display = SweepDisplay(len(plan))
-    with StopFlag(graceful=False), display.progress:  # SIGTERM/SIGHUP unwind like Ctrl-C: exit 130, lock freed
+    with display.progress:  # SIGTERM/SIGHUP unwind like Ctrl-C (handle_errors): exit 130, workers end, lock freed
         execute(plan, sweep_dir, workers or default_workers(len(plan)), display, sweep_name=s.name)
     return sweep_dir
 
 
-def _update(s, baseline: Path, runs_dir: Path, workers: int | None, seeds: int) -> None:
+def _update(s, plan, baseline: Path, runs_dir: Path, workers: int | None, seeds: int) -> None:
     from . import check as gate
     from .runs import atomic_write_json
 
-    sweep_dir = _run_spec(s, runs_dir, workers, seeds)
+    sweep_dir = _run_spec(s, plan, runs_dir, workers)
     results = gate.collect(sweep_dir)
     data = gate.build_baseline(results, s.base.seed, s.name, *_environment())
     baseline.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(baseline, data)
-    console.print(f"[bold yellow]baseline rewritten[/]: {baseline} ({len(data['configs'])} configs, "
-                  f"{seeds} seeds each; commit it with a message saying why the numbers moved)")
+    console.print(styled("baseline rewritten", "bold yellow", f": {baseline} ({len(data['configs'])} configs, {seeds} "
+                         f"seeds each; commit it with a message saying why the numbers moved)"), highlight=False)
 
 
 def check_table(rows: list[dict], baseline: Path) -> Table:
@@ -103,7 +103,7 @@ def check_table(rows: list[dict], baseline: Path) -> Table:
         fmt = lambda v, sign="": "-" if v is None else f"{v:{sign}.4f}"  # noqa: E731
         same = {True: "yes", False: "no"}.get(r.get("identical"), "-")
         table.add_row(r["config"], fmt(r["baseline"]), fmt(r["now"]), fmt(r["delta"], "+"), fmt(r["allowed"]),
-                      same, f"[{style}]{r['verdict']}[/]")
+                      same, styled(r["verdict"], style))
     return table
 
 
@@ -119,11 +119,10 @@ def export(
     """Export a run as a Hugging Face LlamaForCausalLM folder (loads with from_pretrained, offline)."""
     if to != "hf":
         raise ConfigError(f"--to {to!r} is not supported; only 'hf'")
-    from .export import ExportError, export_hf
+    if weights not in ("best", "last"):
+        raise ConfigError(f"--weights must be best or last, got {weights!r}")
+    from .export import export_hf
 
-    try:
-        info = export_hf(run_dir, out_dir, weights, overwrite=overwrite)
-    except ExportError as err:
-        raise ConfigError(str(err)) from None
+    info = export_hf(run_dir, out_dir, weights, overwrite=overwrite)
     console.print(f"exported {info['label']} ({info['params']:,} params) -> {info['out_dir']}: "
                   f"{', '.join(Path(f).name for f in info['files'])}", highlight=False)

@@ -21,13 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
-
-from .config import ConfigError, DataConfig, ModelConfig, TrainConfig
-
-SECTIONS = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig}
+from .config import SECTIONS, ConfigError, ModelConfig, validate_field
 
 
 @dataclass(frozen=True)
@@ -60,6 +56,9 @@ class Follows:
         return f"{self.value} (< {short})" if self.value is not None else f"{short}/2"
 
 
+LLAMA_STATES = ("on", "off", "either")
+
+
 @dataclass(frozen=True)
 class Component:
     name: str
@@ -68,9 +67,16 @@ class Component:
     on: Mapping[str, Any]
     off: Mapping[str, Any] | None = None  # None: the base's values
     family: str = ""  # "llama": one of the five parts of the 2017 -> LLaMA question
-    llama: str = "either"  # in an HF LlamaForCausalLM this part must be: "on" | "off" | "either"
     origin: str = "built-in"  # or the spec file that declared it
     parts: tuple[str, str] = ("", "")  # human names of the off and on parts, for messages
+    # In an HF LlamaForCausalLM this part must be "on" | "off" | "either". Required, with no default:
+    # a row that forgot it would export a Llama that silently ignores the part (export.py reads it).
+    llama: str = field(kw_only=True)
+
+    def __post_init__(self) -> None:
+        if self.llama not in LLAMA_STATES:
+            raise ValueError(f"component {self.name}: llama must be one of {', '.join(LLAMA_STATES)}, "
+                             f"got {self.llama!r}")
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -91,7 +97,7 @@ class Component:
 
     def describe(self, which: str) -> str:
         chosen = self.on if which == "on" else self.off
-        if chosen is None:
+        if not chosen:  # None or {}: off is whatever the base has
             return "(the base's)"
         return ", ".join(f"{k.removeprefix('model.')}={_show(v)}" for k, v in chosen.items())
 
@@ -130,18 +136,19 @@ BUILTINS: tuple[Component, ...] = (
               family="llama", llama="on", parts=("GELU FFN", "SwiGLU")),
     Component("gqa", "grouped-query attention: fewer K/V heads than query heads",
               "Ainslie et al. 2023; LLaMA 2", on={"model.n_kv_head": Follows("model.n_head", less=True)},
-              off={"model.n_kv_head": Follows("model.n_head")}, family="llama", parts=("MHA", "GQA")),
+              off={"model.n_kv_head": Follows("model.n_head")}, family="llama", llama="either",
+              parts=("MHA", "GQA")),
     Component("qknorm", "RMSNorm over head_dim on Q and K of every head, before RoPE",
-              "OLMo 2; Qwen3; Gemma 3", on={"model.qk_norm": True}, off={"model.qk_norm": False},
-              llama="off", parts=("no QK-norm", "QK-norm")),
+              "Qwen3; Gemma 3 (OLMo 2 norms the whole Q and K projections instead)", on={"model.qk_norm": True},
+              off={"model.qk_norm": False}, llama="off", parts=("no QK-norm", "QK-norm")),
     Component("tied", "the LM head shares the embedding matrix", "GPT-2 (Radford et al. 2019); Gemma",
-              on={"model.tie_embeddings": True}, off={"model.tie_embeddings": False},
+              on={"model.tie_embeddings": True}, off={"model.tie_embeddings": False}, llama="either",
               parts=("untied head", "tied embeddings")),
     Component("parallel", "attention and FFN read one normed input and add to the residual together",
               "GPT-J (Wang & Komatsuzaki 2021); PaLM (Chowdhery et al. 2022)", on={"model.parallel_block": True},
               off={"model.parallel_block": False}, llama="off", parts=("sequential block", "parallel block")),
     Component("zloss", "auxiliary z-loss 1e-4 * log^2 Z on the softmax normaliser (training only)",
-              "PaLM (Chowdhery et al. 2022)", on={"train.z_loss": 1e-4}, off={"train.z_loss": 0.0},
+              "PaLM (Chowdhery et al. 2022)", on={"train.z_loss": 1e-4}, off={"train.z_loss": 0.0}, llama="either",
               parts=("no z-loss", "z-loss")),
     Component("softcap", "final-logit soft-capping 30 * tanh(logits / 30)", "Gemma 2 (2024)",
               on={"model.logit_softcap": 30.0}, off={"model.logit_softcap": 0.0}, llama="off",
@@ -153,6 +160,13 @@ BUILTINS: tuple[Component, ...] = (
               "no positions", "Yang, Kautz & Hatamizadeh 2025 (ICLR); Qwen3-Next",
               on={"model.gdn_pattern": "DDDA"}, off={"model.gdn_pattern": ""}, llama="off",
               parts=("attention in every layer", "Gated DeltaNet hybrid")),
+    # window 16 of the default study's ctx 64; 3 local : 1 global, the global layer last in its group
+    # as in Gemma 3's 5 : 1 (4 layers take no 5 : 1), so one layer still reads the whole context
+    Component("swa", "sliding-window attention: 3 of 4 layers see only their 16 latest positions",
+              "Beltagy et al. 2020; Mistral 7B (Jiang et al. 2023); Gemma 2, Gemma 3",
+              on={"model.window": 16, "model.window_pattern": "LLLG"},
+              off={"model.window": 0, "model.window_pattern": "L"}, llama="off",
+              parts=("global attention", "sliding-window attention")),
     Component("mla", "multi-head latent attention: K and V rebuilt from a cached d/2 latent plus one shared "
               "RoPE key (replaces the K/V heads, so n_kv_head is unused)", "DeepSeek-V2 (2024); DeepSeek-V3",
               on={"model.attn_type": "mla"}, off={"model.attn_type": "softmax"}, llama="off",
@@ -215,32 +229,33 @@ def label(cfg: Any, components: Iterable[Component] = BUILTINS) -> str:
 
 
 def from_spec(name: str, spec: Mapping[str, Any], origin: str) -> Component:
-    """A component declared in a spec's [components.NAME] table, validated like a built-in."""
+    """A component declared in a spec's [components.NAME] table, validated like a built-in.
+
+    Each value is checked against its field's own type and bounds, and kept as that field holds it
+    (`qk_norm = "yes"` is kept as True, as the config would read it), so states compare like with
+    like. `off = {}` means what leaving `off` out means: the base's values.
+    """
     if name in BY_NAME:
         raise ConfigError(f"components.{name}: a built-in component has this name; choose another")
     on, off = dict(spec.get("on") or {}), spec.get("off")
     if not on:
         raise ConfigError(f"components.{name}.on: give at least one dotted setting, e.g. \"train.weight_decay\" = 0.0")
-    for which, settings in (("on", on), ("off", off or {})):
-        for key, value in settings.items():
-            check_setting(f"components.{name}.{which}", key, value)
-    if off is not None and dict(off) == on:
+    on = {key: check_setting(f"components.{name}.on", key, value) for key, value in on.items()}
+    if off is not None:
+        off = {key: check_setting(f"components.{name}.off", key, value) for key, value in off.items()}
+    if off is not None and off == on:
         raise ConfigError(f"components.{name}: on and off are the same settings")
-    return Component(name, spec.get("about") or "", spec.get("source") or "", on,
-                     dict(off) if off is not None else None, origin=origin)
+    return Component(name, spec.get("about") or "", spec.get("source") or "", on, off, origin=origin, llama="either")
 
 
-def check_setting(where: str, key: str, value: Any) -> None:
-    """A dotted key must name a field of model, train or data, and the value must validate."""
+def check_setting(where: str, key: str, value: Any) -> Any:
+    """A dotted key must name a field of model, train or data, and the value must validate against
+    that field's own type and bounds (cross-field checks run when the plan validates each run).
+    Returns the value as the config holds it (JSON form)."""
     section, _, fld = key.partition(".")
-    cls = SECTIONS.get(section)
-    if cls is None or not fld or fld not in cls.model_fields:
+    if section not in SECTIONS or fld not in SECTIONS[section].model_fields:
         raise ConfigError(f"{where}: {key!r} is not a field of model, train or data (e.g. model.qk_norm)")
-    info = cls.model_fields[fld]
-    try:  # the field's own type and bounds; cross-field checks run when the plan validates each run
-        TypeAdapter(Annotated[info.annotation, *info.metadata]).validate_python(value)
-    except ValidationError as err:
-        raise ConfigError(f"{where}.{key}: {err.errors()[0]['msg']}") from None
+    return validate_field(key, value, f"{where}.{key}")
 
 
 def table(declared: Mapping[str, Any] | None = None, origin: str = "spec", gqa_kv_head: int | None = None
@@ -287,7 +302,8 @@ def from_record(row: Mapping[str, Any]) -> Component:
     if row.get("origin", "built-in") == "built-in" and row["name"] in BY_NAME:
         return BY_NAME[row["name"]]
     return Component(row["name"], row.get("about", ""), row.get("source", ""), dict(row["on"]),
-                     None if row.get("off") is None else dict(row["off"]), origin=row.get("origin", "spec"))
+                     None if row.get("off") is None else dict(row["off"]), origin=row.get("origin", "spec"),
+                     llama="either")  # export reads built-in rows only
 
 
 @dataclass(frozen=True)

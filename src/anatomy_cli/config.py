@@ -6,13 +6,16 @@ is frozen and rejects unknown keys, so a typo in a spec is an error, not a silen
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+
+from .errors import InputError
 
 NormType = Literal["layernorm", "rmsnorm"]
 NormPos = Literal["post", "pre"]
@@ -32,13 +35,50 @@ GDN_CHUNK = 16
 MAX_SIZE = 2**31 - 1
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """A spec or option that does not validate; the message is one line per problem."""
 
 
 class _Frozen(BaseModel):
     # allow_inf_nan=False: `lr = inf` or `rope_base = nan` is a typo or an attack, never a setting.
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+# The mark of a field added after runs already existed (every field not in the first set of the
+# run-id hash): at its default, which must reproduce the earlier model exactly, the field stays out
+# of the hash (runs.config_hash), so a finished run keeps its id and a rerun skips it. Set on the
+# field itself: `name: type = new(default, **bounds)`. tests/test_run_ids.py fails for a new field
+# without it, and pins the ids of every shipped spec.
+NEW = {"hash": "omit-at-default"}
+# The mark of a field that never changes a run's results (when to checkpoint): out of the hash at any value.
+NO_RESULT = {"hash": "omit"}
+ANY = "any value"  # hash_neutral's entry for a NO_RESULT field
+
+
+def new(default: Any, **bounds: Any) -> Any:
+    """Field(default, **bounds) with the NEW mark: `qk_norm: bool = new(False)`."""
+    return Field(default=default, json_schema_extra=NEW, **bounds)
+
+
+def no_result(default: Any, **bounds: Any) -> Any:
+    """Field(default, **bounds) with the NO_RESULT mark: `checkpoint_every: int | None = no_result(None)`."""
+    return Field(default=default, json_schema_extra=NO_RESULT, **bounds)
+
+
+@functools.cache
+def hash_neutral(cls: type[BaseModel] | None = None) -> dict[str, Any]:
+    """{section: {field: default}} of the NEW-marked fields of RunConfig (or of `cls`), read from the
+    config classes: the fields runs.config_hash leaves out while they hold their default (ANY for the
+    NO_RESULT-marked ones, left out at every value)."""
+    out: dict[str, Any] = {}
+    for name, info in (cls or RunConfig).model_fields.items():
+        if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
+            out[name] = hash_neutral(info.annotation)
+        elif info.json_schema_extra == NEW:
+            out[name] = info.default
+        elif info.json_schema_extra == NO_RESULT:
+            out[name] = ANY
+    return {k: v for k, v in out.items() if v != {}}
 
 
 # Every seed torch.manual_seed accepts; past these it raises an overflow deep inside a run.
@@ -83,10 +123,11 @@ MLA_SIZES: tuple[str, ...] = MlaDims._fields
 class ModelConfig(_Frozen):
     """Sizes and the component switches (see components.py). Defaults are the 2017 Transformer's parts.
 
-    The last four switches are post-LLaMA parts, each off by default (off = today's model exactly):
-    qk_norm (RMSNorm of each head's Q and K, OLMo 2 / Qwen3 / Gemma 3), tie_embeddings (head = token
-    embedding, GPT-2 / Gemma), parallel_block (attention and FFN side by side, GPT-J / PaLM) and
-    logit_softcap (c * tanh(logits / c), Gemma 2). pos_type="nope" is NoPE (no positions at all).
+    The switches after rope_variant are post-LLaMA parts, each off by default (off = today's model
+    exactly): qk_norm (RMSNorm of each head's Q and K, Qwen3 / Gemma 3; OLMo 2 norms the whole Q and
+    K projections instead), tie_embeddings (head = token embedding, GPT-2 / Gemma), parallel_block
+    (attention and FFN side by side, GPT-J / PaLM), logit_softcap (c * tanh(logits / c), Gemma 2) and
+    window (sliding-window attention, Mistral / Gemma 2-3). pos_type="nope" is NoPE (no positions at all).
     """
 
     vocab_size: int | None = Field(default=None, gt=0, le=MAX_SIZE)  # None: taken from the data at train time
@@ -102,26 +143,32 @@ class ModelConfig(_Frozen):
     rope_base: float = Field(default=10000.0, gt=0)
     norm_eps: float = Field(default=1e-5, gt=0)
     rope_variant: RopeVariant = "standard"
-    qk_norm: bool = False  # RMSNorm over head_dim on Q and K before RoPE (qknorm)
-    tie_embeddings: bool = False  # the LM head shares the embedding matrix (tied)
-    parallel_block: bool = False  # attention and FFN read one normed input (parallel)
-    logit_softcap: float = Field(default=0.0, ge=0)  # c * tanh(logits / c); 0 = off (softcap)
+    qk_norm: bool = new(False)  # RMSNorm over head_dim on Q and K before RoPE (qknorm)
+    tie_embeddings: bool = new(False)  # the LM head shares the embedding matrix (tied)
+    parallel_block: bool = new(False)  # attention and FFN read one normed input (parallel)
+    logit_softcap: float = new(0.0, ge=0)  # c * tanh(logits / c); 0 = off (softcap)
     # Gated DeltaNet hybrid (gdn, model/gdn.py): "" = attention everywhere; else one letter per layer,
     # D Gated DeltaNet, A softmax attention, repeated over the stack ("DDDA": Qwen3-Next's 3 : 1).
     # The head sizes default from the attention's (see gdn_shape); gdn_conv is the short conv's kernel.
-    gdn_pattern: str = Field(default="", max_length=1024)
-    gdn_heads: int | None = Field(default=None, gt=0, le=MAX_SIZE)  # value heads; None: n_head
-    gdn_key_heads: int | None = Field(default=None, gt=0, le=MAX_SIZE)  # None: gdn_heads / 2 when even
-    gdn_head_dim: int | None = Field(default=None, gt=0, le=MAX_SIZE)  # d_k = d_v; None: head_dim
-    gdn_conv: int = Field(default=4, gt=0, le=64)
+    gdn_pattern: str = new("", max_length=1024)
+    gdn_heads: int | None = new(None, gt=0, le=MAX_SIZE)  # value heads; None: n_head
+    gdn_key_heads: int | None = new(None, gt=0, le=MAX_SIZE)  # None: gdn_heads / 2 when even
+    gdn_head_dim: int | None = new(None, gt=0, le=MAX_SIZE)  # d_k = d_v; None: head_dim
+    gdn_conv: int = new(4, gt=0, le=64)
+    # Sliding-window attention (swa): a local layer's query sees its `window` latest positions,
+    # itself included (Mistral's sliding_window; transformers' mask keeps kv > q - window). 0 = off:
+    # every layer global, and window_pattern is not used. window_pattern: one letter per layer,
+    # L local, G global, repeated over the stack ("L": Mistral; "LLLLLG": Gemma 3; "LG": Gemma 2).
+    window: int = new(0, ge=0, le=MAX_SIZE)
+    window_pattern: str = new("L", max_length=1024)
     # Multi-head latent attention (mla). Its five sizes keep HF DeepseekV3Config's names; None (the
     # default) derives each from d_model and head_dim (see mla_dims), and they are mla-only settings.
-    attn_type: AttnType = "softmax"
-    q_lora_rank: int | None = Field(default=None, gt=0, le=MAX_SIZE)
-    kv_lora_rank: int | None = Field(default=None, gt=0, le=MAX_SIZE)
-    qk_rope_head_dim: int | None = Field(default=None, gt=0, le=MAX_SIZE)
-    qk_nope_head_dim: int | None = Field(default=None, gt=0, le=MAX_SIZE)
-    v_head_dim: int | None = Field(default=None, gt=0, le=MAX_SIZE)
+    attn_type: AttnType = new("softmax")
+    q_lora_rank: int | None = new(None, gt=0, le=MAX_SIZE)
+    kv_lora_rank: int | None = new(None, gt=0, le=MAX_SIZE)
+    qk_rope_head_dim: int | None = new(None, gt=0, le=MAX_SIZE)
+    qk_nope_head_dim: int | None = new(None, gt=0, le=MAX_SIZE)
+    v_head_dim: int | None = new(None, gt=0, le=MAX_SIZE)
 
     @model_validator(mode="after")
     def _check_shapes(self) -> ModelConfig:
@@ -140,6 +187,10 @@ class ModelConfig(_Frozen):
         k_heads, v_heads, _ = self.gdn_shape
         if v_heads % k_heads:
             raise ValueError(f"gdn_key_heads={k_heads} must divide gdn_heads={v_heads}")
+        check_pattern("window_pattern", self.window_pattern, "LG", self.n_layer)
+        if self.window > self.ctx_len:
+            raise ValueError(f"window={self.window} is larger than ctx_len={self.ctx_len}: it would never "
+                             f"bind in training (window=0 is global attention)")
         self._check_mla()
         return self
 
@@ -203,14 +254,19 @@ class ModelConfig(_Frozen):
         its module, mixer_params to its parameters, state_bytes to its decode state).
 
         "attn": global causal softmax attention (MHA/GQA/MQA by n_kv_head), or "mla" in its place
-        (attn_type='mla', model/mla.py); "gdn": Gated DeltaNet where gdn_pattern says D. A part that
-        changes what a layer is adds its kind here, decided by its own fields (a layer pattern, see
-        repeat_pattern), and one entry in each of those three tables.
+        (attn_type='mla', model/mla.py); "gdn": Gated DeltaNet where gdn_pattern says D; "local":
+        softmax attention within a sliding window where window_pattern says L (swa; a window leaves
+        mla layers global). A part that changes what a layer is adds its kind here, decided by its
+        own fields (a layer pattern, see repeat_pattern), and one entry in each of those three tables.
         """
         kinds = ["mla" if self.attn_type == "mla" else "attn"] * self.n_layer
         if self.gdn_pattern:
             pattern = repeat_pattern(self.gdn_pattern, self.n_layer)
             kinds = ["gdn" if letter == "D" else kind for letter, kind in zip(pattern, kinds)]
+        if self.window:  # swa: softmax attention turns local where the pattern says L
+            pattern = repeat_pattern(self.window_pattern, self.n_layer)
+            kinds = ["local" if letter == "L" and kind == "attn" else kind
+                     for letter, kind in zip(pattern, kinds)]
         return tuple(kinds)
 
     def num_params(self) -> int:
@@ -237,7 +293,7 @@ class ModelConfig(_Frozen):
 
     def mixer_params(self, kind: str) -> int:
         """One token mixer of `kind` (see layer_kinds): each kind's exact term."""
-        if kind == "attn":
+        if kind in ("attn", "local"):  # a window changes which keys a query sees, not the weights
             d, hd = self.d_model, self.head_dim
             qkv_out = d * (self.n_head + 2 * self.n_kv_head) * hd + self.n_head * hd * d
             qk_norm = 2 * hd if self.qk_norm else 0  # one RMSNorm weight for Q, one for K, shared by heads
@@ -264,15 +320,23 @@ class ModelConfig(_Frozen):
         return self.d_model * (2 if self.norm_type == "layernorm" else 1)
 
     @property
+    def max_positions(self) -> int | None:
+        """The longest sequence the model has positions for: a learned table ends at ctx_len; RoPE
+        and NoPE have nothing that ends (None = unbounded; how well they do past ctx_len is eval's)."""
+        return self.ctx_len if self.pos_type == "learned" else None
+
+    @property
     def position_params(self) -> int:
         return self.ctx_len * self.d_model if self.pos_type == "learned" else 0  # RoPE, NoPE: none
 
     def state_bytes(self, kind: str, batch: int, max_len: int, bytes_per_elem: int) -> int:
         """Decode-state bytes of one layer of `kind` for `max_len` positions (tests pin it to the
-        tensors new_state allocates). attn: K and V of every position, 2 B G T hd. gdn: whatever
-        max_len, the conv's last K-1 inputs and the memory [Hv, hd, hd], kept in fp32 at least."""
-        if kind == "attn":
-            return 2 * batch * self.n_kv_head * max_len * self.head_dim * bytes_per_elem
+        tensors new_state allocates). attn: K and V of every position, 2 B G T hd. local: of the
+        window - 1 latest only (the query itself is the window's last key), whatever max_len. gdn:
+        whatever max_len, the conv's last K-1 inputs and the memory [Hv, hd, hd], kept in fp32 at least."""
+        kept = {"attn": max_len, "local": self.window - 1}
+        if kind in kept:
+            return 2 * batch * self.n_kv_head * kept[kind] * self.head_dim * bytes_per_elem
         if kind == "gdn":
             Hk, Hv, hd = self.gdn_shape
             conv = (self.gdn_conv - 1) * (2 * Hk + Hv) * hd * bytes_per_elem
@@ -288,11 +352,13 @@ class ModelConfig(_Frozen):
 
     def context_flops(self, kind: str) -> int:
         """Training FLOPs per token of a mixer beyond its weight matmuls: attention's scores and
-        weighted sum over ctx_len keys, 6 ctx d (the 2 n_ctx d_attn of Kaplan et al. 2020, x3).
+        weighted sum over ctx_len keys, 6 ctx d (the 2 n_ctx d_attn of Kaplan et al. 2020, x3); a
+        local layer's query reads window keys at most.
         gdn, per value head and chunk width C: the three C-wide products (k.k, q.k, scores.u), the
         triangular solve (C/2 rows of d_k + d_v) and the memory's read, correction and write."""
-        if kind == "attn":
-            return 6 * self.ctx_len * self.d_model
+        keys = {"attn": self.ctx_len, "local": self.window}
+        if kind in keys:
+            return 6 * keys[kind] * self.d_model
         if kind == "gdn":
             _, Hv, hd = self.gdn_shape
             C = min(GDN_CHUNK, self.ctx_len)
@@ -336,7 +402,7 @@ class TrainConfig(_Frozen):
     grad_clip: float = Field(default=1.0, ge=0)  # 0 disables clipping (the norm is still logged)
     # PaLM's auxiliary z-loss (Chowdhery et al. 2022 used 1e-4): + z_loss * mean(logsumexp(logits)^2)
     # on the training loss only; 0 = off. Keeps log Z near 0 so the softmax stays well-conditioned.
-    z_loss: float = Field(default=0.0, ge=0)
+    z_loss: float = new(0.0, ge=0)
     eval_interval: int = Field(default=100, gt=0)
     eval_batches: int = Field(default=8, gt=0, le=MAX_SIZE)
     log_interval: int = Field(default=10, gt=0)  # train-loss/grad-norm lines are flushed this often
@@ -347,6 +413,10 @@ class TrainConfig(_Frozen):
     # torch.compile mode: "reduce-overhead" captures CUDA graphs (small models on a GPU are launch-bound)
     compile_mode: Literal["default", "reduce-overhead", "max-autotune"] = "default"
     threads: int | None = Field(default=None, gt=0, le=4096)  # torch intra-op threads; None = torch default
+    # Checkpoints (resume.pt) every N steps and/or every M minutes; with neither, at every evaluation.
+    # A killed run resumes from the last one. They never change results, so they never change a run id.
+    checkpoint_every: int | None = no_result(None, gt=0)
+    checkpoint_minutes: float | None = no_result(None, gt=0)
     sample_prefix: str = "## "
     sample_temp: float = Field(default=0.8, ge=0)
     sample_len: int = Field(default=300, ge=0)
@@ -355,7 +425,7 @@ class TrainConfig(_Frozen):
 class DataConfig(_Frozen):
     # A UTF-8 text file, a directory of .md/.txt files, a directory written by `anatomy prepare`,
     # or None for the embedded default corpus. Relative paths resolve against the spec's folder.
-    source: str | None = None
+    source: str | None = Field(default=None, min_length=1)  # "" would read the working directory
     val_frac: float = Field(default=0.1, gt=0, lt=1)
 
 
@@ -445,6 +515,25 @@ def format_validation_error(err: ValidationError, prefix: str = "") -> str:
             msg = "unknown key"
         lines.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(lines)
+
+
+SECTIONS: dict[str, type[_Frozen]] = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig}
+
+
+def validate_field(key: str, value: Any, name: str | None = None) -> Any:
+    """One setting ('train.device') checked against its field's own type and bounds alone (cross-field
+    checks need the whole config); returns the value as the config holds it (JSON form). An error
+    names `name`: the option or spec key the user wrote ('--device', 'components.x.on.train.device')."""
+    section, _, fld = key.partition(".")
+    info = SECTIONS[section].model_fields[fld]
+    # The FieldInfo carries the bounds (none for a bool or a Literal); the section's config says
+    # whether inf/nan are numbers (they are not, for every section).
+    allow = SECTIONS[section].model_config.get("allow_inf_nan", True)
+    adapter = TypeAdapter(Annotated[info.annotation, info], config=ConfigDict(allow_inf_nan=allow))
+    try:
+        return adapter.dump_python(adapter.validate_python(value), mode="json")
+    except ValidationError as err:
+        raise ConfigError(f"{name or key}: {err.errors()[0]['msg']}") from None
 
 
 def validate(cls: type[_Frozen], data: dict, prefix: str = "") -> Any:

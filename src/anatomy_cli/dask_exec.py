@@ -18,17 +18,19 @@ from pathlib import Path
 from . import runs
 from .config import ConfigError
 from .jobs import Job, run_job
+from .errors import InputError
 
 CorpusFiles = dict[str, bytes]  # file name -> bytes of a prepared corpus folder
 
 
-class ExecutorError(RuntimeError):
+class ExecutorError(InputError):
     """The cluster cannot be reached or a worker lacks anatomy."""
 
 
 def corpus_files(source: str, val_frac: float, ctx_len: int) -> CorpusFiles:
     """The corpus of `source` as a prepared folder's files: what local training would read, as bytes."""
-    from .data import load_corpus, save_corpus
+    from .data import load_corpus
+    from .prepared import save_corpus
 
     corpus = load_corpus(source, val_frac, ctx_len)
     with tempfile.TemporaryDirectory(prefix="anatomy-ship-") as tmp:

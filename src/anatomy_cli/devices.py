@@ -1,6 +1,7 @@
 """Where tensors live and at what precision: every device decision of training, evaluation and sampling.
 
   resolve_device     'auto' | 'cpu' | 'cuda' | 'mps' -> torch.device (auto: CUDA, then MPS, then CPU)
+  require_memory     refuse, with the estimate, what cannot fit in the device's free memory
   to_device          a host batch -> the model's device (pinned, non-blocking copy on CUDA)
   autocast           the run's dtype as a context: bf16 autocast, or nothing at all for fp32
   configure          per-device numerics set once per run (TF32 matmuls on CUDA)
@@ -8,6 +9,8 @@
   sdpa_kernel        which scaled_dot_product_attention kernel family the run's shapes dispatch to
   compile_model      torch.compile with a fresh dynamo cache per run
   share_compile_cache / default_workers   concurrent sweep runs sharing one GPU
+  hardware / cpu_capability   what a run ran on: the device's name, the CPU's vector instruction set
+  available_bytes / peak_memory / keep_freed_memory   memory: what is free, what a run used, glibc reuse
 
 Host-side tensors (the id arrays, the sampling generator, RoPE tables while they are built) stay
 on the CPU in whatever dtype is exact there; they are cast and moved once, never rebuilt on the
@@ -18,7 +21,9 @@ accelerator that fails on any tensor left behind and on any float64 tensor on th
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
+import platform
 from pathlib import Path
 
 import torch
@@ -30,16 +35,28 @@ def mps_available() -> bool:
     return bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, option: str = "train.device") -> torch.device:
+    """The device `name` asks for; an unavailable one is a ConfigError naming `option` (what the user set)."""
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
         return torch.device("mps") if mps_available() else torch.device("cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("train.device: cuda requested but no CUDA device is available")
+        raise ConfigError(f"{option}: cuda requested but no CUDA device is available")
     if name == "mps" and not mps_available():
-        raise ConfigError("train.device: mps requested but MPS is not available")
+        raise ConfigError(f"{option}: mps requested but MPS is not available")
     return torch.device(name)
+
+
+def require_memory(need: int, device: torch.device, what: str) -> None:
+    """Refuse, with the estimate, work whose allocation cannot fit (instead of an allocator crash or a
+    machine swapping itself to a halt): `what` names the sizes and options that ask for it."""
+    from .train import available_bytes
+
+    have = available_bytes(torch.device(device))
+    if have is not None and need > have:
+        raise ConfigError(f"{what} needs about {need / 2**30:,.1f} GiB; {have / 2**30:,.1f} GiB is available on "
+                          f"{device}")
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -97,9 +114,13 @@ def matmul_precision(device: torch.device, dtype: str) -> str:
 def sdpa_kernel(cfg, batch: int, device: torch.device, dtype: str) -> str:
     """The SDPA kernel family ('flash', 'efficient', 'cudnn', 'math', ...) torch dispatches the run's
     causal training attention to: torch._fused_sdp_choice on q [B, H, T, hd], k/v [B, G, T, hd]
-    (MLA: q, k [B, H, T, nope + rope], v [B, H, T, v_head_dim]) of the autocast dtype. On CPU
-    'flash' is the CPU flash kernel. Under torch.compile inductor lowers to the same aten kernel."""
+    of the autocast dtype. On CPU 'flash' is the CPU flash kernel. Under torch.compile inductor
+    lowers to the same aten kernel. Sliding-window layers pass a band mask, which CUDA's flash
+    kernel does not take: with both kinds it reads 'flash, local: efficient'. MLA layers ask with
+    q, k [B, H, T, nope + rope] and v [B, H, T, v_head_dim] ('mla: ...')."""
     from torch.nn.attention import SDPBackend
+
+    from .model.attention import attention_mask
 
     if device.type not in ("cpu", "cuda"):  # MPS and others: torch's math path (MPS: its own math kernel)
         return "math"
@@ -107,28 +128,70 @@ def sdpa_kernel(cfg, batch: int, device: torch.device, dtype: str) -> str:
     if choose is None:
         return "unknown"
     tdtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
-    G, qk_dim, v_dim = cfg.n_kv_head, cfg.head_dim, cfg.head_dim
+    T, H, hd = cfg.ctx_len, cfg.n_head, cfg.head_dim
+    shapes = {"attn": (0, cfg.n_kv_head, hd, hd), "local": (cfg.window, cfg.n_kv_head, hd, hd)}  # window, G, qk, v
     if cfg.attn_type == "mla":  # every head gets its own K and V from the latent
         m = cfg.mla_dims
-        G, qk_dim, v_dim = cfg.n_head, m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
-    q = torch.zeros(batch, cfg.n_head, cfg.ctx_len, qk_dim, device=device, dtype=tdtype)
-    k = torch.zeros(batch, G, cfg.ctx_len, qk_dim, device=device, dtype=tdtype)
-    v = torch.zeros(batch, G, cfg.ctx_len, v_dim, device=device, dtype=tdtype)
-    try:
-        choice = choose(q, k, v, is_causal=True, enable_gqa=G != cfg.n_head)
-        return SDPBackend(choice).name.lower().removesuffix("_attention")
-    except (RuntimeError, TypeError, ValueError):
-        return "unknown"
+        shapes["mla"] = (0, H, m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim)
+    names = {}
+    for kind, (window, G, qk_dim, v_dim) in shapes.items():
+        if kind in cfg.layer_kinds:
+            q = torch.zeros(batch, H, T, qk_dim, device=device, dtype=tdtype)
+            k = torch.zeros(batch, G, T, qk_dim, device=device, dtype=tdtype)
+            v = torch.zeros(batch, G, T, v_dim, device=device, dtype=tdtype)
+            mask = attention_mask(0, T, T, window, device)  # None: SDPA's causal flag
+            try:
+                choice = choose(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=G != H)
+                names[kind] = SDPBackend(choice).name.lower().removesuffix("_attention")
+            except (RuntimeError, TypeError, ValueError):
+                names[kind] = "unknown"
+    return ", ".join(name if kind == "attn" else f"{kind}: {name}" for kind, name in names.items())
+
+
+# ----------------------------------------------------------------------- what a run ran on
 
 
 def accelerator_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     if device.type == "mps":
-        import platform
-
         return f"Apple {platform.machine()} (mps)"
     return str(device)
+
+
+def hardware(device: torch.device) -> str:
+    """The accelerator's name, or the CPU's model name and torch's thread count ('AMD EPYC (2 threads)')."""
+    if device.type != "cpu":
+        return accelerator_name(device)
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()} ({torch.get_num_threads()} threads)"
+    return f"{platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
+
+
+def cpu_capability() -> str | None:
+    """The vector instruction set torch's CPU kernels dispatch to: 'AVX2', 'AVX512', 'DEFAULT', ...
+
+    One CPU model name can hide different ones (a VM may mask AVX-512), and each kernel family
+    accumulates floats in its own order, so CPU results are bitwise reproducible only within one.
+    """
+    probe = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", None)  # torch >= 2.1
+    return probe() if probe else None
+
+
+# ----------------------------------------------------------------------- memory
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """Memory a new allocation can get: free GPU memory, or MemAvailable on Linux (None if unknown)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return None
 
 
 def peak_rss_bytes() -> int:
@@ -137,6 +200,33 @@ def peak_rss_bytes() -> int:
     import sys
 
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * (1 if sys.platform == "darwin" else 1024)
+
+
+def peak_memory(device: torch.device) -> int:
+    """Peak bytes of a run: CUDA's allocator peak, else the process's peak RSS (MPS memory is the
+    OS's: no separate peak counter)."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return peak_rss_bytes()
+
+
+def keep_freed_memory() -> bool:
+    """Let glibc keep freed activation buffers for reuse instead of handing them back to the OS.
+
+    By default glibc serves large blocks with mmap and returns freed heap tops with brk, so every CPU
+    training step page-faults its activations in again: ~9,000 faults and ~25 ms of system time per
+    seed-size step on the 2-core dev machine. With the mmap threshold at its 32 MiB maximum and
+    trimming off, a step faults ~100 times and runs 2-4% faster (the same effect jemalloc/tcmalloc
+    give). The price is that the process keeps its peak heap. Linux glibc only; False elsewhere.
+    """
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
+    return bool(libc.mallopt(m_mmap_threshold, 32 << 20)) and bool(libc.mallopt(m_trim_threshold, 1 << 30))
 
 
 def compile_model(model: torch.nn.Module, mode: str):

@@ -4,10 +4,12 @@
   eval_lengths     one run dir -> best-weights val loss at each context length
   eval_tree        a run dir or a sweep dir -> eval_lengths for each completed run, eval.json written
   stability_table  report.load_runs frame -> per label: runs, diverged, spikes, grad norm, loss
-  bench_decode     a model's sizes -> prefill/decode tokens/s, KV bytes, memory for MHA/GQA/MQA/MLA,
-                   and every layer's decode-state bytes at 4k and 32k positions
+  bench_decode     a model's sizes -> prefill/decode tokens/s, KV bytes (each layer's state, measured),
+                   memory, for MHA/GQA/MQA, each with or without a sliding window, and MLA; and
+                   every layer's decode-state bytes at 4k and 32k positions
   kv_budget        sizes (from a Hugging Face config.json or options) -> KV bytes, MHA vs GQA vs MQA
-                   (vs MLA's latent cache where a kv_lora_rank is known)
+                   (vs MLA's latent cache where a kv_lora_rank is known), with the config's
+                   sliding-window layers bounded by their window
 
 Length extrapolation is measured, never faked: a learned position table has no row past ctx_len,
 so those lengths are "n/a" (null in eval.json), not silently cropped; RoPE simply rotates by
@@ -31,7 +33,7 @@ from typing import Any
 
 from . import runs
 from . import components
-from .config import MLA_SIZES, ConfigError, ModelConfig, validate
+from .config import MLA_SIZES, ConfigError, ModelConfig, check_pattern, repeat_pattern, validate
 
 EVAL = "eval.json"  # the file report.load_runs reads val_loss_ctx_<N> columns from
 LEARNED_NA = "n/a (learned table ends at ctx_len={})"
@@ -60,11 +62,17 @@ def resolve_lengths(items: list[tuple[int, bool]], ctx_len: int) -> list[int]:
 
 def length_problem(cfg: ModelConfig, n: int, n_val: int) -> str | None:
     """Why length n cannot be measured for this model and val split, or None if it can."""
-    if cfg.pos_type == "learned" and n > cfg.ctx_len:
-        return LEARNED_NA.format(cfg.ctx_len)
+    if cfg.max_positions is not None and n > cfg.max_positions:
+        return LEARNED_NA.format(cfg.max_positions)
     if n_val < n + 1:  # a window of n inputs needs n + 1 ids (the targets are shifted by one)
         return f"n/a (val split has {n_val:,} ids; a window of {n:,} needs {n + 1:,})"
     return None
+
+
+def eval_bytes(cfg: ModelConfig, n: int, batch_size: int, batches: int) -> int:
+    """Bytes an evaluation at length n holds: every window's ids (int64, made up front) plus one
+    batch's forward, bounded by what a training step at that length would need."""
+    return 8 * batches * batch_size * (n + 1) + cfg.model_copy(update={"ctx_len": n}).train_bytes(batch_size)
 
 
 def val_loss_at(model, val_ids, n: int, batch_size: int, batches: int, dtype: str = "float32") -> float:
@@ -111,6 +119,7 @@ def eval_lengths(run_dir: Path, ctx: list[tuple[int, bool]], batches: int | None
                  batch_size: int | None = None, device: str = "cpu", corpus_cache: dict | None = None) -> dict:
     """{"val_loss_by_ctx": {"64": 1.9, "256": None}, "ctx_len", "pos_type", "notes", ...} for a run."""
     from .checkpoint import load_run
+    from .devices import require_memory
 
     cfg, _, model = load_run(run_dir, "best", device)
     corpus = run_corpus(cfg, run_dir, corpus_cache)
@@ -122,6 +131,8 @@ def eval_lengths(run_dir: Path, ctx: list[tuple[int, bool]], batches: int | None
         if problem:
             losses[str(n)], notes[str(n)] = None, problem
         else:
+            require_memory(eval_bytes(cfg.model, n, bs, nb), device,
+                           f"{run_dir}: --batches {nb} x --batch-size {bs} windows of {n} characters")
             losses[str(n)] = val_loss_at(model, corpus.val, n, bs, nb, cfg.train.dtype)  # the run's own dtype
     return {"val_loss_by_ctx": losses, "ctx_len": cfg.model.ctx_len, "pos_type": cfg.model.pos_type,
             "notes": notes, "label": components.label(cfg), "weights": "best", "batch_size": bs, "batches": nb,
@@ -219,6 +230,16 @@ def attention_name(n_head: int, n_kv_head: int) -> str:
     return "MHA" if n_kv_head == n_head else "MQA" if n_kv_head == 1 else "GQA"
 
 
+def window_list(text: str | None, default: int) -> list[int]:
+    """Default: [the model's own window]; else a comma list of window sizes, 0 = global attention."""
+    if text is None:
+        return [default]
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isdecimal() for p in parts):
+        raise ConfigError(f"--windows expects window sizes >= 0 (0 = global), e.g. 0,16; got {text!r}")
+    return list(dict.fromkeys(int(p) for p in parts))
+
+
 def kv_head_list(n_head: int, text: str | None = None) -> list[int | str]:
     """Default H, H/2, 1 (duplicates and non-divisors dropped), then "mla" (latent attention);
     else a comma list of K/V head counts, each dividing H, and/or mla."""
@@ -239,11 +260,12 @@ def decode_lengths(cfg: ModelConfig, prefix_len: int, new: int) -> tuple[int, in
     learned table caps prefix + new at ctx_len, with a note saying so."""
     if prefix_len < 1 or new < 1:
         raise ConfigError(f"--prefix-len and --new must be >= 1, got {prefix_len} and {new}")
-    if cfg.pos_type != "learned" or prefix_len + new <= cfg.ctx_len:
+    limit = cfg.max_positions
+    if limit is None or prefix_len + new <= limit:
         return prefix_len, new, None
-    p = min(prefix_len, cfg.ctx_len // 2)
-    n = min(new, cfg.ctx_len - p)
-    return p, n, (f"learned positions: prefix+new capped at ctx_len={cfg.ctx_len} "
+    p = min(prefix_len, limit // 2)
+    n = min(new, limit - p)
+    return p, n, (f"learned positions: prefix+new capped at ctx_len={limit} "
                   f"(prefix {p}, new {n}; asked {prefix_len}+{new})")
 
 
@@ -321,6 +343,7 @@ def bench_one(model, cfg: ModelConfig, prefix_len: int, new: int, device, seed: 
     elem = next(model.parameters()).element_size()  # the cache takes the weights' dtype
     total = cache.cache_bytes()  # measured from every layer's state tensors
     return {
+        "layer_states": layer_states(cache, cfg.layer_kinds),
         "prefill_tok_s": prefix_len / prefill_s,
         "decode_tok_s_cached": new / cached_s,
         "decode_tok_s_uncached": new / uncached_s,
@@ -351,32 +374,57 @@ def long_context_bytes(cfg: ModelConfig, elem: int) -> list[dict]:
 DTYPES = ("float32", "bfloat16", "float16")
 
 
+def layer_states(cache, kinds: tuple[str, ...]) -> dict[str, dict]:
+    """One layer of each kind, measured: {kind: {layers, bytes, bounded}}. bounded: its state does
+    not grow with the positions (a window's buffer, a recurrent state), so bytes is all it ever holds."""
+    out: dict[str, dict] = {}
+    for kind, state, nbytes in zip(kinds, cache.states, cache.layer_bytes()):
+        row = out.setdefault(kind, {"layers": 0, "bytes": nbytes, "bounded": state.capacity is None})
+        row["layers"] += 1
+    return out
+
+
 def bench_decode(cfg: ModelConfig, trained=None, kv_heads: list[int | str] | None = None, new: int = 200,
                  prefix_len: int = 64, device: str = "cpu", dtype: str = "float32",
-                 on_row: Callable[[dict], None] | None = None) -> dict:
-    """One row per n_kv_head of softmax attention and one for "mla" (latent attention at its
-    default sizes, or the run's, and without QK-norm, which it does not take): the trained model
-    where the row is the run's own attention, else an untrained one of the same sizes."""
+                 on_row: Callable[[dict], None] | None = None, windows: list[int] | None = None,
+                 window_pattern: str | None = None) -> dict:
+    """One row per n_kv_head of softmax attention and window (default: the model's own;
+    window_pattern, if given, for every windowed row), and one for "mla" (latent attention at its
+    default sizes, or the run's; global, since a window leaves mla layers be, and without QK-norm,
+    which it does not take): the trained model where the config is the run's, else an untrained one."""
     import torch
+
+    from .devices import require_memory
+    from .sample import window_bytes
 
     if dtype not in DTYPES:
         raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     torch_dtype = getattr(torch, dtype)
     prefix_len, new, note = decode_lengths(cfg, prefix_len, new)
+    window = prefix_len + new
+    elem = torch.tensor([], dtype=torch_dtype).element_size()
+    mha = cfg.model_copy(update={"n_kv_head": cfg.n_head, "attn_type": "softmax"})  # the largest cache of the rows
+    require_memory((window_bytes(mha, window) + 4 * mha.num_params()) * elem // 4 + 8 * window, device,
+                   f"d_model={cfg.d_model}, n_layer={cfg.n_layer}, --prefix-len {prefix_len} + --new {new} (model, "
+                   f"KV cache and position tables in {dtype})")
     rows = []
     softmax = {**cfg.model_dump(), "attn_type": "softmax", **dict.fromkeys(MLA_SIZES)}
-    for g in kv_heads or kv_head_list(cfg.n_head):
+    pattern = {"window_pattern": window_pattern} if window_pattern else {}
+    variants = [(g, 0 if g == "mla" else w) for g in kv_heads or kv_head_list(cfg.n_head)
+                for w in ([None] if g == "mla" else windows or [cfg.window])]
+    for g, w in variants:
         if g == "mla":
             c = cfg if cfg.attn_type == "mla" else validate(
-                ModelConfig, {**softmax, "attn_type": "mla", "qk_norm": False}, prefix="model.")
-            is_trained, m = trained is not None and cfg.attn_type == "mla", c.mla_dims
+                ModelConfig, {**softmax, "attn_type": "mla", "qk_norm": False, "window": 0}, prefix="model.")
+            m = c.mla_dims
             head = {"n_kv_head": None, "attention": "MLA", "latent": f"{m.kv_lora_rank}+{m.qk_rope_head_dim}"}
         else:
-            c = validate(ModelConfig, {**softmax, "n_kv_head": g}, prefix="model.")
-            is_trained = trained is not None and cfg.attn_type == "softmax" and g == cfg.n_kv_head
+            c = validate(ModelConfig, {**softmax, "n_kv_head": g, "window": w, **pattern}, prefix="model.")
             head = {"n_kv_head": g, "attention": attention_name(c.n_head, g), "latent": None}
+        is_trained = trained is not None and c == cfg
         model = trained.to(dtype=torch_dtype) if is_trained else fresh_model(c, device, torch_dtype)
-        row = head | {"weights": "trained (run)" if is_trained else "untrained (same sizes)"}
+        row = head | {"sliding_window": w, "window_pattern": c.window_pattern if w else None,
+                      "weights": "trained (run)" if is_trained else "untrained (same sizes)"}
         row |= bench_one(model, c, prefix_len, new, device)
         rows.append(row)
         if on_row:
@@ -390,6 +438,7 @@ def bench_decode(cfg: ModelConfig, trained=None, kv_heads: list[int | str] | Non
 
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "fp16": 2, "float16": 2, "bf16": 2, "bfloat16": 2, "fp8": 1,
                "float8": 1, "int8": 1}
+MAX_CONFIG_BYTES = 16 << 20  # the largest Hugging Face config.json is tens of KB
 HF_KEYS = {"layers": "num_hidden_layers", "heads": "num_attention_heads", "kv_heads": "num_key_value_heads",
            "head_dim": "head_dim", "hidden": "hidden_size",
            # MLA (DeepSeek-V2/V3 config.json): the cached latent and rope key; MHA's head is the nope part
@@ -398,8 +447,9 @@ HF_KEYS = {"layers": "num_hidden_layers", "heads": "num_attention_heads", "kv_he
 
 @dataclass(frozen=True)
 class AttnShape:
-    """What a KV cache's size depends on: L layers, H query heads, G K/V heads, hd per head; for
-    MLA, the latent (kv_lora_rank) and shared rope key (rope_dim) cached per token per layer."""
+    """What a KV cache's size depends on: L layers, H query heads, G K/V heads, hd per head, and
+    how many layers are sliding-window (local) ones with which window (0: none); for MLA, the
+    latent (kv_lora_rank) and shared rope key (rope_dim) cached per token per layer."""
 
     layers: int
     heads: int
@@ -407,6 +457,8 @@ class AttnShape:
     head_dim: int
     hidden: int | None
     source: str
+    window: int = 0
+    local_layers: int = 0
     kv_lora_rank: int | None = None
     rope_dim: int | None = None
 
@@ -418,6 +470,10 @@ def read_hf_config(path: Path) -> dict[str, int | None]:
     """
     path = Path(path)
     path = path / "config.json" if path.is_dir() else path
+    if path.exists() and not path.is_file():  # /dev/zero, a FIFO: would be read forever
+        raise ConfigError(f"config is not a regular file: {path}")
+    if path.is_file() and path.stat().st_size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: {path.stat().st_size:,} bytes is not a model config (> {MAX_CONFIG_BYTES:,})")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -429,15 +485,36 @@ def read_hf_config(path: Path) -> dict[str, int | None]:
     if HF_KEYS["layers"] not in data and isinstance(data.get("text_config"), dict):
         data = data["text_config"]
     out = {}
-    for name, key in HF_KEYS.items():
+    for name, key in {**HF_KEYS, "window": "sliding_window", "every": "sliding_window_pattern"}.items():
         value = data.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise ConfigError(f"{path}: {key} must be an integer, got {value!r}")
         out[name] = value
+    out["window_pattern"] = hf_window_pattern(data, out.pop("every"))
+    if out["window_pattern"] is None:
+        out["window"] = None
     return out
 
 
-def attn_shape(config: Path | None = None, **options: int | None) -> AttnShape:
+def hf_window_pattern(data: dict, every: int | None) -> str | None:
+    """The sliding-window layers of an HF config as L (local) / G (global) per layer, or None.
+
+    layer_types where given (transformers writes it for Gemma 2/3, Ministral, Qwen2/3, gpt-oss),
+    else Gemma 3's older sliding_window_pattern k (every k-th layer global), else a Mistral's
+    sliding_window (every layer). Qwen's sliding_window without use_sliding_window is unused.
+    """
+    if not data.get("sliding_window") or data.get("use_sliding_window") is False:
+        return None
+    types = data.get("layer_types")
+    if isinstance(types, list):
+        pattern = "".join("L" if t == "sliding_attention" else "G" for t in types)
+        return pattern if "L" in pattern else None
+    if every:
+        return "L" * (every - 1) + "G"
+    return "L" if data.get("model_type") in ("mistral", "mixtral") else None
+
+
+def attn_shape(config: Path | None = None, **options: int | str | None) -> AttnShape:
     """Sizes from config.json, overridden by any option given; kv_heads defaults to heads,
     head_dim to a DeepSeek config's qk_nope_head_dim (its MHA baseline, DeepSeek-V2 Table 1) or
     hidden / heads. kv_lora_rank and rope_dim come together (MLA) or not at all."""
@@ -449,7 +526,8 @@ def attn_shape(config: Path | None = None, **options: int | None) -> AttnShape:
         missing.append("--head-dim or --hidden (head_dim / hidden_size)")
     if missing:
         raise ConfigError(f"{where}: missing {', '.join(missing)}")
-    bad = [f"{k}={v}" for k, v in sizes.items() if v is not None and v <= 0]
+    bad = [f"{k}={v}" for k, v in sizes.items()
+           if isinstance(v, int) and (v < 0 if k == "window" else v <= 0)]  # window 0: none
     if bad:
         raise ConfigError(f"{where}: sizes must be positive, got {', '.join(bad)}")
     heads, kv = sizes["heads"], sizes["kv_heads"] or sizes["heads"]
@@ -458,8 +536,21 @@ def attn_shape(config: Path | None = None, **options: int | None) -> AttnShape:
     if (sizes["kv_lora_rank"] is None) != (sizes["rope_dim"] is None):
         raise ConfigError(f"{where}: MLA needs both --kv-lora-rank and --rope-dim (kv_lora_rank, qk_rope_head_dim)")
     head_dim = sizes["head_dim"] or sizes["nope_dim"] or _divide(sizes["hidden"], heads, where)
-    return AttnShape(sizes["layers"], heads, kv, head_dim, sizes["hidden"], where, sizes["kv_lora_rank"],
-                     sizes["rope_dim"])
+    window, local = _local_layers(sizes, where)
+    return AttnShape(sizes["layers"], heads, kv, head_dim, sizes["hidden"], where, window, local,
+                     sizes["kv_lora_rank"], sizes["rope_dim"])
+
+
+def _local_layers(sizes: dict, where: str) -> tuple[int, int]:
+    """(window, local layers) from a window and an L/G pattern (default every layer local)."""
+    window, pattern = sizes.get("window") or 0, sizes.get("window_pattern") or "L"
+    if not window:
+        return 0, 0
+    try:
+        check_pattern("window pattern", pattern, "LG", sizes["layers"])
+    except ValueError as err:
+        raise ConfigError(f"{where}: {err}") from None
+    return window, repeat_pattern(pattern, sizes["layers"]).count("L")
 
 
 def _divide(hidden: int, heads: int, where: str) -> int:
@@ -481,25 +572,38 @@ def fmt_bytes(n: int) -> str:
 
 def kv_budget(shape: AttnShape, seq: int, batch: int = 1, dtype: str = "bf16") -> dict:
     """KV bytes = 2 (K and V) x L x B x G x T x hd x bytes, for G = H (MHA), the config's G, 1 (MQA);
-    with a kv_lora_rank, MLA's L x B x (kv_lora_rank + rope_dim) x T x bytes too (then the config's)."""
+    with a kv_lora_rank, MLA's L x B x (kv_lora_rank + rope_dim) x T x bytes too (then the config's).
+
+    A local (sliding-window) layer of softmax attention holds min(T, window - 1) positions instead
+    of T (anatomy's WindowKV, as transformers' dynamic sliding cache; a static one allocates
+    window); a window leaves MLA layers global, so the MLA row is global in every layer."""
     if dtype not in DTYPE_BYTES:
         raise ConfigError(f"--dtype must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
     if seq <= 0 or batch <= 0:
         raise ConfigError(f"--seq and --batch must be positive, got {seq} and {batch}")
     nbytes, mla = DTYPE_BYTES[dtype], shape.kv_lora_rank is not None
-    widths = {(attention_name(shape.heads, g), g): 2 * g * shape.head_dim for g in dict.fromkeys((shape.heads, shape.kv_heads, 1))}
-    if mla:
-        widths[("MLA", None)] = shape.kv_lora_rank + shape.rope_dim  # one latent + one rope key, no heads
-    mha_width = 2 * shape.heads * shape.head_dim
+    kept = min(seq, shape.window - 1) if shape.local_layers else seq  # positions a local layer holds
+    # (name, kv heads, values one layer caches per position, local layers)
+    variants = [(attention_name(shape.heads, g), g, 2 * g * shape.head_dim, shape.local_layers)
+                for g in dict.fromkeys((shape.heads, shape.kv_heads, 1))]
+    if mla:  # one latent + one rope key, no heads
+        variants.append(("MLA", None, shape.kv_lora_rank + shape.rope_dim, 0))
     rows = []
-    for (name, g), width in widths.items():
-        per_token = shape.layers * width * nbytes
-        total = per_token * batch * seq
+    for name, g, width, local in variants:
+        layer_token = width * nbytes  # one layer, one position
+        all_global = shape.layers * layer_token * batch * seq
+        total = all_global - local * layer_token * batch * (seq - kept)
         rows.append({"attention": name, "kv_heads": g, "is_config": name == "MLA" if mla else g == shape.kv_heads,
-                     "bytes": total, "human": fmt_bytes(total), "bytes_per_token": per_token,
-                     "ratio_to_mha": width / mha_width, "mha_over": mha_width / width})
+                     "bytes": total, "human": fmt_bytes(total), "bytes_per_token": total // (batch * seq),
+                     "global_layer_bytes_per_token": layer_token,
+                     "local_layer_bytes": layer_token * batch * kept if local else None,
+                     "bytes_all_global": all_global})
+    for r in rows:  # rows[0] is MHA
+        r["ratio_to_mha"], r["mha_over"] = r["bytes"] / rows[0]["bytes"], rows[0]["bytes"] / r["bytes"]
     formula = "2 x layers x batch x kv_heads x seq x head_dim x bytes"
     formula += "; MLA: layers x batch x (kv_lora_rank + rope_dim) x seq x bytes" if mla else ""
+    if shape.local_layers:
+        formula += f"; the {shape.local_layers} local layers hold min(seq, window - 1) = {kept} positions, not seq"
     return {**asdict(shape), "seq": seq, "batch": batch, "dtype": dtype, "bytes_per_elem": nbytes,
             "formula": formula, "rows": rows}
 

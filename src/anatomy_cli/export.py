@@ -27,10 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import save
 
 from . import components, runs
 from .checkpoint import load_run, load_run_config
+from .errors import InputError
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -48,6 +49,10 @@ LAYER_RENAMES: dict[str, str] = {
     "ffn.up.weight": "mlp.up_proj.weight",
     "ffn.down.weight": "mlp.down_proj.weight",
 }
+# QK-norm weights have no place in a Llama (export refuses qknorm); Qwen3, OLMo 2 and Gemma 3 name
+# them so, which the parity tests of parts Llama lacks (tests/test_swa.py) map onto.
+QK_NORM_RENAMES: dict[str, str] = {"attn.q_norm.weight": "self_attn.q_norm.weight",
+                                   "attn.k_norm.weight": "self_attn.k_norm.weight"}
 GLOBAL_RENAMES: dict[str, str] = {
     "tok.weight": "model.embed_tokens.weight",
     "final_norm.weight": "model.norm.weight",
@@ -55,7 +60,7 @@ GLOBAL_RENAMES: dict[str, str] = {
 }
 
 
-class ExportError(ValueError):
+class ExportError(InputError):
     """A run that cannot be exported (not LLaMA-shaped, unexpected weights, or a busy out_dir)."""
 
 
@@ -104,6 +109,11 @@ def llama_config(model_cfg) -> dict[str, Any]:
     the base. `dtype` is the 5.x name of 4.x's `torch_dtype`; both are written for the same reason.
     """
     check_llama_shaped(model_cfg)
+    return decoder_config(model_cfg)
+
+
+def decoder_config(model_cfg) -> dict[str, Any]:
+    """llama_config's fields, unchecked (Mistral and Qwen3 configs take the same ones)."""
     theta = float(model_cfg.rope_base)
     return {
         "architectures": ["LlamaForCausalLM"],
@@ -175,6 +185,12 @@ def state_dict_to_hf(state_dict: dict[str, torch.Tensor], model_cfg) -> dict[str
     """Rename (and split qkv) an anatomy LM state dict into LlamaForCausalLM weight names."""
     check_llama_shaped(model_cfg)
     check_keys(state_dict, model_cfg)
+    return rename_to_hf(state_dict, model_cfg)
+
+
+def rename_to_hf(state_dict: dict[str, torch.Tensor], model_cfg) -> dict[str, torch.Tensor]:
+    """The rename alone, unchecked: the decoder names Llama, Mistral and Qwen3 share (a qk_norm
+    model's norms included), for parity tests of parts a Llama cannot express."""
     out = {hf: own_tensor(state_dict[ours]) for ours, hf in GLOBAL_RENAMES.items()}
     if model_cfg.tie_embeddings:  # HF ties lm_head to embed_tokens on load (tie_word_embeddings)
         del out["lm_head.weight"]
@@ -183,8 +199,9 @@ def state_dict_to_hf(state_dict: dict[str, torch.Tensor], model_cfg) -> dict[str
         q, k, v = split_qkv(state_dict[f"{src}attn.qkv.weight"], model_cfg)
         for name, t in (("q_proj", q), ("k_proj", k), ("v_proj", v)):
             out[f"{dst}self_attn.{name}.weight"] = own_tensor(t)
-        for ours, hf in LAYER_RENAMES.items():
-            out[dst + hf] = own_tensor(state_dict[src + ours])
+        for ours, hf in (LAYER_RENAMES | QK_NORM_RENAMES).items():
+            if src + ours in state_dict:  # the Llama keys are all there (check_keys); QK-norms when on
+                out[dst + hf] = own_tensor(state_dict[src + ours])
     return out
 
 
@@ -197,7 +214,7 @@ def check_out_dir(out_dir: Path, run_dir: Path, overwrite: bool) -> None:
     if out_dir.resolve() == run_dir.resolve():
         raise ExportError(f"export target is the run directory itself: {out_dir}")
     if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
-        raise ExportError(f"export target {out_dir} exists and is not empty (pass overwrite=True to replace)")
+        raise ExportError(f"export target {out_dir} exists and is not empty (pass --overwrite to replace it)")
 
 
 def readme_prompt(run_cfg, chars: list[str]) -> str:
@@ -257,7 +274,7 @@ def export_hf(run_dir: Path | str, out_dir: Path | str, which: str = "best",
 
     out_dir.mkdir(parents=True, exist_ok=True)
     runs.atomic_write_json(out_dir / CONFIG_FILE, config)
-    save_file(tensors, str(out_dir / WEIGHTS_FILE), metadata={"format": "pt"})
+    runs.atomic_write_bytes(out_dir / WEIGHTS_FILE, save(tensors, metadata={"format": "pt"}))
     runs.atomic_write_json(out_dir / VOCAB_FILE, vocab.chars)
     runs.atomic_write_text(out_dir / README_FILE, readme_text(run_cfg, vocab.chars, run_dir, which, n_params))
     return {

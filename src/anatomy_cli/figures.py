@@ -14,6 +14,7 @@ tab20b picked by a CRC of its name, so a component has its colour in every repor
 
 from __future__ import annotations
 
+import io
 import math
 import textwrap
 import zlib
@@ -29,6 +30,7 @@ from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
 
 from anatomy_cli import components as comp
 from anatomy_cli import stats
+from anatomy_cli.runs import atomic_write_bytes
 
 END_COLOUR = "#555555"  # the end a variant is compared with
 # One marker per call (stats.py): (marker, filled). Decided calls are filled.
@@ -51,8 +53,11 @@ def colour(name: str) -> str:
 
 
 def save(fig: Figure, path: Path) -> Path:
+    """The PNG written atomically (a full disk or an interrupt leaves the old figure, no torn one)."""
     FigureCanvasAgg(fig)  # attach an Agg canvas explicitly: no backend switching, no pyplot
-    fig.savefig(path, dpi=DPI)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=DPI)
+    atomic_write_bytes(path, png.getvalue())
     return Path(path)
 
 

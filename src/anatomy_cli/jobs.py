@@ -16,11 +16,11 @@ from pathlib import Path
 
 from . import runs
 from .config import RunConfig
+from .worker import STOP_SIGNALS, signals_deferred
+from .summary import RunSummary
 
 Event = Callable[[dict], None]
 Stop = Callable[[], bool]
-# The signals that ask a sweep or a run to stop cleanly (save, end 'interrupted', exit 130).
-STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,13 @@ class Job:
     config: dict
     run_dir: str
     threads: int = 1
-    extra: dict = field(default_factory=dict)  # written into summary.json: sweep, role, flip
+    extra: dict = field(default_factory=dict)  # RunSummary's carried fields the plan sets: sweep, role, flip
+
+    def __post_init__(self):
+        RunSummary(**self.extra)  # a wrong type is a planning bug: raise now, not in a worker
+        unknown = set(self.extra) - set(RunSummary.model_fields)
+        if unknown:
+            raise ValueError(f"Job.extra: {sorted(unknown)} are not RunSummary fields")
 
     @property
     def steps(self) -> int:
@@ -82,10 +88,10 @@ def run_job(job: Job, emit: Event | None = None, stop: Stop | None = None) -> di
                 return resume(run_dir, progress=on_progress, stop=stop)
         return train(cfg, run_dir, progress=on_progress, stop=stop, extra_summary=job.extra)
     except runs.RunBusy as err:
-        return {"status": runs.FAILED, "run_id": job.run_id, "error": str(err), **job.extra}
+        return RunSummary(status=runs.FAILED, run_id=job.run_id, error=str(err), **job.extra).record()
     except Exception as err:  # noqa: BLE001 - recorded in the run's summary, the sweep goes on
-        summary = {"status": runs.FAILED, "run_id": job.run_id, "error": f"{err.__class__.__name__}: {err}",
-                   **job.extra}
+        summary = RunSummary(status=runs.FAILED, run_id=job.run_id, error=f"{err.__class__.__name__}: {err}",
+                             **job.extra).record()
         run_dir.mkdir(parents=True, exist_ok=True)
         if not (run_dir / runs.CONFIG).exists():  # so reports list the failed run too
             runs.atomic_write_json(run_dir / runs.CONFIG, job.config)
@@ -106,23 +112,17 @@ _WORKER: dict = {}
 def _init_worker(stop_event, queue) -> None:
     import os
     import threading
+    import warnings
+
+    from .worker import exit_with_parent
 
     _WORKER.update(stop_event=stop_event, queue=queue, parent=os.getppid(), signals=0, busy=threading.Lock())
     for sig in STOP_SIGNALS:
         signal.signal(sig, _worker_signal)
-    threading.Thread(target=_exit_with_parent, daemon=True).start()
-
-
-def _exit_with_parent() -> None:
-    """An orphaned worker would wait for work forever (its siblings hold the queue open): once the
-    parent is gone and the run in progress has saved (_worker_stop sees it too), exit."""
-    import os
-    import time
-
-    while os.getppid() == _WORKER["parent"]:
-        time.sleep(0.5)
-    with _WORKER["busy"]:
-        os._exit(0)
+    warnings.simplefilter("ignore")  # library warnings are off, as in the CLI
+    # An orphaned worker would wait for work forever (its siblings hold the queue open): once the
+    # parent is gone and the run in progress has saved (_worker_stop sees it too), exit.
+    threading.Thread(target=exit_with_parent, args=(_WORKER["parent"], _WORKER["busy"]), daemon=True).start()
 
 
 def _worker_signal(signum, frame) -> None:
@@ -157,7 +157,8 @@ def _execute_parallel(jobs: list[Job], workers: int, emit: Event, stop: Stop) ->
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
                              initargs=(stop_event, q)) as pool:
         try:
-            futures = {pool.submit(_worker, job): job for job in jobs}
+            with signals_deferred():  # submit spawns the workers: never leave one half-started
+                futures = {pool.submit(_worker, job): job for job in jobs}
             pending = set(futures)
             started: set[str] = set()
             while pending:
@@ -185,13 +186,15 @@ def _execute_parallel(jobs: list[Job], workers: int, emit: Event, stop: Stop) ->
 
 
 def _record_lost(job: Job) -> dict | None:
-    """Mark a run whose worker was killed mid-run 'failed' with the reason (None: it never started)."""
+    """Mark a run whose worker was killed mid-run (SIGKILL, the OOM killer) 'interrupted', with the
+    reason: a rerun resumes it from its last checkpoint, as it would a killed `train` (None: it never
+    started)."""
     run_dir = Path(job.run_dir)
     summary = runs.read_summary(run_dir) if (run_dir / runs.SUMMARY).exists() else None
     if not summary or summary.get("status") != runs.RUNNING:
         return summary
-    summary = {**summary, "status": runs.FAILED, "owner": None,
-               "error": "the worker process died mid-run (killed by a signal or out of memory)"}
+    summary = {**summary, "status": runs.INTERRUPTED, "owner": None,
+               "error": "the worker process died mid-run (killed by a signal or out of memory); rerun to resume it"}
     runs.atomic_write_json(run_dir / runs.SUMMARY, summary)
     return summary
 

@@ -52,6 +52,7 @@ from anatomy_cli.runs import (
     read_summary,
     status_of,
 )
+from anatomy_cli.summary import COLUMNS, RunSummary
 
 EVAL = "eval.json"  # optional: {"val_loss_by_ctx": {"128": 1.52, "512": null}, ...}
 INCOMPLETE = "incomplete"  # status of a run dir without summary.json (never finished, or killed)
@@ -62,18 +63,14 @@ HIGHER_IS_BETTER = ("tokens_per_s",)  # every other metric: lower is better
 FORMATS = ("md", "html", "csv", "json")
 SAMPLE_CHARS = 2000  # a report shows at most this much of each samples.txt
 
+# Summary columns (summary.COLUMNS) are RunSummary's fields marked as such, typed by it.
 RUN_COLUMNS = [
     "run_id", "path", "label", "role", *comp.BUILTIN_NAMES, "n_layer", "n_head", "n_kv_head", "d_model", "seed",
-    "params", "status", "best_val_loss", "best_step", "final_val_loss", "overfit_gap",
-    "bits_per_char", "tokens_per_s", "step_time_ms", "wall_s", "diverged_at", "max_grad_norm",
-    "loss_spikes", "design", "settings",
+    "status", *COLUMNS, "overfit_gap", "max_grad_norm", "loss_spikes", "design", "settings",
 ]  # + a column per spec component found in sweep.json files, one val_loss_ctx_<N> per eval.json length
-INT_COLUMNS = ("n_layer", "n_head", "n_kv_head", "d_model", "seed", "params", "best_step",
-               "diverged_at", "loss_spikes")
-FLOAT_COLUMNS = ("best_val_loss", "final_val_loss", "bits_per_char", "tokens_per_s",
-                 "step_time_ms", "wall_s", "max_grad_norm")
-SUMMARY_KEYS = ("params", "best_val_loss", "best_step", "final_val_loss", "bits_per_char",
-                "tokens_per_s", "step_time_ms", "wall_s", "diverged_at")
+INT_COLUMNS = ("n_layer", "n_head", "n_kv_head", "d_model", "seed", "loss_spikes",
+               *(c for c in COLUMNS if RunSummary.kind(c) is int))
+FLOAT_COLUMNS = ("max_grad_norm", *(c for c in COLUMNS if RunSummary.kind(c) is float))
 CURVE_COLUMNS = ["run_id", "step", "tokens", "split", "loss", "grad_norm"]  # grad_norm on train rows
 EFFECT_COLUMNS = ["metric", "flip", "direction", "against", "group", "n_pairs", "excluded", "unit", "gain",
                   "adj_low", "adj_high", "threshold", "threshold_basis", "call", "raw_low", "raw_high", "sd",
@@ -117,6 +114,8 @@ def _design(sweep_dir: Path) -> tuple[comp.Component, ...]:
 
 
 def _run_dirs(root: Path) -> list[Path]:
+    if not root.exists():
+        raise RunError(f"runs directory not found: {root}")
     if not root.is_dir():
         raise RunError(f"not a directory: {root}")
     dirs = find_runs(root)
@@ -169,7 +168,7 @@ def _settings_key(flat: dict, design: tuple[comp.Component, ...]) -> str:
 def _outcome(summary: dict | None, metrics: list[dict]) -> dict:
     """Summary fields; losses fall back to metrics.jsonl when there is no summary yet."""
     summary = summary or {}
-    out = {k: summary.get(k) for k in SUMMARY_KEYS}
+    out = {k: summary.get(k) for k in COLUMNS}
     out["status"] = status_of(summary) or INCOMPLETE  # a killed run reads 'interrupted', not 'running'
     vals = [(m.get("step"), m["val_loss"]) for m in metrics if m.get("val_loss") is not None]
     finite = [(s, v) for s, v in vals if math.isfinite(v)]

@@ -28,6 +28,8 @@ import re
 import sys
 from pathlib import Path
 
+from .errors import InputError
+
 FORMAT, VERSION = "anatomy-results", 1
 RESULTS_DIR = Path("experiments") / "results"
 MARK = re.compile(r"<!-- results (?P<study>[\w.-]+) (?P<what>[^>]*?) -->(?P<body>.*?)<!-- /results -->", re.DOTALL)
@@ -36,7 +38,7 @@ EFFECT_KEYS = ("metric", "flip", "direction", "against", "group", "n_pairs", "ga
 BLOCKS = ("verdict", "directions", "ends", "rule", "moves")
 
 
-class ResultsError(ValueError):
+class ResultsError(InputError):
     """A results file or a marked block that cannot be read or rendered."""
 
 

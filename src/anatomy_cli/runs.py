@@ -6,18 +6,27 @@ A run directory holds, in the order they are written:
                     tokens (train_loss is the cross-entropy; with train.z_loss > 0 each step
                     also has z_loss, the term added to it); evaluation steps add val_loss, elapsed_s
   vocab.json        the character vocabulary (a JSON list of characters, index = id)
-  best.safetensors  weights at the best val loss;  last.safetensors  weights at the end
-  resume.pt         optimizer/RNG/step state of an interrupted run (torch.load(weights_only=True))
+  best.safetensors  weights at the best val loss;  last.safetensors  weights at the end (of a
+                    finished or stopped run; removed when it resumes)
+  resume.pt         the latest checkpoint while the run is unfinished (at every evaluation, or as
+                    train.checkpoint_every / checkpoint_minutes say, and when stopped): weights,
+                    the best weights when older, optimizer, batch order, RNG and counters in one
+                    file replaced atomically; read only through torch.load(weights_only=True);
+                    removed once the run completes or diverges (trainer.py)
   samples.txt       text generated from a fixed prefix, temperature and seed
-  summary.json      written last, atomically: status ('completed', 'diverged', 'failed',
-                    'interrupted', 'running'), losses, params, tokens, speed, hardware, and
-                    corpus_sha256 (the fingerprint of the training text; resume refuses another)
+  summary.json      written last, atomically (schema: summary.RunSummary): status ('completed',
+                    'diverged', 'failed', 'interrupted', 'running'), losses, params, tokens, speed,
+                    hardware, cpu_capability, corpus_sha256 (the fingerprint of the training text;
+                    resume refuses another) and, for a prepared folder, corpus_files (its files'
+                    fingerprint: prepared.py)
   .lock             held by the process training the run (lockfile.DirLock); a 'running'
                     summary names that owner, and is read as 'interrupted' once the owner is dead
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -27,6 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from . import lockfile
+from .config import ANY, hash_neutral
+from .errors import InputError
+from .summary import RunSummary
 
 CONFIG = "config.json"
 METRICS = "metrics.jsonl"
@@ -36,6 +48,7 @@ BEST = "best.safetensors"
 LAST = "last.safetensors"
 RESUME = "resume.pt"
 SAMPLES = "samples.txt"
+RUN_FILES = (CONFIG, METRICS, VOCAB, BEST, LAST, RESUME, SAMPLES, SUMMARY)
 SWEEP = "sweep.json"  # in a sweep directory: the components its runs were planned with
 
 COMPLETED = "completed"
@@ -50,7 +63,7 @@ DONE_STATES = (COMPLETED, DIVERGED)
 TIMING_KEYS = ("elapsed_s",)
 
 
-class RunError(ValueError):
+class RunError(InputError):
     """A run directory that is missing, incomplete or corrupt."""
 
 
@@ -76,20 +89,63 @@ def normal_mode(target: int | str | Path, directory: bool = False) -> None:
         os.chmod(target, mode)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write via a temp file in the same folder + rename, so readers never see half a file."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+@contextlib.contextmanager
+def writing(path: Path):
+    """Whatever fails while writing `path` inside this block is an OSError naming it: a bare write()
+    error names no file, safetensors says "os error 28" in its own words, and torch.save a full
+    disk as "unexpected pos" (a RuntimeError) or not at all, so the CLI could not say which file or
+    why. A failure of another kind on a full filesystem is reported as the full disk it is."""
     try:
-        normal_mode(fd)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        yield
+    except OSError as err:
+        if err.filename is None or str(err.filename).endswith(".tmp"):  # name the file, not its temp copy
+            err.filename = str(path)
+        raise
+    except Exception as err:
+        if not _disk_full(Path(path), err):
+            raise
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from err
+
+
+def _disk_full(path: Path, err: Exception) -> bool:
+    if "os error 28" in str(err) or os.strerror(errno.ENOSPC) in str(err):
+        return True
+    try:
+        return os.statvfs(path.parent).f_bavail == 0
+    except (OSError, AttributeError):  # no statvfs (Windows) or no folder
+        return False
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write via a temp file in the same folder, fsync, then rename: readers never see half a file,
+    and a write that fails (a full disk, an interrupt) leaves the old file as it was and no temp."""
+    path = Path(path)
+    with writing(path):
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            normal_mode(fd)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def append_text(path: Path, text: str, durable: bool = False) -> None:
+    """Append to a log (metrics.jsonl), fsynced when `durable`; a failed write names the file (a torn
+    last line is skipped when read back: read_metrics)."""
+    with writing(path), open(path, "a", encoding="utf-8") as f:
+        f.write(text)
+        if durable:
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
@@ -105,15 +161,19 @@ def read_json(path: Path) -> Any:
         raise RunError(f"corrupt {Path(path).name} in {Path(path).parent}: {err}") from None
 
 
+def drop_temp_files(run_dir: Path) -> None:
+    """Remove the temp files of atomic writes that a killed process left in a run folder (at most one each)."""
+    for name in RUN_FILES:
+        for tmp in Path(run_dir).glob(f".{name}.*.tmp"):
+            tmp.unlink(missing_ok=True)
+
+
 def json_line(row: dict) -> str:
     """One metrics.jsonl line; a diverged loss is written as NaN/Infinity (Python's json reads them)."""
     return json.dumps(row, allow_nan=True) + "\n"
 
 
 # Fields a reader may do arithmetic on: a value of another type is a corrupt file, not a crash later.
-SUMMARY_INTS = ("params", "best_step", "steps_done", "tokens_seen", "peak_mem_bytes", "threads", "diverged_at")
-SUMMARY_FLOATS = ("best_val_loss", "final_val_loss", "bits_per_char", "tokens_per_s", "step_time_ms", "wall_s")
-SUMMARY_STRINGS = ("status", "run_id", "label", "error", "device", "hardware", "torch_version")
 METRIC_INTS = ("step", "tokens")
 METRIC_FLOATS = ("train_loss", "val_loss", "grad_norm", "lr", "elapsed_s")
 
@@ -126,10 +186,9 @@ def _is_float(v: Any) -> bool:  # NaN and Infinity count: a diverged loss is wri
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def field_problem(row: dict, ints: tuple[str, ...], floats: tuple[str, ...], strings: tuple[str, ...] = ()) -> str | None:
-    """'best_val_loss is "abc", not a number' for the first field of the wrong type (None is allowed)."""
-    for keys, ok, kind in ((ints, _is_int, "an integer"), (floats, _is_float, "a number"),
-                           (strings, lambda v: isinstance(v, str), "a string")):
+def field_problem(row: dict, ints: tuple[str, ...], floats: tuple[str, ...]) -> str | None:
+    """'val_loss is "abc", not a number' for the first field of the wrong type (None is allowed)."""
+    for keys, ok, kind in ((ints, _is_int, "an integer"), (floats, _is_float, "a number")):
         for key in keys:
             value = row.get(key)
             if value is not None and not ok(value):
@@ -177,13 +236,13 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 
 def read_summary(run_dir: Path) -> dict | None:
-    """summary.json (None before one is written); a non-object or a field of the wrong type is a RunError."""
+    """summary.json as its JSON object (None before one is written), validated by summary.RunSummary:
+    a non-object or a field of the wrong type is a RunError; fields of a newer version pass through."""
     path = Path(run_dir) / SUMMARY
     if not path.exists():
         return None
     data = read_json(path)
-    problem = "not a JSON object" if not isinstance(data, dict) else field_problem(
-        data, SUMMARY_INTS, SUMMARY_FLOATS, SUMMARY_STRINGS)
+    problem = RunSummary.check(data)
     if problem:
         raise RunError(f"corrupt {SUMMARY} in {run_dir}: {problem}")
     return data
@@ -268,11 +327,45 @@ def is_run_dir(path: Path) -> bool:
 
 
 def find_runs(root: Path) -> list[Path]:
-    """All run directories under root (root itself may be one), sorted by path."""
+    """All run directories under root (root itself may be one), sorted by path. A run directory
+    inside another one is refused: a run folder holds one run (train and ablate refuse to make one)."""
     root = Path(root)
     if is_run_dir(root):
         return [root]
-    return sorted(p.parent for p in root.rglob(CONFIG) if "report" not in p.parent.relative_to(root).parts)
+    found = sorted(p.parent for p in root.rglob(CONFIG) if "report" not in p.parent.relative_to(root).parts)
+    for run_dir in found:
+        outer = enclosing_run(run_dir, below=root)
+        if outer is not None:
+            raise RunError(f"{run_dir} is inside the run directory {outer}: a run folder holds one run; move it out")
+    return found
+
+
+def enclosing_run(path: Path, below: Path | None = None) -> Path | None:
+    """The run directory that holds `path` (path itself excluded; only folders under `below`)."""
+    path = Path(path)
+    for parent in path.parents:
+        if below is not None and parent == Path(below) or parent == parent.parent:
+            return None
+        if is_run_dir(parent):
+            return parent
+    return None
+
+
+def check_placement(path: Path, what: str, option: str) -> None:
+    """Refuse to put a run, a sweep or a prepared corpus (`what`, placed by `option`) inside a run
+    directory, and a run or a sweep inside a sweep's folder (one with sweep.json): the outer report
+    would read it as one of its own. (Training into a run directory is check_replace's question.)"""
+    resolved = Path(path).resolve()
+    if what != "run" and is_run_dir(resolved):
+        raise RunError(f"{path} is a run directory, not a {what} directory; choose another {option}")
+    outer = enclosing_run(resolved)
+    if outer is not None:
+        raise RunError(f"{path} is inside the run directory {outer}: a run folder holds one run; choose another "
+                       f"{option}")
+    sweep = next((p for p in resolved.parents if (p / SWEEP).is_file()), None)
+    if sweep is not None and what in ("run", "sweep"):
+        raise RunError(f"{path} is inside the sweep directory {sweep}, whose report would count the {what} as its "
+                       f"own; choose another {option}")
 
 
 SLUG_RE = re.compile(r"[^A-Za-z0-9_.+=-]+")
@@ -284,22 +377,25 @@ def slugify(text: str) -> str:
     return slug[:80]
 
 
-# Fields added after runs already existed, with the default that reproduces the earlier model: at
-# that default they stay out of the hash, so a finished run keeps its id and a rerun skips it.
-HASH_NEUTRAL: dict[str, dict[str, Any]] = {
-    "model": {"qk_norm": False, "tie_embeddings": False, "parallel_block": False, "logit_softcap": 0.0,
-              "gdn_pattern": "", "gdn_heads": None, "gdn_key_heads": None, "gdn_head_dim": None, "gdn_conv": 4,
-              "attn_type": "softmax", "q_lora_rank": None, "kv_lora_rank": None, "qk_rope_head_dim": None,
-              "qk_nope_head_dim": None, "v_head_dim": None},
-    "train": {"z_loss": 0.0},
-}
-
-
 def config_hash(config: dict) -> str:
-    config = {k: {f: v for f, v in section.items() if f not in HASH_NEUTRAL.get(k, {}) or v != HASH_NEUTRAL[k][f]}
-              if isinstance(section, dict) else section for k, section in config.items()}
-    blob = json.dumps(config, sort_keys=True, separators=(",", ":"))
+    """A short hash of a resolved config; fields marked config.NEW are left out at their default, those
+    marked config.NO_RESULT at any value."""
+    blob = json.dumps(_without(config, hash_neutral()), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:8]
+
+
+def _without(config: dict, neutral: dict) -> dict:
+    out = {}
+    for key, value in config.items():
+        rule = neutral.get(key, _KEEP)
+        if isinstance(rule, dict) and isinstance(value, dict):
+            out[key] = _without(value, rule)
+        elif rule is _KEEP or isinstance(rule, dict) or (rule != ANY and value != rule):
+            out[key] = value
+    return out
+
+
+_KEEP = object()
 
 
 def run_id(slug: str, seed: int, config: dict) -> str:

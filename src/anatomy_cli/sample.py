@@ -14,9 +14,10 @@ from collections.abc import Iterator
 import torch
 
 from .config import MAX_SIZE
+from .errors import InputError
 
 
-class SampleError(ValueError):
+class SampleError(InputError):
     """Generation options that cannot work (window past the learned table, bad temperature)."""
 
 
@@ -43,8 +44,8 @@ def check_options(cfg, temp: float, top_k: int | None, window: int | None) -> in
     window = window or cfg.ctx_len
     if not 2 <= window <= MAX_SIZE:
         raise SampleError(f"window must be between 2 and {MAX_SIZE}, got {window}")
-    if cfg.pos_type == "learned" and window > cfg.ctx_len:
-        raise SampleError(f"learned position table ends at ctx_len={cfg.ctx_len}; window {window} needs RoPE")
+    if cfg.max_positions is not None and window > cfg.max_positions:
+        raise SampleError(f"learned position table ends at ctx_len={cfg.max_positions}; window {window} needs RoPE")
     return window
 
 

@@ -26,7 +26,7 @@ from .lockfile import DirLock, Locked
 from . import components
 from .components import Component, Design
 from .config import (AblationSpec, ConfigError, ModelConfig, RunConfig, TrainConfig, apply_overrides, load_toml,
-                     resolve_source, validate)
+                     resolve_source, validate, validate_field)
 
 DEFAULT_SPEC = "five-flips.toml"
 MAX_PLAN_RUNS = 10_000  # expanding more runs than this only fills memory before a sweep that never ends
@@ -46,9 +46,46 @@ def experiments_dir() -> Path:
 
 
 def load_spec(path: Path | None) -> AblationSpec:
+    """The spec file, parsed and validated field by field (its plan is checked by load_plan)."""
     path = path or experiments_dir() / DEFAULT_SPEC
     data = resolve_source(load_toml(path), Path(path).parent, "base.data")
-    return validate(AblationSpec, data)
+    return validate(AblationSpec, resolve_spec_sources(data, Path(path).parent))
+
+
+def resolve_spec_sources(data: dict, base_dir: Path) -> dict:
+    """A relative data.source in a component's settings, a [[configs]] entry or an axis resolves
+    against the spec's folder, as base.data.source does."""
+    if not isinstance(data, dict):
+        return data
+    tables = [c.get(k) for c in (data.get("components") or {}).values() if isinstance(c, dict) for k in ("on", "off")]
+    tables += [c.get("set") for c in data.get("configs") or [] if isinstance(c, dict)]
+    for table in tables:
+        if isinstance(table, dict) and "data.source" in table:
+            table["data.source"] = _resolved(table["data.source"], base_dir)
+    axes = data.get("axes")
+    if isinstance(axes, dict) and isinstance(axes.get("data.source"), list):
+        axes["data.source"] = [_resolved(v, base_dir) for v in axes["data.source"]]
+    return data
+
+
+def _resolved(source, base_dir: Path):
+    if isinstance(source, str) and not Path(source).is_absolute() and not Path(source).exists() \
+            and (base_dir / source).exists():
+        return str((base_dir / source).resolve())
+    return source
+
+
+def load_plan(path: Path | None, flips: str | None = None, seeds: int | None = None, steps: int | None = None,
+              **train) -> tuple[AblationSpec, list[PlannedRun]]:
+    """The one way a spec is read: parsed, its base.train fields overridden (`train`, None = keep),
+    its components and every planned config validated, and its plan size checked before the plan
+    is built. `anatomy components SPEC`, `ablate` (also --dry-run and --time) and `check` all
+    read specs through here, so a spec one of them accepts, all accept."""
+    spec = load_spec(path)
+    sets = {f"base.train.{k}": validate_field(f"train.{k}", v, f"--{k}") for k, v in train.items() if v is not None}
+    if sets:
+        spec = validate(AblationSpec, apply_overrides(spec.model_dump(mode="json"), sets))
+    return spec, expand(spec, parse_flips(flips, spec_table(spec)), seeds, steps)
 
 
 def check_data(plan) -> dict[str | None, int]:
@@ -162,14 +199,11 @@ def expand(spec: AblationSpec, flips: list[str] | None = None, seeds: int | None
     base = spec.base.model_dump(mode="json")
     if steps is not None:
         base["train"]["steps"] = steps
-    seed_list = [spec.base.seed + i for i in range(seeds)] if seeds else spec.seed_list
     axes = {axis_key(k): v for k, v in spec.axes.items()}
+    check_plan_size(spec, design, seeds)  # before anything is built: 2^24 factorial points would fill memory
+    seed_list = [spec.base.seed + i for i in range(seeds)] if seeds else spec.seed_list
     points = design_points(spec, design) if design else [(c.name, "list", None, {}) for c in spec.configs]
     sets = {c.name: dict(c.set) for c in spec.configs}
-    size = len(points) * math.prod(len(v) for v in axes.values()) * len(seed_list)
-    if size > MAX_PLAN_RUNS:
-        raise ConfigError(f"the plan has {size:,} runs (configs x axis values x seeds); more than {MAX_PLAN_RUNS:,} "
-                          f"is taken for a typo")
     plan, errors, seen = [], [], set()
     for slug, role, flip, want in points:
         for values in itertools.product(*axes.values()):
@@ -202,6 +236,31 @@ def expand(spec: AblationSpec, flips: list[str] | None = None, seeds: int | None
         more = f"; and {len(errors) - 4} more" if len(errors) > 4 else ""
         raise ConfigError(f"invalid configs in the plan ({len(errors)}): " + "; ".join(errors[:4]) + more)
     return plan
+
+
+def plan_factors(spec: AblationSpec, design: Design | None, seeds: int | None = None) -> dict[str, int]:
+    """The plan's dimensions, counted without building anything: design points (2^k for a factorial
+    of k components; 1 + k and 1 + k one-at-a-time per direction), axis values, seeds. The product
+    bounds the runs (a design point met twice is planned once). A new dimension (sizes) is one more
+    entry."""
+    k = len(design.varied) if design else 0
+    if design is None:
+        points = len(spec.configs)
+    elif spec.design == "factorial":
+        points = 2**k
+    else:
+        points = 1 + ("add-one" in spec.directions) * k + ("remove-one" in spec.directions) * (1 + k)
+    return {"configs": points, "axis values": math.prod(len(v) for v in spec.axes.values()),
+            "seeds": seeds or len(spec.seed_list)}
+
+
+def check_plan_size(spec: AblationSpec, design: Design | None, seeds: int | None = None) -> int:
+    factors = plan_factors(spec, design, seeds)
+    size = math.prod(factors.values())
+    if size > MAX_PLAN_RUNS:
+        shown = " x ".join(f"{n:,} {what}" for what, n in factors.items())
+        raise ConfigError(f"the plan has {size:,} runs ({shown}); more than {MAX_PLAN_RUNS:,} is taken for a typo")
+    return size
 
 
 def role_errors(cfg: RunConfig, design: Design | None, want: dict[str, bool], axis_over: dict, role: str) -> str:
@@ -296,8 +355,7 @@ def execute(plan: list[PlannedRun], sweep_dir: Path, workers: int = 1, on_event:
     resumes the sweep.
     """
     sweep_dir = Path(sweep_dir)
-    if runs.is_run_dir(sweep_dir):  # runs inside a run: its report would see only the outer one
-        raise runs.RunError(f"{sweep_dir} is a run directory, not a sweep directory; choose another --runs-dir")
+    runs.check_placement(sweep_dir, "sweep", "--runs-dir")  # runs inside a run: its report would see the outer one
     sweep_dir.mkdir(parents=True, exist_ok=True)
     emit = on_event or (lambda e: None)
     with SweepLock(sweep_dir):

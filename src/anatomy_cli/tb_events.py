@@ -66,7 +66,7 @@ class EventWriter:
         from tensorboard.summary.writer.record_writer import RecordWriter
 
         if self.pending:
-            with open(self.path, "ab") as f:
+            with runs.writing(self.path), open(self.path, "ab") as f:
                 writer = RecordWriter(f)
                 for record in self.pending:
                     writer.write(record)
@@ -160,11 +160,15 @@ def backfill(root: Path) -> dict[str, int]:
             continue
         base = (run_dir / runs.CONFIG).stat().st_mtime
         tmp = run_dir / f".{BACKFILL}.tmp"
-        writer = EventWriter(tmp, wall_time=base)
-        writer.text("config", config_text(runs.read_json(run_dir / runs.CONFIG)))
-        for row in runs.read_metrics(run_dir):
-            writer.rows([row], wall_time=base + float(row.get("elapsed_s") or 0.0))
-        writer.close()
-        os.replace(tmp, run_dir / BACKFILL)
+        try:
+            writer = EventWriter(tmp, wall_time=base)
+            writer.text("config", config_text(runs.read_json(run_dir / runs.CONFIG)))
+            for row in runs.read_metrics(run_dir):
+                writer.rows([row], wall_time=base + float(row.get("elapsed_s") or 0.0))
+            writer.close()
+            os.replace(tmp, run_dir / BACKFILL)
+        except BaseException:  # interrupted or a full disk: no half-written temp file stays behind
+            tmp.unlink(missing_ok=True)
+            raise
         written += 1
     return {"written": written, "skipped": skipped}

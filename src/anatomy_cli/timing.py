@@ -40,9 +40,9 @@ NOTE_RE = r"timing pass: [^;]*"  # the note every timing effect carries
 
 def time_plan(plan, steps: int = 20, rounds: int = 5, warmup: int = 3, threads: int = 1,
               on_round: Callable[[int, int], None] | None = None) -> dict:
-    """Time one run per config of the plan (its first seed), `rounds` times, in a spawned worker."""
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
+    """Time one run per config of the plan (its first seed), `rounds` times, in a spawned worker
+    (worker.Worker: an interrupt ends it at once, and it never outlives this process)."""
+    from anatomy_cli.worker import Worker
 
     first = {}
     for p in plan:
@@ -53,12 +53,11 @@ def time_plan(plan, steps: int = 20, rounds: int = 5, warmup: int = 3, threads: 
               "ends": list(design.ends) if design else ["reference", "all-on"],
               "configs": roles(configs, design), "rounds_data": []}
     jobs = [(p.slug, p.config.model_dump(mode="json")) for p in configs]
-    ctx = mp.get_context("spawn")  # a clean interpreter: no thread pools or caches of this process
-    with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+    with Worker() as worker:
         for r in range(rounds):
             k = r % len(jobs)
             order = jobs[k:] + jobs[:k]  # rotate: each config takes each position once per len(jobs) rounds
-            result = pool.submit(time_round, order, steps, warmup, threads).result()
+            result = worker.call(time_round, order, steps, warmup, threads)
             record["rounds_data"].append(result)
             if on_round:
                 on_round(r + 1, rounds)
@@ -98,7 +97,8 @@ def time_round(jobs: list[tuple[str, dict]], steps: int, warmup: int, threads: i
 
     from anatomy_cli.config import RunConfig
     from anatomy_cli.data import load_corpus
-    from anatomy_cli.train import Trainer, resolve_config
+    from anatomy_cli.train import resolve_config
+    from anatomy_cli.trainer import Trainer
 
     torch.set_num_threads(threads)
     out = {}
@@ -108,13 +108,11 @@ def time_round(jobs: list[tuple[str, dict]], steps: int, warmup: int, threads: i
         cfg = resolve_config(cfg, corpus)
         with tempfile.TemporaryDirectory(prefix="anatomy-time-") as tmp:
             tr = Trainer(cfg, Path(tmp) / "run", corpus)  # no folder: no event file; no flush, no metrics
-            for _ in range(warmup):
-                tr.train_step()
-            _sync(tr)
+            tr.train_steps(warmup)
+            tr.sync()
             t0 = time.perf_counter()
-            for _ in range(steps):
-                tr.train_step()
-            _sync(tr)
+            tr.train_steps(steps)
+            tr.sync()
             dt = time.perf_counter() - t0
         out[slug] = steps * cfg.train.batch_size * cfg.model.ctx_len / dt
     return out
@@ -128,16 +126,6 @@ def _corpus(load_corpus, cfg):
     if key not in _CORPORA:
         _CORPORA[key] = load_corpus(*key)
     return _CORPORA[key]
-
-
-def _sync(tr) -> None:
-    import torch
-
-    if tr.pending:
-        float(tr.pending[-1][2])  # the host read waits for every queued step
-    if tr.device.type == "cuda":
-        torch.cuda.synchronize(tr.device)
-    tr.pending.clear()
 
 
 # --------------------------------------------------------------------------- files and effects (no torch)

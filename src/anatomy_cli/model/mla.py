@@ -120,7 +120,7 @@ class LatentAttention(nn.Module):
         k_nope, v = kv.split((self.nope, self.v_dim), dim=-1)
         k = torch.cat((k_nope, k_rope.expand(B, H, S, self.rope_dim)), dim=-1)  # [B, H, S, n + p]
         q = torch.cat((q_nope, q_rope), dim=-1)  # [B, H, T, n + p]
-        mask = attention_mask(past, T, S, x.device)
+        mask = attention_mask(past, T, S, 0, x.device)  # always global (a window leaves mla be)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and S == T and T > 1,
                                            scale=self.scale)  # [B, H, T, v]
         return self.out(y.transpose(1, 2).reshape(B, T, H * self.v_dim))

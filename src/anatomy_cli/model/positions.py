@@ -14,8 +14,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..errors import InputError
 
-class PositionError(ValueError):
+
+class PositionError(InputError):
     """A position the model has no representation for (past the learned table)."""
 
 

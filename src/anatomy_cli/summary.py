@@ -1,0 +1,104 @@
+"""summary.json's schema: one typed record that `train` writes and `runs` and `report` read (no torch).
+
+Every field is optional: a run writes a short summary while it trains ('running': status, owner and
+the CARRIED fields), a short one when it fails, and the whole record when it completes, diverges or
+is stopped. Summaries written by older versions (a field missing, or one this version no longer
+writes, such as 'flips') and by newer ones (fields this version does not know) validate: unknown
+fields are kept as they are (extra="allow"), so a reader passes them through untouched. Types are
+strict (an integer field refuses 3.5 and true; a number field takes 3 and NaN), so a corrupt file is
+one line naming its field, never a crash in arithmetic later.
+
+Markers on fields (json_schema_extra), read by code instead of lists kept elsewhere:
+  carried   kept through 'running', 'failed' and 'interrupted' summaries and a resume
+  column    a column of report's runs table (its type gives the column's dtype)
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+CARRIED = "carried"
+COLUMN = "column"
+
+
+def _field(*markers: str) -> Any:
+    return Field(default=None, json_schema_extra=dict.fromkeys(markers, True))
+
+
+class RunSummary(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True, frozen=True)
+
+    status: str | None = None  # runs.COMPLETED, DIVERGED, FAILED, INTERRUPTED or RUNNING
+    run_id: str | None = _field(CARRIED)
+    owner: dict | None = None  # lockfile.identity() of the process training it ('running' only)
+    sweep: str | None = _field(CARRIED)  # set by a sweep (jobs.Job.planned): its name, and the run's
+    role: str | None = _field(CARRIED)  # role in the design ('reference', 'add-one', ...)
+    flip: str | None = _field(CARRIED)  # and the component it flips (None for the ends)
+    label: str | None = None
+    components: list[str] | None = None
+    seed: int | None = None
+    params: int | None = _field(COLUMN)
+    best_val_loss: float | None = _field(COLUMN)
+    best_step: int | None = _field(COLUMN)
+    final_val_loss: float | None = _field(COLUMN)
+    bits_per_char: float | None = _field(COLUMN)
+    steps_done: int | None = None
+    tokens_seen: int | None = None
+    tokens_per_s: float | None = _field(COLUMN)
+    step_time_ms: float | None = _field(COLUMN)
+    wall_s: float | None = _field(COLUMN)
+    peak_mem_bytes: int | None = None
+    device: str | None = None
+    hardware: str | None = None  # accelerator name, or CPU model name and threads
+    cpu_capability: str | None = None  # torch.backends.cpu.get_cpu_capability(): AVX2, AVX512, ...
+    threads: int | None = None
+    torch_version: str | None = None
+    dtype: str | None = None
+    matmul_precision: str | None = None
+    sdpa_kernel: str | None = None
+    compiled: bool | None = None
+    diverged_at: int | None = _field(COLUMN)
+    error: str | None = None
+    corpus_sha256: str | None = _field(CARRIED)
+    corpus_files: dict | None = _field(CARRIED)  # a prepared folder's files' fingerprint (prepared.py)
+
+    @classmethod
+    def marked(cls, marker: str) -> tuple[str, ...]:
+        return tuple(k for k, f in cls.model_fields.items() if (f.json_schema_extra or {}).get(marker))
+
+    @classmethod
+    def kind(cls, name: str) -> type:
+        """int, float, str, bool, list or dict: the type a field holds besides None."""
+        annotation = cls.model_fields[name].annotation
+        return next(t for t in getattr(annotation, "__args__", (annotation,)) if t is not type(None))
+
+    @classmethod
+    def check(cls, data: Any) -> str | None:
+        """None when `data` is a valid summary, else 'params is 3.5, not an integer' (the first problem)."""
+        if not isinstance(data, dict):
+            return "not a JSON object"
+        try:
+            cls.model_validate(data)
+        except ValidationError as err:
+            e = err.errors()[0]
+            name = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"]).lstrip(".") or "summary"
+            what = KINDS.get(e["type"].removesuffix("_type"), e["type"])
+            return f"{name} is {json.dumps(e['input'], default=str)[:40]}, not {what}"
+        return None
+
+    def record(self) -> dict:
+        """The JSON object summary.json holds: the fields that were set (None ones too), extras last."""
+        return self.model_dump(exclude_unset=True)
+
+    def carried(self) -> dict:
+        """The CARRIED fields that are set: what 'running' and 'failed' summaries and a resume keep."""
+        return {k: v for k, v in self.record().items() if k in CARRIED_FIELDS}
+
+
+KINDS = {"int": "an integer", "float": "a number", "string": "a string", "bool": "true or false",
+         "list": "a list", "dict": "an object"}
+CARRIED_FIELDS = RunSummary.marked(CARRIED)
+COLUMNS = RunSummary.marked(COLUMN)

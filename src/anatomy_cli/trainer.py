@@ -1,0 +1,342 @@
+"""The step loop of one run: a Trainer steps the model and owns its loop; a RunLog keeps the run's books.
+
+  Trainer   model, optimizer, batches, validation windows: train_step() -> StepRecord, evaluate(),
+            run(stop) -> (status, diverged_at), state() / restore() as a ResumeState
+  RunLog    one run folder's books: metrics.jsonl lines, TensorBoard events, best val loss and
+            best.safetensors, divergence, and the checkpoint file (resume.pt)
+
+The split lets several runs share one model step (stacked seeds: one batched model, a RunLog per
+member) without the books knowing. Losses and gradient norms stay on the device as StepRecords and
+are read back only at log and eval points and checkpoints (no host sync per step). Progress goes
+to a callback; this module never prints.
+
+Checkpoints (train.checkpoint_every / checkpoint_minutes; by default at every evaluation) are one
+file holding everything a resume needs, replaced atomically (checkpoint.save_checkpoint), so a
+complete checkpoint exists at every instant once the first is written. Before it names step s,
+every metrics line up to s is on disk; lines past s (written after it, before a kill) are dropped
+on resume and computed again, bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import torch
+
+from . import runs, tb_events
+from .checkpoint import load_checkpoint, read_weights, save_checkpoint, save_weights
+from .config import RunConfig
+from .data import BatchSampler, Corpus, fixed_windows
+from .devices import autocast, compile_model, configure, keep_freed_memory, resolve_device
+from .model import LM
+
+Progress = Callable[[dict], None]
+
+
+def lr_at(step: int, t) -> float:
+    """Linear warmup to t.lr, then constant or cosine down to t.lr * t.min_lr_frac."""
+    if step < t.warmup:
+        return t.lr * (step + 1) / t.warmup
+    if t.schedule == "constant":
+        return t.lr
+    progress = (step - t.warmup) / max(1, t.steps - t.warmup)
+    return t.lr * (t.min_lr_frac + (1 - t.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
+def make_optimizer(model: LM, t, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW; weight decay on matrices only (not on norm weights/biases); fused kernel when offered."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    kwargs = dict(lr=t.lr, betas=(t.beta1, t.beta2))
+    try:
+        return torch.optim.AdamW(groups, fused=device.type in ("cuda", "cpu"), **kwargs)
+    except (RuntimeError, TypeError):  # older torch without a fused kernel for this device
+        return torch.optim.AdamW(groups, **kwargs)
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One optimizer step's numbers, kept on the device until the RunLog flushes them."""
+
+    step: int  # steps done after this one
+    lr: float
+    loss: torch.Tensor  # cross-entropy of the batch, 0-d
+    grad_norm: torch.Tensor  # total gradient norm before clipping, 0-d
+    z: torch.Tensor | None = None  # the z-loss term added to the minimised loss (train.z_loss > 0)
+
+
+@dataclass
+class ResumeState:
+    """Everything besides the weights that a run needs to continue step-exactly."""
+
+    step: int
+    best: float  # best val loss so far (inf before a finite one)
+    best_step: int  # -1 before a finite val loss
+    ref_loss: float | None  # the untrained model's val loss: the yardstick for "exploded"
+    last_val: float
+    diverged_at: int | None
+    elapsed: float
+    train_time: float
+    optimizer: dict
+    sampler: torch.Tensor  # the batch generator's state
+    torch_rng: torch.Tensor
+
+    def to_state(self) -> dict:
+        """Plain containers, numbers and tensors: what torch.load(weights_only=True) reads back."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_state(cls, state: dict) -> ResumeState:
+        if "counters" in state:  # resume.pt of an older version: positional tensors, weights elsewhere
+            (step, best_step), (best, ref, last_val, elapsed, train_time) = (
+                state["counters"].tolist(), state["floats"].tolist())
+            state = {**state, "step": step, "best_step": best_step, "best": best, "last_val": last_val,
+                     "ref_loss": None if math.isnan(ref) else ref, "diverged_at": None, "elapsed": elapsed,
+                     "train_time": train_time}
+        return cls(**{f.name: state[f.name] for f in fields(cls)})
+
+
+class RunLog:
+    """The books of one run folder: metric lines, best weights, divergence, checkpoint files."""
+
+    def __init__(self, cfg: RunConfig, run_dir: Path):
+        self.cfg, self.run_dir = cfg, Path(run_dir)
+        self.pending: list[StepRecord] = []
+        self.best, self.best_step, self.ref_loss = math.inf, -1, None
+        self.last_val, self.train_loss = math.nan, math.nan
+        self.diverged_at: int | None = None  # the first diverged step; the loop stops at its next log point
+        self.events = tb_events.for_run(self.run_dir, cfg.model_dump(mode="json"))  # None without tensorboard
+
+    def tokens(self, step: int) -> int:
+        return step * self.cfg.train.batch_size * self.cfg.model.ctx_len
+
+    def flush(self, step: int, val_loss: float | None = None, elapsed: float = 0.0, durable: bool = False) -> None:
+        """Append the pending step lines (one host read for all) and, at an eval, the val loss to
+        metrics.jsonl; note the first diverged step. durable: fsync (before a checkpoint names step)."""
+        lines = []
+        if self.pending:
+            rows = [torch.stack([r.loss.float(), r.grad_norm.float()] + ([] if r.z is None else [r.z.float()]))
+                    for r in self.pending]
+            for rec, (loss, norm, *z) in zip(self.pending, torch.stack(rows).tolist()):
+                lines.append({"step": rec.step, "train_loss": loss, "grad_norm": norm, "lr": rec.lr,
+                              "tokens": self.tokens(rec.step)})
+                if z:  # z_loss > 0: the z term added to the minimised loss (train_loss stays the CE)
+                    lines[-1]["z_loss"] = z[0]
+                self.note(rec.step, loss)
+            self.train_loss = lines[-1]["train_loss"]
+            self.pending = []
+        if val_loss is not None:
+            if not lines or lines[-1]["step"] != step:
+                lines.append({"step": step, "tokens": self.tokens(step)})
+            lines[-1].update(val_loss=val_loss, elapsed_s=round(elapsed, 3))
+            self.note(step, val_loss)
+        runs.append_text(self.run_dir / runs.METRICS, "".join(runs.json_line(r) for r in lines), durable)
+        if self.events is not None:
+            self.events.rows(lines)
+
+    def note(self, step: int, loss: float) -> None:
+        if self.diverged_at is None and self.is_diverged(loss):
+            self.diverged_at = step
+
+    def is_diverged(self, loss: float) -> bool:
+        if not math.isfinite(loss):
+            return True
+        return self.ref_loss is not None and loss > self.cfg.train.diverge_factor * self.ref_loss
+
+    def evaluated(self, step: int, val: float, weights: Callable[[], dict]) -> None:
+        """Book a val loss; a new best saves `weights()` (a state dict) as best.safetensors."""
+        self.last_val = val
+        if self.ref_loss is None:
+            self.ref_loss = val
+        if val < self.best:
+            self.best, self.best_step = val, step
+            save_weights(weights(), self.run_dir / runs.BEST)
+
+    def save_checkpoint(self, weights: dict, state: ResumeState) -> None:
+        """resume.pt: weights, the best weights when they are not these, and the resume state."""
+        best = read_weights(self.run_dir / runs.BEST) if 0 <= state.best_step < state.step else None
+        save_checkpoint({"model": weights, "best_model": best, **state.to_state()}, self.run_dir / runs.RESUME)
+
+    def read_checkpoint(self) -> tuple[dict, dict | None, ResumeState]:
+        """(weights, best weights, state) of resume.pt, changing nothing. Best weights None: the weights
+        are the best (or there is none yet); an older version's resume.pt has its weights in last."""
+        ckpt = load_checkpoint(self.run_dir / runs.RESUME)
+        try:
+            state = ResumeState.from_state(ckpt)
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise runs.RunError(f"resume state in {self.run_dir} does not fit this run: {err!r}") from None
+        if "model" not in ckpt:  # an older resume.pt; its best.safetensors stays as it is
+            return read_weights(self.run_dir / runs.LAST), None, state
+        return ckpt["model"], ckpt.get("best_model"), state
+
+    def resumed(self, state: ResumeState, weights: dict, best: dict | None) -> None:
+        """Take the books of a checkpoint: best.safetensors back to its best weights (a later best may
+        have been written before a kill), and metric lines past its step dropped (they come again)."""
+        self.best, self.best_step, self.ref_loss = state.best, state.best_step, state.ref_loss
+        self.last_val, self.diverged_at = state.last_val, state.diverged_at
+        if best is not None or state.best_step == state.step:
+            save_weights(weights if best is None else best, self.run_dir / runs.BEST)
+        elif state.best_step < 0:
+            (self.run_dir / runs.BEST).unlink(missing_ok=True)
+        rows = [r for r in runs.read_metrics(self.run_dir) if r["step"] <= state.step]
+        runs.atomic_write_text(self.run_dir / runs.METRICS, "".join(runs.json_line(r) for r in rows))
+
+    def close(self) -> None:
+        if self.events is not None:
+            self.events.close()
+
+
+class Trainer:
+    """One model and its optimizer, batches and validation windows, stepping one run's RunLog."""
+
+    def __init__(self, cfg: RunConfig, run_dir: Path, corpus: Corpus, progress: Progress | None = None):
+        t = cfg.train
+        self.cfg, self.run_dir, self.corpus, self.progress = cfg, Path(run_dir), corpus, progress
+        if t.threads:
+            torch.set_num_threads(t.threads)
+        self.device = resolve_device(t.device)
+        if self.device.type == "cpu":
+            keep_freed_memory()
+        configure(self.device)
+        torch.manual_seed(cfg.seed)  # model init depends on the seed alone
+        self.model = LM(cfg.model).to(self.device)
+        self.fwd = compile_model(self.model, t.compile_mode) if t.compile else self.model
+        self.opt = make_optimizer(self.model, t, self.device)
+        self.sampler = BatchSampler(corpus.train, t.batch_size, cfg.model.ctx_len, cfg.seed, self.device)
+        self.val = fixed_windows(corpus.val, t.batch_size, cfg.model.ctx_len, t.eval_batches, self.device)
+        self.autocast = autocast(self.device, t.dtype)
+        self.step, self.elapsed, self.train_time = 0, 0.0, 0.0
+        self.last: StepRecord | None = None  # the latest step's record
+        self.log = RunLog(cfg, run_dir)
+
+    # ------------------------------------------------------------------ one step
+    def losses(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(loss to minimise, cross-entropy, z term or None) of one batch; the z term only when z_loss > 0.
+
+        z term = z_loss * mean over positions of logsumexp(logits)^2 (PaLM, Chowdhery et al. 2022,
+        sec. 5). It is on the device like the loss: no host read. Evaluation never adds it.
+        """
+        with self.autocast:
+            logits, loss = self.fwd(x, y)
+        coef = self.cfg.train.z_loss
+        if coef == 0:
+            return loss, loss, None
+        z = coef * logits.float().logsumexp(dim=-1).square().mean()  # logits: [B, T, V], unpadded
+        return loss + z, loss, z
+
+    def train_step(self) -> StepRecord:
+        t = self.cfg.train
+        lr = lr_at(self.step, t)
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+        x, y = self.sampler.next()
+        total, loss, z = self.losses(x, y)
+        total.backward()
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip if t.grad_clip > 0 else math.inf)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.step += 1
+        self.last = StepRecord(self.step, lr, loss.detach(), norm.detach(), None if z is None else z.detach())
+        return self.last
+
+    def train_steps(self, n: int) -> None:
+        """n steps that nobody books (a timing pass): no metrics, no checkpoint."""
+        for _ in range(n):
+            self.train_step()
+
+    def sync(self) -> None:
+        """Wait until every queued step has run: one host read of the last loss (+ CUDA synchronize)."""
+        if self.last is not None:
+            float(self.last.loss)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        self.model.eval()
+        total = torch.zeros((), device=self.device)
+        for x, y in self.val:
+            with self.autocast:
+                _, loss = self.fwd(x, y)
+            total += loss.float()
+        self.model.train()
+        return float(total) / len(self.val)
+
+    # ------------------------------------------------------------------ state
+    def state(self) -> ResumeState:
+        log = self.log
+        return ResumeState(self.step, log.best, log.best_step, log.ref_loss, log.last_val, log.diverged_at,
+                           self.elapsed, self.train_time, self.opt.state_dict(), self.sampler.state(),
+                           torch.get_rng_state())
+
+    def checkpoint(self) -> None:
+        """Metric lines up to this step on disk, then resume.pt replaced in one rename."""
+        self.log.flush(self.step, durable=True)
+        self.log.save_checkpoint(self.model.state_dict(), self.state())
+
+    def restore(self) -> None:
+        """Continue from resume.pt: weights, optimizer, batch order, RNG, counters and books."""
+        weights, best, s = self.log.read_checkpoint()
+        try:
+            self.model.load_state_dict(weights, strict=True)
+            self.opt.load_state_dict(s.optimizer)
+            self.sampler.set_state(s.sampler)
+            torch.set_rng_state(s.torch_rng)
+        except (KeyError, ValueError, RuntimeError, TypeError) as err:
+            detail = " ".join(str(err).split())[:300]
+            raise runs.RunError(f"resume state in {self.run_dir} does not fit this run: {detail}") from None
+        self.step, self.elapsed, self.train_time = s.step, s.elapsed, s.train_time
+        self.log.resumed(s, weights, best)
+
+    # ------------------------------------------------------------------ the loop
+    def run(self, stop: Callable[[], bool] | None = None) -> tuple[str, int | None]:
+        """Train to cfg.train.steps, or until diverged or stop() is true: (status, diverged_at)."""
+        t, log = self.cfg.train, self.log
+        if self.step == 0 and not (self.run_dir / runs.METRICS).exists():
+            log.flush(0, self.eval_point())  # step 0: the untrained model's val loss
+        start = time.perf_counter() - self.elapsed
+        saved = time.perf_counter()
+        while self.step < t.steps:
+            t0 = time.perf_counter()
+            log.pending.append(self.train_step())
+            self.train_time += time.perf_counter() - t0
+            is_eval = self.step % t.eval_interval == 0 or self.step == t.steps
+            if is_eval or self.step % t.log_interval == 0:
+                self.elapsed = time.perf_counter() - start
+                log.flush(self.step, self.eval_point() if is_eval else None, self.elapsed)
+                if log.diverged_at is not None:
+                    return runs.DIVERGED, log.diverged_at
+                self.report()
+            if stop is not None and stop():
+                self.elapsed = time.perf_counter() - start
+                self.checkpoint()
+                return runs.INTERRUPTED, None
+            if self.step < t.steps and self.checkpoint_due(is_eval, time.perf_counter() - saved):
+                self.elapsed = time.perf_counter() - start
+                self.checkpoint()
+                saved = time.perf_counter()
+        self.elapsed = time.perf_counter() - start
+        return runs.COMPLETED, None
+
+    def checkpoint_due(self, is_eval: bool, since_s: float) -> bool:
+        """By train.checkpoint_every steps and/or checkpoint_minutes; with neither, at every evaluation."""
+        t = self.cfg.train
+        if t.checkpoint_every is None and t.checkpoint_minutes is None:
+            return is_eval
+        return ((t.checkpoint_every is not None and self.step % t.checkpoint_every == 0)
+                or (t.checkpoint_minutes is not None and since_s >= 60 * t.checkpoint_minutes))
+
+    def eval_point(self) -> float:
+        val = self.evaluate()
+        self.log.evaluated(self.step, val, self.model.state_dict)
+        return val
+
+    def report(self) -> None:
+        if self.progress:
+            self.progress({"step": self.step, "steps": self.cfg.train.steps, "val_loss": self.log.last_val,
+                           "best_val_loss": self.log.best, "train_loss": self.log.train_loss})
