@@ -187,6 +187,11 @@ def ablate(
     estimate = plan_estimate(plan if dry_run else pending_runs(plan, sweep_dir), n_workers, vocab)
     if dry_run:
         console.print(plan_table(plan, sweep_dir, n_workers, vocab, estimate))
+        if s.sizes:
+            from .cli_scale import size_report
+
+            console.print(f"per size (budget {s.budget}):", highlight=False, markup=False)
+            console.print(size_report(plan, n_workers, None)[1], highlight=False, markup=False, soft_wrap=True)
         return
     err_console.print(plan_line(plan, sweep_dir, n_workers, estimate), highlight=False, soft_wrap=True)
     if any(p.config.train.compile for p in plan):  # before the workers spawn: they inherit it
@@ -258,11 +263,13 @@ def _write_report(root: Path, out: Path | None, formats: tuple[str, ...], frames
     from .textable import width
     from .verdict import verdict_frame
 
+    from .scale import scale_frames
+
     frames = frames or rep.report_frames(root, min_effect)
     paths = rep.write_report(root, out, formats, frames)
     effects = frames[2]
-    console.print(verdict_text(verdict_frame(effects[effects["metric"] == rep.LOSS_METRIC]), frames[0], root, width()),
-                  highlight=False, markup=False, soft_wrap=True)
+    console.print(verdict_text(verdict_frame(effects[effects["metric"] == rep.LOSS_METRIC]), frames[0], root, width(),
+                               scale_frames(*frames)), highlight=False, markup=False, soft_wrap=True)
     main = next((paths[k] for k in ("report.html", "report.md", "report.json", "effects.csv") if k in paths),
                 paths["forest.png"])
     console.print(f"report: {main} (all files in {main.parent})", highlight=False, markup=False, soft_wrap=True)

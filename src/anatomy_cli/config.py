@@ -278,13 +278,18 @@ class ModelConfig(_Frozen):
         only what a token is sent to, see ffn_params). FLOPs per token follow this count."""
         return self._params(active=True)
 
+    def non_embedding_params(self, active: bool = False) -> int:
+        """Every parameter but the token table, the LM head and the position table: the blocks and the
+        final norm, Kaplan et al. (2020)'s N, what grows with width and depth (and needs no vocab).
+        Size ladders are placed, and token-per-parameter budgets computed, by this count."""
+        layers = sum(self.layer_params(kind, active) for kind in self.layer_kinds)
+        return layers + (self.norm_params if self.norm_pos == "pre" else 0)
+
     def _params(self, active: bool) -> int:
         if self.vocab_size is None:
             raise ConfigError("model.vocab_size is not set")
-        layers = sum(self.layer_params(kind, active) for kind in self.layer_kinds)
-        final = self.norm_params if self.norm_pos == "pre" else 0
         embeddings = (1 if self.tie_embeddings else 2) * self.vocab_size * self.d_model  # token table (+head)
-        return embeddings + self.position_params + layers + final
+        return embeddings + self.position_params + self.non_embedding_params(active)
 
     def layer_params(self, kind: str, active: bool = False) -> int:
         """One block: its token mixer of `kind`, its channel mixer and its norms (one when parallel)."""
@@ -457,6 +462,35 @@ class ComponentSpec(_Frozen):
 COMPONENT_NAME = r"^[a-z][a-z0-9_]{0,31}$"
 
 
+class SizeSpec(_Frozen):
+    """One rung of a size ladder (`[[sizes]]`): model settings (and, where it must differ, train
+    settings) laid over the base. The study's whole design runs at every size (AblationSpec.sizes).
+    A size that sets n_head but not n_kv_head keeps the base's ratio of query to K/V heads (an MHA
+    base stays MHA); a component that switches n_kv_head (gqa) still sets its own."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9.+-]*$", max_length=32)
+    model: dict[str, Any] = {}
+    train: dict[str, Any] = {}
+
+    def resolved(self, base: RunConfig) -> tuple[ModelConfig, TrainConfig]:
+        """The base's model and train sections with this size's settings; ConfigError naming the size."""
+        for section, cls, given in (("model", ModelConfig, self.model), ("train", TrainConfig, self.train)):
+            unknown = [k for k in given if k not in cls.model_fields]
+            if unknown:
+                raise ConfigError(f"sizes.{self.name}.{section}.{unknown[0]}: unknown key (not a {section} field)")
+        dumped = base.model_dump(mode="json")
+        model = {**dumped["model"], **self.model}
+        if "n_head" in self.model and "n_kv_head" not in self.model:
+            ratio = base.model.n_head // base.model.n_kv_head  # validated: n_kv_head divides n_head
+            if isinstance(model["n_head"], int) and model["n_head"] % ratio == 0:
+                model["n_kv_head"] = model["n_head"] // ratio
+            else:
+                raise ConfigError(f"sizes.{self.name}.model: n_head={model['n_head']!r} keeps no whole ratio to the "
+                                  f"base's {base.model.n_head}:{base.model.n_kv_head} query:K/V heads; set n_kv_head")
+        return (validate(ModelConfig, model, f"sizes.{self.name}.model."),
+                validate(TrainConfig, {**dumped["train"], **self.train}, f"sizes.{self.name}.train."))
+
+
 class AblationSpec(_Frozen):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$", max_length=64)
     base: RunConfig = RunConfig()
@@ -471,6 +505,12 @@ class AblationSpec(_Frozen):
     gqa_kv_head: int | None = Field(default=None, gt=0)  # n_kv_head the gqa flip uses
     configs: list[NamedConfig] = []  # the `list` design's entries
     axes: dict[str, list[Any]] = {}  # dotted key -> values, crossed with the design
+    # A size ladder: the design runs at every size, each size paired on its own seeds (sweep.expand).
+    # budget: every size trains base.train.steps ("same-steps"), or tokens_per_param tokens per
+    # non-embedding parameter (Chinchilla-style, "tokens-per-param"; sweep.size_steps).
+    sizes: Annotated[list[SizeSpec], Field(max_length=64)] = []
+    budget: Literal["same-steps", "tokens-per-param"] = "same-steps"
+    tokens_per_param: float | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _check_design(self) -> AblationSpec:
@@ -492,7 +532,28 @@ class AblationSpec(_Frozen):
         for key, values in self.axes.items():
             if not values:
                 raise ValueError(f"axes.{key} must list at least one value")
+        self._check_sizes()
         return self
+
+    def _check_sizes(self) -> None:
+        names = [s.name for s in self.sizes]
+        twice = next((n for n in names if names.count(n) > 1), None)
+        if twice:
+            raise ValueError(f"sizes: the name {twice!r} is used by two sizes")
+        if self.budget == "tokens-per-param" and (not self.sizes or self.tokens_per_param is None):
+            raise ValueError("budget 'tokens-per-param' needs [[sizes]] and tokens_per_param (e.g. 20)")
+        if self.budget != "tokens-per-param" and self.tokens_per_param is not None:
+            raise ValueError("tokens_per_param is only used by budget = 'tokens-per-param'")
+        seen: dict[str, str] = {}
+        for size in self.sizes:
+            if "steps" in size.train:
+                raise ValueError(f"sizes.{size.name}.train.steps: the budget rule sets every size's steps "
+                                 f"(budget = 'same-steps': base.train.steps; 'tokens-per-param': computed)")
+            model, train = size.resolved(self.base)
+            key = model.model_dump_json() + train.model_dump_json()
+            if key in seen:
+                raise ValueError(f"sizes.{size.name}: the same settings as sizes.{seen[key]} (a size that repeats another)")
+            seen[key] = size.name
 
     @property
     def seed_list(self) -> list[int]:
