@@ -267,7 +267,8 @@ def kv_budget_cmd(
                                                        "the config's).")] = None,
     window_pattern: Annotated[Optional[str], typer.Option(help="L local / G global per layer, repeated (default: "
                                                                 "the config's layer_types, else every layer).")] = None,
-    kv_lora_rank: Annotated[Optional[int], typer.Option(help="MLA: kv_lora_rank, the cached latent (with --rope-dim).")] = None,
+    kv_lora_rank: Annotated[Optional[int], typer.Option(help="MLA: kv_lora_rank, the cached latent "
+                                                             "(with --rope-dim).")] = None,
     rope_dim: Annotated[Optional[int], typer.Option(help="MLA: qk_rope_head_dim, the cached shared rope key.")] = None,
     seq: Annotated[int, typer.Option(help="Sequence length T (tokens in the cache).")] = 4096,
     batch: Annotated[int, typer.Option(help="Batch size B.")] = 1,

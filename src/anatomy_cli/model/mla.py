@@ -79,7 +79,8 @@ class LatentAttention(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         m = cfg.mla_dims
-        self.n_head, self.nope, self.rope_dim, self.v_dim = cfg.n_head, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim
+        self.n_head, self.nope, self.v_dim = cfg.n_head, m.qk_nope_head_dim, m.v_head_dim
+        self.rope_dim = m.qk_rope_head_dim
         self.kv_rank = m.kv_lora_rank
         qk_dim = self.nope + self.rope_dim
         self.q_down = nn.Linear(cfg.d_model, m.q_lora_rank, bias=False)
