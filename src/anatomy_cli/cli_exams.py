@@ -296,8 +296,8 @@ def kv_budget_cmd(
     for r in out["rows"]:
         name = f"{r['attention']} (config)" if r["is_config"] else r["attention"]
         g = str(r["kv_heads"]) if r["kv_heads"] else f"latent {shape.kv_lora_rank}+{shape.rope_dim}"
-        cells = [name, g, f"{r['bytes']:,}", r["human"], f"{r['bytes_per_token']:,}",
-                 "1" if r["mha_over"] == 1 else f"1/{r['mha_over']:.3g}"]
+        vs_mha = f"1/{r['mha_over']:.3g}" if r["mha_over"] > 1 else f"{r['ratio_to_mha']:.3g}"  # MLA may exceed MHA
+        cells = [name, g, f"{r['bytes']:,}", r["human"], f"{r['bytes_per_token']:,}", vs_mha]
         table.add_row(*cells, *([exams.fmt_bytes(r["bytes_all_global"])] if swa else []))
     console.print(table)
     console.print(f"bytes = {out['formula']}", highlight=False)
