@@ -128,6 +128,7 @@ class ModelConfig(_Frozen):
     K projections instead), tie_embeddings (head = token embedding, GPT-2 / Gemma), parallel_block
     (attention and FFN side by side, GPT-J / PaLM), logit_softcap (c * tanh(logits / c), Gemma 2) and
     window (sliding-window attention, Mistral / Gemma 2-3). pos_type="nope" is NoPE (no positions at all).
+    moe swaps every FFN for a routed mixture of experts of the same type (DeepSeek V3, Qwen3-MoE).
     """
 
     vocab_size: int | None = Field(default=None, gt=0, le=MAX_SIZE)  # None: taken from the data at train time
@@ -161,6 +162,16 @@ class ModelConfig(_Frozen):
     # L local, G global, repeated over the stack ("L": Mistral; "LLLLLG": Gemma 3; "LG": Gemma 2).
     window: int = new(0, ge=0, le=MAX_SIZE)
     window_pattern: str = new("L", max_length=1024)
+    # Mixture of experts (moe, model/moe.py): every block's FFN becomes moe_experts copies of the
+    # ffn_type FFN, each token routed to its moe_top_k best. Expert hidden size: moe_hidden, or by
+    # default the dense hidden split over the active experts (moe_expert_hidden), so active FFN
+    # parameters per token equal the dense FFN's. moe_shared adds one always-on expert of that size,
+    # gated by sigmoid(w . x) as in Qwen2-MoE / Qwen3-Next.
+    moe: bool = new(False)
+    moe_experts: int = new(8, ge=2, le=MAX_SIZE)
+    moe_top_k: int = new(2, ge=1, le=MAX_SIZE)
+    moe_hidden: int | None = new(None, gt=0, le=MAX_SIZE)  # None: see moe_expert_hidden
+    moe_shared: bool = new(False)
     # Multi-head latent attention (mla). Its five sizes keep HF DeepseekV3Config's names; None (the
     # default) derives each from d_model and head_dim (see mla_dims), and they are mla-only settings.
     attn_type: AttnType = new("softmax")
@@ -191,6 +202,11 @@ class ModelConfig(_Frozen):
         if self.window > self.ctx_len:
             raise ValueError(f"window={self.window} is larger than ctx_len={self.ctx_len}: it would never "
                              f"bind in training (window=0 is global attention)")
+        if self.moe_top_k > self.moe_experts:
+            raise ValueError(f"moe_top_k={self.moe_top_k} must not exceed moe_experts={self.moe_experts}")
+        if self.moe and self.moe_expert_hidden < 1:
+            raise ValueError(f"the dense hidden size {self.ffn_hidden} split over {self.moe_active_experts} active "
+                             f"experts leaves none per expert; set model.moe_hidden")
         self._check_mla()
         return self
 
@@ -317,8 +333,35 @@ class ModelConfig(_Frozen):
         raise ValueError(f"no parameter formula for layer kind {kind!r}")
 
     def ffn_params(self, active: bool = False) -> int:
-        """One channel mixer (model/ffn.py); active: the part one token uses (all of a dense FFN)."""
-        return (3 if self.ffn_type == "swiglu" else 2) * self.d_model * self.ffn_hidden
+        """One channel mixer (model/ffn.py); active: the part one token uses (all of a dense FFN).
+
+        A mixture of experts (moe.py): E experts, the router (E x d) and the shared expert with its
+        gate (d); a token uses its k experts, and all of router, shared expert and gate."""
+        if not self.moe:
+            return self.dense_ffn_params(self.ffn_hidden)
+        expert, E, k = self.dense_ffn_params(self.moe_expert_hidden), self.moe_experts, self.moe_top_k
+        always = E * self.d_model + ((expert + self.d_model) if self.moe_shared else 0)  # router, shared + gate
+        return (k if active else E) * expert + always
+
+    def dense_ffn_params(self, hidden: int) -> int:
+        """One dense FFN of this hidden size: GELU up/down, or SwiGLU gate/up/down."""
+        return (3 if self.ffn_type == "swiglu" else 2) * self.d_model * hidden
+
+    @property
+    def moe_active_experts(self) -> int:
+        """Experts a token passes through: its top k, plus the shared one."""
+        return self.moe_top_k + (1 if self.moe_shared else 0)
+
+    @property
+    def moe_expert_hidden(self) -> int:
+        """One expert's hidden size: moe_hidden, else ffn_hidden // active experts (8 experts, top-2:
+        half the dense hidden each, so a token's active FFN matches the dense one)."""
+        return self.moe_hidden or self.ffn_hidden // self.moe_active_experts
+
+    @property
+    def active_hidden(self) -> int:
+        """FFN hidden units a token passes through: ffn_hidden, or an expert's times the active experts."""
+        return self.moe_expert_hidden * self.moe_active_experts if self.moe else self.ffn_hidden
 
     @property
     def norm_params(self) -> int:
@@ -377,10 +420,10 @@ class ModelConfig(_Frozen):
         """Rough fp32 bytes of one training step, to refuse before allocating what cannot fit.
 
         16 B per parameter (weights, grads, AdamW's two moments) plus what backward keeps per token:
-        per layer ~16 d + 3 ffn_hidden floats and n_head x ctx_len attention probabilities, and the
+        per layer ~16 d + 3 active_hidden floats and n_head x ctx_len attention probabilities, and the
         logits three times over (logits, softmax, their grad).
         """
-        per_token = self.n_layer * (16 * self.d_model + 3 * self.ffn_hidden + self.n_head * self.ctx_len)
+        per_token = self.n_layer * (16 * self.d_model + 3 * self.active_hidden + self.n_head * self.ctx_len)
         per_token += 3 * self.vocab_size
         return 16 * self.num_params() + 4 * batch_size * self.ctx_len * per_token
 
@@ -408,6 +451,9 @@ class TrainConfig(_Frozen):
     # PaLM's auxiliary z-loss (Chowdhery et al. 2022 used 1e-4): + z_loss * mean(logsumexp(logits)^2)
     # on the training loss only; 0 = off. Keeps log Z near 0 so the softmax stays well-conditioned.
     z_loss: float = new(0.0, ge=0)
+    # Load-balancing loss coefficient of a mixture of experts (model.moe; Switch / Qwen3-MoE's
+    # router_aux_loss_coef, 0.001): + moe_aux_loss * E * sum_e f_e P_e on the training loss only.
+    moe_aux_loss: float = new(0.001, ge=0)
     eval_interval: int = Field(default=100, gt=0)
     eval_batches: int = Field(default=8, gt=0, le=MAX_SIZE)
     log_interval: int = Field(default=10, gt=0)  # train-loss/grad-norm lines are flushed this often

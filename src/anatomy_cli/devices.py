@@ -268,14 +268,14 @@ def run_bytes(cfg, vocab_size: int) -> int:
     """Estimated peak CUDA bytes of one training run (x2 for allocator caching), not counting the context.
 
     Weights, grads and Adam's two moments: 16 bytes a parameter. Activations saved for backward per
-    layer ~ B*T*(16*d + 3*ffn_hidden) values; the loss head ~ 3 * B*T*V_padded (logits, fp32 copy,
+    layer ~ B*T*(16*d + 3*active_hidden) values; the loss head ~ 3 * B*T*V_padded (logits, fp32 copy,
     gradient). Values are 4 bytes (fp32 master paths dominate even under bf16 autocast).
     """
     m = cfg.model.model_copy(update={"vocab_size": vocab_size})
     t = cfg.train
     tokens = t.batch_size * m.ctx_len
     vpad = -(-vocab_size // 64) * 64
-    act = tokens * (m.n_layer * (16 * m.d_model + 3 * m.ffn_hidden) + 3 * vpad) * 4
+    act = tokens * (m.n_layer * (16 * m.d_model + 3 * m.active_hidden) + 3 * vpad) * 4
     return 2 * (16 * m.num_params() + act)
 
 
