@@ -224,6 +224,7 @@ MODERN_NAMES = {
     "logit_softcap": (30.0, "soft-capped logits (softcap)"),
     "pos_type": ("nope", "NoPE (nope)"),
     "gdn_pattern": ("DA", "Gated DeltaNet hybrid (gdn)"),  # any pattern: "DA" is not the row's DDDA
+    "moe": (True, "mixture of experts (moe)"),
 }
 
 
@@ -239,7 +240,7 @@ def test_every_post_llama_part_is_named_in_one_line(tmp_path):
     parts = {field: value for field, (value, _) in MODERN_NAMES.items()}
     with pytest.raises(ExportError) as err:
         check_llama_shaped(ModelConfig(vocab_size=50, **model_kwargs(2, **parts)))
-    order = ("qk_norm", "parallel_block", "logit_softcap", "pos_type", "gdn_pattern")  # the table's
+    order = ("qk_norm", "parallel_block", "logit_softcap", "pos_type", "gdn_pattern", "moe")  # the table's
     names = [MODERN_NAMES[f][1] for f in order]
     assert str(err.value) == f"cannot export to Llama: {', '.join(names)} have no Llama equivalent"
     assert "\n" not in str(err.value)

@@ -116,7 +116,8 @@ def sdpa_kernel(cfg, batch: int, device: torch.device, dtype: str) -> str:
     causal training attention to: torch._fused_sdp_choice on q [B, H, T, hd], k/v [B, G, T, hd]
     of the autocast dtype. On CPU 'flash' is the CPU flash kernel. Under torch.compile inductor
     lowers to the same aten kernel. Sliding-window layers pass a band mask, which CUDA's flash
-    kernel does not take: with both kinds it reads 'flash, local: efficient'."""
+    kernel does not take: with both kinds it reads 'flash, local: efficient'. MLA layers ask with
+    q, k [B, H, T, nope + rope] and v [B, H, T, v_head_dim] ('mla: ...')."""
     from torch.nn.attention import SDPBackend
 
     from .model.attention import attention_mask
@@ -127,16 +128,20 @@ def sdpa_kernel(cfg, batch: int, device: torch.device, dtype: str) -> str:
     if choose is None:
         return "unknown"
     tdtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
-    T = cfg.ctx_len
-    q = torch.zeros(batch, cfg.n_head, T, cfg.head_dim, device=device, dtype=tdtype)
-    kv = torch.zeros(batch, cfg.n_kv_head, T, cfg.head_dim, device=device, dtype=tdtype)
+    T, H, hd = cfg.ctx_len, cfg.n_head, cfg.head_dim
+    shapes = {"attn": (0, cfg.n_kv_head, hd, hd), "local": (cfg.window, cfg.n_kv_head, hd, hd)}  # window, G, qk, v
+    if cfg.attn_type == "mla":  # every head gets its own K and V from the latent
+        m = cfg.mla_dims
+        shapes["mla"] = (0, H, m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim)
     names = {}
-    for kind, window in (("attn", 0), ("local", cfg.window)):
+    for kind, (window, G, qk_dim, v_dim) in shapes.items():
         if kind in cfg.layer_kinds:
+            q = torch.zeros(batch, H, T, qk_dim, device=device, dtype=tdtype)
+            k = torch.zeros(batch, G, T, qk_dim, device=device, dtype=tdtype)
+            v = torch.zeros(batch, G, T, v_dim, device=device, dtype=tdtype)
             mask = attention_mask(0, T, T, window, device)  # None: SDPA's causal flag
             try:
-                choice = choose(q, kv, kv, attn_mask=mask, is_causal=mask is None,
-                                enable_gqa=cfg.n_kv_head != cfg.n_head)
+                choice = choose(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=G != H)
                 names[kind] = SDPBackend(choice).name.lower().removesuffix("_attention")
             except (RuntimeError, TypeError, ValueError):
                 names[kind] = "unknown"
@@ -263,14 +268,14 @@ def run_bytes(cfg, vocab_size: int) -> int:
     """Estimated peak CUDA bytes of one training run (x2 for allocator caching), not counting the context.
 
     Weights, grads and Adam's two moments: 16 bytes a parameter. Activations saved for backward per
-    layer ~ B*T*(16*d + 3*ffn_hidden) values; the loss head ~ 3 * B*T*V_padded (logits, fp32 copy,
+    layer ~ B*T*(16*d + 3*active_hidden) values; the loss head ~ 3 * B*T*V_padded (logits, fp32 copy,
     gradient). Values are 4 bytes (fp32 master paths dominate even under bf16 autocast).
     """
     m = cfg.model.model_copy(update={"vocab_size": vocab_size})
     t = cfg.train
     tokens = t.batch_size * m.ctx_len
     vpad = -(-vocab_size // 64) * 64
-    act = tokens * (m.n_layer * (16 * m.d_model + 3 * m.ffn_hidden) + 3 * vpad) * 4
+    act = tokens * (m.n_layer * (16 * m.d_model + 3 * m.active_hidden) + 3 * vpad) * 4
     return 2 * (16 * m.num_params() + act)
 
 

@@ -6,6 +6,7 @@
   plot_curves      small multiples: a panel per component and direction, the variant (component
                    colour) against its end (grey); val solid, train faint
   plot_eval_effects  each component's paired effect at every evaluation against tokens seen
+  plot_expert_load   a mixture of experts' routing: each layer's share of tokens per expert against 1/E
 
 Colours. The built-ins take tab10 in table order (rmsnorm blue, prenorm orange, rope green, swiglu
 red, gqa purple, ...); any other name (a spec's `wd0`, the eleventh built-in) takes a colour of
@@ -338,3 +339,38 @@ def _count(n: float) -> str:
         if n >= div:
             return f"{n / div:.3g}{unit}"
     return f"{n:.0f}"
+
+
+# --------------------------------------------------------------------------- mixture of experts
+
+
+def plot_expert_load(loads: list[tuple[str, list[list[float]]]], path: Path) -> Path:
+    """A panel per MoE run: each layer's share of routed tokens per expert, experts ordered by load
+    within the layer (an expert's index means nothing across layers), against the uniform 1/E
+    (dashed). A balanced router keeps every bar near the line; a collapsed one has a few tall bars.
+
+    loads: [(title, [layer][expert] shares)], in display order.
+    """
+    nrows, ncols = _grid([len(loads)])
+    fig = Figure(figsize=(3.4 * ncols + 0.6, 2.6 * nrows + 0.8), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False, sharey=True)
+    if not loads:
+        _empty(axes[0][0], "no mixture-of-experts runs")
+    for ax, (title, load) in zip(axes.flat, loads):
+        shares = -np.sort(-np.asarray(load, dtype=float), axis=1)  # [L, E], largest first
+        L, E = shares.shape
+        width = 0.8 / L
+        for layer, row in enumerate(shares):
+            ax.bar(np.arange(1, E + 1) + (layer - (L - 1) / 2) * width, row, width,
+                   color=colormaps["viridis"](layer / max(1, L - 1)), label=f"layer {layer}")
+        ax.axhline(1 / E, color="black", linestyle="--", linewidth=1.0, label=f"uniform 1/{E}")
+        ax.set_title(f"{title}\nbusiest expert {shares.max():.2f}", fontsize="small")
+        ax.set_xticks(range(1, E + 1))
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize="xx-small", ncols=2)
+    for ax in list(axes.flat)[len(loads):]:
+        ax.set_axis_off()
+    fig.supxlabel("expert, by load within its layer")
+    fig.supylabel("share of routed tokens")
+    _title(fig, "routing of each mixture of experts: the fixed validation windows through the best weights", ncols)
+    return save(fig, path)

@@ -61,16 +61,17 @@ SPIKE_FACTOR = 1.5
 RELATIVE_METRICS = ("tokens_per_s", "step_time_ms", "wall_s", "params")
 HIGHER_IS_BETTER = ("tokens_per_s",)  # every other metric: lower is better
 FORMATS = ("md", "html", "csv", "json")
+LONG_POSITIONS = 4096  # state_bytes_4k: ModelConfig.cache_bytes, which tests pin to bench-decode's tensors
 SAMPLE_CHARS = 2000  # a report shows at most this much of each samples.txt
 
 # Summary columns (summary.COLUMNS) are RunSummary's fields marked as such, typed by it.
 RUN_COLUMNS = [
     "run_id", "path", "label", "role", "size", *comp.BUILTIN_NAMES, "n_layer", "n_head", "n_kv_head", "d_model",
-    "seed", "status", *COLUMNS, "non_embedding_params", "overfit_gap", "max_grad_norm", "loss_spikes", "design",
-    "settings",
+    "seed", "status", *COLUMNS, "non_embedding_params", "state_bytes_4k", "overfit_gap", "max_grad_norm",
+    "loss_spikes", "design", "settings",
 ]  # + a column per spec component found in sweep.json files, one val_loss_ctx_<N> per eval.json length
 INT_COLUMNS = ("n_layer", "n_head", "n_kv_head", "d_model", "seed", "loss_spikes", "non_embedding_params",
-               *(c for c in COLUMNS if RunSummary.kind(c) is int))
+               "state_bytes_4k", *(c for c in COLUMNS if RunSummary.kind(c) is int))
 FLOAT_COLUMNS = ("max_grad_norm", *(c for c in COLUMNS if RunSummary.kind(c) is float))
 CURVE_COLUMNS = ["run_id", "step", "tokens", "split", "loss", "grad_norm"]  # grad_norm on train rows
 EFFECT_COLUMNS = ["metric", "flip", "direction", "against", "group", "n_pairs", "excluded", "unit", "gain",
@@ -163,9 +164,13 @@ def _run_row(run_id: str, run_dir: Path, metrics: list[dict], design: tuple[comp
     row |= {c.name: bool(c.state(flat)) for c in known}
     row |= {k: getattr(model, k) for k in ("n_layer", "n_head", "n_kv_head", "d_model")}
     row["non_embedding_params"] = model.non_embedding_params()
+    # decode state (KV cache, windows, recurrent memory) at LONG_POSITIONS positions, batch 1, fp32
+    row["state_bytes_4k"] = model.cache_bytes(1, LONG_POSITIONS, 4)
     row |= {"seed": config.get("seed"), "design": "+".join(c.name for c in design),
             "settings": _settings_key(flat, design)}
     row |= _outcome(read_summary(run_dir), metrics)
+    if row["active_params"] is None and not model.moe:  # summaries from before MoE: all of a dense model is active
+        row["active_params"] = row["params"]
     warmup = config.get("train", {}).get("warmup", TrainConfig.model_fields["warmup"].default)
     row |= _stability(metrics, warmup)
     row |= _ctx_losses(run_dir)
@@ -512,11 +517,12 @@ def write_report(root: Path, out_dir: Path | None = None, formats: tuple[str, ..
     """Write the report files into out_dir (default <root>/report/); returns {file name: path}.
 
     Always the figures (forest.png, curves.png, effects-over-training.png; speed.png with a timing
-    pass; grad-norm.png for a stability study; scale.png for a study at two sizes or more); 'csv'
-    adds runs.csv, effects.csv (loss and speed, told apart by `metric`), eval-effects.csv and, with
-    sizes, effects-by-size.csv; 'md' report.md, 'html' a self-contained report.html, 'json'
-    report.json ({"root", "runs", "effects", "verdict", "eval_effects"}, and "scale" with sizes:
-    scale.Scale.record; NaN -> null). `frames`, from report_frames(root), spares reading the runs again.
+    pass; grad-norm.png for a stability study; scale.png for a study at two sizes or more;
+    expert-load.png when a run is a mixture of experts); 'csv' adds runs.csv, effects.csv (loss and
+    speed, told apart by `metric`), eval-effects.csv and, with sizes, effects-by-size.csv; 'md'
+    report.md, 'html' a self-contained report.html, 'json' report.json ({"root", "runs", "effects",
+    "verdict", "eval_effects"}, and "scale" with sizes: scale.Scale.record; NaN -> null). `frames`,
+    from report_frames(root), spares reading the runs again.
     """
     from anatomy_cli import sections
 
@@ -540,6 +546,9 @@ def write_report(root: Path, out_dir: Path | None = None, formats: tuple[str, ..
     across = scale.scale_frames(runs, curves, effects)
     if across is not None:
         paths["scale.png"] = figures.plot_scale(across.by_size, across.trends, out / "scale.png")
+    loads = expert_loads(runs)
+    if loads:
+        paths["expert-load.png"] = figures.plot_expert_load(loads, out / "expert-load.png")
     texts = {}
     if "csv" in formats:
         texts |= {"runs.csv": runs.to_csv(index=False), "effects.csv": effects.to_csv(index=False),
@@ -582,6 +591,18 @@ def _curve_panels(runs: pd.DataFrame) -> list[dict]:
                            "title": f"{sign}{flip} vs {against}" + (f" [{group}]" if group else ""),
                            "ref": list(ref["run_id"]), "var": list(var["run_id"])})
     return panels
+
+
+def expert_loads(runs: pd.DataFrame) -> list[tuple[str, list[list[float]]]]:
+    """(title, [layer][expert] shares) of each mixture-of-experts config's lowest seed with a recorded load."""
+    from anatomy_cli.sections import by_components
+
+    out = []
+    for run in by_components(runs).drop_duplicates(["label", "settings"]).itertuples():
+        load = (read_summary(Path(run.path)) or {}).get("expert_load")
+        if load:
+            out.append((f"{run.label} · seed {run.seed}", load))
+    return out
 
 
 def _stability_study(root: Path, runs: pd.DataFrame) -> bool:

@@ -2,7 +2,8 @@
 
   Parts          what the sections are made from (frames already judged by stats.py's rule)
   lead           the opening paragraph: the runs, and the question the report answers
-  sections       verdict, curves, effects over training, speed, runs, effect details, samples
+  sections       verdict, curves, effects over training, routing (a mixture of experts), speed, runs,
+                 effect details, samples
   verdict_blocks / verdict_table   one family's ranked gains with their intervals and calls; reusable
                  for any set of judged effects (a section per model size, say)
   ranking_moves  the ranking early, midway and at the end of training
@@ -29,7 +30,7 @@ from anatomy_cli import verdict as vd
 from anatomy_cli.report import CTX_PREFIX, RUN_COLUMNS, SAMPLE_CHARS
 from anatomy_cli.runs import SAMPLES
 
-RUN_TABLE = ["run_id", "label", "seed", "status", "params", "best_val_loss", "best_step",
+RUN_TABLE = ["run_id", "label", "seed", "status", "params", "active_params", "best_val_loss", "best_step",
              "final_val_loss", "overfit_gap", "bits_per_char", "tokens_per_s", "step_time_ms",
              "max_grad_norm", "loss_spikes", "diverged_at"]
 DETAIL_TABLE = ["flip", "direction", "against", "group", "n_pairs", "excluded", "gain", "adj_low", "adj_high",
@@ -78,6 +79,8 @@ def sections(p: Parts) -> list[tuple[str, list]]:
         ("Curves", [("p", ("One panel per component: the runs with it flipped (its colour) against the end they "
                            "are compared with (grey); mean over seeds."))] + curves),
         ("Effects over training", eval_blocks(p.eval_effects) + [("img", p.images["effects-over-training.png"])]),
+        *([("Routing", [("p", ROUTING_NOTE), ("img", p.images["expert-load.png"])])] if "expert-load.png" in p.images
+          else []),
         ("Speed", speed_blocks(p)),
         ("Runs", [("p", f"{len(p.runs)} runs: {status_counts(p.runs)}."),
                   ("table", display(by_components(p.runs), RUN_TABLE + ctx), True)]),
@@ -86,6 +89,10 @@ def sections(p: Parts) -> list[tuple[str, list]]:
     ]
 
 
+ROUTING_NOTE = ("Each mixture of experts (its lowest seed): the share of every layer's routed tokens that each "
+                "expert received on the fixed validation windows with the best weights, experts ordered by load "
+                "within a layer. Dashed: the uniform share 1/E. Bars far above the line mean a router that "
+                "collapsed onto a few experts; the rest then barely train.")
 DETAIL_NOTE = ("gain = best val loss without the component minus with it, paired by seed (add-one: the end with "
                "every component off against it plus the component; remove-one: the end with every component on "
                "against it minus the component); positive = the component helps. adj_low/adj_high: the "
@@ -292,7 +299,7 @@ def _cell(value: Any, column: str, formats: dict) -> str:
     if isinstance(value, (bool, np.bool_)):
         return "yes" if value else "no"
     if isinstance(value, (int, np.integer)):
-        return f"{value:,}" if column == "params" else str(value)
+        return f"{value:,}" if column in ("params", "active_params") else str(value)
     if isinstance(value, (float, np.floating)):
         return formats.get(column, "{:.4f}").format(value)
     return str(value)

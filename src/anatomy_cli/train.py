@@ -46,6 +46,24 @@ def write_samples(tr: Trainer) -> str:
     return text
 
 
+@torch.no_grad()
+def expert_load(tr: Trainer) -> list[list[float]] | None:
+    """Per MoE layer, the fraction of routed slots each expert got (each row sums to 1; a balanced
+    router gives 1/E; none can pass 1/k, as a token picks k different experts), over the fixed
+    validation windows with the best weights (best.safetensors): the router the run's result comes
+    from, so a collapse late in training shows (a tally over training would average it away). None
+    for a dense model or a run without best weights."""
+    if not tr.cfg.model.moe or tr.log.best_step < 0:
+        return None
+    load_weights(tr.model, tr.run_dir / runs.BEST)
+    tr.model.eval()
+    counts = 0
+    for x, y in tr.val:
+        with tr.autocast:
+            counts = counts + tr.fwd(x, y, aux=True)[2]["expert_counts"]  # [L, E]
+    return (counts / counts.sum(dim=-1, keepdim=True)).tolist()
+
+
 def check_fits(cfg: RunConfig, device: torch.device) -> None:
     """Refuse, with the estimate, a model whose training step cannot fit (instead of an allocator crash)."""
     t = cfg.train
@@ -59,7 +77,8 @@ def check_fits(cfg: RunConfig, device: torch.device) -> None:
                           f"available on {device}")
 
 
-def summarize(tr: Trainer, status: str, diverged_at: int | None, carried: dict) -> RunSummary:
+def summarize(tr: Trainer, status: str, diverged_at: int | None, carried: dict,
+              load: list[list[float]] | None = None) -> RunSummary:
     t, steps, log = tr.cfg.train, tr.step, tr.log
     tokens = log.tokens(steps)
     best = log.best if math.isfinite(log.best) else None
@@ -70,6 +89,7 @@ def summarize(tr: Trainer, status: str, diverged_at: int | None, carried: dict) 
         components=list(components.on_names(tr.cfg)),
         seed=tr.cfg.seed,
         params=tr.model.num_params(),
+        active_params=tr.cfg.model.active_params(),  # per token: a mixture's unrouted experts left out
         best_val_loss=best,
         best_step=log.best_step if best is not None else None,
         final_val_loss=log.last_val if math.isfinite(log.last_val) else None,
@@ -91,6 +111,7 @@ def summarize(tr: Trainer, status: str, diverged_at: int | None, carried: dict) 
         compiled=t.compile,
         diverged_at=diverged_at,
         error=f"diverged at step {diverged_at}" if diverged_at is not None else None,
+        **({"expert_load": load} if load else {}),  # a mixture of experts only
     )
 
 
@@ -205,8 +226,9 @@ def _finish(tr: Trainer, stop, carried: dict) -> dict:
     save_weights(tr.model, tr.run_dir / runs.LAST)
     if status == runs.COMPLETED:
         write_samples(tr)
+    load = expert_load(tr) if status != runs.INTERRUPTED else None  # a resumed run measures it at its end
     tr.log.close()
-    summary = summarize(tr, status, diverged_at, carried).record()
+    summary = summarize(tr, status, diverged_at, carried, load).record()
     runs.atomic_write_json(tr.run_dir / runs.SUMMARY, summary)  # last
     if status != runs.INTERRUPTED:  # only now: a kill before the summary still resumes from the checkpoint
         (tr.run_dir / runs.RESUME).unlink(missing_ok=True)
