@@ -218,6 +218,15 @@ def test_absurd_sizes_are_refused_before_allocating(corpus, tmp_path, setting, f
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("setting, fragment", [("model.moe_experts=1000000", "moe_experts=1000000"),
+                                               ("model.moe_hidden=1000000000", "moe_hidden=1000000000")])
+def test_too_large_names_the_field_that_made_it_so(corpus, tmp_path, setting, fragment):
+    """A million experts at d_model 32: the refusal names moe_experts, not only d_model and n_layer."""
+    result = invoke("train", *run_sets(corpus), "--set", "model.moe=true", "--set", setting, "--out", tmp_path / "o")
+    one_error_line(result, 2, "run too large for this machine")
+    assert fragment in result.output
+
+
 def test_sample_window_that_cannot_fit_is_refused(trained):
     one_error_line(invoke("sample", trained, "--window", 10**9, "--max-new", 3), 2, "--window 1000000000 needs about")
     one_error_line(invoke("sample", trained, "--window", 2**40, "--max-new", 3), 2, "--window must be between 2 and")
