@@ -386,3 +386,16 @@ def test_spawned_workers_keep_library_warnings_off_stderr():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "PYTHONWARNINGS": "always"})
     assert out.stdout.strip() == "done" and "a warning in the worker" not in out.stderr, out.stderr
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("command", ["train", "ablate"])
+def test_an_unavailable_device_names_the_flag_given(corpus, tmp_path, command):
+    """--device cuda on a CPU machine: the error names --device (what was typed), not train.device."""
+    if command == "train":
+        args = ["train", *run_sets(corpus), "--device", "cuda", "--out", tmp_path / "o"]
+    else:
+        args = ["ablate", write_spec(tmp_path, corpus=corpus, top={"flips": ["rope"]}), "--device", "cuda",
+                "--runs-dir", tmp_path / "runs", "--no-report"]
+    one_error_line(invoke(*args), 2, "--device: cuda requested but no CUDA device is available")
+    assert not (tmp_path / "o").exists()
