@@ -300,7 +300,7 @@ flag_case("w ablate --steps 0 names --steps", "--steps",
           lambda c: ["ablate", c.spec(flips=["rope"]), "--steps", "0", "--dry-run"])
 flag_case("w ablate --device tpu names --device", "--device",
           lambda c: ["ablate", c.spec(flips=["rope"]), "--device", "tpu", "--dry-run"])
-flag_case("w train --device cuda (no GPU) names --device", "device",
+flag_case("w train --device cuda (no GPU) names --device", "--device:",
           lambda c: ["train", *c.sets(), "--device", "cuda", "--out", "r"])
 flag_case("w ablate --flip nosuch names --flip", "--flip",
           lambda c: ["ablate", c.spec(flips=["rope"]), "--flip", "nosuch", "--dry-run"])
@@ -343,6 +343,19 @@ def _(c: Ctx):
 def _(c: Ctx):
     (c.tmp / "bad.toml").write_bytes(b'name = "\xff\xfe caf\xe9"\n')
     return c.run("components", "bad.toml")
+
+
+@case("o spec saved with a UTF-8 BOM", (0,))
+def _(c: Ctx):
+    spec = c.spec(flips=["rope"])
+    spec.write_bytes(b"\xef\xbb\xbf" + spec.read_bytes())
+    return c.run("components", spec)
+
+
+@case("o moe_experts = 10**6 at d_model 32 (names the field)")
+def _(c: Ctx):
+    r = c.run("train", *c.sets("model.moe=true", "model.moe_experts=1000000"), "--out", "r")
+    return names_flag("moe_experts=1000000")(c, r)
 
 
 @case("o spec is a directory")
@@ -549,13 +562,14 @@ def _(c: Ctx):
     return c.run("train", *c.sets("train.lr=NaN"), "--out", "r")
 
 
-@case("o moe/mla top-k > experts, kv_lora_rank > d_model (if landed)")
+@case("o moe top_k 4 > 2 experts")
 def _(c: Ctx):
-    r = c.run("components", "--json")
-    if '"moe"' not in r.stdout and '"mla"' not in r.stdout:
-        c.notes.append("SKIP: moe/mla not on this build")
-        return subprocess.CompletedProcess([], 2, "", "skipped: moe/mla not landed")
-    return c.run("train", *c.sets("model.moe_experts=2", "model.moe_top_k=4"), "--out", "r")
+    return c.run("train", *c.sets("model.moe=true", "model.moe_experts=2", "model.moe_top_k=4"), "--out", "r")
+
+
+@case("o mla kv_lora_rank 1000 > d_model 32")
+def _(c: Ctx):
+    return c.run("train", *c.sets('model.attn_type="mla"', "model.kv_lora_rank=1000"), "--out", "r")
 
 
 def started_for(seconds: float) -> Callable[[], bool]:
