@@ -651,7 +651,8 @@ def run_case(fn, want, target: Target, timeout: float) -> dict:
     if code not in want and code not in ("timeout", "harness") and not any(n.startswith("SKIP") for n in ctx.notes):
         problems.append(f"want {'/'.join(map(str, want))}")
     lines = [l for l in lines if l not in progress]
-    if code not in (0, "timeout") and len(lines) > 1 and not (errors and len(lines) <= 3 and "Traceback" not in err):
+    usage = code == 2 and lines and lines[0].startswith("Usage:")  # click's usage box: names the option
+    if code not in (0, "timeout") and len(lines) > 1 and not usage and not (errors and len(lines) <= 3 and "Traceback" not in err):
         problems.append(f"{len(lines)}-line stderr")
     skip = any(n.startswith("SKIP") for n in ctx.notes)
     return {"code": code, "first": ((errors or [l for l in lines if l not in progress] or [""])[0])[:90], "wall": round(wall, 1),
