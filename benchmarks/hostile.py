@@ -670,7 +670,7 @@ def main() -> None:
     ap.add_argument("--target", action="append", help="LABEL=PYTHON[:PYTHONPATH] (repeatable)")
     ap.add_argument("--python", help="one target's python (with --pythonpath / --cwd)")
     ap.add_argument("--pythonpath", "--cwd", default="", help="its PYTHONPATH (the src folder of a checkout)")
-    ap.add_argument("--only", default="", help="run cases whose name contains this")
+    ap.add_argument("--only", default="", help="run cases whose name contains one of these (comma-separated)")
     ap.add_argument("--json", type=Path, help="also write the results as JSON here")
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--start", type=int, default=0, help="skip the first START cases (to finish a stopped run)")
@@ -687,7 +687,7 @@ def main() -> None:
         sys.exit("give --target LABEL=PYTHON[:PYTHONPATH] or --python")
     results = {}
     for name, fn, want in CASES[args.start:args.stop]:
-        if args.only and args.only not in name:
+        if args.only and not any(part in name for part in args.only.split(",")):
             continue
         results[name] = {}
         for t in targets:
