@@ -167,30 +167,14 @@ def _(c: Ctx):
 
 
 def signalled_time(c: Ctx, sig: int) -> subprocess.CompletedProcess:
-    """`ablate --time`, a signal once timing has started, then: a process left? the lock left?"""
-    spec = c.spec(flips=["rope", "swiglu"])
+    """`ablate --time`, a signal once a timing worker is seen, then: a process left? the lock left?"""
     runs = c.tmp / "runs"
-    p = c.start("ablate", spec, "--time", "--time-steps", "50", "--time-rounds", "20", "--runs-dir", runs)
-    started = wait_for(lambda: len(group_alive(p.pid)) > 1 or p.poll() is not None, 60)
-    time.sleep(0.0)  # no fixed wait: the signal goes once a worker is seen
-    if not started or p.poll() is not None:
-        c.notes.append("no worker seen")
-    os.kill(p.pid, sig)
-    try:
-        out, err = p.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        out, err = p.communicate()
-        c.notes.append("did not exit in 60 s")
-    wait_for(lambda: not group_alive(p.pid), 5)
-    left = group_alive(p.pid)
-    if left:
-        c.notes.append(f"{len(left)} process(es) left")
-        os.killpg(p.pid, signal.SIGKILL)
-    locks = list(runs.rglob(".lock")) if runs.exists() else []
-    if locks:
+    args = ["ablate", c.spec(flips=["rope", "swiglu"]), "--time", "--time-steps", "50", "--time-rounds", "20",
+            "--runs-dir", runs]
+    r = signalled(c, sig, args, lambda p: len(group_alive(p.pid)) > 1)
+    if runs.exists() and list(runs.rglob(".lock")):
         c.notes.append("lock left")
-    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+    return r
 
 
 case("c6 ablate --time then SIGTERM", (130,))(lambda c: signalled_time(c, signal.SIGTERM))
@@ -572,16 +556,16 @@ def _(c: Ctx):
     return c.run("train", *c.sets('model.attn_type="mla"', "model.kv_lora_rank=1000"), "--out", "r")
 
 
-def started_for(seconds: float) -> Callable[[], bool]:
+def started_for(seconds: float) -> Callable[[subprocess.Popen], bool]:
     """Ready once the command has run `seconds` (a benchmark, not a test: no state to watch for)."""
     t0 = time.monotonic()
-    return lambda: time.monotonic() > t0 + seconds
+    return lambda p: time.monotonic() > t0 + seconds
 
 
-def signalled(c: Ctx, sig: int, args: list, ready: Callable[[], bool]) -> subprocess.CompletedProcess:
-    """A long command, a signal once `ready()` holds, then: exited? a process left?"""
+def signalled(c: Ctx, sig: int, args: list, ready: Callable[[subprocess.Popen], bool]) -> subprocess.CompletedProcess:
+    """A long command, a signal once `ready(process)` holds, then: exited? a process left behind?"""
     p = c.start(*args)
-    if not wait_for(lambda: ready() or p.poll() is not None, 120) or p.poll() is not None:
+    if not wait_for(lambda: ready(p) or p.poll() is not None, 120) or p.poll() is not None:
         c.notes.append("not ready before it ended")
     os.kill(p.pid, sig)
     try:
@@ -590,8 +574,9 @@ def signalled(c: Ctx, sig: int, args: list, ready: Callable[[], bool]) -> subpro
         os.killpg(p.pid, signal.SIGKILL)
         out, err = p.communicate()
         c.notes.append("did not exit in 60 s")
-    if group_alive(p.pid):
-        c.notes.append("process left")
+    wait_for(lambda: not group_alive(p.pid), 5)
+    if left := group_alive(p.pid):
+        c.notes.append(f"{len(left)} process(es) left")
         os.killpg(p.pid, signal.SIGKILL)
     return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
@@ -614,7 +599,7 @@ def _(c: Ctx):
     out = c.tmp / "run"
     m = out / "metrics.jsonl"
     r = signalled(c, signal.SIGHUP, ["train", *c.sets(steps=400), "--out", out],
-                  lambda: m.exists() and m.stat().st_size > 0)
+                  lambda p: m.exists() and m.stat().st_size > 0)
     if r.returncode != 130:
         c.notes.append(f"SIGHUP exit {r.returncode}")
     return c.run("train", "--resume", out, timeout=200) if r.returncode == 130 else r
