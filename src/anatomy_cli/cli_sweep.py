@@ -172,6 +172,10 @@ def ablate(
     if json_out and not dry_run:
         raise ConfigError("--json prints the plan: use it with --dry-run")
     s, plan = load_plan(spec, flip, seeds, steps, device=device, compile=compile or None, dtype=dtype)
+    if device not in (None, "auto", "cpu") and executor == "local":  # here, not in each worker as train.device
+        from .devices import resolve_device
+
+        resolve_device(device, "--device")
     sweep_dir = safe_dir(runs_dir) / s.name
     runs.check_placement(sweep_dir, "sweep", "--runs-dir")  # before the plan is shown (execute checks again)
     if json_out:

@@ -652,7 +652,7 @@ def validate(cls: type[_Frozen], data: dict, prefix: str = "") -> Any:
 
 def load_toml(path: Path) -> dict:
     try:
-        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        return tomllib.loads(Path(path).read_text(encoding="utf-8-sig"))  # -sig: a BOM (Windows editors) is not TOML
     except FileNotFoundError:
         raise ConfigError(f"spec not found: {path}") from None
     except IsADirectoryError:

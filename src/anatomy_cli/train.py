@@ -71,8 +71,12 @@ def check_fits(cfg: RunConfig, device: torch.device) -> None:
     need, have = cfg.model.train_bytes(t.batch_size) + val_windows, available_bytes(device)
     if have is not None and need > have:
         m = cfg.model
-        raise ConfigError(f"run too large for this machine: d_model={m.d_model}, n_layer={m.n_layer}, "
-                          f"ctx_len={m.ctx_len}, batch_size={t.batch_size}, eval_batches={t.eval_batches} need about {need / 2**30:,.1f} GiB "
+        # the base sizes, then every other size the spec moved off its default (moe_experts, ...)
+        sizes = {"d_model": m.d_model, "n_layer": m.n_layer, "ctx_len": m.ctx_len}
+        sizes |= {k: v for k, v in m if type(v) is int and k != "vocab_size" and v != type(m).model_fields[k].default}
+        sizes |= {"batch_size": t.batch_size, "eval_batches": t.eval_batches}
+        raise ConfigError(f"run too large for this machine: {', '.join(f'{k}={v}' for k, v in sizes.items())} "
+                          f"need about {need / 2**30:,.1f} GiB "
                           f"for one training step ({m.num_params():,} parameters); {have / 2**30:,.1f} GiB is "
                           f"available on {device}")
 
