@@ -47,16 +47,29 @@ def lr_at(step: int, t) -> float:
     return t.lr * (t.min_lr_frac + (1 - t.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
-def make_optimizer(model: LM, t, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW; weight decay on matrices only (not on norm weights/biases); fused kernel when offered."""
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
+def make_optimizer(model: LM | list[torch.Tensor], t, device: torch.device, lead: int = 0) -> torch.optim.Optimizer:
+    """AdamW; weight decay on matrices only (not on norm weights/biases); fused kernel when offered.
+
+    lead: leading dimensions that are not the parameter's own (stacked seeds: 1), so the decay
+    groups are decided on each member's shapes, exactly as for the run trained alone.
+    """
+    params = list(model.parameters() if isinstance(model, torch.nn.Module) else model)
+    decay = [p for p in params if p.dim() - lead >= 2]
+    no_decay = [p for p in params if p.dim() - lead < 2]
     groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     kwargs = dict(lr=t.lr, betas=(t.beta1, t.beta2))
     try:
         return torch.optim.AdamW(groups, fused=device.type in ("cuda", "cpu"), **kwargs)
     except (RuntimeError, TypeError):  # older torch without a fused kernel for this device
         return torch.optim.AdamW(groups, **kwargs)
+
+
+def checkpoint_due(t, step: int, is_eval: bool, since_s: float) -> bool:
+    """By train.checkpoint_every steps and/or checkpoint_minutes; with neither, at every evaluation."""
+    if t.checkpoint_every is None and t.checkpoint_minutes is None:
+        return is_eval
+    return ((t.checkpoint_every is not None and step % t.checkpoint_every == 0)
+            or (t.checkpoint_minutes is not None and since_s >= 60 * t.checkpoint_minutes))
 
 
 @dataclass(frozen=True)
@@ -316,20 +329,12 @@ class Trainer:
                 self.elapsed = time.perf_counter() - start
                 self.checkpoint()
                 return runs.INTERRUPTED, None
-            if self.step < t.steps and self.checkpoint_due(is_eval, time.perf_counter() - saved):
+            if self.step < t.steps and checkpoint_due(t, self.step, is_eval, time.perf_counter() - saved):
                 self.elapsed = time.perf_counter() - start
                 self.checkpoint()
                 saved = time.perf_counter()
         self.elapsed = time.perf_counter() - start
         return runs.COMPLETED, None
-
-    def checkpoint_due(self, is_eval: bool, since_s: float) -> bool:
-        """By train.checkpoint_every steps and/or checkpoint_minutes; with neither, at every evaluation."""
-        t = self.cfg.train
-        if t.checkpoint_every is None and t.checkpoint_minutes is None:
-            return is_eval
-        return ((t.checkpoint_every is not None and self.step % t.checkpoint_every == 0)
-                or (t.checkpoint_minutes is not None and since_s >= 60 * t.checkpoint_minutes))
 
     def eval_point(self) -> float:
         val = self.evaluate()
