@@ -3,18 +3,23 @@ files, is masked when it diverges, and resumes; parts that cannot stack train al
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import pytest
 import torch
-from toy_data import TINY_MODEL, write_corpus
+from toy_data import TINY_MODEL, write_corpus, write_spec
+from typer.testing import CliRunner
 
-from anatomy_cli import runs
-from anatomy_cli.config import RunConfig, validate
-from anatomy_cli.stacked import StackedTrainer, clip_members, stack_problem, train_group
+from anatomy_cli import runs, stacked
+from anatomy_cli.cli import app
+from anatomy_cli.config import ConfigError, RunConfig, validate
+from anatomy_cli.jobs import Job, group_jobs, run_group
+from anatomy_cli.stacked import clip_members, stack_problem, train_group
+from anatomy_cli.sweep import STACK_AUTO, stack_size
 from anatomy_cli.train import train
+
+runner = CliRunner()
 
 TRAIN = {"steps": 16, "batch_size": 4, "eval_interval": 8, "log_interval": 4, "eval_batches": 2, "warmup": 2,
          "lr": 3e-3, "sample_len": 12, "device": "cpu", "threads": 1}
@@ -69,3 +74,144 @@ def test_each_member_equals_its_run_alone(tmp_path, end):
         assert runs.read_summary(alone).get("stacked") is None
         # the same files as a lone run (no resume.pt once completed)
         assert files(d) == files(alone)
+
+
+# ------------------------------------------------------------------ divergence: masked, recorded
+def test_a_diverged_member_is_masked_and_recorded_while_the_others_finish(tmp_path, monkeypatch):
+    corpus = write_corpus(tmp_path)
+    group = cfgs(corpus, model=LLAMA)
+
+    class Poisoned(stacked.Member):  # seed 1's init is corrupted: its loss is NaN from step 1
+        def __init__(self, cfg, *args):
+            super().__init__(cfg, *args)
+            if cfg.seed == 1:
+                with torch.no_grad():
+                    self.model.tok.weight.fill_(math.nan)
+
+    retired = []
+    monkeypatch.setattr(stacked, "Member", Poisoned)
+    monkeypatch.setattr(stacked.StackedTrainer, "retire",
+                        lambda self, gone, f=stacked.StackedTrainer.retire: (retired.append(len(self.members)),
+                                                                           f(self, gone), retired.append(len(self.members))))
+    dirs = [tmp_path / "stack" / f"s{c.seed}" for c in group]
+    summaries = train_group(group, dirs)
+    bad = summaries[1]
+    assert bad["status"] == runs.DIVERGED and bad["diverged_at"] == 0 and bad["steps_done"] == TRAIN["log_interval"]
+    assert math.isnan(runs.read_metrics(dirs[1])[0]["val_loss"])  # its books say what happened
+    assert not (dirs[1] / runs.RESUME).exists() and (dirs[1] / runs.LAST).exists()
+    assert retired == [3, 2]  # dropped from the stack at its log point: it costs nothing afterwards
+    for i in (0, 2):
+        alone = tmp_path / "alone" / f"s{group[i].seed}"
+        train(group[i], alone)
+        assert_close_runs(dirs[i], alone)  # the others are untouched by the NaN member
+
+
+def test_clip_members_uses_each_members_own_norm():
+    torch.manual_seed(0)
+    grads = [torch.randn(3, 4, 5), torch.randn(3, 7)]
+    params = [torch.zeros_like(g, requires_grad=True) for g in grads]
+    for p, g in zip(params, grads):
+        p.grad = g.clone()
+    norms = clip_members(params, 1.0)
+    for i in range(3):
+        lone = [g[i].clone().requires_grad_() for g in grads]
+        for p, g in zip(lone, grads):
+            p.grad = g[i].clone()
+        want = torch.nn.utils.clip_grad_norm_(lone, 1.0)
+        assert norms[i].item() == pytest.approx(want.item(), rel=1e-6)
+        for p, q in zip(params, lone):
+            torch.testing.assert_close(p.grad[i], q.grad)
+
+
+# ------------------------------------------------------------------ resume
+def test_stopped_stack_resumes_per_member_equal_to_uninterrupted(tmp_path):
+    corpus = write_corpus(tmp_path)
+    group = cfgs(corpus, model=LLAMA)
+    dirs = [tmp_path / "stack" / f"s{c.seed}" for c in group]
+    seen = {"step": 0}
+    summaries = train_group(group, dirs, progress=lambda p: seen.update(step=p["step"]), stop=lambda: seen["step"] >= 8)
+    assert [s["status"] for s in summaries] == [runs.INTERRUPTED] * 3
+    assert all((d / runs.RESUME).exists() for d in dirs)
+    jobs = [Job(d.name, c.model_dump(mode="json"), str(d)) for c, d in zip(group, dirs)]
+    done = run_group(jobs)
+    assert [s["status"] for s in done] == [runs.COMPLETED] * 3 and [s["stacked"] for s in done] == [3] * 3
+    for c, d in zip(group, dirs):
+        alone = tmp_path / "alone" / f"s{c.seed}"
+        train(c, alone)
+        assert_close_runs(d, alone)
+
+
+def test_mixed_states_rerun_completes_each_from_where_it_stands(tmp_path):
+    """Seed 0 completed, seeds 1-2 stopped at step 8 in a stack, seed 3 killed before any checkpoint:
+    a rerun of the group resumes 1-2 as one stack, trains 3 alone, and leaves 0 alone."""
+    corpus = write_corpus(tmp_path)
+    group = cfgs(corpus, seeds=(0, 1, 2, 3), model=LLAMA)
+    dirs = [tmp_path / "stack" / f"s{c.seed}" for c in group]
+    train(group[0], dirs[0])
+    seen = {"step": 0}
+    train_group(group[1:3], dirs[1:3], progress=lambda p: seen.update(step=p["step"]), stop=lambda: seen["step"] >= 8)
+    dirs[3].mkdir(parents=True)
+    runs.atomic_write_json(dirs[3] / runs.CONFIG, group[3].model_dump(mode="json"))
+    runs.atomic_write_json(dirs[3] / runs.SUMMARY, {"status": runs.INTERRUPTED})
+    jobs = [Job(d.name, c.model_dump(mode="json"), str(d)) for c, d in zip(group, dirs)][1:]
+    done = run_group(jobs)
+    assert [s["status"] for s in done] == [runs.COMPLETED] * 3
+    assert [s.get("stacked") for s in done] == [2, 2, None]  # 1-2 resumed together; 3 alone (another step)
+    for c, d in zip(group, dirs):
+        alone = tmp_path / "alone" / f"s{c.seed}"
+        train(c, alone)
+        assert_close_runs(d, alone)
+
+
+# ------------------------------------------------------------------ cannot stack -> alone, and says why
+def test_a_part_that_cannot_stack_trains_alone_and_its_summary_says_why(tmp_path, monkeypatch):
+    corpus = write_corpus(tmp_path)
+    group = cfgs(corpus, seeds=(0, 1))
+    assert stack_problem(group[0]) is None
+
+    def host_read(self, x, *args, **kw):  # a data-dependent host read, as MoE routing can do under vmap
+        int(x.abs().sum())
+        return original(self, x, *args, **kw)
+
+    from anatomy_cli.model.ffn import GeluMLP as MLP
+
+    original = MLP.forward
+    monkeypatch.setattr(MLP, "forward", host_read)
+    why = stack_problem(group[0])
+    assert why and why.startswith("cannot train stacked")
+    jobs = [Job(f"s{c.seed}", c.model_dump(mode="json"), str(tmp_path / f"s{c.seed}")) for c in group]
+    done = run_group(jobs)
+    assert [s["status"] for s in done] == [runs.COMPLETED] * 2
+    assert all(s["stack_note"] == why and s.get("stacked") is None for s in done)
+    assert runs.read_summary(tmp_path / "s0")["stack_note"] == why
+
+
+# ------------------------------------------------------------------ the CLI
+def test_ablate_stack_option(tmp_path):
+    spec = write_spec(tmp_path, top={"flips": ["rope"], "seeds": 2}, train={"steps": 6, "eval_interval": 3,
+                                                                             "sample_len": 0})
+    out = runner.invoke(app, ["ablate", str(spec), "--runs-dir", str(tmp_path / "runs"), "--stack", "2",
+                              "--workers", "1", "--no-report"])
+    assert out.exit_code == 0, out.output
+    summaries = [runs.read_summary(d) for d in (tmp_path / "runs" / "toy").glob("*/") if (d / runs.SUMMARY).exists()]
+    assert len(summaries) == 8 and all(s["stacked"] == 2 for s in summaries)  # 4 configs x 2 seeds
+    bad = runner.invoke(app, ["ablate", str(spec), "--runs-dir", str(tmp_path / "runs"), "--stack", "two"])
+    assert bad.exit_code == 2 and "--stack must be auto, off or a number" in " ".join(bad.output.split())
+    assert "Traceback" not in bad.output
+
+
+def test_stack_size_choices():
+    assert stack_size("off", "cuda") == 1 and stack_size("4", "cpu") == 4
+    assert stack_size("auto", "cpu") == STACK_AUTO["cpu"] and stack_size("auto", "cuda") == STACK_AUTO["cuda"]
+    for bad in ("0", "-1", "x", ""):
+        with pytest.raises(ConfigError):
+            stack_size(bad, "cpu")
+
+
+def test_group_jobs_groups_seeds_of_one_config_in_chunks():
+    def job(name, seed, d=32):
+        return Job(f"{name}-{seed}", {"seed": seed, "model": {"d_model": d}}, f"/x/{name}-{seed}")
+
+    jobs = [job("a", 0), job("b", 0, 64), job("a", 1), job("a", 2), job("b", 1, 64)]
+    assert [[j.run_id for j in g] for g in group_jobs(jobs, 2)] == [["a-0", "a-1"], ["a-2"], ["b-0", "b-1"]]
+    assert [[j.run_id for j in g] for g in group_jobs(jobs, 1)] == [[j.run_id] for j in jobs]

@@ -53,10 +53,11 @@ from .trainer import Progress, ResumeState, RunLog, StepRecord, checkpoint_due, 
 def stack_problem(cfg: RunConfig) -> str | None:
     """None when cfg's model trains stacked; else one line saying why not (a tiny vmapped
     forward and backward of two members, on the CPU, raised it)."""
+    model = cfg.model if cfg.model.vocab_size else cfg.model.model_copy(update={"vocab_size": 64})  # any size probes
     try:
-        members = [LM(cfg.model) for _ in range(2)]
+        members = [LM(model) for _ in range(2)]
         params, _ = stack_module_state(members)
-        T = min(cfg.model.ctx_len, 8)
+        T = min(model.ctx_len, 8)
         x = torch.zeros(2, 1, T, dtype=torch.long)
         loss = vmap(lambda p, a, b: functional_call(members[0], p, (a, b))[1])(params, x, x)
         loss.sum().backward()
