@@ -215,3 +215,44 @@ def test_group_jobs_groups_seeds_of_one_config_in_chunks():
     jobs = [job("a", 0), job("b", 0, 64), job("a", 1), job("a", 2), job("b", 1, 64)]
     assert [[j.run_id for j in g] for g in group_jobs(jobs, 2)] == [["a-0", "a-1"], ["a-2"], ["b-0", "b-1"]]
     assert [[j.run_id for j in g] for g in group_jobs(jobs, 1)] == [[j.run_id] for j in jobs]
+
+
+# ------------------------------------------------------------------ real signals on a stacked sweep
+@pytest.mark.slow
+def test_stacked_sweep_resumes_after_sigint_and_after_sigkill(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from anatomy_cli.checkpoint import load_run_config
+    from test_signals import CLI, ENV, wait_for
+
+    spec = write_spec(tmp_path, top={"design": "list", "configs": [{"name": "c0"}], "seeds": 2},
+                      train={"steps": 240, "eval_interval": 20, "log_interval": 10, "sample_len": 0})
+    cmd = CLI + ["ablate", str(spec), "--runs-dir", str(tmp_path / "runs"), "--stack", "2", "--workers", "1",
+                 "--no-report"]
+    sweep = tmp_path / "runs" / "toy"
+
+    def checkpointed_past(step: int) -> bool:
+        dirs = [d for d in sweep.glob("*/") if (d / runs.RESUME).exists()]
+        return len(dirs) == 2 and all(max((r["step"] for r in runs.read_metrics(d)), default=0) > step for d in dirs)
+
+    for sig in (signal.SIGINT, signal.SIGKILL):
+        past = max((r["step"] for d in sweep.glob("*/") for r in runs.read_metrics(d)), default=0)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+                                start_new_session=True)
+        wait_for(lambda: checkpointed_past(past + 20) or proc.poll() is not None, what="both runs checkpointed")
+        assert proc.poll() is None, proc.communicate()[1]
+        os.killpg(proc.pid, sig) if sig == signal.SIGKILL else proc.send_signal(sig)
+        proc.communicate(timeout=120)
+        assert proc.returncode == (130 if sig == signal.SIGINT else -signal.SIGKILL)
+        assert {runs.run_status(d) for d in sweep.glob("*/")} == {runs.INTERRUPTED}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=900)
+    assert done.returncode == 0, done.stderr
+    for d in sorted(sweep.glob("*/")):
+        assert runs.read_summary(d)["stacked"] == 2
+        alone = tmp_path / "alone" / d.name
+        train(load_run_config(d), alone)
+        assert_close_runs(d, alone)
+    assert sys.executable  # the subprocesses ran this interpreter

@@ -111,26 +111,47 @@ def matmul_precision(device: torch.device, dtype: str) -> str:
     return {"ieee": "fp32", "tf32": "tf32", "bf16": "bf16x3"}.get(mode, mode)
 
 
-def sdpa_kernel(cfg, batch: int, device: torch.device, dtype: str) -> str:
-    """The SDPA kernel family ('flash', 'efficient', 'cudnn', 'math', ...) torch dispatches the run's
-    causal training attention to: torch._fused_sdp_choice on q [B, H, T, hd], k/v [B, G, T, hd]
-    of the autocast dtype. On CPU 'flash' is the CPU flash kernel. Under torch.compile inductor
-    lowers to the same aten kernel."""
+def sdpa_probe(cfg, batch: int, device: torch.device, dtype: str):
+    """kernel(kv_heads, gqa) -> the SDPA kernel family ('flash', 'efficient', 'cudnn', 'math', ...)
+    torch dispatches causal training attention to, for q [B, H, T, hd] and k/v [B, kv_heads, T, hd]
+    of the autocast dtype, with enable_gqa=gqa (torch._fused_sdp_choice). On CPU 'flash' is the CPU
+    flash kernel. Under torch.compile inductor lowers to the same aten kernel."""
     from torch.nn.attention import SDPBackend
 
-    if device.type not in ("cpu", "cuda"):  # MPS and others: torch's math path (MPS: its own math kernel)
-        return "math"
     choose = getattr(torch, "_fused_sdp_choice", None)
-    if choose is None:
-        return "unknown"
     tdtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
-    q = torch.zeros(batch, cfg.n_head, cfg.ctx_len, cfg.head_dim, device=device, dtype=tdtype)
-    kv = torch.zeros(batch, cfg.n_kv_head, cfg.ctx_len, cfg.head_dim, device=device, dtype=tdtype)
-    try:
-        choice = choose(q, kv, kv, is_causal=True, enable_gqa=cfg.n_kv_head != cfg.n_head)
-        return SDPBackend(choice).name.lower().removesuffix("_attention")
-    except (RuntimeError, TypeError, ValueError):
-        return "unknown"
+
+    def kernel(kv_heads: int, gqa: bool) -> str:
+        if device.type not in ("cpu", "cuda"):  # MPS and others: torch's math path (MPS: its own math kernel)
+            return "math"
+        if choose is None:
+            return "unknown"
+        q = torch.zeros(batch, cfg.n_head, cfg.ctx_len, cfg.head_dim, device=device, dtype=tdtype)
+        kv = torch.zeros(batch, kv_heads, cfg.ctx_len, cfg.head_dim, device=device, dtype=tdtype)
+        try:
+            return SDPBackend(choose(q, kv, kv, is_causal=True, enable_gqa=gqa)).name.lower().removesuffix("_attention")
+        except (RuntimeError, TypeError, ValueError):
+            return "unknown"
+
+    return kernel
+
+
+def expand_gqa(cfg, kernel, device_type: str) -> bool:
+    """Whether GQA attention should repeat K/V to the query heads before SDPA: on CUDA, where the
+    installed SDPA has no fused kernel for enable_gqa at the run's dtype (fp32/TF32, torch 2.x: math
+    only, T x T scores materialised) but has one for the expanded heads. kernel: sdpa_probe's.
+    Never on the CPU: its flash kernel takes enable_gqa, and CPU results (the CI baseline) stay put."""
+    if cfg.n_kv_head == cfg.n_head or device_type != "cuda":
+        return False
+    return kernel(cfg.n_kv_head, True) == "math" and kernel(cfg.n_head, False) not in ("math", "unknown")
+
+
+def sdpa_kernel(cfg, batch: int, device: torch.device, dtype: str, kernel=None) -> str:
+    """The kernel family the run's training attention runs on (K/V expanded where expand_gqa says)."""
+    kernel = kernel or sdpa_probe(cfg, batch, device, dtype)
+    if expand_gqa(cfg, kernel, device.type):
+        return kernel(cfg.n_head, False)
+    return kernel(cfg.n_kv_head, cfg.n_kv_head != cfg.n_head)
 
 
 # ----------------------------------------------------------------------- what a run ran on

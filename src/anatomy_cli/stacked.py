@@ -45,14 +45,17 @@ from torch.func import functional_call, stack_module_state, vmap
 from . import runs
 from .config import RunConfig
 from .data import BatchSampler, Corpus, fixed_windows
-from .devices import autocast, configure, keep_freed_memory, resolve_device
+from .devices import autocast, configure, expand_gqa, keep_freed_memory, resolve_device, sdpa_probe
 from .model import LM
-from .trainer import Progress, ResumeState, RunLog, StepRecord, checkpoint_due, lr_at, make_optimizer
+from .trainer import (Progress, ResumeState, RunLog, StepRecord, checkpoint_due, lr_at, make_optimizer,
+                      set_expand_kv)
 
 
 def stack_problem(cfg: RunConfig) -> str | None:
     """None when cfg's model trains stacked; else one line saying why not (a tiny vmapped
     forward and backward of two members, on the CPU, raised it)."""
+    if cfg.train.compile:
+        return "compiled runs train alone (torch.compile of the stacked step is not built yet)"
     model = cfg.model if cfg.model.vocab_size else cfg.model.model_copy(update={"vocab_size": 64})  # any size probes
     try:
         members = [LM(model) for _ in range(2)]
@@ -93,6 +96,8 @@ class StackedTrainer:
         configure(self.device)
         self.members = [Member(c, d, corpus, self.device) for c, d in zip(cfgs, run_dirs)]
         self.base = copy.deepcopy(self.members[0].model)  # the structure functional_call runs
+        set_expand_kv(self.base, expand_gqa(cfgs[0].model, sdpa_probe(cfgs[0].model, t.batch_size, self.device, t.dtype),
+                                            self.device.type))
         self.val = fixed_windows(corpus.val, t.batch_size, cfgs[0].model.ctx_len, t.eval_batches, self.device)
         self.autocast = autocast(self.device, t.dtype)
         self.step, self.elapsed, self.train_time = 0, 0.0, 0.0

@@ -31,7 +31,7 @@ from . import runs, tb_events
 from .checkpoint import load_checkpoint, read_weights, save_checkpoint, save_weights
 from .config import RunConfig
 from .data import BatchSampler, Corpus, fixed_windows
-from .devices import autocast, compile_model, configure, keep_freed_memory, resolve_device
+from .devices import autocast, compile_model, configure, expand_gqa, keep_freed_memory, resolve_device, sdpa_probe
 from .model import LM
 
 Progress = Callable[[dict], None]
@@ -62,6 +62,23 @@ def make_optimizer(model: LM | list[torch.Tensor], t, device: torch.device, lead
         return torch.optim.AdamW(groups, fused=device.type in ("cuda", "cpu"), **kwargs)
     except (RuntimeError, TypeError):  # older torch without a fused kernel for this device
         return torch.optim.AdamW(groups, **kwargs)
+
+
+def uses_graphs(t) -> bool:
+    """Whether steps run as CUDA graph replays (compile_mode "reduce-overhead"): each step and each
+    evaluation batch then starts with torch.compiler.cudagraph_mark_step_begin(), and nothing a
+    replay outputs is kept past its step (step records hold clones). On the CPU the same code runs
+    (inductor records no graphs there; the calls are cheap), so the path is tested without a GPU.
+    The default compile_mode stays "default": reduce-overhead is not yet measured faster on CUDA
+    through Trainer (benchmarks/gpu_check.py measures it; RESULTS.md)."""
+    return t.compile and t.compile_mode == "reduce-overhead"
+
+
+def set_expand_kv(model: torch.nn.Module, on: bool) -> None:
+    """Every attention layer repeats K/V to its query heads before SDPA (devices.expand_gqa)."""
+    for m in model.modules():
+        if hasattr(m, "expand_kv"):
+            m.expand_kv = on
 
 
 def checkpoint_due(t, step: int, is_eval: bool, since_s: float) -> bool:
@@ -218,7 +235,10 @@ class Trainer:
         configure(self.device)
         torch.manual_seed(cfg.seed)  # model init depends on the seed alone
         self.model = LM(cfg.model).to(self.device)
+        set_expand_kv(self.model, expand_gqa(cfg.model, sdpa_probe(cfg.model, t.batch_size, self.device, t.dtype),
+                                             self.device.type))
         self.fwd = compile_model(self.model, t.compile_mode) if t.compile else self.model
+        self.graphs = uses_graphs(t)
         self.opt = make_optimizer(self.model, t, self.device)
         self.sampler = BatchSampler(corpus.train, t.batch_size, cfg.model.ctx_len, cfg.seed, self.device)
         self.val = fixed_windows(corpus.val, t.batch_size, cfg.model.ctx_len, t.eval_batches, self.device)
@@ -248,13 +268,16 @@ class Trainer:
         for group in self.opt.param_groups:
             group["lr"] = lr
         x, y = self.sampler.next()
+        if self.graphs:
+            torch.compiler.cudagraph_mark_step_begin()  # a new step: the last replay's outputs may be reused
         total, loss, z = self.losses(x, y)
         total.backward()
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip if t.grad_clip > 0 else math.inf)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         self.step += 1
-        self.last = StepRecord(self.step, lr, loss.detach(), norm.detach(), None if z is None else z.detach())
+        keep = (lambda v: v.detach().clone()) if self.graphs else (lambda v: v.detach())  # graph outputs die next step
+        self.last = StepRecord(self.step, lr, keep(loss), keep(norm), None if z is None else keep(z))
         return self.last
 
     def train_steps(self, n: int) -> None:
@@ -273,10 +296,12 @@ class Trainer:
     def evaluate(self) -> float:
         self.model.eval()
         total = torch.zeros((), device=self.device)
-        for x, y in self.val:
+        for x, y in self.val:  # every window [B, T]: one shape, so a graph is recorded once
+            if self.graphs:
+                torch.compiler.cudagraph_mark_step_begin()
             with self.autocast:
                 _, loss = self.fwd(x, y)
-            total += loss.float()
+            total += loss.float()  # read before the next replay
         self.model.train()
         return float(total) / len(self.val)
 
