@@ -72,10 +72,10 @@ def preflight(device: str, quiet: bool = False) -> int:
 
 def best_workers(args, spec: Path) -> int:
     """anatomy's own default for this plan and device (what `ablate` picks without --workers)."""
-    from anatomy_cli.cli_sweep import sweep_workers, with_train
-    from anatomy_cli.sweep import check_data, default_workers, expand, load_spec
+    from anatomy_cli.cli_sweep import sweep_workers
+    from anatomy_cli.sweep import check_data, default_workers, load_plan
 
-    plan = expand(with_train(load_spec(spec), device=args.device, compile=args.compile or None), steps=args.steps)
+    _, plan = load_plan(spec, seeds=args.seeds, steps=args.steps, device=args.device, compile=args.compile or None)
     return sweep_workers(plan, check_data(plan), default_workers(len(plan)))
 
 
