@@ -3,7 +3,7 @@
 PYTHON ?= python3
 VENV   ?= .venv
 TORCH  ?= torch==2.13.0
-EXTRAS ?= dev,hf,dask,tb
+EXTRAS ?= dev,hf,dask,tb,data
 BIN    := $(VENV)/bin
 
 .PHONY: demo test check results install clean

@@ -30,9 +30,10 @@ def assert_causal(model, T: int = 16) -> None:
             assert per_pos.min() > 1e-3, f"token {t} did not reach every later position: {per_pos}"
 
 
-def decode_in_chunks(model, idx: torch.Tensor, chunks: list[int]):
-    """Feed idx through one cache in chunks of the given sizes; return the concatenated logits."""
-    cache = model.new_cache(idx.shape[0], idx.shape[1])
+def decode_in_chunks(model, idx: torch.Tensor, chunks: list[int], max_len: int | None = None):
+    """Feed idx through one cache (for max_len positions, default idx's length) in chunks of the
+    given sizes; return the concatenated logits and the cache."""
+    cache = model.new_cache(idx.shape[0], max_len or idx.shape[1])
     out, t = [], 0
     for n in chunks:
         assert cache.past_len == t

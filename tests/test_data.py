@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from array import array
 
 import numpy as np
 import pytest
 import torch
 
-from anatomy_cli import data
+from anatomy_cli import data, prepared
 from anatomy_cli.data import BatchSampler, CharVocab, DataError, build_corpus, fixed_windows
 
 pytestmark = [pytest.mark.filterwarnings("error"), pytest.mark.usefixtures("single_thread")]
@@ -200,10 +202,10 @@ def test_fixed_windows_are_deterministic_and_span_the_data():
 def test_save_and_load_prepared_round_trip(tmp_path):
     corpus = build_corpus(TEXT + "Ω", "toy")
     out = tmp_path / "prepared"
-    data.save_corpus(corpus, out)
+    prepared.save_corpus(corpus, out)
     assert (out / data.TRAIN_BIN).stat().st_size == len(corpus.train)  # uint8 on disk
     assert np.array_equal(np.fromfile(out / data.VAL_BIN, dtype=np.uint8), np.array(corpus.val))
-    loaded = data.load_prepared(out)
+    loaded = prepared.load_prepared(out)
     assert loaded.train.typecode == "B" and loaded.meta["dtype"] == "B"
     assert loaded.train == corpus.train and loaded.val == corpus.val
     assert loaded.vocab.chars == corpus.vocab.chars
@@ -212,12 +214,20 @@ def test_save_and_load_prepared_round_trip(tmp_path):
     assert via_source.train == corpus.train
 
 
+def as_older_folder(out):
+    """A prepared folder as `anatomy prepare` wrote it before fingerprints: nothing to check its files against."""
+    meta = json.loads((out / data.META).read_text())
+    del meta["fingerprint"]
+    (out / data.META).write_text(json.dumps(meta))
+
+
 def test_load_prepared_rejects_corruption(tmp_path):
     out = tmp_path / "prepared"
-    data.save_corpus(build_corpus(TEXT, "toy"), out)
+    prepared.save_corpus(build_corpus(TEXT, "toy"), out)
+    as_older_folder(out)
     (out / data.VAL_BIN).write_bytes(b"\xff" * 20)  # id 255: past the vocabulary
     with pytest.raises(DataError, match="outside its vocabulary"):
-        data.load_prepared(out)
+        prepared.load_prepared(out)
 
 
 # --------------------------------------------------------------------------- default corpus
@@ -244,16 +254,17 @@ def test_front_matter_with_crlf_or_alone_is_stripped():
 def test_prepared_uint16_directories_still_load(tmp_path):
     corpus = build_corpus(TEXT, "toy")
     out = tmp_path / "old"
-    data.save_corpus(data.Corpus(corpus.vocab, array("H", corpus.train), array("H", corpus.val), corpus.meta), out)
+    prepared.save_corpus(data.Corpus(corpus.vocab, array("H", corpus.train), array("H", corpus.val), corpus.meta), out)
     assert (out / data.TRAIN_BIN).stat().st_size == 2 * len(corpus.train)  # what prepare wrote before uint8
-    loaded = data.load_prepared(out)
+    as_older_folder(out)
+    loaded = prepared.load_prepared(out)
     assert loaded.train.typecode == "H" and list(loaded.train) == list(corpus.train)
     (out / data.VAL_BIN).write_bytes(b"\x07" * 21)  # odd byte count: not a uint16 array
     with pytest.raises(DataError, match="corrupt"):
-        data.load_prepared(out)
+        prepared.load_prepared(out)
     (out / data.META).write_text('{"dtype": "Q"}')
     with pytest.raises(DataError, match="corrupt"):
-        data.load_prepared(out)
+        prepared.load_prepared(out)
 
 
 # ------------------------------------------------------------------------- large corpora
@@ -339,3 +350,108 @@ def test_fixed_windows_over_more_than_2_24_ids():
     ids[-1] = 7
     windows = fixed_windows(ids, 4, 8, 2)
     assert windows[-1][1][-1, -1] == 7  # the last window ends at the last id
+
+
+# ------------------------------------------------------------------------- fingerprints (issue 18)
+
+
+def test_prepare_records_each_files_fingerprint(tmp_path):
+    out = tmp_path / "p"
+    meta = prepared.prepare(data.open_source(None), out, min_len=8)
+    assert set(meta["fingerprint"]) == {"train.bin", "val.bin", "vocab.json"}
+    for name, record in meta["fingerprint"].items():
+        blob = (out / name).read_bytes()
+        assert record == {"bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest(), "hashed": "all"}
+    assert json.loads((out / data.META).read_text())["fingerprint"] == meta["fingerprint"]
+    loaded = prepared.load_prepared(out)
+    assert loaded.meta["fingerprint"] == meta["fingerprint"]
+    # the default corpus through the streaming prepare: the same ids and hash as the in-memory build
+    corpus = data.corpus_from_source(None, min_len=8)
+    assert loaded.train == corpus.train and loaded.val == corpus.val and meta["sha256"] == corpus.meta["sha256"]
+
+
+@pytest.mark.parametrize("name, edit", [
+    ("train.bin", lambda b: b[:100] + bytes([b[100] ^ 1]) + b[101:]),  # one byte, same size
+    ("val.bin", lambda b: b + b"\x00"),  # one more byte
+    ("vocab.json", lambda b: b.replace(b'"a"', b'"@"')),  # a character swapped, same size
+])
+def test_an_edited_prepared_file_is_refused_by_name(tmp_path, name, edit):
+    out = tmp_path / "p"
+    prepared.save_corpus(build_corpus(TEXT, "toy"), out)
+    (out / name).write_bytes(edit((out / name).read_bytes()))
+    with pytest.raises(DataError, match=f"{name} changed since it was prepared"):
+        data.load_corpus(str(out))
+
+
+def test_a_same_size_edit_in_the_middle_of_a_large_file_is_caught_by_the_sample():
+    size = prepared.FULL_HASH_BYTES + 12_345  # past the whole-file limit: sampled
+    blob = bytearray(random_bytes(size))
+    before = prepared.buffer_fingerprint(blob)
+    assert before == prepared.buffer_fingerprint(bytes(blob))  # deterministic
+    assert before["hashed"] == f"{prepared.SAMPLE_BLOCKS} blocks of {prepared.SAMPLE_BYTES} bytes"
+    blob[size // 2] ^= 0xFF  # the middle byte: the middle block always covers it
+    assert prepared.buffer_fingerprint(blob)["sha256"] != before["sha256"]
+    blob[size // 2] ^= 0xFF
+    last = size - prepared.SAMPLE_BYTES
+    assert last // (prepared.SAMPLE_BLOCKS - 1) < 20 * 1024  # dense: every 20 KiB of a 64 MiB file has a sampled block
+    for offset in (0, size - 1, last * 1000 // (prepared.SAMPLE_BLOCKS - 1) + 7):  # the ends and a byte in block 1000
+        blob[offset] ^= 1
+        assert prepared.buffer_fingerprint(blob)["sha256"] != before["sha256"], offset
+        blob[offset] ^= 1
+    blob[prepared.SAMPLE_BYTES + 10] ^= 1  # between the first two blocks: what sampling gives up
+    assert prepared.buffer_fingerprint(blob) == before
+
+
+def random_bytes(n: int) -> bytes:
+    return np.random.default_rng(0).integers(0, 256, n, dtype=np.uint8).tobytes()
+
+
+def test_a_sampled_prepared_file_is_checked_on_load(tmp_path, monkeypatch):
+    monkeypatch.setattr(prepared, "FULL_HASH_BYTES", 512)  # a toy corpus's train.bin is then "large"
+    monkeypatch.setattr(prepared, "SAMPLE_BLOCKS", 9)
+    monkeypatch.setattr(prepared, "SAMPLE_BYTES", 16)
+    out = tmp_path / "p"
+    prepared.save_corpus(build_corpus(TEXT * 3, "toy"), out)
+    meta = json.loads((out / data.META).read_text())
+    assert meta["fingerprint"]["train.bin"]["hashed"] == "9 blocks of 16 bytes"
+    blob = bytearray((out / data.TRAIN_BIN).read_bytes())
+    blob[len(blob) // 2] = (blob[len(blob) // 2] + 1) % meta["vocab_size"]  # same size, another character
+    (out / data.TRAIN_BIN).write_bytes(blob)
+    with pytest.raises(DataError, match="train.bin changed since it was prepared"):
+        prepared.load_prepared(out)
+
+
+def test_resume_on_an_edited_prepared_corpus_refuses_naming_the_file(tmp_path):
+    from toy_data import TINY_MODEL, TINY_TRAIN, write_corpus
+    from typer.testing import CliRunner
+
+    from anatomy_cli import runs
+    from anatomy_cli.cli import app
+    from anatomy_cli.config import RunConfig, validate
+    from anatomy_cli.train import train
+
+    def invoke(*args):
+        return CliRunner().invoke(app, [str(a) for a in args])
+
+    source, out, run = write_corpus(tmp_path), tmp_path / "p", tmp_path / "run"
+    assert invoke("prepare", source, "--out", out, "--ctx-len", 16).exit_code == 0
+    cfg = validate(RunConfig, {"model": TINY_MODEL, "train": {**TINY_TRAIN, "sample_len": 0}, "data": {"source": str(out)}})
+    seen = {"step": 0}
+    summary = train(cfg, run, progress=lambda p: seen.update(step=p["step"]), stop=lambda: seen["step"] >= 4)
+    assert summary["status"] == runs.INTERRUPTED
+    assert summary["corpus_files"] == json.loads((out / data.META).read_text())["fingerprint"]
+    ids = (out / data.TRAIN_BIN).read_bytes()
+    (out / data.TRAIN_BIN).write_bytes(ids[:50] + bytes([(ids[50] + 1) % 30]) + ids[51:])  # one byte
+    result = invoke("train", "--resume", run)
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert len(errors) == 1 and f"{out / data.TRAIN_BIN} changed since it was prepared" in errors[0], result.output
+    # prepared again with another split: each file matches its meta.json and the source text (so
+    # corpus_sha256) is the same, but the ids are not the ones the run started on
+    assert invoke("prepare", source, "--out", out, "--ctx-len", 16, "--val-frac", 0.2).exit_code == 0
+    result = invoke("train", "--resume", run)
+    assert result.exit_code == 2 and "train.bin of the prepared corpus" in result.output, result.output
+    assert runs.run_status(run) == runs.INTERRUPTED  # refused before anything was written
+    assert invoke("prepare", source, "--out", out, "--ctx-len", 16).exit_code == 0  # the data it started on
+    assert invoke("train", "--resume", run).exit_code == 0
+    assert runs.read_summary(run)["status"] == runs.COMPLETED

@@ -1,8 +1,9 @@
-"""export.py: LLaMA-shaped runs -> LlamaForCausalLM folders that reproduce anatomy's logits.
+"""export.py: LLaMA-shaped runs -> LlamaForCausalLM folders that generate what anatomy generates.
 
 Runs are trained for real (a few steps on a tiny text) so norm weights are off their init, and
 loaded back through transformers offline. RoPE base and RMSNorm eps are set away from both
-libraries' defaults, so a config field that transformers ignored would show in the logits.
+libraries' defaults, so a config field that transformers ignored would show in the logits. The logits
+themselves are compared for every Llama-expressible component row and state in test_rows.py.
 """
 
 from __future__ import annotations
@@ -95,18 +96,6 @@ def exported(request, tmp_path_factory):
 
 
 # ------------------------------------------------------------------------------- parity
-
-
-@torch.no_grad()
-def test_logits_match_anatomy(exported):
-    model, hf, _, _ = exported
-    ids = torch.randint(0, model.cfg.vocab_size, (3, CTX), generator=torch.Generator().manual_seed(0))
-    ours, _ = model(ids)
-    theirs = hf(ids).logits
-    assert theirs.shape == ours.shape
-    diff = (theirs - ours).abs().max().item()
-    assert diff < 1e-5, diff
-    assert ours.std() > 0.05  # not a degenerate all-equal output that would match trivially
 
 
 @torch.no_grad()
@@ -235,6 +224,7 @@ MODERN_NAMES = {
     "logit_softcap": (30.0, "soft-capped logits (softcap)"),
     "pos_type": ("nope", "NoPE (nope)"),
     "gdn_pattern": ("DA", "Gated DeltaNet hybrid (gdn)"),  # any pattern: "DA" is not the row's DDDA
+    "moe": (True, "mixture of experts (moe)"),
 }
 
 
@@ -250,7 +240,7 @@ def test_every_post_llama_part_is_named_in_one_line(tmp_path):
     parts = {field: value for field, (value, _) in MODERN_NAMES.items()}
     with pytest.raises(ExportError) as err:
         check_llama_shaped(ModelConfig(vocab_size=50, **model_kwargs(2, **parts)))
-    order = ("qk_norm", "parallel_block", "logit_softcap", "pos_type", "gdn_pattern")  # the table's
+    order = ("qk_norm", "parallel_block", "logit_softcap", "pos_type", "gdn_pattern", "moe")  # the table's
     names = [MODERN_NAMES[f][1] for f in order]
     assert str(err.value) == f"cannot export to Llama: {', '.join(names)} have no Llama equivalent"
     assert "\n" not in str(err.value)

@@ -43,9 +43,9 @@ def test_chunked_decode_equals_full_forward(make_lm, components, n_kv_head):
 
 
 def test_non_square_mask_shape_and_content():
-    assert attention_mask(0, 5, 5, "cpu") is None  # plain causal
-    assert attention_mask(7, 1, 8, "cpu") is None  # one new token sees every key
-    mask = attention_mask(5, 3, 8, "cpu")
+    assert attention_mask(0, 5, 5, 0, "cpu") is None  # plain causal
+    assert attention_mask(7, 1, 8, 0, "cpu") is None  # one new token sees every key
+    mask = attention_mask(5, 3, 8, 0, "cpu")
     expected = torch.tensor([[1, 1, 1, 1, 1, 1, 0, 0],
                              [1, 1, 1, 1, 1, 1, 1, 0],
                              [1, 1, 1, 1, 1, 1, 1, 1]], dtype=torch.bool)  # [T, past + T]

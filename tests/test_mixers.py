@@ -26,11 +26,13 @@ def test_layer_kinds_default_to_global_attention():
     assert cfg.layer_kinds == ("attn",) * 6
 
 
-def test_each_block_holds_the_mixer_its_kind_names(make_lm):
-    model = make_lm(**LLAMA)
+@pytest.mark.parametrize("parts", [LLAMA, {**LLAMA, "window": 4, "window_pattern": "GL"}], ids=["attn", "GL"])
+def test_each_block_holds_the_mixer_its_kind_names(make_lm, parts):
+    model = make_lm(**parts)
     for layer, block in enumerate(model.blocks):
-        assert type(block.attn) is MIXERS[model.cfg.layer_kinds[layer]]
-        assert type(make_mixer(model.cfg, layer)) is type(block.attn)
+        made = MIXERS[model.cfg.layer_kinds[layer]](model.cfg)
+        assert repr(block.attn) == repr(made) == repr(make_mixer(model.cfg, layer))
+    assert [b.attn.window for b in model.blocks] == ([0] * 2 if "window" not in parts else [0, 4])
 
 
 @pytest.mark.parametrize("parts", [{}, LLAMA, {**LLAMA, "qk_norm": True, "parallel_block": True}],

@@ -5,7 +5,7 @@ Exit codes (stable, for scripts): see cli_app.
 
 from __future__ import annotations
 
-from . import cli_exams, cli_run, cli_sweep, cli_tools  # noqa: F401  (each registers its commands)
+from . import cli_exams, cli_run, cli_scale, cli_sweep, cli_tools  # noqa: F401  (each registers its commands)
 from .cli_app import app
 
 __all__ = ["app", "main"]

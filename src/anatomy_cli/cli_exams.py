@@ -147,6 +147,10 @@ def bench_decode_cmd(
     new: Annotated[int, typer.Option(help="Tokens to decode.")] = 200,
     prefix_len: Annotated[int, typer.Option(help="Prompt length (prefilled in one forward).")] = 64,
     kv_heads: Annotated[Optional[str], typer.Option(help="n_kv_head values, e.g. 4,2,1 (default H, H/2, 1).")] = None,
+    windows: Annotated[Optional[str], typer.Option(help="Sliding windows to compare, e.g. 0,16 (0 = global; "
+                                                         "default: the model's own).")] = None,
+    window_pattern: Annotated[Optional[str], typer.Option(help="L local / G global per layer, repeated (default: "
+                                                                "the model's own, L without a run).")] = None,
     d_model: Annotated[Optional[int], typer.Option(help=f"Without a run: d_model (default {SIZE_DEFAULTS['d_model']}).")] = None,
     n_layer: Annotated[Optional[int], typer.Option(help=f"Without a run: layers (default {SIZE_DEFAULTS['n_layer']}).")] = None,
     n_head: Annotated[Optional[int], typer.Option(help=f"Without a run: query heads (default {SIZE_DEFAULTS['n_head']}).")] = None,
@@ -159,8 +163,9 @@ def bench_decode_cmd(
 ):
     """Inference cost: prefill and decode tokens/s with and without the KV cache, KV bytes, memory.
 
-    Sweeps n_kv_head over MHA / GQA / MQA. With a run dir, its own head count uses the trained
-    weights and the others an untrained model of the same sizes (speed does not need training).
+    Sweeps n_kv_head over MHA / GQA / MQA, and --windows over sliding windows. With a run dir, its
+    own configuration uses the trained weights and the others an untrained model of the same sizes
+    (speed does not need training). KV bytes are measured from each layer's state tensors.
     """
     sizes = {"d_model": d_model, "n_layer": n_layer, "n_head": n_head, "ctx_len": ctx, "vocab_size": vocab}
     dev = _device(device)
@@ -176,7 +181,9 @@ def bench_decode_cmd(
     else:
         model_cfg = _sized_model(sizes, parts)
     heads = exams.kv_head_list(model_cfg.n_head, kv_heads)
-    out = exams.bench_decode(model_cfg, trained, heads, new, prefix_len, dev, dtype)
+    sliding = exams.window_list(windows, model_cfg.window)
+    out = exams.bench_decode(model_cfg, trained, heads, new, prefix_len, dev, dtype, windows=sliding,
+                             window_pattern=window_pattern)
     out["run_dir"] = str(run_dir) if run_dir else None
     if json_out:
         return _print_json(out)
@@ -189,22 +196,26 @@ def _render_bench(out: dict) -> None:
                         f"{m['pos_type']}, prefix {out['prefix_len']} + {out['new']} new, {out['device']} {out['dtype']}")
     memory = Table(title=f"KV cache and memory (B=1, T={out['window']})")
     for table, cols in ((speed, ("attn", "weights", "prefill tok/s", "decode cached", "uncached", "speed-up", "same")),
-                        (memory, ("attn", "KV bytes/token", "KV total", "model+cache", "peak"))):
+                        (memory, ("attn", "KV bytes/token", "KV total", "per layer", "model+cache",
+                                  "peak"))):
         for col in cols:
             table.add_column(col, justify="left" if col in ("attn", "weights") else "right")
     for r in out["rows"]:
         attn = f"{r['attention']} G={r['n_kv_head']}"
+        attn += f" SWA {r['sliding_window']} {r['window_pattern']}" if r["sliding_window"] else ""
         speed.add_row(attn, r["weights"].split(" (")[0], f"{r['prefill_tok_s']:,.0f}", f"{r['decode_tok_s_cached']:,.0f}",
                       f"{r['decode_tok_s_uncached']:,.0f}", f"{r['speedup']:.2f}x", "yes" if r["same_output"] else "no")
         memory.add_row(attn, f"{r['kv_bytes_per_token']:,}", f"{r['kv_cache_bytes']:,} ({exams.fmt_bytes(r['kv_cache_bytes'])})",
-                       exams.fmt_bytes(r["model_cache_bytes"]), exams.fmt_bytes(r.get("peak_cuda_bytes", r.get("peak_rss_bytes"))))
+                       _layer_text(r["layer_states"], out["window"]), exams.fmt_bytes(r["model_cache_bytes"]),
+                       exams.fmt_bytes(r.get("peak_cuda_bytes", r.get("peak_rss_bytes"))))
     console.print(speed)
     console.print(memory)
     _render_long_context(out["rows"])
     cuda = "peak_cuda_bytes" in out["rows"][0]
     console.print(f"tok/s: prefill = prompt tokens / one forward; decode = greedy sample.generate forwards per second "
                   f"(window = prefix + new, no context shift); untrained = random weights of the same sizes (speed needs no "
-                  f"training). KV total = 2 x L x B x G x T x hd x bytes. "
+                  f"training). KV total = 2 x L x B x G x T x hd x bytes for global layers; a local (sliding-window) "
+                  f"layer holds window - 1 positions whatever T. "
                   f"peak = {'CUDA max allocated' if cuda else 'process peak RSS (whole process so far)'}.", highlight=False)
     if out["note"]:
         console.print(f"note: {out['note']}", highlight=False)
@@ -224,6 +235,12 @@ def _render_long_context(rows: list[dict]) -> None:
     console.print(table)
 
 
+def _layer_text(states: dict, window: int) -> str:
+    """'attn 256 B/token, local 3,840 B': a growing state per token, a bounded one in total."""
+    return ", ".join(f"{kind} {s['bytes']:,} B" if s["bounded"] else f"{kind} {s['bytes'] // window:,} B/token"
+                     for kind, s in states.items())
+
+
 # ----------------------------------------------------------------------------------- kv-budget
 
 
@@ -236,23 +253,35 @@ def kv_budget_cmd(
     kv_heads: Annotated[Optional[int], typer.Option(help="num_key_value_heads (default: heads).")] = None,
     head_dim: Annotated[Optional[int], typer.Option(help="head_dim (default: hidden / heads).")] = None,
     hidden: Annotated[Optional[int], typer.Option(help="hidden_size.")] = None,
+    window: Annotated[Optional[int], typer.Option(help="sliding_window of the local layers (0: none; default: "
+                                                       "the config's).")] = None,
+    window_pattern: Annotated[Optional[str], typer.Option(help="L local / G global per layer, repeated (default: "
+                                                                "the config's layer_types, else every layer).")] = None,
     seq: Annotated[int, typer.Option(help="Sequence length T (tokens in the cache).")] = 4096,
     batch: Annotated[int, typer.Option(help="Batch size B.")] = 1,
     dtype: Annotated[str, typer.Option(help="bf16 | fp16 | fp32 | fp8")] = "bf16",
     json_out: JsonOut = False,
 ):
-    """KV-cache budget: MHA vs the config's GQA vs MQA, in exact bytes and MiB/GiB (no torch)."""
-    shape = exams.attn_shape(config, layers=layers, heads=heads, kv_heads=kv_heads, head_dim=head_dim, hidden=hidden)
+    """KV-cache budget: MHA vs the config's GQA vs MQA, in exact bytes and MiB/GiB (no torch).
+
+    Sliding-window layers (the config's layer_types, or --window with --window-pattern) hold at most
+    window - 1 positions each, whatever the sequence length.
+    """
+    shape = exams.attn_shape(config, layers=layers, heads=heads, kv_heads=kv_heads, head_dim=head_dim, hidden=hidden,
+                             window=window, window_pattern=window_pattern)
     out = exams.kv_budget(shape, seq, batch, dtype)
     if json_out:
         return _print_json(out)
+    swa = f", sliding window {shape.window} on {shape.local_layers} of {shape.layers} layers" if shape.local_layers else ""
     table = Table(title=f"KV cache: {shape.layers} layers, {shape.heads} heads x {shape.head_dim}, T={seq}, "
-                        f"B={batch}, {dtype} ({shape.source})")
-    for col in ("attention", "kv heads", "bytes", "size", "per token", "vs MHA"):
+                        f"B={batch}, {dtype}{swa} ({shape.source})")
+    cols = ("attention", "kv heads", "bytes", "size", "per token", "vs MHA") + (("all global",) if swa else ())
+    for col in cols:
         table.add_column(col, justify="left" if col == "attention" else "right", no_wrap=True)
     for r in out["rows"]:
         name = f"{r['attention']} (config)" if r["is_config"] else r["attention"]
-        table.add_row(name, str(r["kv_heads"]), f"{r['bytes']:,}", r["human"], f"{r['bytes_per_token']:,}",
-                      "1" if r["mha_over"] == 1 else f"1/{r['mha_over']:g}")
+        cells = [name, str(r["kv_heads"]), f"{r['bytes']:,}", r["human"], f"{r['bytes_per_token']:,}",
+                 "1" if r["mha_over"] == 1 else f"1/{r['mha_over']:g}"]
+        table.add_row(*cells, *([exams.fmt_bytes(r["bytes_all_global"])] if swa else []))
     console.print(table)
     console.print(f"bytes = {out['formula']}", highlight=False)

@@ -24,24 +24,70 @@ from .config import SEED_MAX, SEED_MIN, ConfigError
 @app.command()
 @handle_errors
 def prepare(
-    source: Annotated[Optional[Path], typer.Argument(help="UTF-8 text file or directory of .md/.txt; default: the embedded corpus.")] = None,
+    source: Annotated[Optional[str], typer.Argument(help="A UTF-8 text file, a folder of .md/.txt, a .jsonl or .parquet file, a datasets save_to_disk folder, or hf:NAME[:CONFIG], a Hugging Face dataset streamed from the Hub (needs pip install 'anatomy-cli\\[data]'); default: the embedded corpus.", show_default=False)] = None,
     out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("data/default"),
-    val_frac: Annotated[float, typer.Option(min=0.01, max=0.5, help="Fraction held out for validation (the end of the text).")] = 0.1,
+    val_frac: Annotated[float, typer.Option(min=0.01, max=0.5, help="Fraction held out for validation: the end of a text; whole documents at the end of a dataset (the one that straddles the boundary included).")] = 0.1,
     ctx_len: Annotated[int, typer.Option(min=1, help="Each split must be longer than this.")] = 128,
+    field: Annotated[Optional[str], typer.Option(help="Datasets (.jsonl, .parquet, save_to_disk, hf:): the field that holds the text \\[default: text].", show_default=False)] = None,
+    split: Annotated[Optional[str], typer.Option(help="hf: and save_to_disk datasets with splits: the split to read \\[default: train].", show_default=False)] = None,
+    max_chars: Annotated[Optional[int], typer.Option(help="Datasets: take whole documents, in order, while they hold at most this many characters (50000000: 50 MB of English); meta.json says whether it cut the stream.", show_default=False)] = None,
     json_out: JsonOut = False,
 ):
-    """Corpus -> character vocabulary + compact train/val ids + meta.json."""
-    from .data import corpus_from_source, save_corpus
+    """Corpus -> character vocabulary + compact train/val ids + meta.json (with the files' fingerprint).
+
+    Streams: memory does not grow with the corpus. Documents are joined with a blank line.
+    """
+    from .data import open_source
+    from .prepared import prepare as write_prepared
 
     runs.check_placement(out, "prepared corpus", "--out")
-    corpus = corpus_from_source(str(source) if source else None, val_frac, ctx_len)
-    save_corpus(corpus, out)
-    info = {k: v for k, v in corpus.meta.items() if k != "char_counts"} | {"out": str(out)}
+    src = open_source(source, field, split)
+    with StopFlag(graceful=False), PrepareProgress() as progress:  # SIGTERM/SIGHUP unwind: temp files removed
+        meta = write_prepared(src, out, val_frac, ctx_len, max_chars, progress)
+    info = {k: v for k, v in meta.items() if k != "char_counts"} | {"out": str(out)}
     if json_out:
         console.print_json(json.dumps(info))
         return
     for key, value in info.items():
-        console.print(styled(f"{key:>12}", "bold", f"  {value}"), highlight=False)
+        if key != "fingerprint":
+            shown = json.dumps(value) if key == "separator" else value
+            console.print(styled(f"{key:>13}", "bold", f"  {shown}"), highlight=False)
+
+
+class PrepareProgress:
+    """prepare's progress on stderr: a rich bar per pass on a terminal, else a line every PLAIN_S seconds."""
+
+    PLAIN_S = 10.0
+    PHASES = {"read": "read", "encode": "write ids"}
+
+    def __enter__(self) -> PrepareProgress:
+        import time
+
+        self.clock, self.last, self.tasks = time.monotonic, time.monotonic(), {}
+        self.bar = None
+        if err_console.is_terminal:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("[bold]{task.description:>9}"), BarColumn(),
+                                TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=err_console)
+            self.bar.start()
+        return self
+
+    def __call__(self, p: dict) -> None:
+        name = self.PHASES[p["phase"]]
+        documents = f", {p['documents']:,} documents" if p["documents"] is not None else ""
+        info = f"{p['chars']:,} characters{documents}"
+        if self.bar is not None:
+            if name not in self.tasks:
+                self.tasks[name] = self.bar.add_task(name, total=p["total"], info="")
+            self.bar.update(self.tasks[name], completed=p["chars"], info=info)
+        elif self.clock() - self.last >= self.PLAIN_S:
+            self.last = self.clock()
+            err_console.print(f"{name}: {info}", highlight=False)
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.stop()
 
 
 # ----------------------------------------------------------------------------------- train

@@ -189,6 +189,11 @@ def ablate(
     estimate = plan_estimate(plan if dry_run else pending_runs(plan, sweep_dir), n_workers, vocab)
     if dry_run:
         console.print(plan_table(plan, sweep_dir, n_workers, vocab, estimate))
+        if s.sizes:
+            from .cli_scale import size_report
+
+            console.print(f"per size (budget {s.budget}):", highlight=False, markup=False)
+            console.print(size_report(plan, n_workers, None)[1], highlight=False, markup=False, soft_wrap=True)
         return
     err_console.print(plan_line(plan, sweep_dir, n_workers, estimate), highlight=False, soft_wrap=True)
     if any(p.config.train.compile for p in plan):  # before the workers spawn: they inherit it
@@ -276,11 +281,13 @@ def _write_report(root: Path, out: Path | None, formats: tuple[str, ...], frames
     from .textable import width
     from .verdict import verdict_frame
 
+    from .scale import scale_frames
+
     frames = frames or rep.report_frames(root, min_effect)
     paths = rep.write_report(root, out, formats, frames)
     effects = frames[2]
-    console.print(verdict_text(verdict_frame(effects[effects["metric"] == rep.LOSS_METRIC]), frames[0], root, width()),
-                  highlight=False, markup=False, soft_wrap=True)
+    console.print(verdict_text(verdict_frame(effects[effects["metric"] == rep.LOSS_METRIC]), frames[0], root, width(),
+                               scale_frames(*frames)), highlight=False, markup=False, soft_wrap=True)
     main = next((paths[k] for k in ("report.html", "report.md", "report.json", "effects.csv") if k in paths),
                 paths["forest.png"])
     console.print(f"report: {main} (all files in {main.parent})", highlight=False, markup=False, soft_wrap=True)
@@ -354,10 +361,10 @@ def _fmt(v) -> str:
 REFERENCE_SIZE = {"vocab_size": 1719, "d_model": 128, "n_layer": 4, "n_head": 4, "n_kv_head": 4, "ctx_len": 128}
 
 
-def param_change(c, end_on: bool) -> int | None:
-    """Parameters the component adds (negative: removes) at the published size, from the 2017 end
-    (end_on False) or the LLaMA end; None for a component that does not touch the model, or (a
-    spec's own) cannot be placed at that size (n_head = 3 does not divide d_model 128)."""
+def param_change(c, end_on: bool) -> tuple[int, int] | None:
+    """(total, active per token) parameters the component adds (negative: removes) at the published
+    size, from the 2017 end (end_on False) or the LLaMA end; None for a component that does not touch
+    the model, or (a spec's own) cannot be placed at that size (n_head = 3 does not divide d_model 128)."""
     from .config import ModelConfig, validate
 
     if not any(k.startswith("model.") for k in c.keys):
@@ -368,10 +375,11 @@ def param_change(c, end_on: bool) -> int | None:
     for state in (True, False):
         settings = {k.removeprefix("model."): v for k, v in c.settings(state, flat).items() if k.startswith("model.")}
         try:
-            counts.append(validate(ModelConfig, model | settings).num_params())
+            cfg = validate(ModelConfig, model | settings)
         except ConfigError:
             return None
-    return counts[0] - counts[1]
+        counts.append((cfg.num_params(), cfg.active_params()))
+    return counts[0][0] - counts[1][0], counts[0][1] - counts[1][1]
 
 
 @app.command("components")
@@ -389,23 +397,32 @@ def components_cmd(
         table_ = spec_table(load_plan(spec)[0])
     rows = []
     for c in table_.values():
-        rows.append(components.record(c) | {
-            "off_text": c.describe("off"), "on_text": c.describe("on"),
-            "params_from_2017": param_change(c, False), "params_from_llama": param_change(c, True)})
+        change = {end: param_change(c, end == "llama") for end in ("2017", "llama")}
+        rows.append(components.record(c) | {"off_text": c.describe("off"), "on_text": c.describe("on")}
+                    | {f"params_from_{end}": d and d[0] for end, d in change.items()}
+                    | {f"active_from_{end}": d and d[1] for end, d in change.items()})
     if json_out:
         console.print_json(json.dumps({"reference_size": REFERENCE_SIZE, "components": rows}))
         return
-    fmt = lambda v: "-" if v is None else f"{v:+,}"  # noqa: E731
-    cells = [[r["name"], change_text(c), fmt(r["params_from_2017"]), fmt(r["params_from_llama"]), r["about"],
-              c.source] for r, c in zip(rows, table_.values())]
+    cells = [[r["name"], change_text(c), _change(r, "2017"), _change(r, "llama"), r["about"], c.source]
+             for r, c in zip(rows, table_.values())]
     cols = width() if not wide else None
     text = table(["name", "off -> on", "from 2017", "from LLaMA", "about", "source"], cells, cols,
                  fit=[("drop", "source"), ("drop", "from LLaMA"), ("cut", "about", 20), ("cut", "off -> on", 20),
                       ("drop", "from 2017"), ("drop", "about")], right={"from 2017", "from LLaMA"})
-    head = "components: parameters each adds at vocab 1719, d 128, 4 layers, 4 heads, ctx 128"
+    head = ("components: parameters each adds at vocab 1719, d 128, 4 layers, 4 heads, ctx 128 "
+            "(and per token, where that differs)")
     foot = "" if wide else "anatomy components --wide (or --json) for every column in full"
     console.print("\n".join(filter(None, [wrap(head, cols), text, wrap(foot, cols) if foot else ""])),
                   highlight=False, markup=False, soft_wrap=True)
+
+
+def _change(row: dict, end: str) -> str:
+    """'+1,024', or '+1,626,112 (active +4,096)' for a part a token uses only some of; '-' for none."""
+    total, active = row[f"params_from_{end}"], row[f"active_from_{end}"]
+    if total is None:
+        return "-"
+    return f"{total:+,}" + (f" (active {active:+,})" if active != total else "")
 
 
 def change_text(c) -> str:

@@ -160,6 +160,17 @@ BUILTINS: tuple[Component, ...] = (
               "no positions", "Yang, Kautz & Hatamizadeh 2025 (ICLR); Qwen3-Next",
               on={"model.gdn_pattern": "DDDA"}, off={"model.gdn_pattern": ""}, llama="off",
               parts=("attention in every layer", "Gated DeltaNet hybrid")),
+    # window 16 of the default study's ctx 64; 3 local : 1 global, the global layer last in its group
+    # as in Gemma 3's 5 : 1 (4 layers take no 5 : 1), so one layer still reads the whole context
+    Component("swa", "sliding-window attention: 3 of 4 layers see only their 16 latest positions",
+              "Beltagy et al. 2020; Mistral 7B (Jiang et al. 2023); Gemma 2, Gemma 3",
+              on={"model.window": 16, "model.window_pattern": "LLLG"},
+              off={"model.window": 0, "model.window_pattern": "L"}, llama="off",
+              parts=("global attention", "sliding-window attention")),
+    Component("moe", "every FFN becomes routed experts, top-k per token, sized so active FFN params = dense",
+              "Shazeer et al. 2017; Switch (Fedus et al. 2022); Mixtral; Qwen3-MoE; DeepSeek V3",
+              on={"model.moe": True}, off={"model.moe": False}, llama="off",
+              parts=("dense FFN", "mixture of experts")),
 )
 BUILTIN_NAMES: tuple[str, ...] = tuple(c.name for c in BUILTINS)
 FIVE: tuple[str, ...] = tuple(c.name for c in BUILTINS if c.family == "llama")

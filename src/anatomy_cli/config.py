@@ -109,11 +109,12 @@ def repeat_pattern(pattern: str, n_layer: int) -> str:
 class ModelConfig(_Frozen):
     """Sizes and the component switches (see components.py). Defaults are the 2017 Transformer's parts.
 
-    The last four switches are post-LLaMA parts, each off by default (off = today's model exactly):
-    qk_norm (RMSNorm of each head's Q and K, Qwen3 / Gemma 3; OLMo 2 norms the whole Q and K
-    projections instead), tie_embeddings (head = token embedding, GPT-2 / Gemma), parallel_block
-    (attention and FFN side by side, GPT-J / PaLM) and logit_softcap (c * tanh(logits / c), Gemma 2).
-    pos_type="nope" is NoPE (no positions at all).
+    The switches after rope_variant are post-LLaMA parts, each off by default (off = today's model
+    exactly): qk_norm (RMSNorm of each head's Q and K, Qwen3 / Gemma 3; OLMo 2 norms the whole Q and
+    K projections instead), tie_embeddings (head = token embedding, GPT-2 / Gemma), parallel_block
+    (attention and FFN side by side, GPT-J / PaLM), logit_softcap (c * tanh(logits / c), Gemma 2) and
+    window (sliding-window attention, Mistral / Gemma 2-3). pos_type="nope" is NoPE (no positions at all).
+    moe swaps every FFN for a routed mixture of experts of the same type (DeepSeek V3, Qwen3-MoE).
     """
 
     vocab_size: int | None = Field(default=None, gt=0, le=MAX_SIZE)  # None: taken from the data at train time
@@ -141,6 +142,22 @@ class ModelConfig(_Frozen):
     gdn_key_heads: int | None = new(None, gt=0, le=MAX_SIZE)  # None: gdn_heads / 2 when even
     gdn_head_dim: int | None = new(None, gt=0, le=MAX_SIZE)  # d_k = d_v; None: head_dim
     gdn_conv: int = new(4, gt=0, le=64)
+    # Sliding-window attention (swa): a local layer's query sees its `window` latest positions,
+    # itself included (Mistral's sliding_window; transformers' mask keeps kv > q - window). 0 = off:
+    # every layer global, and window_pattern is not used. window_pattern: one letter per layer,
+    # L local, G global, repeated over the stack ("L": Mistral; "LLLLLG": Gemma 3; "LG": Gemma 2).
+    window: int = new(0, ge=0, le=MAX_SIZE)
+    window_pattern: str = new("L", max_length=1024)
+    # Mixture of experts (moe, model/moe.py): every block's FFN becomes moe_experts copies of the
+    # ffn_type FFN, each token routed to its moe_top_k best. Expert hidden size: moe_hidden, or by
+    # default the dense hidden split over the active experts (moe_expert_hidden), so active FFN
+    # parameters per token equal the dense FFN's. moe_shared adds one always-on expert of that size,
+    # gated by sigmoid(w . x) as in Qwen2-MoE / Qwen3-Next.
+    moe: bool = new(False)
+    moe_experts: int = new(8, ge=2, le=MAX_SIZE)
+    moe_top_k: int = new(2, ge=1, le=MAX_SIZE)
+    moe_hidden: int | None = new(None, gt=0, le=MAX_SIZE)  # None: see moe_expert_hidden
+    moe_shared: bool = new(False)
 
     @model_validator(mode="after")
     def _check_shapes(self) -> ModelConfig:
@@ -159,6 +176,15 @@ class ModelConfig(_Frozen):
         k_heads, v_heads, _ = self.gdn_shape
         if v_heads % k_heads:
             raise ValueError(f"gdn_key_heads={k_heads} must divide gdn_heads={v_heads}")
+        check_pattern("window_pattern", self.window_pattern, "LG", self.n_layer)
+        if self.window > self.ctx_len:
+            raise ValueError(f"window={self.window} is larger than ctx_len={self.ctx_len}: it would never "
+                             f"bind in training (window=0 is global attention)")
+        if self.moe_top_k > self.moe_experts:
+            raise ValueError(f"moe_top_k={self.moe_top_k} must not exceed moe_experts={self.moe_experts}")
+        if self.moe and self.moe_expert_hidden < 1:
+            raise ValueError(f"the dense hidden size {self.ffn_hidden} split over {self.moe_active_experts} active "
+                             f"experts leaves none per expert; set model.moe_hidden")
         return self
 
     @property
@@ -188,13 +214,19 @@ class ModelConfig(_Frozen):
         its module, mixer_params to its parameters, state_bytes to its decode state).
 
         "attn": global causal softmax attention (MHA/GQA/MQA by n_kv_head); "gdn": Gated DeltaNet
-        where gdn_pattern says D. A part that changes what a layer is adds its kind here, decided by
-        its own fields (a layer pattern, see repeat_pattern), and one entry in each of those three tables.
+        where gdn_pattern says D; "local": softmax attention within a sliding window where
+        window_pattern says L (swa). A part that changes what a layer is adds its kind here, decided
+        by its own fields (a layer pattern, see repeat_pattern), and one entry in each of those three
+        tables.
         """
         kinds = ["attn"] * self.n_layer
         if self.gdn_pattern:
             pattern = repeat_pattern(self.gdn_pattern, self.n_layer)
             kinds = ["gdn" if letter == "D" else kind for letter, kind in zip(pattern, kinds)]
+        if self.window:  # swa: softmax attention turns local where the pattern says L
+            pattern = repeat_pattern(self.window_pattern, self.n_layer)
+            kinds = ["local" if letter == "L" and kind == "attn" else kind
+                     for letter, kind in zip(pattern, kinds)]
         return tuple(kinds)
 
     def num_params(self) -> int:
@@ -206,13 +238,18 @@ class ModelConfig(_Frozen):
         only what a token is sent to, see ffn_params). FLOPs per token follow this count."""
         return self._params(active=True)
 
+    def non_embedding_params(self, active: bool = False) -> int:
+        """Every parameter but the token table, the LM head and the position table: the blocks and the
+        final norm, Kaplan et al. (2020)'s N, what grows with width and depth (and needs no vocab).
+        Size ladders are placed, and token-per-parameter budgets computed, by this count."""
+        layers = sum(self.layer_params(kind, active) for kind in self.layer_kinds)
+        return layers + (self.norm_params if self.norm_pos == "pre" else 0)
+
     def _params(self, active: bool) -> int:
         if self.vocab_size is None:
             raise ConfigError("model.vocab_size is not set")
-        layers = sum(self.layer_params(kind, active) for kind in self.layer_kinds)
-        final = self.norm_params if self.norm_pos == "pre" else 0
         embeddings = (1 if self.tie_embeddings else 2) * self.vocab_size * self.d_model  # token table (+head)
-        return embeddings + self.position_params + layers + final
+        return embeddings + self.position_params + self.non_embedding_params(active)
 
     def layer_params(self, kind: str, active: bool = False) -> int:
         """One block: its token mixer of `kind`, its channel mixer and its norms (one when parallel)."""
@@ -221,7 +258,7 @@ class ModelConfig(_Frozen):
 
     def mixer_params(self, kind: str) -> int:
         """One token mixer of `kind` (see layer_kinds): each kind's exact term."""
-        if kind == "attn":
+        if kind in ("attn", "local"):  # a window changes which keys a query sees, not the weights
             d, hd = self.d_model, self.head_dim
             qkv_out = d * (self.n_head + 2 * self.n_kv_head) * hd + self.n_head * hd * d
             qk_norm = 2 * hd if self.qk_norm else 0  # one RMSNorm weight for Q, one for K, shared by heads
@@ -234,8 +271,35 @@ class ModelConfig(_Frozen):
         raise ValueError(f"no parameter formula for layer kind {kind!r}")
 
     def ffn_params(self, active: bool = False) -> int:
-        """One channel mixer (model/ffn.py); active: the part one token uses (all of a dense FFN)."""
-        return (3 if self.ffn_type == "swiglu" else 2) * self.d_model * self.ffn_hidden
+        """One channel mixer (model/ffn.py); active: the part one token uses (all of a dense FFN).
+
+        A mixture of experts (moe.py): E experts, the router (E x d) and the shared expert with its
+        gate (d); a token uses its k experts, and all of router, shared expert and gate."""
+        if not self.moe:
+            return self.dense_ffn_params(self.ffn_hidden)
+        expert, E, k = self.dense_ffn_params(self.moe_expert_hidden), self.moe_experts, self.moe_top_k
+        always = E * self.d_model + ((expert + self.d_model) if self.moe_shared else 0)  # router, shared + gate
+        return (k if active else E) * expert + always
+
+    def dense_ffn_params(self, hidden: int) -> int:
+        """One dense FFN of this hidden size: GELU up/down, or SwiGLU gate/up/down."""
+        return (3 if self.ffn_type == "swiglu" else 2) * self.d_model * hidden
+
+    @property
+    def moe_active_experts(self) -> int:
+        """Experts a token passes through: its top k, plus the shared one."""
+        return self.moe_top_k + (1 if self.moe_shared else 0)
+
+    @property
+    def moe_expert_hidden(self) -> int:
+        """One expert's hidden size: moe_hidden, else ffn_hidden // active experts (8 experts, top-2:
+        half the dense hidden each, so a token's active FFN matches the dense one)."""
+        return self.moe_hidden or self.ffn_hidden // self.moe_active_experts
+
+    @property
+    def active_hidden(self) -> int:
+        """FFN hidden units a token passes through: ffn_hidden, or an expert's times the active experts."""
+        return self.moe_expert_hidden * self.moe_active_experts if self.moe else self.ffn_hidden
 
     @property
     def norm_params(self) -> int:
@@ -253,10 +317,12 @@ class ModelConfig(_Frozen):
 
     def state_bytes(self, kind: str, batch: int, max_len: int, bytes_per_elem: int) -> int:
         """Decode-state bytes of one layer of `kind` for `max_len` positions (tests pin it to the
-        tensors new_state allocates). attn: K and V of every position, 2 B G T hd. gdn: whatever
-        max_len, the conv's last K-1 inputs and the memory [Hv, hd, hd], kept in fp32 at least."""
-        if kind == "attn":
-            return 2 * batch * self.n_kv_head * max_len * self.head_dim * bytes_per_elem
+        tensors new_state allocates). attn: K and V of every position, 2 B G T hd. local: of the
+        window - 1 latest only (the query itself is the window's last key), whatever max_len. gdn:
+        whatever max_len, the conv's last K-1 inputs and the memory [Hv, hd, hd], kept in fp32 at least."""
+        kept = {"attn": max_len, "local": self.window - 1}
+        if kind in kept:
+            return 2 * batch * self.n_kv_head * kept[kind] * self.head_dim * bytes_per_elem
         if kind == "gdn":
             Hk, Hv, hd = self.gdn_shape
             conv = (self.gdn_conv - 1) * (2 * Hk + Hv) * hd * bytes_per_elem
@@ -269,11 +335,13 @@ class ModelConfig(_Frozen):
 
     def context_flops(self, kind: str) -> int:
         """Training FLOPs per token of a mixer beyond its weight matmuls: attention's scores and
-        weighted sum over ctx_len keys, 6 ctx d (the 2 n_ctx d_attn of Kaplan et al. 2020, x3).
+        weighted sum over ctx_len keys, 6 ctx d (the 2 n_ctx d_attn of Kaplan et al. 2020, x3); a
+        local layer's query reads window keys at most.
         gdn, per value head and chunk width C: the three C-wide products (k.k, q.k, scores.u), the
         triangular solve (C/2 rows of d_k + d_v) and the memory's read, correction and write."""
-        if kind == "attn":
-            return 6 * self.ctx_len * self.d_model
+        keys = {"attn": self.ctx_len, "local": self.window}
+        if kind in keys:
+            return 6 * keys[kind] * self.d_model
         if kind == "gdn":
             _, Hv, hd = self.gdn_shape
             C = min(GDN_CHUNK, self.ctx_len)
@@ -284,10 +352,10 @@ class ModelConfig(_Frozen):
         """Rough fp32 bytes of one training step, to refuse before allocating what cannot fit.
 
         16 B per parameter (weights, grads, AdamW's two moments) plus what backward keeps per token:
-        per layer ~16 d + 3 ffn_hidden floats and n_head x ctx_len attention probabilities, and the
+        per layer ~16 d + 3 active_hidden floats and n_head x ctx_len attention probabilities, and the
         logits three times over (logits, softmax, their grad).
         """
-        per_token = self.n_layer * (16 * self.d_model + 3 * self.ffn_hidden + self.n_head * self.ctx_len)
+        per_token = self.n_layer * (16 * self.d_model + 3 * self.active_hidden + self.n_head * self.ctx_len)
         per_token += 3 * self.vocab_size
         return 16 * self.num_params() + 4 * batch_size * self.ctx_len * per_token
 
@@ -315,6 +383,9 @@ class TrainConfig(_Frozen):
     # PaLM's auxiliary z-loss (Chowdhery et al. 2022 used 1e-4): + z_loss * mean(logsumexp(logits)^2)
     # on the training loss only; 0 = off. Keeps log Z near 0 so the softmax stays well-conditioned.
     z_loss: float = new(0.0, ge=0)
+    # Load-balancing loss coefficient of a mixture of experts (model.moe; Switch / Qwen3-MoE's
+    # router_aux_loss_coef, 0.001): + moe_aux_loss * E * sum_e f_e P_e on the training loss only.
+    moe_aux_loss: float = new(0.001, ge=0)
     eval_interval: int = Field(default=100, gt=0)
     eval_batches: int = Field(default=8, gt=0, le=MAX_SIZE)
     log_interval: int = Field(default=10, gt=0)  # train-loss/grad-norm lines are flushed this often
@@ -369,6 +440,35 @@ class ComponentSpec(_Frozen):
 COMPONENT_NAME = r"^[a-z][a-z0-9_]{0,31}$"
 
 
+class SizeSpec(_Frozen):
+    """One rung of a size ladder (`[[sizes]]`): model settings (and, where it must differ, train
+    settings) laid over the base. The study's whole design runs at every size (AblationSpec.sizes).
+    A size that sets n_head but not n_kv_head keeps the base's ratio of query to K/V heads (an MHA
+    base stays MHA); a component that switches n_kv_head (gqa) still sets its own."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9.+-]*$", max_length=32)
+    model: dict[str, Any] = {}
+    train: dict[str, Any] = {}
+
+    def resolved(self, base: RunConfig) -> tuple[ModelConfig, TrainConfig]:
+        """The base's model and train sections with this size's settings; ConfigError naming the size."""
+        for section, cls, given in (("model", ModelConfig, self.model), ("train", TrainConfig, self.train)):
+            unknown = [k for k in given if k not in cls.model_fields]
+            if unknown:
+                raise ConfigError(f"sizes.{self.name}.{section}.{unknown[0]}: unknown key (not a {section} field)")
+        dumped = base.model_dump(mode="json")
+        model = {**dumped["model"], **self.model}
+        if "n_head" in self.model and "n_kv_head" not in self.model:
+            ratio = base.model.n_head // base.model.n_kv_head  # validated: n_kv_head divides n_head
+            if isinstance(model["n_head"], int) and model["n_head"] % ratio == 0:
+                model["n_kv_head"] = model["n_head"] // ratio
+            else:
+                raise ConfigError(f"sizes.{self.name}.model: n_head={model['n_head']!r} keeps no whole ratio to the "
+                                  f"base's {base.model.n_head}:{base.model.n_kv_head} query:K/V heads; set n_kv_head")
+        return (validate(ModelConfig, model, f"sizes.{self.name}.model."),
+                validate(TrainConfig, {**dumped["train"], **self.train}, f"sizes.{self.name}.train."))
+
+
 class AblationSpec(_Frozen):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$", max_length=64)
     base: RunConfig = RunConfig()
@@ -383,6 +483,12 @@ class AblationSpec(_Frozen):
     gqa_kv_head: int | None = Field(default=None, gt=0)  # n_kv_head the gqa flip uses
     configs: list[NamedConfig] = []  # the `list` design's entries
     axes: dict[str, list[Any]] = {}  # dotted key -> values, crossed with the design
+    # A size ladder: the design runs at every size, each size paired on its own seeds (sweep.expand).
+    # budget: every size trains base.train.steps ("same-steps"), or tokens_per_param tokens per
+    # non-embedding parameter (Chinchilla-style, "tokens-per-param"; sweep.size_steps).
+    sizes: Annotated[list[SizeSpec], Field(max_length=64)] = []
+    budget: Literal["same-steps", "tokens-per-param"] = "same-steps"
+    tokens_per_param: float | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _check_design(self) -> AblationSpec:
@@ -404,7 +510,28 @@ class AblationSpec(_Frozen):
         for key, values in self.axes.items():
             if not values:
                 raise ValueError(f"axes.{key} must list at least one value")
+        self._check_sizes()
         return self
+
+    def _check_sizes(self) -> None:
+        names = [s.name for s in self.sizes]
+        twice = next((n for n in names if names.count(n) > 1), None)
+        if twice:
+            raise ValueError(f"sizes: the name {twice!r} is used by two sizes")
+        if self.budget == "tokens-per-param" and (not self.sizes or self.tokens_per_param is None):
+            raise ValueError("budget 'tokens-per-param' needs [[sizes]] and tokens_per_param (e.g. 20)")
+        if self.budget != "tokens-per-param" and self.tokens_per_param is not None:
+            raise ValueError("tokens_per_param is only used by budget = 'tokens-per-param'")
+        seen: dict[str, str] = {}
+        for size in self.sizes:
+            if "steps" in size.train:
+                raise ValueError(f"sizes.{size.name}.train.steps: the budget rule sets every size's steps "
+                                 f"(budget = 'same-steps': base.train.steps; 'tokens-per-param': computed)")
+            model, train = size.resolved(self.base)
+            key = model.model_dump_json() + train.model_dump_json()
+            if key in seen:
+                raise ValueError(f"sizes.{size.name}: the same settings as sizes.{seen[key]} (a size that repeats another)")
+            seen[key] = size.name
 
     @property
     def seed_list(self) -> list[int]:

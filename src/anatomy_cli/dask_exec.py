@@ -29,7 +29,8 @@ class ExecutorError(InputError):
 
 def corpus_files(source: str, val_frac: float, ctx_len: int) -> CorpusFiles:
     """The corpus of `source` as a prepared folder's files: what local training would read, as bytes."""
-    from .data import load_corpus, save_corpus
+    from .data import load_corpus
+    from .prepared import save_corpus
 
     corpus = load_corpus(source, val_frac, ctx_len)
     with tempfile.TemporaryDirectory(prefix="anatomy-ship-") as tmp:

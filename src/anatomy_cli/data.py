@@ -1,28 +1,36 @@
 """Corpus -> text -> character vocabulary -> train/val ids -> batches.
 
 Sources: a UTF-8 text file; a directory of .md/.txt files (sorted by path, YAML front matter
-stripped, joined with a blank line); a directory written by `anatomy prepare`; or None, the
-embedded default corpus. The split is contiguous (first 90% train, last 10% val) so validation
-text is never seen in training, not even as overlapping windows.
+stripped, joined with DOC_SEP); a directory written by `anatomy prepare`; None, the embedded default
+corpus; or a document source (documents.py: a .jsonl or .parquet file, a `datasets` save_to_disk
+folder, hf:NAME), whose documents are joined with DOC_SEP.
+
+Splits. A text source is split contiguously (first 90% train, last 10% val) so validation text is
+never seen in training, not even as overlapping windows. A document source is split by whole
+documents (split_documents): the last documents go to validation, never a part of one.
 
 Fairness: the training batch sequence depends only on (seed, data), through its own
 torch.Generator, so every model config trained with one seed sees identical batches.
 Validation uses fixed, evenly spaced windows that depend on nothing but the data.
 
-Memory: a text source is read in pieces of CHUNK_CHARS characters, twice (vocabulary, then ids),
-so the text is never held whole; ids are kept in the smallest unsigned type that holds the
-vocabulary (uint8 for up to 256 characters) and batches are gathered from them without an int64
-copy of the corpus.
+Memory: a source is read in pieces of CHUNK_CHARS characters, twice (vocabulary, then ids), so the
+text is never held whole; `prepare` writes the ids straight to its files, so its memory does not
+grow with the corpus (a network stream, which cannot be read twice, is spooled to disk on the first
+pass). Ids are kept in the smallest unsigned type that holds the vocabulary (uint8 for up to 256
+characters) and batches are gathered from them without an int64 copy of the corpus.
+Prepared folders (writing, loading, fingerprints) are prepared.py's.
 """
 
 from __future__ import annotations
 
 import codecs
+import contextlib
 import hashlib
+import itertools
 import json
 from array import array
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
@@ -31,14 +39,28 @@ from .errors import InputError
 
 META, VOCAB_FILE, TRAIN_BIN, VAL_BIN = "meta.json", "vocab.json", "train.bin", "val.bin"
 TEXT_SUFFIXES = (".md", ".txt")
+DOC_SEP = "\n\n"  # joins the files of a folder and the documents of a dataset
 CHUNK_CHARS = 1 << 22  # characters (or bytes read) per piece: bounds the temporaries of a large corpus
 ID_TYPES = ("B", "H", "I")  # array typecodes of uint8, uint16, uint32 ids: the first that holds the vocabulary
 
-Pieces = Callable[[], Iterator[str]]  # each call yields the whole text again, in pieces
+Pieces = Callable[[], Iterator[str]]  # each call yields the whole text (or every document) again, in pieces
+Progress = Callable[[dict], None]  # {"phase": "read" | "encode", "chars", "documents", "total"}
 
 
 class DataError(InputError):
-    """A corpus that cannot be used: missing, not UTF-8, empty, or too short."""
+    """A corpus that cannot be used: missing, not UTF-8, empty, too short, changed, or badly formed."""
+
+
+@dataclass
+class Source:
+    """Where a corpus comes from: `pieces` of one text (split contiguously) or `docs`, one string per
+    document (split by documents); exactly one is set."""
+
+    description: str
+    pieces: Pieces | None = None
+    docs: Pieces | None = None
+    meta: dict = field(default_factory=dict)  # what meta.json records about a document source (field, split)
+    once: bool = False  # a network stream: read once, so prepare spools it for the second pass
 
 
 def default_corpus_path() -> Path:
@@ -111,7 +133,7 @@ def text_pieces(source: str | Path | None) -> tuple[Pieces, str]:
 
         def pieces() -> Iterator[str]:  # front matter is per file: each file is read whole
             for i, f in enumerate(files):
-                yield from ("\n\n" if i else "", strip_front_matter(read_text_file(f)).strip("\n"))
+                yield from (DOC_SEP if i else "", strip_front_matter(read_text_file(f)).strip("\n"))
 
         return pieces, f"{len(files)} files under {path}"
     if not path.exists():
@@ -125,6 +147,19 @@ def read_source(source: str | Path | None) -> tuple[str, str]:
     """Return (text, description) for a file, a directory of .md/.txt files, or the default corpus."""
     pieces, description = text_pieces(source)
     return "".join(pieces()), description
+
+
+def open_source(source: str | Path | None, field: str | None = None, split: str | None = None) -> Source:
+    """A text source (file, folder of .md/.txt, the default) or a document source (documents.py)."""
+    from . import documents  # imports this module: loaded only when a source is opened
+
+    if source is not None and documents.is_document_source(str(source)):
+        return documents.open_documents(str(source), field, split)
+    pieces, description = text_pieces(source)
+    if field is not None or split is not None:
+        raise DataError(f"--field and --split apply to document sources ({documents.KINDS}), "
+                        f"not {description}")
+    return Source(description, pieces=pieces)
 
 
 class CharVocab:
@@ -188,108 +223,223 @@ def build_corpus(text: str, description: str, val_frac: float = 0.1, min_len: in
     def pieces() -> Iterator[str]:
         return (text[i : i + CHUNK_CHARS] for i in range(0, len(text), CHUNK_CHARS))
 
-    return build_from_pieces(pieces, description, val_frac, min_len)
+    return build(Source(description, pieces=pieces), val_frac, min_len)
 
 
 def corpus_from_source(source: str | Path | None, val_frac: float = 0.1, min_len: int = 1) -> Corpus:
-    """Read and split a text source (file, directory, default) without holding its text whole."""
-    pieces, description = text_pieces(source)
-    return build_from_pieces(pieces, description, val_frac, min_len)
+    """Read and split a text or local document source without holding its text whole.
+
+    hf:NAME is refused: a run would download it while training, and a resume could see other data
+    than the run started on; `anatomy prepare` fixes it once in a folder with a fingerprint.
+    """
+    from .documents import is_hf
+
+    if source is not None and is_hf(str(source)):
+        raise DataError(f"{source} streams from the network, so training would download it (and a resume "
+                        f"could see other data): prepare it once with `anatomy prepare {source} --out DIR`, "
+                        f"then train on DIR")
+    return build(open_source(source), val_frac, min_len)
 
 
-def build_from_pieces(pieces: Pieces, description: str, val_frac: float = 0.1, min_len: int = 1) -> Corpus:
-    """Two passes over the text: characters (vocabulary, length, hash), then ids straight into the splits."""
-    first_seen: dict[str, None] = {}  # characters in order of first occurrence (ties of char_counts)
-    n_chars, blank, digest = 0, True, hashlib.sha256()
-    for piece in pieces():
-        n_chars += len(piece)
-        blank = blank and (not piece or piece.isspace())
-        digest.update(piece.encode("utf-8"))
-        first_seen.update((c, None) for c in sorted(set(piece).difference(first_seen), key=piece.index))
-    if blank:
-        raise DataError(f"corpus is empty: {description}")
-    vocab = CharVocab(sorted(first_seen))
-    n_val = int(n_chars * val_frac)
-    n_train = n_chars - n_val
-    if min(n_train, n_val) < min_len + 1:
-        raise DataError(
-            f"corpus too short: {n_chars} characters give {n_train} train / {n_val} val ids, "
-            f"each split needs more than ctx_len={min_len}"
-        )
-    train, val, counts = _encode(pieces, vocab, n_train)
-    meta = {
-        "source": description,
-        "characters": n_chars,
-        "vocab_size": len(vocab),
-        "train_ids": len(train),
-        "val_ids": len(val),
-        "val_frac": val_frac,
-        "sha256": digest.hexdigest(),
-        # most common first, ties in order of first occurrence (as collections.Counter.most_common)
-        "char_counts": {c: counts[c] for c in sorted(first_seen, key=lambda c: -counts[c])},
-    }
-    return Corpus(vocab, train, val, meta)
+def build(src: Source, val_frac: float = 0.1, min_len: int = 1) -> Corpus:
+    """A source's ids in memory, as compact arrays."""
+    arrays: list[array] = []
+
+    def writers(code: str):
+        arrays.extend((array(code), array(code)))
+        return arrays[0].frombytes, arrays[1].frombytes
+
+    vocab, meta = encode_source(src, writers, val_frac, min_len)
+    return Corpus(vocab, arrays[0], arrays[1], meta)
 
 
-def _encode(pieces: Pieces, vocab: CharVocab, n_train: int) -> tuple[array, array, dict[str, int]]:
-    """(train ids, val ids, count per character): each piece's code points through a lookup table."""
+def encode_source(src: Source, writers: Callable[[str], tuple], val_frac: float = 0.1, min_len: int = 1,
+                  max_chars: int | None = None, progress: Progress | None = None,
+                  spool: Path | None = None) -> tuple[CharVocab, dict]:
+    """Both passes over a source: (vocabulary, meta). Pass one learns the characters, length and hash
+    (and writes a stream's documents to `spool`); pass two hands each split's ids, as bytes, to
+    writers(typecode) -> (write train, write val). max_chars caps a document source (see _take)."""
+    if max_chars is not None and (src.docs is None or max_chars < 1):
+        raise DataError(f"--max-chars must be a positive number of characters, got {max_chars}" if src.docs
+                        else f"--max-chars applies to document sources, not {src.description} "
+                        f"(cut a text with head -c)")
+    scan = _scan(src, max_chars, progress, spool)
+    code = id_typecode(len(scan.vocab))
+    parts = _parts(src, scan, val_frac, spool)
+    counts, sizes = _encode(parts, scan.vocab, writers(code), progress, scan.chars)
+    return scan.vocab, _meta(src, scan, val_frac, counts, sizes, min_len, max_chars)
+
+
+# ------------------------------------------------------------------------------- the two passes
+
+
+@dataclass
+class Scan:
+    """What the first pass learns: length, characters, hash and, for documents, how many it took."""
+
+    chars: int = 0
+    blank: bool = True
+    documents: int = 0  # taken (within the cap); the second pass reads exactly these
+    capped: bool = False  # the cap stopped the stream before its end
+    val_documents: int = 0  # set by the second pass
+    seen: dict = field(default_factory=dict)  # characters in order of first occurrence (ties of char_counts)
+    digest: object = field(default_factory=hashlib.sha256)
+    vocab: CharVocab | None = None
+
+
+def _scan(src: Source, max_chars: int | None, progress: Progress | None, spool: Path | None) -> Scan:
+    """Pass one; a stream's documents are also written to `spool` (JSON strings, one per line)."""
+    scan = Scan()
+    with open(spool, "w", encoding="utf-8") if spool else contextlib.nullcontext() as sink:
+        if src.docs is None:
+            pieces = src.pieces()
+        else:
+            pieces = _joined(_spooled(_take(src.docs(), max_chars, scan), sink))
+        for piece in pieces:
+            scan.chars += len(piece)
+            scan.blank = scan.blank and (not piece or piece.isspace())
+            scan.digest.update(piece.encode("utf-8"))
+            scan.seen.update((c, None) for c in sorted(set(piece).difference(scan.seen), key=piece.index))
+            _tell(progress, "read", scan.chars, scan.documents if src.docs is not None else None, max_chars)
+    if src.docs is not None and not scan.documents:
+        raise DataError(f"dataset is empty: {src.description} has no documents")
+    if scan.blank:
+        raise DataError(f"corpus is empty: {src.description}")
+    scan.vocab = CharVocab(sorted(scan.seen))
+    return scan
+
+
+def _take(docs: Iterable[str], max_chars: int | None, scan: Scan) -> Iterator[str]:
+    """Documents in order while their joined text stays within max_chars: the cap cuts between
+    documents, never inside one (a first document longer than the cap is an error)."""
+    total = -len(DOC_SEP)
+    for doc in docs:
+        total += len(DOC_SEP) + len(doc)
+        if max_chars is not None and total > max_chars:
+            if not scan.documents:
+                raise DataError(f"--max-chars {max_chars:,} is shorter than the first document "
+                                f"({len(doc):,} characters)")
+            scan.capped = True
+            return
+        scan.documents += 1
+        yield doc
+
+
+def _spooled(docs: Iterator[str], sink) -> Iterator[str]:
+    for doc in docs:
+        if sink is not None:
+            sink.write(json.dumps(doc, ensure_ascii=False) + "\n")
+        yield doc
+
+
+def _unspooled(spool: Path) -> Iterator[str]:
+    with open(spool, encoding="utf-8") as f:
+        yield from (json.loads(line) for line in f)
+
+
+def _joined(docs: Iterable[str]) -> Iterator[str]:
+    """Documents joined with DOC_SEP, in pieces of about CHUNK_CHARS characters."""
+    buf, size = [], 0
+    for i, doc in enumerate(docs):
+        buf += (DOC_SEP, doc) if i else (doc,)
+        size += len(doc)
+        if size >= CHUNK_CHARS:
+            yield "".join(buf)
+            buf, size = [], 0
+    if buf:
+        yield "".join(buf)
+
+
+def _parts(src: Source, scan: Scan, val_frac: float, spool: Path | None) -> Iterator[tuple[int, str]]:
+    """Pass two's text as (part, piece): part 0 trains, part 1 validates."""
+    if src.docs is None:
+        return split_text(src.pieces(), scan.chars - int(scan.chars * val_frac))
+    docs = _unspooled(spool) if spool else itertools.islice(src.docs(), scan.documents)
+    return split_documents(docs, scan.chars, val_frac, scan)
+
+
+def split_text(pieces: Iterable[str], n_train: int) -> Iterator[tuple[int, str]]:
+    """The contiguous split: the first n_train characters train, the rest validate."""
+    room = n_train
+    for piece in pieces:
+        if piece[:room]:
+            yield 0, piece[:room]
+        if len(piece) > room:
+            yield 1, piece[room:]
+        room = max(room - len(piece), 0)
+
+
+def split_documents(docs: Iterable[str], n_chars: int, val_frac: float,
+                    scan: Scan) -> Iterator[tuple[int, str]]:
+    """The split by whole documents of a text of n_chars characters (documents joined with DOC_SEP).
+
+    The contiguous split would cut at boundary = n_chars - int(n_chars * val_frac). Here a document
+    trains if it ends at or before that boundary; the document that straddles it goes whole to
+    validation, with every document after it, so validation holds at least val_frac of the text and
+    never a part of a training document. The separator between the two parts is dropped: neither
+    split holds a join of training and validation text.
+    """
+    boundary, end = n_chars - int(n_chars * val_frac), -len(DOC_SEP)
+
+    def tagged() -> Iterator[tuple[int, str]]:
+        nonlocal end
+        for doc in docs:
+            end += len(DOC_SEP) + len(doc)
+            scan.val_documents += end > boundary
+            yield int(end > boundary), doc
+
+    for part, group in itertools.groupby(tagged(), key=lambda tagged_doc: tagged_doc[0]):
+        yield from ((part, piece) for piece in _joined(doc for _, doc in group))
+
+
+def _encode(parts: Iterable[tuple[int, str]], vocab: CharVocab, writers, progress: Progress | None = None,
+            total: int | None = None) -> tuple[dict[str, int], list[int]]:
+    """(count per character, ids per part): each piece's code points through a lookup table, its ids
+    handed to writers[part] as bytes (an id array's frombytes, or a file's write)."""
     import numpy as np
 
-    code = id_typecode(len(vocab))
     points = np.array([ord(c) for c in vocab.chars], dtype=np.int64)
-    table = np.zeros(int(points.max()) + 1, dtype=np.dtype(code))  # code point -> id
+    table = np.zeros(int(points.max()) + 1, dtype=np.dtype(id_typecode(len(vocab))))  # code point -> id
     table[points] = np.arange(len(vocab))
-    train, val, counts = array(code), array(code), np.zeros(len(vocab), dtype=np.int64)
-    for piece in pieces():
+    counts, sizes = np.zeros(len(vocab), dtype=np.int64), [0, 0]
+    for part, piece in parts:
         ids = table[np.frombuffer(piece.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)]
         counts += np.bincount(ids, minlength=len(vocab))
-        room = n_train - len(train)
-        train.frombytes(ids[:room].view(np.uint8))  # array.frombytes takes only a byte-typed buffer
-        val.frombytes(ids[room:].view(np.uint8))
-    return train, val, dict(zip(vocab.chars, counts.tolist()))
+        writers[part](ids.view(np.uint8))  # array.frombytes takes only a byte-typed buffer
+        sizes[part] += len(ids)
+        _tell(progress, "encode", sum(sizes), None, total)
+    return dict(zip(vocab.chars, counts.tolist())), sizes
 
 
-def save_corpus(corpus: Corpus, out_dir: Path) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    corpus.vocab.save(out_dir / VOCAB_FILE)
-    for name, ids in ((TRAIN_BIN, corpus.train), (VAL_BIN, corpus.val)):
-        with open(out_dir / name, "wb") as f:
-            ids.tofile(f)  # in blocks: no second copy of the ids as bytes
-    atomic_write_json(out_dir / META, {**corpus.meta, "dtype": corpus.train.typecode})  # last
+def _tell(progress: Progress | None, phase: str, chars: int, documents: int | None,
+          total: int | None) -> None:
+    if progress is not None:
+        progress({"phase": phase, "chars": chars, "documents": documents, "total": total})
 
 
-def _read_ids(path: Path, code: str) -> array:
-    """A .bin file read straight into an id array (no intermediate bytes object)."""
-    itemsize = array(code).itemsize
-    size = path.stat().st_size
-    if size % itemsize:
-        raise ValueError(f"{path.name} is not a whole number of ids")
-    ids = array(code, [0]) * (size // itemsize)
-    with open(path, "rb") as f:
-        if f.readinto(memoryview(ids).cast("B")) != size:
-            raise ValueError(f"{path.name} changed while read")
-    return ids
-
-
-def load_prepared(path: Path, min_len: int = 1) -> Corpus:
-    try:
-        meta = json.loads((path / META).read_text(encoding="utf-8"))
-        vocab = CharVocab.load(path / VOCAB_FILE)
-        if not isinstance(meta, dict) or meta.get("dtype") not in ID_TYPES:
-            raise ValueError("meta.json needs a dtype of B, H or I")
-        arrays = [_read_ids(path / name, meta["dtype"]) for name in (TRAIN_BIN, VAL_BIN)]
-    except (OSError, KeyError, ValueError, json.JSONDecodeError) as err:
-        raise DataError(f"prepared data in {path} is incomplete or corrupt ({err.__class__.__name__})") from None
-    if any(len(ids) and int(as_numpy(ids).max()) >= len(vocab) for ids in arrays):
-        raise DataError(f"prepared data in {path} has ids outside its vocabulary")
-    if min(len(arrays[0]), len(arrays[1])) < min_len + 1:
-        raise DataError(f"prepared data in {path} is too short for ctx_len={min_len}")
-    return Corpus(vocab, arrays[0], arrays[1], meta)
+def _meta(src: Source, scan: Scan, val_frac: float, counts: dict[str, int], sizes: list[int], min_len: int,
+          max_chars: int | None = None) -> dict:
+    if min(sizes) < min_len + 1:
+        whole = " (validation holds whole documents)" if src.docs is not None else ""
+        raise DataError(f"corpus too short: {scan.chars} characters give {sizes[0]} train / {sizes[1]} val "
+                        f"ids, each split needs more than ctx_len={min_len}{whole}")
+    meta = {"source": src.description, "characters": scan.chars, "vocab_size": len(scan.vocab),
+            "train_ids": sizes[0], "val_ids": sizes[1], "val_frac": val_frac}
+    if src.docs is not None:
+        meta |= src.meta | {"documents": scan.documents, "val_documents": scan.val_documents,
+                            "separator": DOC_SEP, "max_chars": max_chars, "capped": scan.capped}
+    return meta | {
+        "sha256": scan.digest.hexdigest(),
+        # most common first, ties in order of first occurrence (as collections.Counter.most_common)
+        "char_counts": {c: counts[c] for c in sorted(scan.seen, key=lambda c: -counts[c])},
+    }
 
 
 def load_corpus(source: str | None, val_frac: float = 0.1, ctx_len: int = 1) -> Corpus:
     """A prepared directory is loaded as is; anything else is read and split now."""
     if source is not None and (Path(source) / META).is_file():
+        from .prepared import load_prepared  # imports this module
+
         return load_prepared(Path(source), ctx_len)
     return corpus_from_source(source, val_frac, ctx_len)
 

@@ -112,24 +112,30 @@ def matmul_precision(device: torch.device, dtype: str) -> str:
 
 
 def sdpa_probe(cfg, batch: int, device: torch.device, dtype: str):
-    """kernel(kv_heads, gqa) -> the SDPA kernel family ('flash', 'efficient', 'cudnn', 'math', ...)
-    torch dispatches causal training attention to, for q [B, H, T, hd] and k/v [B, kv_heads, T, hd]
-    of the autocast dtype, with enable_gqa=gqa (torch._fused_sdp_choice). On CPU 'flash' is the CPU
-    flash kernel. Under torch.compile inductor lowers to the same aten kernel."""
+    """kernel(kv_heads, gqa, window=0) -> the SDPA kernel family ('flash', 'efficient', 'cudnn',
+    'math', ...) torch dispatches causal training attention to, for q [B, H, T, hd] and k/v
+    [B, kv_heads, T, hd] of the autocast dtype, with enable_gqa=gqa and a sliding window's band mask
+    (window > 0) (torch._fused_sdp_choice). On CPU 'flash' is the CPU flash kernel. Under
+    torch.compile inductor lowers to the same aten kernel."""
     from torch.nn.attention import SDPBackend
+
+    from .model.attention import attention_mask
 
     choose = getattr(torch, "_fused_sdp_choice", None)
     tdtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+    T = cfg.ctx_len
 
-    def kernel(kv_heads: int, gqa: bool) -> str:
+    def kernel(kv_heads: int, gqa: bool, window: int = 0) -> str:
         if device.type not in ("cpu", "cuda"):  # MPS and others: torch's math path (MPS: its own math kernel)
             return "math"
         if choose is None:
             return "unknown"
-        q = torch.zeros(batch, cfg.n_head, cfg.ctx_len, cfg.head_dim, device=device, dtype=tdtype)
-        kv = torch.zeros(batch, kv_heads, cfg.ctx_len, cfg.head_dim, device=device, dtype=tdtype)
+        q = torch.zeros(batch, cfg.n_head, T, cfg.head_dim, device=device, dtype=tdtype)
+        kv = torch.zeros(batch, kv_heads, T, cfg.head_dim, device=device, dtype=tdtype)
+        mask = attention_mask(0, T, T, window, device)  # None: SDPA's causal flag
         try:
-            return SDPBackend(choose(q, kv, kv, is_causal=True, enable_gqa=gqa)).name.lower().removesuffix("_attention")
+            choice = choose(q, kv, kv, attn_mask=mask, is_causal=mask is None, enable_gqa=gqa)
+            return SDPBackend(choice).name.lower().removesuffix("_attention")
         except (RuntimeError, TypeError, ValueError):
             return "unknown"
 
@@ -139,19 +145,27 @@ def sdpa_probe(cfg, batch: int, device: torch.device, dtype: str):
 def expand_gqa(cfg, kernel, device_type: str) -> bool:
     """Whether GQA attention should repeat K/V to the query heads before SDPA: on CUDA, where the
     installed SDPA has no fused kernel for enable_gqa at the run's dtype (fp32/TF32, torch 2.x: math
-    only, T x T scores materialised) but has one for the expanded heads. kernel: sdpa_probe's.
-    Never on the CPU: its flash kernel takes enable_gqa, and CPU results (the CI baseline) stay put."""
+    only, T x T scores materialised) but has one for the expanded heads (global attention layers
+    decide; a model with only local ones, its window). kernel: sdpa_probe's. Never on the CPU: its
+    flash kernel takes enable_gqa, and CPU results (the CI baseline) stay put."""
     if cfg.n_kv_head == cfg.n_head or device_type != "cuda":
         return False
-    return kernel(cfg.n_kv_head, True) == "math" and kernel(cfg.n_head, False) not in ("math", "unknown")
+    window = 0 if "attn" in cfg.layer_kinds else cfg.window
+    return kernel(cfg.n_kv_head, True, window) == "math" and kernel(cfg.n_head, False, window) not in ("math", "unknown")
 
 
 def sdpa_kernel(cfg, batch: int, device: torch.device, dtype: str, kernel=None) -> str:
-    """The kernel family the run's training attention runs on (K/V expanded where expand_gqa says)."""
+    """The kernel family the run's training attention runs on (K/V expanded where expand_gqa says).
+    Sliding-window layers pass a band mask, which CUDA's flash kernel does not take: with both kinds
+    it reads 'flash, local: efficient'."""
+    if device.type not in ("cpu", "cuda"):  # MPS and others: torch's math path (MPS: its own math kernel)
+        return "math"
     kernel = kernel or sdpa_probe(cfg, batch, device, dtype)
-    if expand_gqa(cfg, kernel, device.type):
-        return kernel(cfg.n_head, False)
-    return kernel(cfg.n_kv_head, cfg.n_kv_head != cfg.n_head)
+    expand = expand_gqa(cfg, kernel, device.type)
+    heads, gqa = (cfg.n_head, False) if expand else (cfg.n_kv_head, cfg.n_kv_head != cfg.n_head)
+    names = {kind: kernel(heads, gqa, window) for kind, window in (("attn", 0), ("local", cfg.window))
+             if kind in cfg.layer_kinds}
+    return ", ".join(name if kind == "attn" else f"{kind}: {name}" for kind, name in names.items())
 
 
 # ----------------------------------------------------------------------- what a run ran on
@@ -274,14 +288,14 @@ def run_bytes(cfg, vocab_size: int) -> int:
     """Estimated peak CUDA bytes of one training run (x2 for allocator caching), not counting the context.
 
     Weights, grads and Adam's two moments: 16 bytes a parameter. Activations saved for backward per
-    layer ~ B*T*(16*d + 3*ffn_hidden) values; the loss head ~ 3 * B*T*V_padded (logits, fp32 copy,
+    layer ~ B*T*(16*d + 3*active_hidden) values; the loss head ~ 3 * B*T*V_padded (logits, fp32 copy,
     gradient). Values are 4 bytes (fp32 master paths dominate even under bf16 autocast).
     """
     m = cfg.model.model_copy(update={"vocab_size": vocab_size})
     t = cfg.train
     tokens = t.batch_size * m.ctx_len
     vpad = -(-vocab_size // 64) * 64
-    act = tokens * (m.n_layer * (16 * m.d_model + 3 * m.ffn_hidden) + 3 * vpad) * 4
+    act = tokens * (m.n_layer * (16 * m.d_model + 3 * m.active_hidden) + 3 * vpad) * 4
     return 2 * (16 * m.num_params() + act)
 
 

@@ -4,9 +4,11 @@
   eval_lengths     one run dir -> best-weights val loss at each context length
   eval_tree        a run dir or a sweep dir -> eval_lengths for each completed run, eval.json written
   stability_table  report.load_runs frame -> per label: runs, diverged, spikes, grad norm, loss
-  bench_decode     a model's sizes -> prefill/decode tokens/s, KV bytes, memory for MHA/GQA/MQA,
-                   and every layer's decode-state bytes at 4k and 32k positions
-  kv_budget        sizes (from a Hugging Face config.json or options) -> KV bytes, MHA vs GQA vs MQA
+  bench_decode     a model's sizes -> prefill/decode tokens/s, KV bytes (each layer's state, measured),
+                   memory, for MHA/GQA/MQA, each with or without a sliding window, and every
+                   layer's decode-state bytes at 4k and 32k positions
+  kv_budget        sizes (from a Hugging Face config.json or options) -> KV bytes, MHA vs GQA vs MQA,
+                   with the config's sliding-window layers bounded by their window
 
 Length extrapolation is measured, never faked: a learned position table has no row past ctx_len,
 so those lengths are "n/a" (null in eval.json), not silently cropped; RoPE simply rotates by
@@ -30,7 +32,7 @@ from typing import Any
 
 from . import runs
 from . import components
-from .config import ConfigError, ModelConfig, validate
+from .config import ConfigError, ModelConfig, check_pattern, repeat_pattern, validate
 
 EVAL = "eval.json"  # the file report.load_runs reads val_loss_ctx_<N> columns from
 LEARNED_NA = "n/a (learned table ends at ctx_len={})"
@@ -227,6 +229,16 @@ def attention_name(n_head: int, n_kv_head: int) -> str:
     return "MHA" if n_kv_head == n_head else "MQA" if n_kv_head == 1 else "GQA"
 
 
+def window_list(text: str | None, default: int) -> list[int]:
+    """Default: [the model's own window]; else a comma list of window sizes, 0 = global attention."""
+    if text is None:
+        return [default]
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isdecimal() for p in parts):
+        raise ConfigError(f"--windows expects window sizes >= 0 (0 = global), e.g. 0,16; got {text!r}")
+    return list(dict.fromkeys(int(p) for p in parts))
+
+
 def kv_head_list(n_head: int, text: str | None = None) -> list[int]:
     """Default H, H/2, 1 (duplicates and non-divisors dropped); else a comma list, each dividing H."""
     if text is None:
@@ -328,6 +340,7 @@ def bench_one(model, cfg: ModelConfig, prefix_len: int, new: int, device, seed: 
     elem = next(model.parameters()).element_size()  # the cache takes the weights' dtype
     total = cache.cache_bytes()  # measured from every layer's state tensors
     return {
+        "layer_states": layer_states(cache, cfg.layer_kinds),
         "prefill_tok_s": prefix_len / prefill_s,
         "decode_tok_s_cached": new / cached_s,
         "decode_tok_s_uncached": new / uncached_s,
@@ -358,10 +371,22 @@ def long_context_bytes(cfg: ModelConfig, elem: int) -> list[dict]:
 DTYPES = ("float32", "bfloat16", "float16")
 
 
+def layer_states(cache, kinds: tuple[str, ...]) -> dict[str, dict]:
+    """One layer of each kind, measured: {kind: {layers, bytes, bounded}}. bounded: its state does
+    not grow with the positions (a window's buffer, a recurrent state), so bytes is all it ever holds."""
+    out: dict[str, dict] = {}
+    for kind, state, nbytes in zip(kinds, cache.states, cache.layer_bytes()):
+        row = out.setdefault(kind, {"layers": 0, "bytes": nbytes, "bounded": state.capacity is None})
+        row["layers"] += 1
+    return out
+
+
 def bench_decode(cfg: ModelConfig, trained=None, kv_heads: list[int] | None = None, new: int = 200,
                  prefix_len: int = 64, device: str = "cpu", dtype: str = "float32",
-                 on_row: Callable[[dict], None] | None = None) -> dict:
-    """One row per n_kv_head: the trained model where its head count matches, else untrained."""
+                 on_row: Callable[[dict], None] | None = None, windows: list[int] | None = None,
+                 window_pattern: str | None = None) -> dict:
+    """One row per n_kv_head and window (default: the model's own; window_pattern, if given, for
+    every windowed row): the trained model where the config is the run's, else an untrained one."""
     import torch
 
     from .devices import require_memory
@@ -378,11 +403,14 @@ def bench_decode(cfg: ModelConfig, trained=None, kv_heads: list[int] | None = No
                    f"d_model={cfg.d_model}, n_layer={cfg.n_layer}, --prefix-len {prefix_len} + --new {new} (model, "
                    f"KV cache and position tables in {dtype})")
     rows = []
-    for g in kv_heads or kv_head_list(cfg.n_head):
-        c = validate(ModelConfig, {**cfg.model_dump(), "n_kv_head": g}, prefix="model.")
-        is_trained = trained is not None and g == cfg.n_kv_head
+    variants = [(g, w) for g in kv_heads or kv_head_list(cfg.n_head) for w in windows or [cfg.window]]
+    for g, w in variants:
+        pattern = {"window_pattern": window_pattern} if window_pattern else {}
+        c = validate(ModelConfig, {**cfg.model_dump(), "n_kv_head": g, "window": w, **pattern}, prefix="model.")
+        is_trained = trained is not None and c == cfg
         model = trained.to(dtype=torch_dtype) if is_trained else fresh_model(c, device, torch_dtype)
-        row = {"n_kv_head": g, "attention": attention_name(c.n_head, g),
+        row = {"n_kv_head": g, "attention": attention_name(c.n_head, g), "sliding_window": w,
+               "window_pattern": c.window_pattern if w else None,
                "weights": "trained (run)" if is_trained else "untrained (same sizes)"}
         row |= bench_one(model, c, prefix_len, new, device)
         rows.append(row)
@@ -404,7 +432,8 @@ HF_KEYS = {"layers": "num_hidden_layers", "heads": "num_attention_heads", "kv_he
 
 @dataclass(frozen=True)
 class AttnShape:
-    """What a KV cache's size depends on: L layers, H query heads, G K/V heads, hd per head."""
+    """What a KV cache's size depends on: L layers, H query heads, G K/V heads, hd per head, and
+    how many layers are sliding-window (local) ones with which window (0: none)."""
 
     layers: int
     heads: int
@@ -412,6 +441,8 @@ class AttnShape:
     head_dim: int
     hidden: int | None
     source: str
+    window: int = 0
+    local_layers: int = 0
 
 
 def read_hf_config(path: Path) -> dict[str, int | None]:
@@ -436,15 +467,36 @@ def read_hf_config(path: Path) -> dict[str, int | None]:
     if HF_KEYS["layers"] not in data and isinstance(data.get("text_config"), dict):
         data = data["text_config"]
     out = {}
-    for name, key in HF_KEYS.items():
+    for name, key in {**HF_KEYS, "window": "sliding_window", "every": "sliding_window_pattern"}.items():
         value = data.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise ConfigError(f"{path}: {key} must be an integer, got {value!r}")
         out[name] = value
+    out["window_pattern"] = hf_window_pattern(data, out.pop("every"))
+    if out["window_pattern"] is None:
+        out["window"] = None
     return out
 
 
-def attn_shape(config: Path | None = None, **options: int | None) -> AttnShape:
+def hf_window_pattern(data: dict, every: int | None) -> str | None:
+    """The sliding-window layers of an HF config as L (local) / G (global) per layer, or None.
+
+    layer_types where given (transformers writes it for Gemma 2/3, Ministral, Qwen2/3, gpt-oss),
+    else Gemma 3's older sliding_window_pattern k (every k-th layer global), else a Mistral's
+    sliding_window (every layer). Qwen's sliding_window without use_sliding_window is unused.
+    """
+    if not data.get("sliding_window") or data.get("use_sliding_window") is False:
+        return None
+    types = data.get("layer_types")
+    if isinstance(types, list):
+        pattern = "".join("L" if t == "sliding_attention" else "G" for t in types)
+        return pattern if "L" in pattern else None
+    if every:
+        return "L" * (every - 1) + "G"
+    return "L" if data.get("model_type") in ("mistral", "mixtral") else None
+
+
+def attn_shape(config: Path | None = None, **options: int | str | None) -> AttnShape:
     """Sizes from config.json, overridden by any option given; kv_heads defaults to heads,
     head_dim to hidden / heads."""
     sizes = read_hf_config(config) if config is not None else dict.fromkeys(HF_KEYS)
@@ -455,14 +507,28 @@ def attn_shape(config: Path | None = None, **options: int | None) -> AttnShape:
         missing.append("--head-dim or --hidden (head_dim / hidden_size)")
     if missing:
         raise ConfigError(f"{where}: missing {', '.join(missing)}")
-    bad = [f"{k}={v}" for k, v in sizes.items() if v is not None and v <= 0]
+    bad = [f"{k}={v}" for k, v in sizes.items()
+           if isinstance(v, int) and (v < 0 if k == "window" else v <= 0)]  # window 0: none
     if bad:
         raise ConfigError(f"{where}: sizes must be positive, got {', '.join(bad)}")
     heads, kv = sizes["heads"], sizes["kv_heads"] or sizes["heads"]
     if heads % kv:
         raise ConfigError(f"{where}: num_key_value_heads={kv} must divide num_attention_heads={heads}")
     head_dim = sizes["head_dim"] or _divide(sizes["hidden"], heads, where)
-    return AttnShape(sizes["layers"], heads, kv, head_dim, sizes["hidden"], where)
+    window, local = _local_layers(sizes, where)
+    return AttnShape(sizes["layers"], heads, kv, head_dim, sizes["hidden"], where, window, local)
+
+
+def _local_layers(sizes: dict, where: str) -> tuple[int, int]:
+    """(window, local layers) from a window and an L/G pattern (default every layer local)."""
+    window, pattern = sizes.get("window") or 0, sizes.get("window_pattern") or "L"
+    if not window:
+        return 0, 0
+    try:
+        check_pattern("window pattern", pattern, "LG", sizes["layers"])
+    except ValueError as err:
+        raise ConfigError(f"{where}: {err}") from None
+    return window, repeat_pattern(pattern, sizes["layers"]).count("L")
 
 
 def _divide(hidden: int, heads: int, where: str) -> int:
@@ -483,21 +549,32 @@ def fmt_bytes(n: int) -> str:
 
 
 def kv_budget(shape: AttnShape, seq: int, batch: int = 1, dtype: str = "bf16") -> dict:
-    """KV bytes = 2 (K and V) x L x B x G x T x hd x bytes, for G = H (MHA), the config's G, 1 (MQA)."""
+    """KV bytes = 2 (K and V) x L x B x G x T x hd x bytes, for G = H (MHA), the config's G, 1 (MQA).
+
+    A local (sliding-window) layer holds min(T, window - 1) positions instead of T (anatomy's
+    WindowKV, as transformers' dynamic sliding cache; a static one allocates window)."""
     if dtype not in DTYPE_BYTES:
         raise ConfigError(f"--dtype must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
     if seq <= 0 or batch <= 0:
         raise ConfigError(f"--seq and --batch must be positive, got {seq} and {batch}")
     nbytes = DTYPE_BYTES[dtype]
     rows = []
+    kept = min(seq, shape.window - 1) if shape.local_layers else seq  # positions a local layer holds
     for g in dict.fromkeys((shape.heads, shape.kv_heads, 1)):
-        per_token = 2 * shape.layers * g * shape.head_dim * nbytes
-        total = per_token * batch * seq
+        layer_token = 2 * g * shape.head_dim * nbytes  # one layer, one position: K and V
+        all_global = shape.layers * layer_token * batch * seq
+        total = all_global - shape.local_layers * layer_token * batch * (seq - kept)
         rows.append({"attention": attention_name(shape.heads, g), "kv_heads": g, "is_config": g == shape.kv_heads,
-                     "bytes": total, "human": fmt_bytes(total), "bytes_per_token": per_token,
-                     "ratio_to_mha": g / shape.heads, "mha_over": shape.heads / g})
+                     "bytes": total, "human": fmt_bytes(total), "bytes_per_token": total // (batch * seq),
+                     "ratio_to_mha": g / shape.heads, "mha_over": shape.heads / g,
+                     "global_layer_bytes_per_token": layer_token,
+                     "local_layer_bytes": layer_token * batch * kept if shape.local_layers else None,
+                     "bytes_all_global": all_global})
+    formula = "2 x layers x batch x kv_heads x seq x head_dim x bytes"
+    if shape.local_layers:
+        formula += f"; the {shape.local_layers} local layers hold min(seq, window - 1) = {kept} positions, not seq"
     return {**asdict(shape), "seq": seq, "batch": batch, "dtype": dtype, "bytes_per_elem": nbytes,
-            "formula": "2 x layers x batch x kv_heads x seq x head_dim x bytes", "rows": rows}
+            "formula": formula, "rows": rows}
 
 
 def jsonable(obj: Any) -> Any:

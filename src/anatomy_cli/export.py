@@ -49,6 +49,10 @@ LAYER_RENAMES: dict[str, str] = {
     "ffn.up.weight": "mlp.up_proj.weight",
     "ffn.down.weight": "mlp.down_proj.weight",
 }
+# QK-norm weights have no place in a Llama (export refuses qknorm); Qwen3, OLMo 2 and Gemma 3 name
+# them so, which the parity tests of parts Llama lacks (tests/test_swa.py) map onto.
+QK_NORM_RENAMES: dict[str, str] = {"attn.q_norm.weight": "self_attn.q_norm.weight",
+                                   "attn.k_norm.weight": "self_attn.k_norm.weight"}
 GLOBAL_RENAMES: dict[str, str] = {
     "tok.weight": "model.embed_tokens.weight",
     "final_norm.weight": "model.norm.weight",
@@ -105,6 +109,11 @@ def llama_config(model_cfg) -> dict[str, Any]:
     the base. `dtype` is the 5.x name of 4.x's `torch_dtype`; both are written for the same reason.
     """
     check_llama_shaped(model_cfg)
+    return decoder_config(model_cfg)
+
+
+def decoder_config(model_cfg) -> dict[str, Any]:
+    """llama_config's fields, unchecked (Mistral and Qwen3 configs take the same ones)."""
     theta = float(model_cfg.rope_base)
     return {
         "architectures": ["LlamaForCausalLM"],
@@ -176,6 +185,12 @@ def state_dict_to_hf(state_dict: dict[str, torch.Tensor], model_cfg) -> dict[str
     """Rename (and split qkv) an anatomy LM state dict into LlamaForCausalLM weight names."""
     check_llama_shaped(model_cfg)
     check_keys(state_dict, model_cfg)
+    return rename_to_hf(state_dict, model_cfg)
+
+
+def rename_to_hf(state_dict: dict[str, torch.Tensor], model_cfg) -> dict[str, torch.Tensor]:
+    """The rename alone, unchecked: the decoder names Llama, Mistral and Qwen3 share (a qk_norm
+    model's norms included), for parity tests of parts a Llama cannot express."""
     out = {hf: own_tensor(state_dict[ours]) for ours, hf in GLOBAL_RENAMES.items()}
     if model_cfg.tie_embeddings:  # HF ties lm_head to embed_tokens on load (tie_word_embeddings)
         del out["lm_head.weight"]
@@ -184,8 +199,9 @@ def state_dict_to_hf(state_dict: dict[str, torch.Tensor], model_cfg) -> dict[str
         q, k, v = split_qkv(state_dict[f"{src}attn.qkv.weight"], model_cfg)
         for name, t in (("q_proj", q), ("k_proj", k), ("v_proj", v)):
             out[f"{dst}self_attn.{name}.weight"] = own_tensor(t)
-        for ours, hf in LAYER_RENAMES.items():
-            out[dst + hf] = own_tensor(state_dict[src + ours])
+        for ours, hf in (LAYER_RENAMES | QK_NORM_RENAMES).items():
+            if src + ours in state_dict:  # the Llama keys are all there (check_keys); QK-norms when on
+                out[dst + hf] = own_tensor(state_dict[src + ours])
     return out
 
 

@@ -6,6 +6,7 @@
   plot_curves      small multiples: a panel per component and direction, the variant (component
                    colour) against its end (grey); val solid, train faint
   plot_eval_effects  each component's paired effect at every evaluation against tokens seen
+  plot_expert_load   a mixture of experts' routing: each layer's share of tokens per expert against 1/E
 
 Colours. The built-ins take tab10 in table order (rmsnorm blue, prenorm orange, rope green, swiglu
 red, gqa purple, ...); any other name (a spec's `wd0`, the eleventh built-in) takes a colour of
@@ -265,4 +266,111 @@ def plot_eval_effects(eval_effects: pd.DataFrame, path: Path) -> Path:
     fig.supylabel("gain in val loss (nats/char); > 0: helps")
     _title(fig, "effect at every evaluation, paired by seed: solid = added to the reference end, dashed = "
                 "removed from the all-on end; band = raw 95% interval over seeds", ncols)
+    return save(fig, path)
+
+
+# --------------------------------------------------------------------------- effects across scale
+
+
+def plot_scale(by_size: pd.DataFrame, trends: pd.DataFrame, path: Path) -> Path:
+    return save(scale_figure(by_size, trends), path)
+
+
+def scale_figure(by_size: pd.DataFrame, trends: pd.DataFrame) -> Figure:
+    """One small multiple per component: its gain in best val loss at each size (added solid, removed
+    dashed, a few percent apart so the intervals do not hide each other) with the adjusted interval its
+    call is made from, against non-embedding parameters on one shared log axis whose ticks are the
+    sizes; the threshold band and the scale call in each panel's title."""
+    flips = list(dict.fromkeys(by_size["flip"]))
+    nrows, ncols = _grid([len(flips)])
+    ncols = min(ncols, 3)  # three across keeps each panel's ticks (size names and counts) readable
+    nrows = max(1, math.ceil(len(flips) / ncols))
+    fig = Figure(figsize=(_width(ncols), 2.9 * nrows + 1.1), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False, sharex=True)
+    if not flips:
+        _empty(axes[0][0], "no effects at two sizes or more")
+    sizes = by_size.drop_duplicates("size").sort_values("non_embedding_params")
+    th = float(trends["threshold"].iloc[0]) if len(trends) else math.nan
+    for ax, flip in zip(axes.flat, flips):
+        c = colour(flip)
+        ax.axhline(0.0, color="black", linewidth=0.8)
+        if math.isfinite(th) and th > 0:
+            ax.axhspan(-th, th, color="#dddddd", zorder=0)
+        said = []
+        for (series, direction), cell in by_size[by_size["flip"] == flip].groupby(["series", "direction"], sort=False):
+            cell = cell.sort_values("non_embedding_params")
+            x = cell["non_embedding_params"].to_numpy(float) * 10 ** (-0.02 if direction == "add-one" else 0.02)
+            word = "added" if direction == "add-one" else "removed"
+            lo, hi = cell["adj_low"].to_numpy(float), cell["adj_high"].to_numpy(float)
+            gain = cell["gain"].to_numpy(float)
+            ax.errorbar(x, gain, yerr=[np.where(np.isfinite(lo), gain - lo, 0), np.where(np.isfinite(hi), hi - gain, 0)],
+                        fmt="o-" if direction == "add-one" else "s--", color=c, linewidth=1.5, markersize=5, capsize=3,
+                        markerfacecolor=c if direction == "add-one" else "white",
+                        label=word + (f" [{series}]" if series else ""))
+            trend = trends[(trends["flip"] == flip) & (trends["direction"] == direction) & (trends["series"] == series)]
+            if len(trend):
+                said.append(f"{word}: {trend['call'].iloc[0]}")
+        ax.set_xscale("log")
+        ax.set_title("\n".join([flip] + said), fontsize="small", color=c)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small", loc="best")
+    for ax in list(axes.flat)[len(flips):]:
+        ax.set_axis_off()
+    from matplotlib.ticker import NullLocator
+
+    ticks = sizes["non_embedding_params"].to_numpy(float)
+    labels = [f"{r.size}\n{_count(r.non_embedding_params)}" for r in sizes.itertuples()]
+    for i, ax in enumerate(axes.flat):  # shared x: the same ticks, the sizes, named under each column's last panel
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xticks(ticks, labels)
+        ax.xaxis.set_tick_params(labelbottom=i + ncols >= len(flips))
+    if len(ticks):
+        axes[0][0].set_xlim(ticks.min() / 10 ** 0.15, ticks.max() * 10 ** 0.15)
+    fig.supxlabel("non-embedding parameters (log scale): one tick per size")
+    fig.supylabel("gain in best val loss (nats/char); > 0: helps")
+    _title(fig, "each component's gain at each size, with the interval its call is made from; grey band: "
+                "smaller effects do not matter; title: the call across sizes", ncols)
+    return fig
+
+
+def _count(n: float) -> str:
+    """98,304 -> '98k', 1,250,000 -> '1.25M'."""
+    for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if n >= div:
+            return f"{n / div:.3g}{unit}"
+    return f"{n:.0f}"
+
+
+# --------------------------------------------------------------------------- mixture of experts
+
+
+def plot_expert_load(loads: list[tuple[str, list[list[float]]]], path: Path) -> Path:
+    """A panel per MoE run: each layer's share of routed tokens per expert, experts ordered by load
+    within the layer (an expert's index means nothing across layers), against the uniform 1/E
+    (dashed). A balanced router keeps every bar near the line; a collapsed one has a few tall bars.
+
+    loads: [(title, [layer][expert] shares)], in display order.
+    """
+    nrows, ncols = _grid([len(loads)])
+    fig = Figure(figsize=(3.4 * ncols + 0.6, 2.6 * nrows + 0.8), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False, sharey=True)
+    if not loads:
+        _empty(axes[0][0], "no mixture-of-experts runs")
+    for ax, (title, load) in zip(axes.flat, loads):
+        shares = -np.sort(-np.asarray(load, dtype=float), axis=1)  # [L, E], largest first
+        L, E = shares.shape
+        width = 0.8 / L
+        for layer, row in enumerate(shares):
+            ax.bar(np.arange(1, E + 1) + (layer - (L - 1) / 2) * width, row, width,
+                   color=colormaps["viridis"](layer / max(1, L - 1)), label=f"layer {layer}")
+        ax.axhline(1 / E, color="black", linestyle="--", linewidth=1.0, label=f"uniform 1/{E}")
+        ax.set_title(f"{title}\nbusiest expert {shares.max():.2f}", fontsize="small")
+        ax.set_xticks(range(1, E + 1))
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize="xx-small", ncols=2)
+    for ax in list(axes.flat)[len(loads):]:
+        ax.set_axis_off()
+    fig.supxlabel("expert, by load within its layer")
+    fig.supylabel("share of routed tokens")
+    _title(fig, "routing of each mixture of experts: the fixed validation windows through the best weights", ncols)
     return save(fig, path)

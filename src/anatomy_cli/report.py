@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from anatomy_cli import components as comp
-from anatomy_cli import document, figures, stats, timing
+from anatomy_cli import document, figures, scale, stats, timing
 from anatomy_cli import verdict as vd
 from anatomy_cli.config import ModelConfig, TrainConfig
 from anatomy_cli.runs import (
@@ -65,10 +65,11 @@ SAMPLE_CHARS = 2000  # a report shows at most this much of each samples.txt
 
 # Summary columns (summary.COLUMNS) are RunSummary's fields marked as such, typed by it.
 RUN_COLUMNS = [
-    "run_id", "path", "label", "role", *comp.BUILTIN_NAMES, "n_layer", "n_head", "n_kv_head", "d_model", "seed",
-    "status", *COLUMNS, "overfit_gap", "max_grad_norm", "loss_spikes", "design", "settings",
+    "run_id", "path", "label", "role", "size", *comp.BUILTIN_NAMES, "n_layer", "n_head", "n_kv_head", "d_model",
+    "seed", "status", *COLUMNS, "non_embedding_params", "overfit_gap", "max_grad_norm", "loss_spikes", "design",
+    "settings",
 ]  # + a column per spec component found in sweep.json files, one val_loss_ctx_<N> per eval.json length
-INT_COLUMNS = ("n_layer", "n_head", "n_kv_head", "d_model", "seed", "loss_spikes",
+INT_COLUMNS = ("n_layer", "n_head", "n_kv_head", "d_model", "seed", "loss_spikes", "non_embedding_params",
                *(c for c in COLUMNS if RunSummary.kind(c) is int))
 FLOAT_COLUMNS = ("max_grad_norm", *(c for c in COLUMNS if RunSummary.kind(c) is float))
 CURVE_COLUMNS = ["run_id", "step", "tokens", "split", "loss", "grad_norm"]  # grad_norm on train rows
@@ -88,16 +89,17 @@ def load_runs(root: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     step, split ('train' | 'val'), loss. `role` is 'reference', 'all-on', '+f', '-f' or '' within
     the run's study (`design`: its component names joined by '+'); `settings` is the JSON of every
     config value except name, seed and what the study's components switch: runs with equal design
-    and settings differ only in components and seed.
+    and settings differ only in components and seed. `size` names the run's rung of its study's
+    size ladder ('' without one): the size whose settings (sweep.json) its config holds.
     """
     dirs = _run_dirs(Path(root))
-    designs: dict[Path, tuple[comp.Component, ...]] = {}
+    studies: dict[Path, tuple[tuple[comp.Component, ...], list[dict]]] = {}
     rows, curves = [], []
     for run_id, run_dir in zip(_run_ids(Path(root), dirs), dirs):
-        if run_dir.parent not in designs:
-            designs[run_dir.parent] = _design(run_dir.parent)
+        if run_dir.parent not in studies:
+            studies[run_dir.parent] = (_design(run_dir.parent), _sizes(run_dir.parent))
         metrics = read_metrics(run_dir)
-        rows.append(_run_row(run_id, run_dir, metrics, designs[run_dir.parent]))
+        rows.append(_run_row(run_id, run_dir, metrics, *studies[run_dir.parent]))
         curves.extend(_curve_rows(run_id, metrics))
     return _runs_frame(rows), pd.DataFrame(curves, columns=CURVE_COLUMNS)
 
@@ -111,6 +113,25 @@ def _design(sweep_dir: Path) -> tuple[comp.Component, ...]:
         return tuple(comp.from_record(r) for r in design["components"])
     except (KeyError, TypeError, AttributeError) as err:
         raise RunError(f"corrupt sweep.json in {sweep_dir}: {err!r}") from None
+
+
+def _sizes(sweep_dir: Path) -> list[dict]:
+    """The size ladder a sweep directory's runs were planned with: [{"name", "settings", "budget"}]."""
+    sizes = (read_design(sweep_dir) or {}).get("sizes", [])
+    if not isinstance(sizes, list) or not all(isinstance(s, dict) and isinstance(s.get("name"), str)
+                                              and isinstance(s.get("settings"), dict) for s in sizes):
+        raise RunError(f"corrupt sweep.json in {sweep_dir}: sizes is not a list of {{name, settings}}")
+    return sizes
+
+
+def _size_of(flat: dict, sizes: list[dict], design: tuple[comp.Component, ...]) -> str:
+    """The name of the size whose settings the run's config holds ('' for none); a setting a
+    component of the study switches (a size's n_kv_head under gqa) is the component's, not the size's."""
+    switched = {k for c in design for k in c.keys}
+    for size in sizes:
+        if all(flat.get(k) == v for k, v in size["settings"].items() if k not in switched):
+            return size["name"]
+    return ""
 
 
 def _run_dirs(root: Path) -> list[Path]:
@@ -130,18 +151,23 @@ def _run_ids(root: Path, dirs: list[Path]) -> list[str]:
     return [d.relative_to(root).as_posix() if names.count(d.name) > 1 else d.name for d in dirs]
 
 
-def _run_row(run_id: str, run_dir: Path, metrics: list[dict], design: tuple[comp.Component, ...]) -> dict:
+def _run_row(run_id: str, run_dir: Path, metrics: list[dict], design: tuple[comp.Component, ...],
+             sizes: list[dict] = ()) -> dict:
     config = read_config(run_dir)
     model = _model_config(config, run_dir)
     flat = comp.flat_config({**config, "model": model.model_dump(mode="json")})
     known = [*comp.BUILTINS, *(c for c in design if c.name not in comp.BY_NAME)]
     row = {"run_id": run_id, "path": str(run_dir), "label": comp.label(flat, known),
-           "role": _role({c.name: c.state(flat) for c in design}, [c.name for c in design])}
+           "role": _role({c.name: c.state(flat) for c in design}, [c.name for c in design]),
+           "size": _size_of(flat, sizes, design)}
     row |= {c.name: bool(c.state(flat)) for c in known}
     row |= {k: getattr(model, k) for k in ("n_layer", "n_head", "n_kv_head", "d_model")}
+    row["non_embedding_params"] = model.non_embedding_params()
     row |= {"seed": config.get("seed"), "design": "+".join(c.name for c in design),
             "settings": _settings_key(flat, design)}
     row |= _outcome(read_summary(run_dir), metrics)
+    if row["active_params"] is None and not model.moe:  # summaries from before MoE: all of a dense model is active
+        row["active_params"] = row["params"]
     warmup = config.get("train", {}).get("warmup", TrainConfig.model_fields["warmup"].default)
     row |= _stability(metrics, warmup)
     row |= _ctx_losses(run_dir)
@@ -290,7 +316,7 @@ def _groups(runs: pd.DataFrame):
     n_kv_head < n_head) may appear with several values in hand-made runs (a sweep refuses an
     n_kv_head axis); each value then gets its own group, sharing the runs without it."""
     keys = runs["design"] + "|" + runs["settings"]
-    names = _group_names(keys)
+    names = _group_names(keys, runs["size"])
     for key, members in runs.groupby(keys, sort=True):
         split = [(c, col) for c, col in _ranged(key.split("|")[0].split("+")) if col in members.columns]
         values = sorted(members.loc[members[split[0][0]], split[0][1]].unique()) if split else []
@@ -309,13 +335,19 @@ def _ranged(design: list[str]) -> list[tuple[str, str]]:
             for key, v in c.on.items() if isinstance(v, comp.Follows) and v.less]
 
 
-def _group_names(keys: pd.Series) -> dict[str, str]:
-    """'n_layer=12, train.lr=0.001': only the settings (and studies) that differ between groups."""
+def _group_names(keys: pd.Series, sizes: pd.Series | None = None) -> dict[str, str]:
+    """'n_layer=12, train.lr=0.001': only the settings (and studies) that differ between groups. When
+    every group has a size, the size's name says the settings only sizes vary: 'size M, train.lr=0.001'."""
     parsed = {s: {"study": s.split("|", 1)[0], **json.loads(s.split("|", 1)[1])} for s in keys.unique()}
     fields = sorted(set().union(*parsed.values())) if parsed else []
     varying = [k for k in fields if len({json.dumps(p.get(k)) for p in parsed.values()}) > 1]
-    return {s: ", ".join(f"{k.removeprefix('model.')}={p.get(k)}" for k in varying)
-            for s, p in parsed.items()}
+    size_of = dict(zip(keys, sizes)) if sizes is not None else {}
+    if parsed and all(size_of.get(s) for s in parsed):  # keep what varies within a size, not only across
+        values = {(k, size_of[s], json.dumps(p.get(k))) for s, p in parsed.items() for k in varying}
+        varying = [k for k in varying if len({n for key, n, _ in values if key == k})
+                   < len([1 for key, _, _ in values if key == k])]
+    return {s: ", ".join(([f"size {size_of[s]}"] if size_of.get(s) else [])
+                         + [f"{k.removeprefix('model.')}={p.get(k)}" for k in varying]) for s, p in parsed.items()}
 
 
 def _pairings(members: pd.DataFrame):
@@ -386,18 +418,38 @@ def gain_of(end, variant, metric: str, direction: str):
     return stats.gain(end, variant, direction == "add-one", metric in RELATIVE_METRICS, metric in HIGHER_IS_BETTER)
 
 
-def _paired(ref: pd.DataFrame, var: pd.DataFrame, metric: str, direction: str) -> dict | None:
+def _pair_gains(ref: pd.DataFrame, var: pd.DataFrame, metric: str, direction: str):
+    """(the seeds both have, the gain at each, whether both runs completed with a finite gain)."""
     seeds = ref.index.intersection(var.index).sort_values()
-    if seeds.empty:
-        return None
     ref, var = ref.loc[seeds], var.loc[seeds]
     done = ((ref["status"] == COMPLETED) & (var["status"] == COMPLETED)).to_numpy()
     r = ref[metric].to_numpy(dtype=float, na_value=np.nan)
     v = var[metric].to_numpy(dtype=float, na_value=np.nan)
     gain = gain_of(r, v, metric, direction)
-    ok = done & np.isfinite(gain)
+    return seeds, gain, done & np.isfinite(gain)
+
+
+def _paired(ref: pd.DataFrame, var: pd.DataFrame, metric: str, direction: str) -> dict | None:
+    seeds, gain, ok = _pair_gains(ref, var, metric, direction)
+    if seeds.empty:
+        return None
     return {"metric": metric, "excluded": int((~ok).sum()), "unit": "%" if metric in RELATIVE_METRICS else "abs",
             "note": "", **stats.paired(gain[ok])}
+
+
+SEED_GAIN_COLUMNS = ["group", "size", "flip", "direction", "against", "seed", "gain"]
+
+
+def seed_gains(runs_df: pd.DataFrame, metric: str = "best_val_loss") -> pd.DataFrame:
+    """Every completed pair's gain, one row per seed (SEED_GAIN_COLUMNS): the numbers each effect of
+    component_effects is the mean of, with the group's size (scale.py fits trends across sizes to them)."""
+    rows = []
+    for group, members in _groups(runs_df[runs_df["role"] != ""]):
+        for flip, direction, against, ref, var in _pairings(members):
+            seeds, gain, ok = _pair_gains(ref, var, metric, direction)
+            rows += [{"group": group, "size": members["size"].iloc[0], "flip": flip, "direction": direction,
+                      "against": against, "seed": int(seed), "gain": float(g)} for seed, g, k in zip(seeds, gain, ok) if k]
+    return pd.DataFrame(rows, columns=SEED_GAIN_COLUMNS)
 
 
 def _effects_frame(rows: list[dict], thresholds: dict[str, tuple[float, str]]) -> pd.DataFrame:
@@ -462,10 +514,12 @@ def write_report(root: Path, out_dir: Path | None = None, formats: tuple[str, ..
     """Write the report files into out_dir (default <root>/report/); returns {file name: path}.
 
     Always the figures (forest.png, curves.png, effects-over-training.png; speed.png with a timing
-    pass; grad-norm.png for a stability study); 'csv' adds runs.csv, effects.csv (loss and speed,
-    told apart by `metric`) and eval-effects.csv, 'md' report.md, 'html' a self-contained
-    report.html, 'json' report.json ({"root", "runs", "effects", "verdict", "eval_effects"},
-    NaN -> null). `frames`, from report_frames(root), spares reading the runs again.
+    pass; grad-norm.png for a stability study; scale.png for a study at two sizes or more;
+    expert-load.png when a run is a mixture of experts); 'csv' adds runs.csv, effects.csv (loss and
+    speed, told apart by `metric`), eval-effects.csv and, with sizes, effects-by-size.csv; 'md'
+    report.md, 'html' a self-contained report.html, 'json' report.json ({"root", "runs", "effects",
+    "verdict", "eval_effects"}, and "scale" with sizes: scale.Scale.record; NaN -> null). `frames`,
+    from report_frames(root), spares reading the runs again.
     """
     from anatomy_cli import sections
 
@@ -486,17 +540,25 @@ def write_report(root: Path, out_dir: Path | None = None, formats: tuple[str, ..
         paths["speed.png"] = figures.plot_forest(speed_verdict, out / "speed.png", unit="%")
     if _stability_study(Path(root), runs):
         paths["grad-norm.png"] = figures.plot_curves(curves, panels, out / "grad-norm.png", value="grad_norm")
+    across = scale.scale_frames(runs, curves, effects)
+    if across is not None:
+        paths["scale.png"] = figures.plot_scale(across.by_size, across.trends, out / "scale.png")
+    loads = expert_loads(runs)
+    if loads:
+        paths["expert-load.png"] = figures.plot_expert_load(loads, out / "expert-load.png")
     texts = {}
     if "csv" in formats:
         texts |= {"runs.csv": runs.to_csv(index=False), "effects.csv": effects.to_csv(index=False),
                   "eval-effects.csv": eval_effects.to_csv(index=False)}
+        if across is not None:
+            texts["effects-by-size.csv"] = scale.by_size_csv(across).to_csv(index=False)
     if "json" in formats:
         doc = {"root": str(root), "runs": records(runs), "effects": records(effects), "verdict": records(verdict),
-               "eval_effects": records(eval_effects)}
+               "eval_effects": records(eval_effects), **({"scale": across.record()} if across is not None else {})}
         texts["report.json"] = json.dumps(doc, indent=2, allow_nan=False) + "\n"
     if "md" in formats or "html" in formats:
         parts = sections.Parts(Path(root), runs, effects, verdict, speed_verdict, eval_effects, paths,
-                               components_of(runs))
+                               components_of(runs), across)
         lead, body = sections.lead(parts), sections.sections(parts)
         if "md" in formats:
             texts["report.md"] = document.markdown("anatomy report", lead, body)
@@ -526,6 +588,18 @@ def _curve_panels(runs: pd.DataFrame) -> list[dict]:
                            "title": f"{sign}{flip} vs {against}" + (f" [{group}]" if group else ""),
                            "ref": list(ref["run_id"]), "var": list(var["run_id"])})
     return panels
+
+
+def expert_loads(runs: pd.DataFrame) -> list[tuple[str, list[list[float]]]]:
+    """(title, [layer][expert] shares) of each mixture-of-experts config's lowest seed with a recorded load."""
+    from anatomy_cli.sections import by_components
+
+    out = []
+    for run in by_components(runs).drop_duplicates(["label", "settings"]).itertuples():
+        load = (read_summary(Path(run.path)) or {}).get("expert_load")
+        if load:
+            out.append((f"{run.label} · seed {run.seed}", load))
+    return out
 
 
 def _stability_study(root: Path, runs: pd.DataFrame) -> bool:

@@ -9,14 +9,14 @@ Marked blocks. A README names a study's file (experiments/results/<study>.json b
 what to show; the text between the markers is the tool's, never typed by hand:
   <!-- results five-flips directions -->   ...table...   <!-- /results -->
   gain <!-- results five-flips gain rope add-one -->+0.445<!-- /results --> nats
-Kinds: verdict, directions, ends, rule, moves (blocks); gain FLIP DIRECTION [STEP], interval FLIP
-DIRECTION, call FLIP DIRECTION (inline).
+Kinds: verdict, directions, ends, rule, moves, scale (blocks); gain FLIP DIRECTION [STEP], interval
+FLIP DIRECTION, call FLIP DIRECTION, trend FLIP DIRECTION (the call across sizes) (inline).
 
 The file (FORMAT, VERSION 1): study, runs {total, completed}, seeds, budget, ends {role: {name,
 mean, sd, seeds}}, effects [{metric, flip, direction, against, group, n_pairs, gain, adj_low,
 adj_high, adj_level, family, threshold, threshold_basis, call, raw_low, raw_high, p_holm}],
-eval_gains [{flip, direction, group, steps, tokens, gain}] (val-loss gain at every evaluation).
-No curves, no paths. Readers ignore keys they do not know; VERSION changes only when a key's meaning
+eval_gains [{flip, direction, group, steps, tokens, gain}] (val-loss gain at every evaluation);
+with sizes, scale {budget, sizes, effects, trends} (scale.Scale.record's rows). No curves, no paths. Readers ignore keys they do not know; VERSION changes only when a key's meaning
 does, and a reader refuses a newer version by name.
 """
 
@@ -35,7 +35,7 @@ RESULTS_DIR = Path("experiments") / "results"
 MARK = re.compile(r"<!-- results (?P<study>[\w.-]+) (?P<what>[^>]*?) -->(?P<body>.*?)<!-- /results -->", re.DOTALL)
 EFFECT_KEYS = ("metric", "flip", "direction", "against", "group", "n_pairs", "gain", "adj_low", "adj_high",
                "adj_level", "family", "threshold", "threshold_basis", "call", "raw_low", "raw_high", "p_holm")
-BLOCKS = ("verdict", "directions", "ends", "rule", "moves")
+BLOCKS = ("verdict", "directions", "ends", "rule", "moves", "scale")
 
 
 class ResultsError(InputError):
@@ -48,7 +48,7 @@ class ResultsError(InputError):
 def build(root: Path, frames) -> dict:
     """The results document of the runs under root (frames: report.report_frames(root))."""
     from anatomy_cli import report as rep
-    from anatomy_cli import sections
+    from anatomy_cli import scale, sections
     from anatomy_cli import verdict as vd
 
     runs, curves, effects = frames
@@ -60,12 +60,16 @@ def build(root: Path, frames) -> dict:
     eval_gains = [{"flip": f, "direction": d, "group": g, "steps": [int(x) for x in cell["step"]],
                    "tokens": [_num(x, 0) for x in cell["tokens"]], "gain": [_num(x, 4) for x in cell["gain"]]}
                   for (f, d, g), cell in ev.groupby(["flip", "direction", "group"], sort=False)]
+    across = scale.scale_frames(runs, curves, effects)
+    scaled = {} if across is None else {"scale": {k: [{c: _plain(v) for c, v in r.items()} for r in rows]
+                                                  if isinstance(rows, list) else rows
+                                                  for k, rows in across.record().items()}}
     return {"format": FORMAT, "version": VERSION, "study": Path(root).name,
             "runs": {"total": len(runs), "completed": int((runs["status"] == "completed").sum())},
             "seeds": sorted(int(s) for s in runs["seed"].dropna().unique()),
             "budget": {k: _num(v) if isinstance(v, float) else v for k, v in vd.budget(runs).items()},
             "ends": ends, "effects": [{k: _plain(r[k]) for k in EFFECT_KEYS} for r in rep.records(effects)],
-            "eval_gains": eval_gains}
+            "eval_gains": eval_gains, **scaled}
 
 
 def write_results(path: Path, root: Path, frames) -> Path:
@@ -105,9 +109,9 @@ def render(doc: dict, what: str) -> str:
     kind, *args = what.split()
     if kind in BLOCKS:
         return "\n" + globals()[f"_{kind}"](doc, *args) + "\n"
-    if kind in ("gain", "interval", "call"):
+    if kind in ("gain", "interval", "call", "trend"):
         return _inline(doc, kind, *args)
-    raise ResultsError(f"unknown results block {kind!r}; choose from {', '.join(BLOCKS)}, gain, interval, call")
+    raise ResultsError(f"unknown results block {kind!r}; choose from {', '.join(BLOCKS)}, gain, interval, call, trend")
 
 
 def _loss(doc: dict) -> list[dict]:
@@ -191,7 +195,32 @@ def _moves(doc: dict, *_: str) -> str:
     return "\n".join(lines)
 
 
+def _scale(doc: dict) -> str:
+    """Each component's gain at each size and its call across sizes (a study with sizes)."""
+    if "scale" not in doc:
+        raise ResultsError(f"{doc['study']}: no scale results (the study has fewer than two sizes)")
+    sc = doc["scale"]
+    names = list(dict.fromkeys(s["size"] for s in sc["sizes"]))
+    params = {s["size"]: s["non_embedding_params"] for s in sc["sizes"]}
+    cells = {(e["series"], e["flip"], e["direction"], e["size"]): e for e in sc["effects"]}
+    lines = ["| component | change | " + " | ".join(f"{n} ({params[n]:,})" for n in names) + " | slope per 10x | call |",
+             "|---|---|" + "---:|" * len(names) + "---:|---|"]
+    for t in sc["trends"]:
+        row = [cells.get((t["series"], t["flip"], t["direction"], n)) for n in names]
+        slope = "n/a" if t["slope"] is None else _g(t["slope"]) + (
+            f" [{_g(t['slope_low'])}, {_g(t['slope_high'])}]" if t["slope_low"] is not None else "")
+        lines.append(f"| {t['flip']} | {_change(doc, t | {'group': t['series']})} | "
+                     + " | ".join("" if e is None else f"{_g(e['gain'])} {_interval(e)}" for e in row)
+                     + f" | {slope} | {t['call']} |")
+    return "\n".join(lines)
+
+
 def _inline(doc: dict, kind: str, flip: str = "", direction: str = "", step: str = "") -> str:
+    if kind == "trend":
+        t = next((t for t in doc.get("scale", {}).get("trends", []) if t["flip"] == flip and t["direction"] == direction), None)
+        if t is None:
+            raise ResultsError(f"{doc['study']}: no trend across sizes for {flip} {direction}")
+        return t["call"]
     if step:
         row = next((r for r in doc["eval_gains"] if r["flip"] == flip and r["direction"] == direction), None)
         if row is None or int(step) not in row["steps"]:

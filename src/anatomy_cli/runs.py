@@ -4,7 +4,9 @@ A run directory holds, in the order they are written:
   config.json       the resolved RunConfig (vocab_size filled in), written before training
   metrics.jsonl     one JSON object per line: every step has step, train_loss, grad_norm, lr,
                     tokens (train_loss is the cross-entropy; with train.z_loss > 0 each step
-                    also has z_loss, the term added to it); evaluation steps add val_loss, elapsed_s
+                    also has z_loss, the term added to it; a mixture-of-experts model's steps have
+                    moe_aux_loss, its load-balancing loss before train.moe_aux_loss scales it);
+                    evaluation steps add val_loss, elapsed_s
   vocab.json        the character vocabulary (a JSON list of characters, index = id)
   best.safetensors  weights at the best val loss;  last.safetensors  weights at the end (of a
                     finished or stopped run; removed when it resumes)
@@ -15,9 +17,12 @@ A run directory holds, in the order they are written:
                     removed once the run completes or diverges (trainer.py)
   samples.txt       text generated from a fixed prefix, temperature and seed
   summary.json      written last, atomically (schema: summary.RunSummary): status ('completed',
-                    'diverged', 'failed', 'interrupted', 'running'), losses, params, tokens, speed,
-                    hardware, cpu_capability, and corpus_sha256 (the fingerprint of the training
-                    text; resume refuses another)
+                    'diverged', 'failed', 'interrupted', 'running'), losses, params (total) and
+                    active_params (per token), tokens, speed, hardware, cpu_capability,
+                    corpus_sha256 (the fingerprint of the training text; resume refuses another),
+                    for a prepared folder corpus_files (its files' fingerprint: prepared.py), and
+                    for a mixture of experts expert_load ([layer][expert] fractions of routed
+                    tokens, see train.expert_load)
   .lock             held by the process training the run (lockfile.DirLock); a 'running'
                     summary names that owner, and is read as 'interrupted' once the owner is dead
 """
@@ -174,7 +179,7 @@ def json_line(row: dict) -> str:
 
 # Fields a reader may do arithmetic on: a value of another type is a corrupt file, not a crash later.
 METRIC_INTS = ("step", "tokens")
-METRIC_FLOATS = ("train_loss", "val_loss", "grad_norm", "lr", "elapsed_s")
+METRIC_FLOATS = ("train_loss", "val_loss", "grad_norm", "lr", "elapsed_s", "z_loss", "moe_aux_loss")
 
 
 def _is_int(v: Any) -> bool:

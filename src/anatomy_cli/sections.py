@@ -2,10 +2,12 @@
 
   Parts          what the sections are made from (frames already judged by stats.py's rule)
   lead           the opening paragraph: the runs, and the question the report answers
-  sections       verdict, curves, effects over training, speed, runs, effect details, samples
+  sections       verdict, curves, effects over training, routing (a mixture of experts), speed, runs,
+                 effect details, samples
   verdict_blocks / verdict_table   one family's ranked gains with their intervals and calls; reusable
                  for any set of judged effects (a section per model size, say)
   ranking_moves  the ranking early, midway and at the end of training
+  scale_blocks / scale_lines   effects across model sizes (a study with [[sizes]]: scale.py's calls)
 
 Every number a section shows is a gain (positive = having the component helps) with the interval
 its call is made from; raw 95% intervals and Holm p-values appear only under Effect details.
@@ -22,12 +24,13 @@ import numpy as np
 import pandas as pd
 
 from anatomy_cli import components as comp
+from anatomy_cli import scale as sc
 from anatomy_cli import textable, timing
 from anatomy_cli import verdict as vd
 from anatomy_cli.report import CTX_PREFIX, RUN_COLUMNS, SAMPLE_CHARS
 from anatomy_cli.runs import SAMPLES
 
-RUN_TABLE = ["run_id", "label", "seed", "status", "params", "best_val_loss", "best_step",
+RUN_TABLE = ["run_id", "label", "seed", "status", "params", "active_params", "best_val_loss", "best_step",
              "final_val_loss", "overfit_gap", "bits_per_char", "tokens_per_s", "step_time_ms",
              "max_grad_norm", "loss_spikes", "diverged_at"]
 DETAIL_TABLE = ["flip", "direction", "against", "group", "n_pairs", "excluded", "gain", "adj_low", "adj_high",
@@ -49,6 +52,7 @@ class Parts:
     eval_effects: pd.DataFrame
     images: dict[str, Path]
     components: dict[str, comp.Component]
+    scale: sc.Scale | None = None  # a study with two sizes or more
 
 
 def lead(p: Parts) -> str:
@@ -68,11 +72,15 @@ def sections(p: Parts) -> list[tuple[str, list]]:
     ctx = [c for c in p.runs.columns if c.startswith(CTX_PREFIX)]
     curves = [("img", p.images["curves.png"])] + ([("img", p.images["grad-norm.png"])]
                                                   if "grad-norm.png" in p.images else [])
+    across = [("Effects across scale", scale_blocks(p))] if p.scale is not None else []
     return [
         ("Verdict", verdict_blocks(p) + [("img", p.images["forest.png"])] + component_blocks(p)),
+        *across,
         ("Curves", [("p", ("One panel per component: the runs with it flipped (its colour) against the end they "
                            "are compared with (grey); mean over seeds."))] + curves),
         ("Effects over training", eval_blocks(p.eval_effects) + [("img", p.images["effects-over-training.png"])]),
+        *([("Routing", [("p", ROUTING_NOTE), ("img", p.images["expert-load.png"])])] if "expert-load.png" in p.images
+          else []),
         ("Speed", speed_blocks(p)),
         ("Runs", [("p", f"{len(p.runs)} runs: {status_counts(p.runs)}."),
                   ("table", display(by_components(p.runs), RUN_TABLE + ctx), True)]),
@@ -81,6 +89,10 @@ def sections(p: Parts) -> list[tuple[str, list]]:
     ]
 
 
+ROUTING_NOTE = ("Each mixture of experts (its lowest seed): the share of every layer's routed tokens that each "
+                "expert received on the fixed validation windows with the best weights, experts ordered by load "
+                "within a layer. Dashed: the uniform share 1/E. Bars far above the line mean a router that "
+                "collapsed onto a few experts; the rest then barely train.")
 DETAIL_NOTE = ("gain = best val loss without the component minus with it, paired by seed (add-one: the end with "
                "every component off against it plus the component; remove-one: the end with every component on "
                "against it minus the component); positive = the component helps. adj_low/adj_high: the "
@@ -103,7 +115,11 @@ def verdict_blocks(p: Parts) -> list:
                     f"(nats/char; positive = the component helps), largest first; {directions_text(p.verdict, ref, top)}."),
               ("table", verdict_table(p.verdict), False),
               ("list", [vd.rule_line(p.verdict, "nats/char", f"the {ref} end's seed-to-seed sd of best val loss"),
-                        budget_line(bud, ref, top), noise_line(vd.noise_floor(p.runs), ref, top)])]
+                        budget_line(bud, ref, top) if p.scale is None else f"**Budget**: {budget_text(p.scale)}",
+                        noise_line(vd.noise_floor(p.runs), ref, top)])]
+    if p.scale is not None:
+        blocks += [("p", "Across sizes (the call across sizes; Effects across scale has the rule):"),
+                   ("list", scale_lines(p.scale))]
     if (p.verdict["n_pairs"] < vd.SEEDS_WANTED).any():
         cmd, est = vd.more_seeds(p.root, p.runs)
         one = (p.verdict["n_pairs"] <= 1).all()
@@ -136,8 +152,10 @@ def verdict_table(verdict: pd.DataFrame, fmt: str = "{:+.3f}") -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["rank", "component", "change", "gain", "interval", "call", "seeds"])
 
 
-def verdict_text(verdict: pd.DataFrame, runs: pd.DataFrame, root: Path, max_width: int | None) -> str:
-    """The verdict for a terminal or a pipe: plain text fitted to max_width (None: no limit)."""
+def verdict_text(verdict: pd.DataFrame, runs: pd.DataFrame, root: Path, max_width: int | None,
+                 across: sc.Scale | None = None) -> str:
+    """The verdict for a terminal or a pipe: plain text fitted to max_width (None: no limit); with
+    sizes, a line per component with its call across sizes."""
     if verdict.empty:
         return "verdict: no paired runs yet (an end and a variant with a shared seed)."
     ref, top = end_names(runs)
@@ -149,6 +167,9 @@ def verdict_text(verdict: pd.DataFrame, runs: pd.DataFrame, root: Path, max_widt
             + directions_text(verdict, ref, top))
     rule = vd.rule_line(verdict, "nats/char", f"the {ref} end's seed-to-seed sd", short=True)
     out = [textable.wrap(head, max_width), "", body, "", textable.wrap(rule, max_width)]
+    if across is not None:
+        out += ["", "Across sizes (gain at the smallest -> the largest size):"]
+        out += [textable.wrap(line, max_width) for line in scale_lines(across, bold=False)]
     if (verdict["n_pairs"] < vd.SEEDS_WANTED).any():
         cmd, est = vd.more_seeds(root, runs)
         out += [textable.wrap(f"To add seeds to {vd.SEEDS_WANTED}{vd.estimate_text(est)}:", max_width), f"  {cmd}"]
@@ -278,7 +299,7 @@ def _cell(value: Any, column: str, formats: dict) -> str:
     if isinstance(value, (bool, np.bool_)):
         return "yes" if value else "no"
     if isinstance(value, (int, np.integer)):
-        return f"{value:,}" if column == "params" else str(value)
+        return f"{value:,}" if column in ("params", "active_params") else str(value)
     if isinstance(value, (float, np.floating)):
         return formats.get(column, "{:.4f}").format(value)
     return str(value)
@@ -293,4 +314,99 @@ def samples(runs: pd.DataFrame) -> list[tuple[str, str]]:
             text = path.read_text(encoding="utf-8", errors="replace")
             text = text[:SAMPLE_CHARS] + ("\n[...]" if len(text) > SAMPLE_CHARS else "")
             out.append((f"{run.label} · seed {run.seed} · {run.run_id}", text))
+    return out
+
+
+# --------------------------------------------------------------------------- effects across scale
+
+
+def scale_blocks(p: Parts) -> list:
+    """Each component's gain at each size, the call across sizes, the sizes with their flags, the rule."""
+    s = p.scale
+    names = list(dict.fromkeys(s.sizes["size"]))
+    intro = (f"The same design at {len(names)} sizes ({', '.join(names)}), each paired on its own seeds: a run's size "
+             f"is part of its group, so no effect is differenced across sizes. Gains as in the verdict (nats/char; "
+             f"> 0 = the component helps) with the interval its call is made from, against each size's non-embedding "
+             f"parameters (every parameter but the token table, the LM head and the position table). "
+             f"**Budget**: {budget_text(s)}")
+    return [("p", intro), ("table", size_display(s.sizes), False), ("table", trend_display(s), False),
+            ("list", [SCALE_RULE.format(**rule_numbers(s)), FLAGS_NOTE]), ("img", p.images["scale.png"])]
+
+
+SCALE_RULE = ("**The rule across sizes**: for each component and direction, each seed's gains at the sizes are "
+              "fitted by a line in log10 parameters (OLS); the trend is the mean slope over the seeds that have every "
+              "size ({seeds}), with its t interval over seeds, Holm-corrected over the {m} trends. A trend counts when "
+              "its Holm p < 0.05 and the fitted change across the ladder is larger than {threshold}. **reverses "
+              "sign**: it helps at one size and hurts at another; **grows** / **shrinks**: a trend that counts, the "
+              "fitted |gain| larger / smaller at the largest size than at the smallest; **holds**: it helps (or hurts) "
+              "at some size, never the opposite, and no trend counts; **within noise at every size**: no size helps "
+              "or hurts, and no trend counts; fewer than 3 seeds with every size: too few seeds.")
+FLAGS_NOTE = ("**Flags**: still improving = a run's best val loss is at its last evaluation (more steps would lower "
+              "it, and may reorder the effects); overfit = a run's best came before half its steps (it is memorising "
+              "the corpus, so part of what is compared is memory).")
+
+
+def rule_numbers(s: sc.Scale) -> dict:
+    th = float(s.trends["threshold"].iloc[0]) if len(s.trends) else math.nan
+    seeds = sorted(set(s.trends["n_seeds"]))
+    return {"seeds": "/".join(map(str, seeds)) or "none", "m": int(s.trends["p_value"].notna().sum()),
+            "threshold": f"±{th:.3f} nats/char (the verdict's threshold)" if math.isfinite(th) else "0"}
+
+
+def budget_text(s: sc.Scale) -> str:
+    sizes = s.sizes.drop_duplicates("size")
+    first, last = sizes.iloc[0], sizes.iloc[-1]
+    if s.budget.get("budget") == "tokens-per-param":
+        r = s.budget.get("tokens_per_param")
+        return (f"{r:g} training tokens per non-embedding parameter N (Chinchilla-style): steps = ceil({r:g} x N / "
+                f"(batch x ctx)), from {_int(first['steps'])} steps at {first['size']} to {_int(last['steps'])} at "
+                f"{last['size']}.")
+    return (f"the same {_int(first['steps'])} steps at every size, so tokens per non-embedding parameter fall from "
+            f"{first['tokens_per_param']:.3g} at {first['size']} to {last['tokens_per_param']:.3g} at {last['size']}.")
+
+
+def _int(v) -> str:
+    return "?" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{int(v):,}"
+
+
+def size_display(sizes: pd.DataFrame) -> pd.DataFrame:
+    rows = [{"size": r.size + (f" [{r.series}]" if r.series else ""), "non-emb. params": _int(r.non_embedding_params),
+             "params": _int(r.params), "steps": _int(r.steps), "tokens": _int(r.tokens),
+             "tokens/param": f"{r.tokens_per_param:.3g}" if r.tokens_per_param else "", "runs": str(r.runs),
+             "flags": r.flags or "-"} for r in sizes.itertuples()]
+    return pd.DataFrame(rows, columns=["size", "non-emb. params", "params", "steps", "tokens", "tokens/param",
+                                       "runs", "flags"])
+
+
+def trend_display(s: sc.Scale) -> pd.DataFrame:
+    """Component, change, the gain [interval] at each size, the slope per tenfold parameters, Holm p, call."""
+    names = list(dict.fromkeys(s.sizes["size"]))
+    cells = {(r.series, r.flip, r.direction, r.size): r for r in s.by_size.itertuples()}
+    rows = []
+    for t in s.trends.itertuples():
+        row = {"component": t.flip, "change": change(t.direction, t.series)}
+        for name in names:
+            e = cells.get((t.series, t.flip, t.direction, name))
+            row[name] = "" if e is None else f"{e.gain:+.3f} " + (f"[{e.adj_low:+.3f}, {e.adj_high:+.3f}]"
+                                                                   if math.isfinite(e.adj_low) else "")
+        row["slope per 10x"] = (f"{t.slope:+.3f} [{t.slope_low:+.3f}, {t.slope_high:+.3f}]"
+                                if math.isfinite(t.slope_low) else f"{t.slope:+.3f}" if math.isfinite(t.slope) else "")
+        row["Holm p"] = f"{t.p_holm:.3g}" if math.isfinite(t.p_holm) else ""
+        row["call"] = t.call
+        rows.append(row)
+    return pd.DataFrame(rows, columns=["component", "change", *names, "slope per 10x", "Holm p", "call"])
+
+
+def scale_lines(s: sc.Scale, bold: bool = True) -> list[str]:
+    """'**rope**: added grows (+0.120 at S -> +0.310 at L); removed holds (...)', one line per component."""
+    out = []
+    for flip, trends in s.trends.groupby("flip", sort=False):
+        said = []
+        for t in trends.itertuples():
+            cells = s.by_size[(s.by_size["flip"] == flip) & (s.by_size["direction"] == t.direction)
+                              & (s.by_size["series"] == t.series)]
+            ends = (f" ({cells['gain'].iloc[0]:+.3f} at {cells['size'].iloc[0]} -> {cells['gain'].iloc[-1]:+.3f} at "
+                    f"{cells['size'].iloc[-1]})" if len(cells) else "")
+            said.append(f"{change(t.direction, t.series)} {t.call}{ends}")
+        out.append(f"{'**' * bold}{flip}{'**' * bold}: " + "; ".join(said))
     return out

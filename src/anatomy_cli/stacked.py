@@ -47,7 +47,7 @@ from .config import RunConfig
 from .data import BatchSampler, Corpus, fixed_windows
 from .devices import autocast, configure, expand_gqa, keep_freed_memory, resolve_device, sdpa_probe
 from .model import LM
-from .trainer import (Progress, ResumeState, RunLog, StepRecord, checkpoint_due, lr_at, make_optimizer,
+from .trainer import (Progress, ResumeState, RunLog, StepRecord, add_terms, checkpoint_due, lr_at, make_optimizer,
                       set_expand_kv)
 
 
@@ -62,8 +62,11 @@ def stack_problem(cfg: RunConfig) -> str | None:
         params, _ = stack_module_state(members)
         T = min(model.ctx_len, 8)
         x = torch.zeros(2, 1, T, dtype=torch.long)
-        loss = vmap(lambda p, a, b: functional_call(members[0], p, (a, b))[1])(params, x, x)
-        loss.sum().backward()
+        def total(p, a, b):  # the training step's loss, as member_losses computes it
+            logits, loss, aux = functional_call(members[0], p, (a, b), {"aux": True})
+            return add_terms(cfg.train, logits, loss, {k: v for k, v in aux.items() if k == "moe_aux_loss"})[0]
+
+        vmap(total)(params, x, x).sum().backward()
     except Exception as err:  # noqa: BLE001 - any failure means: train alone, and say why
         return f"cannot train stacked ({err.__class__.__name__}: {' '.join(str(err).split())[:200]})"
     return None
@@ -100,6 +103,8 @@ class StackedTrainer:
                                             self.device.type))
         self.val = fixed_windows(corpus.val, t.batch_size, cfgs[0].model.ctx_len, t.eval_batches, self.device)
         self.autocast = autocast(self.device, t.dtype)
+        for m in self.members:  # what train.finalize reads of a Trainer besides the books
+            m.val, m.autocast, m.fwd = self.val, self.autocast, m.model
         self.step, self.elapsed, self.train_time = 0, 0.0, 0.0
         self.size = len(self.members)  # members at the start: the summary's `stacked`
         self.restack(self.members)
@@ -117,13 +122,9 @@ class StackedTrainer:
 
     # ------------------------------------------------------------------ one step
     def member_losses(self, params: dict, x: torch.Tensor, y: torch.Tensor):
-        """One member's (loss to minimise, cross-entropy, z term): Trainer.losses under vmap."""
-        logits, loss = functional_call(self.base, params, (x, y))
-        coef = self.t.z_loss
-        if coef == 0:
-            return loss, loss
-        z = coef * logits.float().logsumexp(dim=-1).square().mean()
-        return loss + z, loss, z
+        """One member's (loss to minimise, cross-entropy, {term name: term}): Trainer.losses under vmap."""
+        logits, loss, aux = functional_call(self.base, params, (x, y), {"aux": True})
+        return add_terms(self.t, logits, loss, {k: v for k, v in aux.items() if k == "moe_aux_loss"})
 
     def member_val_loss(self, params: dict, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return functional_call(self.base, params, (x, y))[1].float()
@@ -135,7 +136,7 @@ class StackedTrainer:
         batches = [m.sampler.next() for m in self.members]
         x, y = torch.stack([b[0] for b in batches]), torch.stack([b[1] for b in batches])  # [S, B, T]
         with self.autocast:
-            total, loss, *z = self.losses(self.params, x, y)  # [S] each
+            total, loss, terms = self.losses(self.params, x, y)  # [S] each
         total.sum().backward()  # member losses are independent: each gradient is its member's own
         norms = clip_members(list(self.params.values()), self.t.grad_clip if self.t.grad_clip > 0 else math.inf)
         self.opt.step()
@@ -144,7 +145,7 @@ class StackedTrainer:
         loss, norms = loss.detach(), norms.detach()
         for i, m in enumerate(self.members):
             m.step = self.step
-            m.log.pending.append(StepRecord(self.step, lr, loss[i], norms[i], z[0][i].detach() if z else None))
+            m.log.pending.append(StepRecord(self.step, lr, loss[i], norms[i], {k: v[i].detach() for k, v in terms.items()}))
 
     @torch.no_grad()
     def evaluate(self) -> list[float]:
@@ -302,7 +303,7 @@ def train_group(cfgs: list[RunConfig], run_dirs: list[Path], progress: Progress 
     from .checkpoint import load_run_config
     from .data import load_corpus
     from .summary import RunSummary
-    from .train import check_corpus, check_fits, finalize, prepare_fresh, recorded, resolve_config
+    from .train import check_corpus, check_fits, corpus_identity, finalize, prepare_fresh, recorded, resolve_config
 
     run_dirs = [Path(d) for d in run_dirs]
     if resume:
@@ -324,7 +325,7 @@ def train_group(cfgs: list[RunConfig], run_dirs: list[Path], progress: Progress 
                     raise runs.RunError(f"{d} is {status or 'not a run'}; only interrupted runs can be resumed")
                 before = RunSummary.model_validate(runs.read_summary(d) or {})
                 check_corpus(d, cfg, before, corpus)
-                carried[d] = {**before.carried(), "run_id": d.name, "corpus_sha256": corpus.meta.get("sha256")}
+                carried[d] = {**before.carried(), "run_id": d.name, **corpus_identity(corpus)}
             else:
                 carried[d] = prepare_fresh(cfg, d, corpus, RunSummary(**extra).carried())
             carried[d]["stack_note"] = None

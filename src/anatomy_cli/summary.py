@@ -16,9 +16,9 @@ Markers on fields (json_schema_extra), read by code instead of lists kept elsewh
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 CARRIED = "carried"
 COLUMN = "column"
@@ -41,6 +41,7 @@ class RunSummary(BaseModel):
     components: list[str] | None = None
     seed: int | None = None
     params: int | None = _field(COLUMN)
+    active_params: int | None = _field(COLUMN)  # per token: a mixture's unrouted experts left out
     best_val_loss: float | None = _field(COLUMN)
     best_step: int | None = _field(COLUMN)
     final_val_loss: float | None = _field(COLUMN)
@@ -67,6 +68,16 @@ class RunSummary(BaseModel):
     stack_note: str | None = _field(CARRIED)
     error: str | None = None
     corpus_sha256: str | None = _field(CARRIED)
+    corpus_files: dict | None = _field(CARRIED)  # a prepared folder's files' fingerprint (prepared.py)
+    # A mixture of experts: [layer][expert] fractions of routed tokens (train.expert_load).
+    expert_load: list[list[float]] | None = None
+
+    @field_validator("expert_load")
+    @classmethod
+    def _load_table(cls, load: list[list[float]] | None) -> list[list[float]] | None:
+        if load is not None and (not load or not all(load) or len({len(row) for row in load}) != 1):
+            raise ValueError("a [layer][expert] table of fractions")
+        return load
 
     @classmethod
     def marked(cls, marker: str) -> tuple[str, ...]:
@@ -76,7 +87,8 @@ class RunSummary(BaseModel):
     def kind(cls, name: str) -> type:
         """int, float, str, bool, list or dict: the type a field holds besides None."""
         annotation = cls.model_fields[name].annotation
-        return next(t for t in getattr(annotation, "__args__", (annotation,)) if t is not type(None))
+        kind = next(t for t in getattr(annotation, "__args__", (annotation,)) if t is not type(None))
+        return get_origin(kind) or kind
 
     @classmethod
     def check(cls, data: Any) -> str | None:
@@ -89,6 +101,8 @@ class RunSummary(BaseModel):
             e = err.errors()[0]
             name = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"]).lstrip(".") or "summary"
             what = KINDS.get(e["type"].removesuffix("_type"), e["type"])
+            if e["type"] == "value_error":  # a field validator's own words
+                what = str(e["ctx"]["error"])
             return f"{name} is {json.dumps(e['input'], default=str)[:40]}, not {what}"
         return None
 

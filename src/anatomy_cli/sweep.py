@@ -90,14 +90,20 @@ def load_plan(path: Path | None, flips: str | None = None, seeds: int | None = N
 
 def check_data(plan) -> dict[str | None, int]:
     """Read each distinct corpus once before any run starts: vocabulary size per source."""
+    return {source: facts["vocab"] for source, facts in corpus_facts(plan).items()}
+
+
+def corpus_facts(plan) -> dict[str | None, dict]:
+    """{source: {"vocab", "train_tokens"}} of each distinct corpus of the plan, each read once."""
     from .data import load_corpus
 
-    sizes = {}
+    facts = {}
     for p in plan:
         d = p.config.data
-        if d.source not in sizes:
-            sizes[d.source] = len(load_corpus(d.source, d.val_frac, p.config.model.ctx_len).vocab)
-    return sizes
+        if d.source not in facts:
+            corpus = load_corpus(d.source, d.val_frac, p.config.model.ctx_len)
+            facts[d.source] = {"vocab": len(corpus.vocab), "train_tokens": len(corpus.train)}
+    return facts
 
 
 class SweepLocked(Locked):
@@ -105,13 +111,29 @@ class SweepLocked(Locked):
 
 
 @dataclass(frozen=True)
+class PlannedSize:
+    """One size of a ladder as planned: its name, the dotted settings it lays over the base (steps
+    included when the budget computes them) and the budget rule, as sweep.json records it."""
+
+    name: str
+    settings: tuple[tuple[str, object], ...]
+    budget: str
+    tokens_per_param: float | None = None
+
+    def record(self) -> dict:
+        return {"name": self.name, "settings": dict(self.settings), "budget": self.budget,
+                **({"tokens_per_param": self.tokens_per_param} if self.tokens_per_param is not None else {})}
+
+
+@dataclass(frozen=True)
 class PlannedRun:
     run_id: str
-    slug: str  # e.g. '2017', '2017+rope', 'llama', 'llama-rope', with axis values appended
+    slug: str  # e.g. '2017', '2017+rope', 'llama', 'llama-rope', with axis values appended ('S_2017': size S)
     role: str  # 'reference', 'add-one', 'all-on', 'remove-one', 'factorial', 'list'
     flip: str | None  # the flipped component for add-one / remove-one
     config: RunConfig
     design: Design | None = None  # the study's components (None for a list design)
+    size: PlannedSize | None = None  # its rung of the spec's [[sizes]] (None: the spec has none)
 
 
 def spec_table(spec: AblationSpec) -> dict[str, Component]:
@@ -190,14 +212,19 @@ def expand(spec: AblationSpec, flips: list[str] | None = None, seeds: int | None
            steps: int | None = None) -> list[PlannedRun]:
     """The full plan; raises ConfigError listing every invalid config before anything runs.
 
-    Component settings are resolved against the base with its axis values (so gqa follows an
-    n_head axis), then axes apply on top; every run's actual component states are checked against
-    its intended role, so an axis or base setting that contradicts the role is an error, never a
-    silently mislabelled run.
+    Component settings are resolved against the base with its size's and axis values (so gqa
+    follows an n_head axis or a size's n_head), then axes apply on top; every run's actual component
+    states are checked against its intended role, so an axis or base setting that contradicts the
+    role is an error, never a silently mislabelled run (a size may not set what a component
+    switches: plan_sizes). With [[sizes]] the whole design runs at every size, its slugs starting
+    with the size's name.
     """
     design = design_of(spec, flips) if spec.design != "list" else None
     base = spec.base.model_dump(mode="json")
     if steps is not None:
+        if spec.budget == "tokens-per-param":
+            raise ConfigError(f"--steps sets one budget for every size, but spec {spec.name} computes each size's "
+                              f"steps (budget 'tokens-per-param'); change its tokens_per_param instead")
         base["train"]["steps"] = steps
     axes = {axis_key(k): v for k, v in spec.axes.items()}
     check_plan_size(spec, design, seeds)  # before anything is built: 2^24 factorial points would fill memory
@@ -205,33 +232,34 @@ def expand(spec: AblationSpec, flips: list[str] | None = None, seeds: int | None
     points = design_points(spec, design) if design else [(c.name, "list", None, {}) for c in spec.configs]
     sets = {c.name: dict(c.set) for c in spec.configs}
     plan, errors, seen = [], [], set()
-    for slug, role, flip, want in points:
-        for values in itertools.product(*axes.values()):
-            axis_over = dict(zip(axes, values))
-            full_slug = "_".join([slug] + [f"{k.split('.')[-1]}={v}" for k, v in axis_over.items()])
-            start = apply_overrides(base, {**sets.get(slug, {}), **axis_over})
-            flat = components.flatten(start)
-            settings = {k: v for c in (design.components if design else ()) if c.name in want
-                        for k, v in c.settings(want[c.name], flat).items()}
-            for seed in seed_list:
-                data = apply_overrides(start, {**settings, **axis_over, "seed": seed, "name": f"{spec.name}/{full_slug}"})
-                try:
-                    cfg = validate(RunConfig, data)
-                except ConfigError as err:
-                    errors.append(f"{full_slug} (seed {seed}): {err}")
-                    continue
-                wrong = role_errors(cfg, design, want, axis_over, role)
-                if wrong:
-                    errors.append(f"{full_slug}: {wrong}")
-                    break  # the same for every seed
-                dumped = cfg.model_dump(mode="json")
-                rid = runs.run_id(full_slug, seed, dumped)
-                # A design plans each config once (with two components, A alone is all-on minus B);
-                # a list design's entries are runs of their own even when their settings agree.
-                same = runs.config_hash({k: v for k, v in dumped.items() if k != "name"}) if design else rid
-                if same not in seen:
-                    seen.add(same)
-                    plan.append(PlannedRun(rid, full_slug, role, flip, cfg, design))
+    for rung, (slug, role, flip, want), values in itertools.product(plan_sizes(spec, design, axes) or [None], points,
+                                                                    itertools.product(*axes.values())):
+        axis_over = dict(zip(axes, values))
+        full_slug = "_".join(([rung.name] if rung else []) + [slug]
+                             + [f"{k.split('.')[-1]}={v}" for k, v in axis_over.items()])
+        start = apply_overrides(base, {**(dict(rung.settings) if rung else {}), **sets.get(slug, {}), **axis_over})
+        flat = components.flatten(start)
+        settings = {k: v for c in (design.components if design else ()) if c.name in want
+                    for k, v in c.settings(want[c.name], flat).items()}
+        for seed in seed_list:
+            data = apply_overrides(start, {**settings, **axis_over, "seed": seed, "name": f"{spec.name}/{full_slug}"})
+            try:
+                cfg = validate(RunConfig, data)
+            except ConfigError as err:
+                errors.append(f"{full_slug} (seed {seed}): {err}")
+                continue
+            wrong = role_errors(cfg, design, want, axis_over, role)
+            if wrong:
+                errors.append(f"{full_slug}: {wrong}")
+                break  # the same for every seed
+            dumped = cfg.model_dump(mode="json")
+            rid = runs.run_id(full_slug, seed, dumped)
+            # A design plans each config once (with two components, A alone is all-on minus B);
+            # a list design's entries are runs of their own even when their settings agree.
+            same = runs.config_hash({k: v for k, v in dumped.items() if k != "name"}) if design else rid
+            if same not in seen:
+                seen.add(same)
+                plan.append(PlannedRun(rid, full_slug, role, flip, cfg, design, rung))
     if errors:
         more = f"; and {len(errors) - 4} more" if len(errors) > 4 else ""
         raise ConfigError(f"invalid configs in the plan ({len(errors)}): " + "; ".join(errors[:4]) + more)
@@ -241,8 +269,7 @@ def expand(spec: AblationSpec, flips: list[str] | None = None, seeds: int | None
 def plan_factors(spec: AblationSpec, design: Design | None, seeds: int | None = None) -> dict[str, int]:
     """The plan's dimensions, counted without building anything: design points (2^k for a factorial
     of k components; 1 + k and 1 + k one-at-a-time per direction), axis values, seeds. The product
-    bounds the runs (a design point met twice is planned once). A new dimension (sizes) is one more
-    entry."""
+    bounds the runs (a design point met twice is planned once)."""
     k = len(design.varied) if design else 0
     if design is None:
         points = len(spec.configs)
@@ -251,7 +278,7 @@ def plan_factors(spec: AblationSpec, design: Design | None, seeds: int | None = 
     else:
         points = 1 + ("add-one" in spec.directions) * k + ("remove-one" in spec.directions) * (1 + k)
     return {"configs": points, "axis values": math.prod(len(v) for v in spec.axes.values()),
-            "seeds": seeds or len(spec.seed_list)}
+            "seeds": seeds or len(spec.seed_list), **({"sizes": len(spec.sizes)} if spec.sizes else {})}
 
 
 def check_plan_size(spec: AblationSpec, design: Design | None, seeds: int | None = None) -> int:
@@ -261,6 +288,46 @@ def check_plan_size(spec: AblationSpec, design: Design | None, seeds: int | None
         shown = " x ".join(f"{n:,} {what}" for what, n in factors.items())
         raise ConfigError(f"the plan has {size:,} runs ({shown}); more than {MAX_PLAN_RUNS:,} is taken for a typo")
     return size
+
+
+def plan_sizes(spec: AblationSpec, design: Design | None, axes: dict[str, list]) -> list[PlannedSize]:
+    """The spec's sizes as dotted settings laid over the base before the components are: every key
+    any size sets, at each size's resolved value (SizeSpec.resolved: n_kv_head keeps the base's
+    ratio), so a run's settings name exactly one size; steps computed under 'tokens-per-param'.
+
+    A key a size sets that a component of the study switches, or that an axis also sets, is refused:
+    which of the two holds would be an accident (a size that contradicts a role).
+    """
+    switched = {k: c.name for c in (design.components if design else ()) for k in c.keys}
+    keys = {f"{section}.{k}": None for size in spec.sizes for section in ("model", "train")
+            for k in getattr(size, section)}
+    for size in spec.sizes:
+        for key in (f"{section}.{k}" for section in ("model", "train") for k in getattr(size, section)):
+            if key in switched:
+                raise ConfigError(f"sizes.{size.name}.{key}: component {switched[key]} of this study switches "
+                                  f"it, so a size cannot set it")
+            if key in axes:
+                raise ConfigError(f"sizes.{size.name}.{key}: also an axis (axes.{key.split('.')[-1]}); a size and "
+                                  f"an axis cannot both set it")
+    if "model.n_head" in keys:
+        keys["model.n_kv_head"] = None
+    out = []
+    for size in spec.sizes:
+        resolved = dict(zip(("model", "train"), (c.model_dump(mode="json") for c in size.resolved(spec.base))))
+        over = {key: resolved[key.split(".")[0]][key.split(".")[1]] for key in keys}
+        if spec.budget == "tokens-per-param":
+            over["train.steps"] = size_steps(spec, size)
+        out.append(PlannedSize(size.name, tuple(over.items()), spec.budget, spec.tokens_per_param))
+    return out
+
+
+def size_steps(spec: AblationSpec, size) -> int:
+    """Budget 'tokens-per-param' (Chinchilla-style, Hoffmann et al. 2022: ~20 tokens per parameter):
+    steps = ceil(tokens_per_param x N / (batch x ctx)), N the size's non-embedding parameters with
+    the base's components, so every run of a size shares one budget and stays paired."""
+    model, train = size.resolved(spec.base)
+    tokens = spec.tokens_per_param * model.non_embedding_params()
+    return max(1, math.ceil(tokens / (train.batch_size * model.ctx_len)))
 
 
 def role_errors(cfg: RunConfig, design: Design | None, want: dict[str, bool], axis_over: dict, role: str) -> str:
@@ -335,24 +402,33 @@ def default_workers(n_runs: int) -> int:
     return max(1, min(os.cpu_count() or 1, n_runs))
 
 
-def record_design(sweep_dir: Path, design: Design, invocation: dict | None = None) -> None:
-    """Add the design's components to sweep_dir/sweep.json, which the report reads to tell roles.
+def record_design(sweep_dir: Path, design: Design | None, invocation: dict | None = None,
+                  sizes: Iterable[PlannedSize] = ()) -> None:
+    """Add the design's components (and sizes) to sweep_dir/sweep.json, which the report reads to
+    tell roles (and which size a run is).
 
     A sweep directory may hold several invocations (other --flip choices, more seeds): the file keeps
-    the union of their components. A spec component redefined under the same name is refused, since
-    runs already written were planned with the old definition.
+    the union of their components and sizes. A spec component or a size redefined under the same
+    name is refused, since runs already written were planned with the old definition.
     """
     path = Path(sweep_dir) / runs.SWEEP
     old = runs.read_design(sweep_dir) or {"components": []}
     rows = {r["name"]: r for r in old["components"]}
-    for c in design.components:
+    for c in design.components if design else ():
         row = components.record(c)
         if c.origin != "built-in" and c.name in rows and rows[c.name] != row:
             raise ConfigError(f"{path}: component {c.name} was defined differently by an earlier sweep in this "
                               f"directory; rename it or use another spec name")
         rows.setdefault(c.name, row)
-    extra = {"invocation": invocation} if invocation is not None else {k: v for k, v in old.items() if k != "components"}
-    runs.atomic_write_json(path, {"components": list(rows.values()), **extra})
+    rungs = {r["name"]: r for r in old.get("sizes", [])}
+    for size in sizes:
+        if rungs.setdefault(size.name, size.record()) != size.record():
+            raise ConfigError(f"{path}: size {size.name} was defined differently by an earlier sweep in this "
+                              f"directory; rename it or use another spec name")
+    keep = {k: v for k, v in old.items() if k not in ("components", "sizes")}
+    extra = {"invocation": invocation} if invocation is not None else keep
+    runs.atomic_write_json(path, {"components": list(rows.values()), **extra,
+                                  **({"sizes": list(rungs.values())} if rungs else {})})
 
 
 def pending_runs(plan: list[PlannedRun], sweep_dir: Path) -> list[PlannedRun]:
@@ -380,8 +456,9 @@ def execute(plan: list[PlannedRun], sweep_dir: Path, workers: int = 1, on_event:
     emit = on_event or (lambda e: None)
     with SweepLock(sweep_dir):
         design = next((p.design for p in plan if p.design), None)
-        if design is not None:
-            record_design(sweep_dir, design, invocation)
+        sizes = list(dict.fromkeys(p.size for p in plan if p.size))
+        if design is not None or sizes:
+            record_design(sweep_dir, design, invocation, sizes)
         todo = pending_runs(plan, sweep_dir)
         emit({"event": "plan", "total": len(plan), "todo": len(todo), "skipped": len(plan) - len(todo)})
         threads = max(1, (os.cpu_count() or 1) // max(1, workers))

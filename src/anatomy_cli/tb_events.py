@@ -26,7 +26,8 @@ from anatomy_cli import runs
 EXTRA = "pip install 'anatomy-cli[tb]'"
 PREFIX = "events.out.tfevents."
 BACKFILL = f"{PREFIX}0000000000.anatomy-backfill"
-SCALAR_TAGS = {"train_loss": "loss/train", "val_loss": "loss/val", "grad_norm": "grad_norm", "lr": "lr"}
+SCALAR_TAGS = {"train_loss": "loss/train", "val_loss": "loss/val", "grad_norm": "grad_norm", "lr": "lr",
+               "moe_aux_loss": "loss/moe_aux"}  # moe_aux_loss: mixture-of-experts runs only
 
 
 def available() -> bool:

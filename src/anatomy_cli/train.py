@@ -46,6 +46,24 @@ def write_samples(tr: Trainer) -> str:
     return text
 
 
+@torch.no_grad()
+def expert_load(tr: Trainer) -> list[list[float]] | None:
+    """Per MoE layer, the fraction of routed slots each expert got (each row sums to 1; a balanced
+    router gives 1/E; none can pass 1/k, as a token picks k different experts), over the fixed
+    validation windows with the best weights (best.safetensors): the router the run's result comes
+    from, so a collapse late in training shows (a tally over training would average it away). None
+    for a dense model or a run without best weights."""
+    if not tr.cfg.model.moe or tr.log.best_step < 0:
+        return None
+    load_weights(tr.model, tr.run_dir / runs.BEST)
+    tr.model.eval()
+    counts = 0
+    for x, y in tr.val:
+        with tr.autocast:
+            counts = counts + tr.fwd(x, y, aux=True)[2]["expert_counts"]  # [L, E]
+    return (counts / counts.sum(dim=-1, keepdim=True)).tolist()
+
+
 def check_fits(cfg: RunConfig, device: torch.device, copies: int = 1) -> None:
     """Refuse, with the estimate, a model whose training step cannot fit (instead of an allocator crash).
     copies: runs trained as one stack (stacked.py), each with its own weights, state and batch."""
@@ -60,7 +78,8 @@ def check_fits(cfg: RunConfig, device: torch.device, copies: int = 1) -> None:
                           f"available on {device}")
 
 
-def summarize(tr: Trainer, status: str, diverged_at: int | None, carried: dict) -> RunSummary:
+def summarize(tr: Trainer, status: str, diverged_at: int | None, carried: dict,
+              load: list[list[float]] | None = None) -> RunSummary:
     t, steps, log = tr.cfg.train, tr.step, tr.log
     tokens = log.tokens(steps)
     best = log.best if math.isfinite(log.best) else None
@@ -71,6 +90,7 @@ def summarize(tr: Trainer, status: str, diverged_at: int | None, carried: dict) 
         components=list(components.on_names(tr.cfg)),
         seed=tr.cfg.seed,
         params=tr.model.num_params(),
+        active_params=tr.cfg.model.active_params(),  # per token: a mixture's unrouted experts left out
         best_val_loss=best,
         best_step=log.best_step if best is not None else None,
         final_val_loss=log.last_val if math.isfinite(log.last_val) else None,
@@ -92,6 +112,7 @@ def summarize(tr: Trainer, status: str, diverged_at: int | None, carried: dict) 
         compiled=t.compile,
         diverged_at=diverged_at,
         error=f"diverged at step {diverged_at}" if diverged_at is not None else None,
+        **({"expert_load": load} if load else {}),  # a mixture of experts only
     )
 
 
@@ -129,7 +150,7 @@ def prepare_fresh(cfg: RunConfig, run_dir: Path, corpus: Corpus, carried: dict) 
     runs.drop_temp_files(run_dir)
     runs.atomic_write_json(run_dir / runs.CONFIG, cfg.model_dump(mode="json"))  # first
     corpus.vocab.save(run_dir / runs.VOCAB)
-    return {**carried, "run_id": run_dir.name, "corpus_sha256": corpus.meta.get("sha256")}
+    return {**carried, "run_id": run_dir.name, **corpus_identity(corpus)}
 
 
 def resume(run_dir: Path, progress: Progress | None = None, stop: Callable[[], bool] | None = None) -> dict:
@@ -158,7 +179,7 @@ def resume(run_dir: Path, progress: Progress | None = None, stop: Callable[[], b
         tr.restore()  # a bad checkpoint raises here and leaves the run as it was
         (run_dir / runs.LAST).unlink(missing_ok=True)  # the weights of where it stopped: stale from here on
         runs.drop_temp_files(run_dir)
-        carried = {**carried, "run_id": run_dir.name, "corpus_sha256": corpus.meta.get("sha256")}
+        carried = {**carried, "run_id": run_dir.name, **corpus_identity(corpus)}
         with recorded(run_dir, carried):
             return _finish(tr, stop, carried)
 
@@ -168,12 +189,25 @@ def has_checkpoint(run_dir: Path) -> bool:
     return (Path(run_dir) / runs.RESUME).is_file()
 
 
+def corpus_identity(corpus: Corpus) -> dict:
+    """What a summary records of its corpus: the sha256 of its text and, for a prepared folder, its
+    files' fingerprint (prepared.py), so a resume can tell other data from the same."""
+    files = corpus.meta.get("fingerprint")
+    return {"corpus_sha256": corpus.meta.get("sha256")} | ({"corpus_files": files} if files else {})
+
+
 def check_corpus(run_dir: Path, cfg: RunConfig, before: RunSummary, corpus: Corpus) -> None:
-    """Refuse to continue a run on other data than it started on (fingerprint, else vocabulary size)."""
+    """Refuse to continue a run on other data than it started on (fingerprints, else vocabulary size)."""
+    from .prepared import changed_file
+
     was, now = before.corpus_sha256, corpus.meta.get("sha256")
     if was and now and was != now:
         raise runs.RunError(f"{run_dir}: the corpus changed since the run started (sha256 {was[:12]}... is now "
                             f"{now[:12]}...); resuming would train on other data")
+    name = changed_file(before.corpus_files, corpus.meta.get("fingerprint"))
+    if name is not None:
+        raise runs.RunError(f"{run_dir}: {name} of the prepared corpus {cfg.data.source} changed since the run "
+                            f"started; resuming would train on other data")
     if len(corpus.vocab) != cfg.model.vocab_size:
         raise runs.RunError(f"{run_dir}: the corpus changed since the run started (vocabulary size differs)")
 
@@ -207,8 +241,9 @@ def finalize(tr, status: str, diverged_at: int | None, carried: dict) -> dict:
     save_weights(tr.model, tr.run_dir / runs.LAST)
     if status == runs.COMPLETED:
         write_samples(tr)
+    load = expert_load(tr) if status != runs.INTERRUPTED else None  # a resumed run measures it at its end
     tr.log.close()
-    summary = summarize(tr, status, diverged_at, carried).record()
+    summary = summarize(tr, status, diverged_at, carried, load).record()
     runs.atomic_write_json(tr.run_dir / runs.SUMMARY, summary)  # last
     if status != runs.INTERRUPTED:  # only now: a kill before the summary still resumes from the checkpoint
         (tr.run_dir / runs.RESUME).unlink(missing_ok=True)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -64,6 +64,19 @@ def make_optimizer(model: LM | list[torch.Tensor], t, device: torch.device, lead
         return torch.optim.AdamW(groups, **kwargs)
 
 
+def add_terms(t, logits: torch.Tensor, loss: torch.Tensor, aux: dict) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """(loss to minimise, cross-entropy, {metric name: term}) from one forward's outputs (see
+    Trainer.losses; stacked.py calls it per member under vmap)."""
+    total, terms = loss, {}
+    if t.z_loss > 0:
+        terms["z_loss"] = t.z_loss * logits.float().logsumexp(dim=-1).square().mean()  # logits: [B, T, V], unpadded
+        total = total + terms["z_loss"]
+    if "moe_aux_loss" in aux:
+        terms["moe_aux_loss"] = aux["moe_aux_loss"]
+        total = total + t.moe_aux_loss * aux["moe_aux_loss"]
+    return total, loss, terms
+
+
 def uses_graphs(t) -> bool:
     """Whether steps run as CUDA graph replays (compile_mode "reduce-overhead"): each step and each
     evaluation batch then starts with torch.compiler.cudagraph_mark_step_begin(), and nothing a
@@ -97,7 +110,9 @@ class StepRecord:
     lr: float
     loss: torch.Tensor  # cross-entropy of the batch, 0-d
     grad_norm: torch.Tensor  # total gradient norm before clipping, 0-d
-    z: torch.Tensor | None = None  # the z-loss term added to the minimised loss (train.z_loss > 0)
+    # The terms besides the cross-entropy, by their metrics.jsonl name, 0-d each (see Trainer.losses):
+    # z_loss (train.z_loss > 0) and moe_aux_loss (a mixture-of-experts model).
+    terms: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass
@@ -150,13 +165,12 @@ class RunLog:
         metrics.jsonl; note the first diverged step. durable: fsync (before a checkpoint names step)."""
         lines = []
         if self.pending:
-            rows = [torch.stack([r.loss.float(), r.grad_norm.float()] + ([] if r.z is None else [r.z.float()]))
+            rows = [torch.stack([r.loss.float(), r.grad_norm.float(), *(v.float() for v in r.terms.values())])
                     for r in self.pending]
-            for rec, (loss, norm, *z) in zip(self.pending, torch.stack(rows).tolist()):
+            for rec, (loss, norm, *extra) in zip(self.pending, torch.stack(rows).tolist()):
                 lines.append({"step": rec.step, "train_loss": loss, "grad_norm": norm, "lr": rec.lr,
                               "tokens": self.tokens(rec.step)})
-                if z:  # z_loss > 0: the z term added to the minimised loss (train_loss stays the CE)
-                    lines[-1]["z_loss"] = z[0]
+                lines[-1].update(zip(rec.terms, extra))  # z_loss, moe_aux_loss: besides the CE (train_loss)
                 self.note(rec.step, loss)
             self.train_loss = lines[-1]["train_loss"]
             self.pending = []
@@ -248,19 +262,18 @@ class Trainer:
         self.log = RunLog(cfg, run_dir)
 
     # ------------------------------------------------------------------ one step
-    def losses(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(loss to minimise, cross-entropy, z term or None) of one batch; the z term only when z_loss > 0.
+    def losses(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """(loss to minimise, cross-entropy, {metric name: term}) of one batch, all on the device (no
+        host read).
 
-        z term = z_loss * mean over positions of logsumexp(logits)^2 (PaLM, Chowdhery et al. 2022,
-        sec. 5). It is on the device like the loss: no host read. Evaluation never adds it.
+        z_loss (train.z_loss > 0): the term z_loss * mean over positions of logsumexp(logits)^2 (PaLM,
+        Chowdhery et al. 2022, sec. 5), added to the loss. moe_aux_loss (a mixture-of-experts model):
+        the model's load-balancing loss, unscaled; train.moe_aux_loss times it is added. Evaluation
+        adds neither.
         """
         with self.autocast:
-            logits, loss = self.fwd(x, y)
-        coef = self.cfg.train.z_loss
-        if coef == 0:
-            return loss, loss, None
-        z = coef * logits.float().logsumexp(dim=-1).square().mean()  # logits: [B, T, V], unpadded
-        return loss + z, loss, z
+            logits, loss, aux = self.fwd(x, y, aux=True)
+        return add_terms(self.cfg.train, logits, loss, aux)
 
     def train_step(self) -> StepRecord:
         t = self.cfg.train
@@ -270,14 +283,14 @@ class Trainer:
         x, y = self.sampler.next()
         if self.graphs:
             torch.compiler.cudagraph_mark_step_begin()  # a new step: the last replay's outputs may be reused
-        total, loss, z = self.losses(x, y)
+        total, loss, terms = self.losses(x, y)
         total.backward()
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip if t.grad_clip > 0 else math.inf)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         self.step += 1
         keep = (lambda v: v.detach().clone()) if self.graphs else (lambda v: v.detach())  # graph outputs die next step
-        self.last = StepRecord(self.step, lr, keep(loss), keep(norm), None if z is None else keep(z))
+        self.last = StepRecord(self.step, lr, keep(loss), keep(norm), {k: keep(v) for k, v in terms.items()})
         return self.last
 
     def train_steps(self, n: int) -> None:

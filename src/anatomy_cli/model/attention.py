@@ -13,6 +13,13 @@ head_dim for Q and one for K, shared across heads, as Qwen3 (Yang et al. 2025) a
 Team 2025) do; OLMo 2 (Team OLMo 2024) norms the whole Q and K projections instead. Applied before
 RoPE and before K enters the cache. It bounds the attention logits, which otherwise grow with the
 Q/K weight norms and destabilise training (Dehghani et al. 2023, ViT-22B).
+
+Sliding window (window W > 0; a "local" layer, see ModelConfig.layer_kinds): the query at position
+q sees keys q - W < k <= q, W keys including itself, the convention of Mistral's sliding_window
+(transformers' sliding_window_overlay: kv_idx > q_idx - sliding_window; Gemma 2/3 and gpt-oss use
+the same mask). Stacked, L local layers reach back L (W - 1) positions (Beltagy et al. 2020,
+Longformer; Jiang et al. 2023, Mistral 7B). Training uses SDPA with the boolean band mask; the
+decode state keeps only the W - 1 latest keys (kv_cache.WindowKV).
 """
 
 from __future__ import annotations
@@ -21,13 +28,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .kv_cache import KV
+from .kv_cache import KV, WindowKV
 from .norms import RMSNorm
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg):
+    def __init__(self, cfg, window: int = 0):
         super().__init__()
+        self.window = window  # 0: global; W: a query sees its W latest positions (itself included)
         self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.n_kv_head, cfg.head_dim
         q_dim, kv_dim = cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim
         self.split = (q_dim, kv_dim, kv_dim)
@@ -38,13 +46,19 @@ class CausalSelfAttention(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else nn.Identity()
         self.expand_kv = False  # repeat K/V to H heads before SDPA (set by the trainer: devices.expand_gqa)
 
-    def new_state(self, batch: int, max_len: int, device=None, dtype=torch.float32) -> KV:
+    def new_state(self, batch: int, max_len: int, device=None, dtype=torch.float32) -> KV | WindowKV:
+        if self.window:  # the window bounds what is kept, not max_len
+            return WindowKV(batch, self.n_kv_head, self.window, self.head_dim, device, dtype)
         return KV(batch, self.n_kv_head, max_len, self.head_dim, device, dtype)
+
+    def extra_repr(self) -> str:
+        return f"window={self.window}" if self.window else ""
 
     def forward(self, x, pos, end, rotate, cache=None, layer: int = 0):
         """x: [B, T, C]; pos: [T] or [B, T] position ids; end = last position + 1.
 
-        cache: a KVCache whose cache[layer] is this layer's KV; its past_len is where x starts.
+        cache: a KVCache whose cache[layer] is this layer's KV (or WindowKV); cache.past_len is
+        where x starts.
         """
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(self.split, dim=-1)
@@ -57,7 +71,7 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:
             past = cache.past_len
             k, v = cache[layer].update(k, v, past)  # [B, G, S, hd]: positions past + T - S .. past + T - 1
-        mask = attention_mask(past, T, k.shape[2], x.device)
+        mask = attention_mask(past, T, k.shape[2], self.window, x.device)
         is_causal = mask is None and k.shape[2] == T and T > 1
         gqa = self.n_kv_head != self.n_head
         if gqa and self.expand_kv:  # [B, G, S, hd] -> [B, H, S, hd], for this call only
@@ -67,16 +81,18 @@ class CausalSelfAttention(nn.Module):
         return self.out(y.transpose(1, 2).reshape(B, T, C))
 
 
-def attention_mask(past: int, T: int, S: int, device) -> torch.Tensor | None:
+def attention_mask(past: int, T: int, S: int, window: int, device) -> torch.Tensor | None:
     """Which keys each query may see: queries at positions past..past+T-1, S keys ending at the
-    last query (positions past+T-S..past+T-1). A bool [T, S] mask (True = may attend), or None
-    where SDPA needs none: S == T is its is_causal triangle, and a single query sees every key.
+    last query (positions past+T-S..past+T-1). A bool [T, S] mask (True = may attend): causal, and
+    with a window W > 0 also k > q - W. None where SDPA needs none: S == T is its is_causal
+    triangle and a single query sees every key, as long as no key is past a window.
 
     SDPA's is_causal aligns the triangle top-left, which is wrong once keys outnumber queries, so
     a chunk decoded after a prefix gets this mask, built from positions.
     """
-    if S == T or T == 1:
+    if (S == T or T == 1) and (not window or S <= window):
         return None
-    q_pos = torch.arange(past, past + T, device=device)
-    k_pos = torch.arange(past + T - S, past + T, device=device)
-    return k_pos[None, :] <= q_pos[:, None]  # [T, S]
+    q_pos = torch.arange(past, past + T, device=device)[:, None]  # [T, 1]
+    k_pos = torch.arange(past + T - S, past + T, device=device)[None, :]  # [1, S]
+    mask = k_pos <= q_pos  # [T, S]
+    return mask & (k_pos > q_pos - window) if window else mask

@@ -19,7 +19,10 @@ the residual together, x + attn(n1(x)) + ffn(n1(x)) (Wang & Komatsuzaki 2021, GP
 absent (nn.Identity).
 
 The token mixer (`attn`) is whatever layer_kinds says this layer is (mixers.py); the channel mixer
-(`ffn`) whatever ffn_type says (ffn.py). The wiring above is the same for every pair.
+(`ffn`) whatever ffn_type and moe say (ffn.py: a dense GELU or SwiGLU FFN, or moe.py: a routed
+mixture of them). The wiring above is the same for every pair. The block calls ffn(h, stats) and
+never asks which FFN it holds; `stats` (None, or a list the LM reads back) carries a mixture's
+routing statistics up to the LM.
 """
 
 from __future__ import annotations
@@ -38,14 +41,14 @@ class Block(nn.Module):
         self.norm1, self.attn = make_norm(cfg), make_mixer(cfg, layer)  # attn: this layer's token mixer
         self.norm2, self.ffn = nn.Identity() if self.parallel else make_norm(cfg), make_ffn(cfg)
 
-    def forward(self, x, pos, end, rotate, cache=None, layer: int = 0):
+    def forward(self, x, pos, end, rotate, cache=None, layer: int = 0, stats: list | None = None):
         if self.parallel:
             if self.pre:
                 h = self.norm1(x)  # one normed input feeds both branches
-                return x + self.attn(h, pos, end, rotate, cache, layer) + self.ffn(h)
-            return self.norm1(x + self.attn(x, pos, end, rotate, cache, layer) + self.ffn(x))
+                return x + self.attn(h, pos, end, rotate, cache, layer) + self.ffn(h, stats)
+            return self.norm1(x + self.attn(x, pos, end, rotate, cache, layer) + self.ffn(x, stats))
         if self.pre:
             x = x + self.attn(self.norm1(x), pos, end, rotate, cache, layer)
-            return x + self.ffn(self.norm2(x))
+            return x + self.ffn(self.norm2(x), stats)
         x = self.norm1(x + self.attn(x, pos, end, rotate, cache, layer))
-        return self.norm2(x + self.ffn(x))
+        return self.norm2(x + self.ffn(x, stats))

@@ -2,6 +2,10 @@
 
 Both are bias-free. SwiGLU has three matrices instead of two, so its hidden size is 2/3 of the
 GELU one (rounded up to 32, see ModelConfig.ffn_hidden) to keep the parameter count comparable.
+
+Every channel mixer has one interface, forward(x [B, T, C], stats=None) -> [B, T, C], so the block
+calls whichever it holds the same way: a dense FFN ignores `stats`; a mixture of experts (moe.py,
+cfg.moe) appends its routing statistics to it when the caller asks for them.
 """
 
 from __future__ import annotations
@@ -12,23 +16,25 @@ from torch import nn
 
 
 class GeluMLP(nn.Module):
-    def __init__(self, cfg):
+    def __init__(self, cfg, hidden: int | None = None):
         super().__init__()
-        self.up = nn.Linear(cfg.d_model, cfg.ffn_hidden, bias=False)
-        self.down = nn.Linear(cfg.ffn_hidden, cfg.d_model, bias=False)
+        hidden = hidden or cfg.ffn_hidden
+        self.up = nn.Linear(cfg.d_model, hidden, bias=False)
+        self.down = nn.Linear(hidden, cfg.d_model, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, stats: list | None = None) -> torch.Tensor:
         return self.down(F.gelu(self.up(x)))
 
 
 class SwiGLU(nn.Module):
-    def __init__(self, cfg):
+    def __init__(self, cfg, hidden: int | None = None):
         super().__init__()
-        self.gate = nn.Linear(cfg.d_model, cfg.ffn_hidden, bias=False)
-        self.up = nn.Linear(cfg.d_model, cfg.ffn_hidden, bias=False)
-        self.down = nn.Linear(cfg.ffn_hidden, cfg.d_model, bias=False)
+        hidden = hidden or cfg.ffn_hidden
+        self.gate = nn.Linear(cfg.d_model, hidden, bias=False)
+        self.up = nn.Linear(cfg.d_model, hidden, bias=False)
+        self.down = nn.Linear(hidden, cfg.d_model, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, stats: list | None = None) -> torch.Tensor:
         return self.down(F.silu(self.gate(x)) * self.up(x))
 
 
@@ -36,4 +42,9 @@ FFNS: dict[str, type[nn.Module]] = {"gelu": GeluMLP, "swiglu": SwiGLU}
 
 
 def make_ffn(cfg) -> nn.Module:
+    """The block's channel mixer: the cfg.ffn_type FFN, or (cfg.moe) a routed mixture of them."""
+    if cfg.moe:
+        from .moe import MoE  # imported here: moe.py builds its shared expert from FFNS above
+
+        return MoE(cfg)
     return FFNS[cfg.ffn_type](cfg)

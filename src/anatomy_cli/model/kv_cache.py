@@ -12,6 +12,7 @@ what a state holds; every state answers three things:
 and its own mixer calls its own update. Softmax attention's state is KV below: K and V of every
 position, of the n_kv_head (G) heads only; SDPA expands them to n_head at attention time, so GQA's
 memory saving is real. Size: 2 (K and V) * B * G * T_max * head_dim * bytes per element per layer.
+A sliding-window layer's is WindowKV: the same, for its window - 1 latest positions only.
 """
 
 from __future__ import annotations
@@ -89,3 +90,40 @@ class KV:
     def reset(self) -> None:
         pass  # positions past past_len are never read: nothing to clear
 
+
+
+class WindowKV:
+    """A sliding-window layer's state: K and V of the window - 1 latest positions, oldest first,
+    [B, G, window - 1, hd] each (a rolling buffer, as transformers' DynamicSlidingWindowLayer keeps).
+
+    A query sees itself and the window - 1 positions before it, so nothing older is read again:
+    memory is O(window) whatever the length, and any number of positions fits (capacity None).
+    """
+
+    capacity = None
+
+    def __init__(self, batch: int, n_kv_head: int, window: int, head_dim: int, device=None,
+                 dtype=torch.float32):
+        self.size = window - 1
+        shape = (batch, n_kv_head, self.size, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, past: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Take k, v ([B, G, T, hd]) of positions past..past+T-1; return the keys and values of
+        positions past-n..past+T-1 ([B, G, n + T, hd], n = min(past, window - 1) kept ones first)
+        and keep the newest window - 1 of them. `past` counts positions since the last reset."""
+        n = min(past, self.size)  # the buffer's last n slots hold positions past-n..past-1
+        k_all = torch.cat((self.k[:, :, self.size - n :].to(k.dtype), k), dim=2)  # [B, G, n + T, hd]
+        v_all = torch.cat((self.v[:, :, self.size - n :].to(v.dtype), v), dim=2)
+        keep = min(self.size, k_all.shape[2])
+        if keep:  # right-aligned: the newest position sits in the last slot
+            self.k[:, :, self.size - keep :] = k_all[:, :, -keep:]
+            self.v[:, :, self.size - keep :] = v_all[:, :, -keep:]
+        return k_all, v_all
+
+    def nbytes(self) -> int:
+        return tensor_bytes(self.k, self.v)
+
+    def reset(self) -> None:
+        pass  # update reads only the min(past, window - 1) slots written since the reset

@@ -1,8 +1,13 @@
 """The language model: token embedding -> (positions) -> blocks -> final norm (pre only) -> head.
 
 One forward serves training, evaluation and cached decoding:
-    forward(idx [B, T], targets [B, T] | None, cache: KVCache | None, pos [T] | [B, T] | None)
+    forward(idx [B, T], targets [B, T] | None, cache: KVCache | None, pos [T] | [B, T] | None,
+            last_only=False, aux=False) -> (logits, loss), or (logits, loss, aux dict) with aux=True
 Positions default to past_len .. past_len + T - 1, so decoding continues where the cache stopped.
+aux=True also returns what the Trainer adds or records besides the loss, as data: {} for a dense
+model; with a mixture of experts (cfg.moe) "moe_aux_loss" (the load-balancing loss) and
+"expert_counts" ([L, E] tokens routed per expert per layer), see moe.balance. Nothing is kept on
+the modules between calls, so the forward stays a pure function of weights and inputs.
 No linear layer has a bias. Embedding and head are untied unless cfg.tie_embeddings, where the head
 reuses the token table (Press & Wolf 2017; GPT-2, Gemma): V * d fewer parameters, one init draw.
 cfg.logit_softcap = c > 0 caps every logit to c * tanh(logits / c) (Gemma 2, Gemma Team 2024, c = 30;
@@ -20,6 +25,7 @@ from torch import nn
 
 from .block import Block
 from .kv_cache import KVCache
+from .moe import balance
 from .norms import make_norm
 from .positions import make_positions
 
@@ -68,8 +74,10 @@ class LM(nn.Module):
         p = self.head.weight
         return KVCache([b.attn.new_state(batch, max_len, p.device, dtype or p.dtype) for b in self.blocks])
 
-    def forward(self, idx, targets=None, cache: KVCache | None = None, pos=None, last_only: bool = False):
-        """last_only: logits for the last position only ([B, 1, V]), all generation needs."""
+    def forward(self, idx, targets=None, cache: KVCache | None = None, pos=None, last_only: bool = False,
+                aux: bool = False):
+        """last_only: logits for the last position only ([B, 1, V]), all generation needs.
+        aux: also return the channel mixers' outputs besides the loss (see the module docstring)."""
         B, T = idx.shape
         past = cache.past_len if cache is not None else 0
         if cache is not None:
@@ -81,10 +89,17 @@ class LM(nn.Module):
         else:
             end = int(pos.max()) + 1  # explicit positions: one host read
         x = self.positions.embed(self.tok(idx), pos, end)  # [B, T, C]
+        stats = [] if aux else None  # each MoE layer appends its routing statistics
         for layer, block in enumerate(self.blocks):
-            x = block(x, pos, end, rotate, cache, layer)
+            x = block(x, pos, end, rotate, cache, layer, stats)
         if cache is not None:
             cache.advance(T)
+        logits, loss = self.logits_and_loss(x, targets, last_only)
+        return (logits, loss, balance(stats, B * T)) if aux else (logits, loss)
+
+    def logits_and_loss(self, x, targets, last_only: bool):
+        """x: [B, T, C] after the last block -> (logits [B, T or 1, V], cross-entropy or None)."""
+        B, T, _ = x.shape
         if last_only:
             x = x[:, -1:]  # [B, 1, C]
         x = self.final_norm(x)

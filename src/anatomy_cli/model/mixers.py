@@ -1,8 +1,9 @@
 """Token mixers: which module mixes information across positions in each layer, as one table.
 
 ModelConfig.layer_kinds says what layer i is ("attn": global causal softmax attention; "gdn":
-Gated DeltaNet, gdn.py); MIXERS maps a kind to its module. The block holds one token mixer and
-one channel mixer (ffn.make_ffn) and never asks which. Every token mixer has the same two methods:
+Gated DeltaNet, gdn.py; "local": softmax attention within a sliding window); MIXERS maps a kind
+to a constructor of its module. The block holds one token mixer and one channel mixer
+(ffn.make_ffn) and never asks which. Every token mixer has the same two methods:
 
     forward(x [B, T, C], pos, end, rotate, cache=None, layer=0) -> [B, T, C]
         pos [T] | [B, T], end (last position + 1) and rotate (q, k, pos, end) -> (q, k) are the
@@ -21,12 +22,20 @@ The block keeps the attribute name `attn` for whichever mixer it holds: checkpoi
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from torch import nn
 
 from .attention import CausalSelfAttention
 from .gdn import GatedDeltaNet
 
-MIXERS: dict[str, type[nn.Module]] = {"attn": CausalSelfAttention, "gdn": GatedDeltaNet}
+
+def local_attention(cfg) -> nn.Module:
+    return CausalSelfAttention(cfg, window=cfg.window)
+
+
+MIXERS: dict[str, Callable[..., nn.Module]] = {"attn": CausalSelfAttention, "gdn": GatedDeltaNet,
+                                               "local": local_attention}
 
 
 def make_mixer(cfg, layer: int) -> nn.Module:
