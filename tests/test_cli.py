@@ -239,6 +239,10 @@ BAD = [
     ("stability-missing", lambda t, c, r, r17: ["stability", t / "nowhere"], 2, "runs directory not found"),
     ("bench-decode-kv-heads", lambda t, c, r, r17: ["bench-decode", "--kv-heads", "3"], 2, "each must divide n_head=4"),
     ("kv-budget-no-heads", lambda t, c, r, r17: ["kv-budget", "--layers", "2"], 2, "missing --heads"),
+    ("scale-plan-missing-spec", lambda t, c, r, r17: ["scale-plan", t / "nope.toml"], 2, "spec not found"),
+    ("scale-plan-repeated-size", lambda t, c, r, r17: ["scale-plan", _file(t, "dup.toml", 'name = "x"\n'
+        'design = "one-at-a-time"\nflips = ["rope"]\n[[sizes]]\nname = "S"\nmodel = { d_model = 32 }\n'
+        '[[sizes]]\nname = "S"\nmodel = { d_model = 64 }\n')], 2, "the name 'S' is used by two sizes"),
 ]
 
 

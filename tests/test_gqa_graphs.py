@@ -19,28 +19,29 @@ CUDA = torch.device("cuda")
 
 
 def table(rows: dict):
-    """A fake capability table: (kv_heads, enable_gqa) -> kernel, as sdpa_probe's kernel answers."""
-    return lambda kv_heads, gqa: rows[(kv_heads, gqa)]
+    """A fake capability table: K/V heads (4 = the query heads: no enable_gqa) -> kernel, as
+    sdpa_probe's kernel answers."""
+    return lambda G, window=0, qk_dim=None, v_dim=None: rows[G]
 
 
 @pytest.mark.parametrize("rows,device,want,kernel", [
-    ({(2, True): "math", (4, False): "efficient"}, "cuda", True, "efficient"),  # fp32 on CUDA, torch 2.x
-    ({(2, True): "flash", (4, False): "flash"}, "cuda", False, "flash"),  # bf16: fused GQA exists
-    ({(2, True): "math", (4, False): "math"}, "cuda", False, "math"),  # nothing fused either way
-    ({(2, True): "math", (4, False): "flash"}, "cpu", False, "math"),  # never on the CPU (CI baseline)
+    ({2: "math", 4: "efficient"}, "cuda", True, "efficient"),  # fp32 on CUDA, torch 2.x
+    ({2: "flash", 4: "flash"}, "cuda", False, "flash"),  # bf16: fused GQA exists
+    ({2: "math", 4: "math"}, "cuda", False, "math"),  # nothing fused either way
+    ({2: "math", 4: "flash"}, "cpu", False, "math"),  # never on the CPU (CI baseline)
 ], ids=["fp32-cuda", "bf16-cuda", "no-fused", "cpu"])
 def test_expand_choice_from_a_capability_table(make_config, rows, device, want, kernel):
     cfg = make_config(n_kv_head=2)
     assert expand_gqa(cfg, table(rows), device) is want
     assert sdpa_kernel(cfg, 4, torch.device(device), "float32", kernel=table(rows)) == kernel
     mha = make_config(n_kv_head=4)
-    assert expand_gqa(mha, table({(4, True): "math", (4, False): "efficient"}), device) is False
+    assert expand_gqa(mha, table({4: "efficient"}), device) is False
 
 
 def test_the_real_probe_answers_on_this_cpu(make_config):
     cfg = make_config(n_kv_head=2)
     kernel = sdpa_probe(cfg, 2, torch.device("cpu"), "float32")
-    assert kernel(2, True) in ("flash", "math") and kernel(4, False) in ("flash", "math")
+    assert kernel(2) in ("flash", "math") and kernel(4) in ("flash", "math") and kernel(2, window=4) in ("flash", "math")
 
 
 LLAMA = {"norm_type": "rmsnorm", "norm_pos": "pre", "pos_type": "rope", "ffn_type": "swiglu"}

@@ -258,7 +258,7 @@ def test_a_sweep_worker_killed_under_its_run_leaves_it_resumable(tmp_path):
         if not group_gone(proc.pid):
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 1, err
-    assert "interrupted (rerun to resume)" in flat(out) and "Traceback" not in err
+    assert "interrupted (rerun to resume)" in flat(err) and "Traceback" not in err  # the status line is on stderr
     summary = runs.read_summary(victim)
     assert summary["status"] == runs.INTERRUPTED and "worker process died" in summary["error"]
     from anatomy_cli.checkpoint import load_checkpoint
