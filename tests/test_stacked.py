@@ -31,6 +31,7 @@ ENDS = {
     "modern": {**LLAMA, "qk_norm": True, "tie_embeddings": True, "logit_softcap": 30.0, "parallel_block": True},
     "gdn": {**LLAMA, "gdn_pattern": "DA"},
     "swa": {**LLAMA, "window": 8, "window_pattern": "LG"},
+    "mla": {**LLAMA, "attn_type": "mla"},
 }
 TIMING = set(runs.TIMING_KEYS)
 
