@@ -12,8 +12,9 @@ Sections of `run`, each bounded (fixed step counts, and skipped when the time bu
      hand-written reference; which SDPA kernels accept anatomy's MHA / GQA calls in fp32 and bf16
      (GQA uses enable_gqa, which on CUDA only flash (fp16/bf16) and math accept); and one short
      training run through anatomy_cli.train.train
-  2. seed config (B 32, T 128, d 128, L 4, H 4, V 1719) step time: eager fp32 (TF32), eager bf16,
-     compiled bf16, compiled bf16 mode="reduce-overhead" (CUDA graphs)
+  2. seed config (B 32, T 128, d 128, L 4, H 4, V 1719) step time through Trainer.train_step (the
+     product's own step): eager fp32 (TF32), eager bf16, compiled bf16, compiled bf16
+     mode="reduce-overhead" (CUDA graphs, with the Trainer's own step boundaries)
   3. MFU of a GPT-2-small-sized char model (d 768, L 12, H 12, T 1024, V 256), bf16 + compile, batch
      sized from measured memory per sample, against --peak-tflops (790: H200 bf16 dense)
 
@@ -296,33 +297,28 @@ def seed_config(name: str, tiny: bool):
 
 
 def step_variant(cfg, batch: int, device, dtype, compile_mode: str | None):
-    """A step fn (Trainer.train_step's body) for one fresh model; compile_mode None = eager."""
+    """A step fn for one fresh model: Trainer.train_step itself (the product's step: its sampler,
+    clipping, AdamW, and under reduce-overhead its CUDA-graph step boundaries and cloned records);
+    compile_mode None = eager. The corpus is generated toy text, its vocabulary padded to cfg's."""
+    from array import array
+
     import torch
-    from bench_train import make_step
 
-    from anatomy_cli.config import TrainConfig
-    from anatomy_cli.model import LM
-    from anatomy_cli.trainer import make_optimizer
+    from anatomy_cli.config import RunConfig
+    from anatomy_cli.data import CharVocab, Corpus, id_typecode
+    from anatomy_cli.trainer import Trainer
 
-    torch.manual_seed(0)
-    model = LM(cfg).to(device)
-    fwd = model
-    x = torch.randint(cfg.vocab_size, (batch, cfg.ctx_len), device=device)
-    y = torch.randint(cfg.vocab_size, (batch, cfg.ctx_len), device=device)
-    if compile_mode is not None:
-        # RoPE fills its cos/sin table cache lazily. Fill it eagerly first (for this dtype), so the
-        # compiled graph neither recompiles when the dict changes nor keeps tables that were made
-        # inside a CUDA-graph memory pool (reduce-overhead).
-        with torch.no_grad(), torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=dtype is not None):
-            model(x[:1])
-        fwd = torch.compile(model, mode=None if compile_mode == "default" else compile_mode)
-    step = make_step(model, fwd, make_optimizer(model, TrainConfig(), torch.device(device)), x, y, dtype)
-    if compile_mode == "reduce-overhead":
-        def graphed_step():
-            torch.compiler.cudagraph_mark_step_begin()  # a new step: earlier graph outputs may be reused
-            return step()
-        return graphed_step
-    return step
+    text = generated_text(max(20_000, 4 * batch * (cfg.ctx_len + 1)))
+    chars = sorted(set(text)) + [chr(0x4E00 + i) for i in range(cfg.vocab_size)]  # pad to vocab_size
+    vocab = CharVocab(chars[: cfg.vocab_size])
+    ids = array(id_typecode(cfg.vocab_size), vocab.encode(text))
+    corpus = Corpus(vocab=vocab, train=ids, val=ids[: 4 * batch * (cfg.ctx_len + 1)], meta={})
+    train = {"batch_size": batch, "device": str(device), "dtype": "bfloat16" if dtype is torch.bfloat16 else "float32",
+             "compile": compile_mode is not None, "compile_mode": compile_mode or "default", "eval_batches": 1,
+             "lr": 3e-4, "warmup": 0}
+    run = RunConfig.model_validate({"seed": 0, "model": cfg.model_dump(), "train": train})
+    tmp = tempfile.mkdtemp(prefix="gpu-check-step-")
+    return Trainer(run, Path(tmp), corpus).train_step
 
 
 def time_variants(rep: Report, variants: dict, cfgs: dict, batch: int, args, peak_flops: float) -> None:

@@ -6,6 +6,7 @@ with `timeout`. Sub-commands:
     python benchmarks/gpu_sweep.py preflight                   # imports + CUDA; exit 3 / 2 with a message
     python benchmarks/gpu_sweep.py run [options]                # the study, twice (budget-bounded)
     python benchmarks/gpu_sweep.py run --device cpu --tiny --no-compile   # CPU smoke test of the script
+    python benchmarks/gpu_sweep.py run --seeds 5                # the 12 x 5 seeds study: alone vs stacked
 
 `run` drives the real CLI (`python -m anatomy_cli ablate SPEC --device D --compile --workers N`)
 three times, all sharing one inductor cache (TORCHINDUCTOR_CACHE_DIR under the runs folder):
@@ -14,6 +15,9 @@ three times, all sharing one inductor cache (TORCHINDUCTOR_CACHE_DIR under the r
   1. N = 1: the 12 runs one after another, in one process;
   2. N = best: the 12 runs in N processes sharing the GPU (default: anatomy's own choice from free
      memory and the model size, devices.default_workers).
+With --seeds S the two passes are instead the 12 configs x S seeds trained alone (N = best, compiled
+as asked) and stacked (--stack S: each config's seeds as one batched model, eager, since compiled
+runs train alone; ablate's own worker count); the warm-up's wall time is the cold start (compile).
 For each pass it prints the wall time, the aggregate training tokens/s (all runs' tokens / wall
 time of the pass) and every config's best val loss; then the two passes' best val losses side by
 side. They must agree within --tol (default 0.005, check.MIN_TOLERANCE, about 1/8 of the seed-to-
@@ -68,17 +72,22 @@ def preflight(device: str, quiet: bool = False) -> int:
 
 def best_workers(args, spec: Path) -> int:
     """anatomy's own default for this plan and device (what `ablate` picks without --workers)."""
-    from anatomy_cli.cli_sweep import sweep_workers, with_train
-    from anatomy_cli.sweep import check_data, default_workers, expand, load_spec
+    from anatomy_cli.cli_sweep import sweep_workers
+    from anatomy_cli.sweep import check_data, default_workers, load_plan
 
-    plan = expand(with_train(load_spec(spec), device=args.device, compile=args.compile or None), steps=args.steps)
+    _, plan = load_plan(spec, seeds=args.seeds, steps=args.steps, device=args.device, compile=args.compile or None)
     return sweep_workers(plan, check_data(plan), default_workers(len(plan)))
 
 
-def ablate(spec: Path, runs_dir: Path, workers: int, steps: int | None, args, deadline: float) -> dict:
-    """One `anatomy ablate` pass in a subprocess; its wall time and every run's summary."""
-    cmd = [sys.executable, "-m", "anatomy_cli", "ablate", str(spec), "--device", args.device,
-           "--workers", str(workers), "--runs-dir", str(runs_dir), "--no-report"] + ["--compile"] * args.compile
+def ablate(spec: Path, runs_dir: Path, workers: int | None, steps: int | None, args, deadline: float,
+           stack: str = "off") -> dict:
+    """One `anatomy ablate` pass in a subprocess; its wall time and every run's summary. workers None:
+    ablate's own default. A stacked pass trains eagerly: compiled runs train alone (stacked.py)."""
+    compile_ = args.compile and stack == "off"
+    cmd = [sys.executable, "-m", "anatomy_cli", "ablate", str(spec), "--device", args.device, "--stack", stack,
+           "--runs-dir", str(runs_dir), "--no-report"] + ["--compile"] * compile_
+    cmd += ["--workers", str(workers)] if workers else []
+    cmd += ["--seeds", str(args.seeds)] if args.seeds else []
     if steps is not None:
         cmd += ["--steps", str(steps)]
     print(f"$ {' '.join(cmd[1:])}", flush=True)
@@ -93,7 +102,7 @@ def ablate(spec: Path, runs_dir: Path, workers: int, steps: int | None, args, de
     for path in sorted(runs_dir.glob("*/*/summary.json")):
         s = json.loads(path.read_text())
         config = json.loads((path.parent / "config.json").read_text())
-        summaries[config["name"].rsplit("/", 1)[-1]] = s
+        summaries[f"{config['name'].rsplit('/', 1)[-1]}/s{config['seed']}"] = s
     return {"workers": workers, "rc": rc, "wall_s": wall, "tail": tail, "runs": summaries,
             "tokens": sum(s.get("tokens_seen") or 0 for s in summaries.values())}
 
@@ -102,19 +111,20 @@ def show(p: dict, label: str) -> None:
     ok = [s for s in p["runs"].values() if s.get("status") == "completed"]
     rate = p["tokens"] / p["wall_s"] if p["wall_s"] else 0.0
     p["tokens_per_s"] = rate
-    print(f"\n== {label}: N = {p['workers']}: {len(ok)}/{len(p['runs'])} runs completed in {p['wall_s']:.1f} s wall; "
+    print(f"\n== {label}: N = {p['workers'] or 'ablate default'}: {len(ok)}/{len(p['runs'])} runs completed in "
+          f"{p['wall_s']:.1f} s wall; "
           f"aggregate {rate / 1e6:.3f} M tokens/s ({p['tokens']:,} tokens)", flush=True)
     if p["rc"] != 0:
         print(f"   ablate exit status {p['rc']}:\n{p['tail']}", flush=True)
     for slug, s in p["runs"].items():
         tps = s.get("tokens_per_s") or 0.0
-        print(f"   {slug:16s} {s.get('status', '?'):10s} best val {s.get('best_val_loss') or float('nan'):.5f} "
+        print(f"   {slug:22s} {s.get('status', '?'):10s} stack {s.get('stacked') or 1}  best val {s.get('best_val_loss') or float('nan'):.5f} "
               f"@ {s.get('best_step')}  {tps / 1e6:6.3f} M tok/s (own)  matmul {s.get('matmul_precision')}  "
               f"sdpa {s.get('sdpa_kernel')}  peak {(s.get('peak_mem_bytes') or 0) / 2**20:,.0f} MiB", flush=True)
 
 
-def compare(one: dict, best: dict, tol: float) -> tuple[bool, float]:
-    print(f"\n== best val loss, N = 1 vs N = {best['workers']} (tolerance {tol:g})")
+def compare(one: dict, best: dict, tol: float, title: str) -> tuple[bool, float]:
+    print(f"\n== best val loss, {title} (tolerance {tol:g})")
     worst, ok = 0.0, True
     for slug in one["runs"]:
         a = one["runs"][slug].get("best_val_loss")
@@ -147,18 +157,22 @@ def run(args) -> int:
         warm = ablate(args.spec, root / "warm", n, 1, args, deadline)
         print(f"warm-up (1 step each, compiles every graph once): {warm['wall_s']:.1f} s, exit {warm['rc']}",
               flush=True)
+    # --seeds: the seeds study, every run alone (N = best) against the seeds of each config stacked
+    # (ablate's own worker count); else the worker study, N = 1 against N = best, runs alone.
+    plan = ((("alone", n, "off"), ("stacked", None, str(args.seeds))) if args.seeds
+            else (("sequential", 1, "off"), ("concurrent", n, "off")))
     passes = {}
-    for label, workers in (("sequential", 1), ("concurrent", n)):
+    for label, workers, stack in plan:
         if time.monotonic() >= deadline:
             break
-        passes[label] = ablate(args.spec, root / f"n{workers}", workers, steps, args, deadline)
+        passes[label] = ablate(args.spec, root / label, workers, steps, args, deadline, stack)
         show(passes[label], label)
     ok = len(passes) == 2
     if ok:
-        ok, worst = compare(passes["sequential"], passes["concurrent"], args.tol)
-        speed = passes["concurrent"]["tokens_per_s"] / max(passes["sequential"]["tokens_per_s"], 1e-9)
-        print(f"\naggregate tokens/s, N = {n} over N = 1: {speed:.2f}x; wall "
-              f"{passes['sequential']['wall_s']:.1f} s -> {passes['concurrent']['wall_s']:.1f} s")
+        (a, pa), (b, pb) = passes.items()
+        ok, worst = compare(pa, pb, args.tol, f"{a} vs {b}")
+        speed = pb["tokens_per_s"] / max(pa["tokens_per_s"], 1e-9)
+        print(f"\naggregate tokens/s, {b} over {a}: {speed:.2f}x; wall {pa['wall_s']:.1f} s -> {pb['wall_s']:.1f} s")
         result |= {"max_abs_delta": worst, "tolerance": args.tol, "speedup": speed}
     out_of_time = time.monotonic() >= deadline or any(p["rc"] is None for p in passes.values())
     failed = any(p["rc"] not in (0, None) for p in passes.values())
@@ -182,6 +196,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     r.add_argument("--spec", type=Path, default=SPEC)
     r.add_argument("--steps", type=int, default=None, help="override the spec's 2000 steps")
     r.add_argument("--workers", type=int, default=None, help="the concurrent N (default: anatomy's choice)")
+    r.add_argument("--seeds", type=int, default=None,
+                   help="the seeds study: each config x SEEDS, alone vs stacked (--stack SEEDS, eager)")
     r.add_argument("--tol", type=float, default=0.005, help="allowed |best val loss N=1 - N=best|")
     r.add_argument("--budget", type=float, default=450.0, help="seconds for all passes")
     r.add_argument("--runs-dir", type=Path, default=None, help="default: a new temp folder")

@@ -16,7 +16,8 @@
 #
 # Usage:  benchmarks/gpu_sweep.sh [gpu_sweep.py run options]
 #         e.g. benchmarks/gpu_sweep.sh --json "$OUT/gpu_sweep.json"
-#         CPU smoke test of the script: benchmarks/gpu_sweep.sh --device cpu --tiny --no-compile
+#         the seeds study (12 configs x 5 seeds, alone vs stacked): benchmarks/gpu_sweep.sh --seeds 5
+#         CPU smoke test of the script: benchmarks/gpu_sweep.sh --device cpu --tiny --no-compile [--seeds 2]
 # Env:    PYTHON (default python3), GPU_SWEEP_TIMEOUT (seconds for everything, default 480)
 # Exit:   0 passed, 1 a run failed or the passes disagree, 2 no CUDA device, 3 missing packages,
 #         4 or 124 out of time.

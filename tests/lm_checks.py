@@ -44,6 +44,18 @@ def decode_in_chunks(model, idx: torch.Tensor, chunks: list[int], max_len: int |
     return torch.cat(out, dim=1), cache
 
 
+def assert_cached_decode(model) -> None:
+    """Prefill + one token at a time, and uneven chunks, both == one full forward (16 tokens)."""
+    idx = tokens(2, 16, seed=1)
+    with torch.no_grad():
+        full, _ = model(idx)
+        singles, cache = decode_in_chunks(model, idx, [6] + [1] * 10)
+        chunked, _ = decode_in_chunks(model, idx, [5, 3, 1, 4, 1, 2])  # non-square masks too
+    assert cache.past_len == 16
+    torch.testing.assert_close(singles, full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(chunked, full, atol=1e-5, rtol=1e-5)
+
+
 def trainer(tmp_path, name: str, model: dict | None = None, **train_opts) -> Trainer:
     """A Trainer on the tiny corpus in tmp_path (TINY_MODEL + model, TINY_TRAIN + train_opts)."""
     corpus_path = tmp_path / "tiny.txt"

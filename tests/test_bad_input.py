@@ -88,7 +88,15 @@ def test_sample_refuses_non_finite_weights_and_points_at_best(copy_of, temp):
 
 @pytest.mark.parametrize("temp", ["nan", "inf", "-inf"])
 def test_sample_refuses_non_finite_temperature(trained, temp):
-    one_error_line(invoke("sample", trained, "--temp", temp, "--max-new", 5), 2, "temperature must be >= 0 and finite")
+    one_error_line(invoke("sample", trained, "--temp", temp, "--max-new", 5), 2, "--temp must be >= 0 and finite")
+
+
+@pytest.mark.parametrize("option, value, fragment", [("--top-k", 0, "--top-k must be >= 1, got 0"),
+                                                     ("--window", 0, "--window must be between 2 and"),
+                                                     ("--window", 1, "--window must be between 2 and")])
+def test_sample_errors_name_the_flag_at_fault(trained, option, value, fragment):
+    """The message names the option the user typed (and --window 0 is not silently ctx_len)."""
+    one_error_line(invoke("sample", trained, option, value, "--max-new", 3), 2, fragment)
 
 
 def test_sample_tiny_temperature_is_near_greedy_not_a_crash(trained):
@@ -210,9 +218,18 @@ def test_absurd_sizes_are_refused_before_allocating(corpus, tmp_path, setting, f
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("setting, fragment", [("model.moe_experts=1000000", "moe_experts=1000000"),
+                                               ("model.moe_hidden=1000000000", "moe_hidden=1000000000")])
+def test_too_large_names_the_field_that_made_it_so(corpus, tmp_path, setting, fragment):
+    """A million experts at d_model 32: the refusal names moe_experts, not only d_model and n_layer."""
+    result = invoke("train", *run_sets(corpus), "--set", "model.moe=true", "--set", setting, "--out", tmp_path / "o")
+    one_error_line(result, 2, "run too large for this machine")
+    assert fragment in result.output
+
+
 def test_sample_window_that_cannot_fit_is_refused(trained):
     one_error_line(invoke("sample", trained, "--window", 10**9, "--max-new", 3), 2, "--window 1000000000 needs about")
-    one_error_line(invoke("sample", trained, "--window", 2**40, "--max-new", 3), 2, "window must be between 2 and")
+    one_error_line(invoke("sample", trained, "--window", 2**40, "--max-new", 3), 2, "--window must be between 2 and")
 
 
 def test_a_device_file_is_not_a_corpus(tmp_path):
@@ -369,3 +386,16 @@ def test_spawned_workers_keep_library_warnings_off_stderr():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "PYTHONWARNINGS": "always"})
     assert out.stdout.strip() == "done" and "a warning in the worker" not in out.stderr, out.stderr
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("command", ["train", "ablate"])
+def test_an_unavailable_device_names_the_flag_given(corpus, tmp_path, command):
+    """--device cuda on a CPU machine: the error names --device (what was typed), not train.device."""
+    if command == "train":
+        args = ["train", *run_sets(corpus), "--device", "cuda", "--out", tmp_path / "o"]
+    else:
+        args = ["ablate", write_spec(tmp_path, corpus=corpus, top={"flips": ["rope"]}), "--device", "cuda",
+                "--runs-dir", tmp_path / "runs", "--no-report"]
+    one_error_line(invoke(*args), 2, "--device: cuda requested but no CUDA device is available")
+    assert not (tmp_path / "o").exists()

@@ -233,8 +233,8 @@ BAD = [
     ("train-bad-device", lambda t, c, r, r17: ["train", "--device", "tpu"], 2, "--device: Input should be 'auto'"),
     ("sample-missing-run", lambda t, c, r, r17: ["sample", t / "no-run"], 2, "run directory not found"),
     ("sample-bad-prefix", lambda t, c, r, r17: ["sample", r, "--prefix", "λ☃"], 2, "not in the vocabulary: 'λ', '☃'"),
-    ("sample-neg-temp", lambda t, c, r, r17: ["sample", r, "--temp", -1], 2, "temperature must be >= 0"),
-    ("sample-top-k", lambda t, c, r, r17: ["sample", r, "--top-k", 0], 2, "top-k must be >= 1"),
+    ("sample-neg-temp", lambda t, c, r, r17: ["sample", r, "--temp", -1], 2, "--temp must be >= 0"),
+    ("sample-top-k", lambda t, c, r, r17: ["sample", r, "--top-k", 0], 2, "--top-k must be >= 1"),
     ("sample-corrupt-weights", lambda t, c, r, r17: ["sample", _break_weights(r, t)], 2, "corrupt weights file"),
     ("sample-mismatched-weights", lambda t, c, r, r17: ["sample", _mismatched_config(r, t)], 2, "do not match the run's config"),
     ("sample-corrupt-config", lambda t, c, r, r17: ["sample", _corrupt_config(r, t)], 2, "corrupt config.json"),
@@ -259,6 +259,10 @@ BAD = [
     ("stability-missing", lambda t, c, r, r17: ["stability", t / "nowhere"], 2, "runs directory not found"),
     ("bench-decode-kv-heads", lambda t, c, r, r17: ["bench-decode", "--kv-heads", "3"], 2, "each must divide n_head=4"),
     ("kv-budget-no-heads", lambda t, c, r, r17: ["kv-budget", "--layers", "2"], 2, "missing --heads"),
+    ("scale-plan-missing-spec", lambda t, c, r, r17: ["scale-plan", t / "nope.toml"], 2, "spec not found"),
+    ("scale-plan-repeated-size", lambda t, c, r, r17: ["scale-plan", _file(t, "dup.toml", 'name = "x"\n'
+        'design = "one-at-a-time"\nflips = ["rope"]\n[[sizes]]\nname = "S"\nmodel = { d_model = 32 }\n'
+        '[[sizes]]\nname = "S"\nmodel = { d_model = 64 }\n')], 2, "the name 'S' is used by two sizes"),
 ]
 
 

@@ -16,7 +16,7 @@ from anatomy_cli.config import AblationSpec, ConfigError, ModelConfig, RunConfig
 from anatomy_cli.sweep import design_of, execute, expand, load_spec, parse_flips, spec_table
 
 runner = CliRunner()
-MODERN = ("qknorm", "tied", "parallel", "zloss", "softcap", "nope", "gdn", "swa", "moe")
+MODERN = ("qknorm", "tied", "parallel", "zloss", "softcap", "nope", "gdn", "swa", "moe", "mla")
 LLAMA_BASE = {"norm_type": "rmsnorm", "norm_pos": "pre", "pos_type": "rope", "ffn_type": "swiglu", "n_kv_head": 2}
 WD0 = {"about": "no weight decay", "off": {"train.weight_decay": 0.1}, "on": {"train.weight_decay": 0.0}}
 

@@ -269,7 +269,7 @@ def test_stability_missing_dir_exits_2(tmp_path):
 
 def test_bench_decode_cache_bytes_match_the_formula(threads_1):
     result = invoke("bench-decode", "--d-model", 32, "--n-layer", 2, "--n-head", 4, "--ctx", 64,
-                    "--new", 6, "--prefix-len", 10, "--json")
+                    "--new", 6, "--prefix-len", 10, "--kv-heads", "4,2,1", "--json")  # mla: tests/test_mla.py
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     assert out["note"] is None and out["window"] == 16

@@ -102,3 +102,29 @@ def test_report_writes_the_results_file(tmp_path):
     result = CliRunner().invoke(app, ["report", str(tmp_path / "toy"), "--results", str(out)])
     assert result.exit_code == 0, result.output
     assert results.load(out)["study"] == "toy" and f"results: {out}" in result.stdout
+
+
+def test_parts_block_shows_quality_speed_size_and_decode_state():
+    """The frontier study's table: per added part its loss call, its timed speed call, its total and
+    active parameters and its decode state against the reference end's, all from the results file."""
+    loss = {"metric": "best_val_loss", "unit": "abs", "direction": "add-one", "group": "", "family": 2,
+            "threshold": 0.03, "threshold_basis": "noise floor", "adj_level": 0.975}
+    doc = {"ends": {"reference": {"name": "LLaMA"}}, "effects": [
+        loss | {"flip": "moe", "gain": 0.05, "adj_low": 0.02, "adj_high": 0.08, "call": "helps"},
+        loss | {"flip": "swa", "gain": -0.01, "adj_low": -0.02, "adj_high": 0.0, "call": "within noise"},
+        loss | {"metric": "tokens_per_s", "unit": "%", "flip": "moe", "gain": -40.0, "adj_low": -45.0,
+                "adj_high": -35.0, "call": "hurts"}],
+        "configs": [{"role": "reference", "params": 1000, "active_params": 1000, "state_bytes_4k": 2**21,
+                     "positions": 4096},
+                    {"role": "add-one:moe", "params": 3000, "active_params": 1004, "state_bytes_4k": 2**21,
+                     "positions": 4096},
+                    {"role": "add-one:swa", "params": 1000, "active_params": 1000, "state_bytes_4k": 2**19,
+                     "positions": 4096}]}
+    lines = results.render(doc, "parts").strip().splitlines()
+    assert lines[0] == ("| part | gain in best val loss | speed (tokens/s) | params (active) | decode state at "
+                        "4,096 positions |")
+    assert lines[2] == ("| moe | +0.050 [+0.020, +0.080] helps | −40.0 % [−45.0, −35.0] hurts | 3,000 (1,004) "
+                        "| 2.00 MiB, 1.00x |")
+    assert lines[3] == ("| swa | −0.010 [−0.020, +0.000] within noise | not timed | 1,000 (1,000) "
+                        "| 0.50 MiB, 0.25x |")
+    assert lines[4] == "| (LLaMA end) | | | 1,000 (1,000) | 2.00 MiB |"

@@ -71,6 +71,13 @@ PINNED_IDS = {
         "llama-gqa-s1337-5b14c2f0", "llama-prenorm-s1337-1fca8d95", "llama-rmsnorm-s1337-d8408cf9",
         "llama-rope-s1337-53666033", "llama-s1337-56118034", "llama-swiglu-s1337-42e4e50d",
     ],
+    "frontier": [
+        "reference+gdn-s1337-ecfec8d8", "reference+gdn-s1338-bfaa2682", "reference+gdn-s1339-d513596b",
+        "reference+mla-s1337-4f5d2e81", "reference+mla-s1338-00cf03f6", "reference+mla-s1339-e7fa91ac",
+        "reference+moe-s1337-2e7ad035", "reference+moe-s1338-201ffb34", "reference+moe-s1339-f55ce16c",
+        "reference+swa-s1337-76a84961", "reference+swa-s1338-51ac18a1", "reference+swa-s1339-c1024748",
+        "reference-s1337-5cabdddd", "reference-s1338-f0d06a56", "reference-s1339-f268e66b",
+    ],
     "modern": [
         "reference+nope-s1337-a833906e", "reference+nope-s1338-2de69002", "reference+nope-s1339-0ca37b26",
         "reference+parallel-s1337-4d0a0bab", "reference+parallel-s1338-b1c521aa",

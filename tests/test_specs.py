@@ -144,3 +144,13 @@ def test_a_factorial_too_large_is_refused_before_its_points_are_built(tmp_path):
     finally:
         tracemalloc.stop()
     assert peak < 8 << 20  # building the 131,072 points first took ~200 MB; 2^24 of them, all memory
+
+
+def test_a_spec_saved_with_a_byte_order_mark_reads_as_without(tmp_path):
+    """Windows editors save UTF-8 with a BOM; tomllib alone calls that 'invalid TOML' at line 1."""
+    spec = component_spec(tmp_path, 'on = {"train.lr" = 0.01}')
+    plain = invoke("components", spec, "--json")
+    spec.write_bytes(b"\xef\xbb\xbf" + spec.read_bytes())
+    marked = invoke("components", spec, "--json")
+    assert plain.exit_code == 0 and marked.exit_code == 0, marked.output
+    assert marked.stdout == plain.stdout

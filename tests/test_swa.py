@@ -422,7 +422,7 @@ TOY_BENCH = ["bench-decode", "--d-model", "32", "--n-layer", "2", "--n-head", "4
 
 def test_bench_decode_measures_a_local_layers_bytes_next_to_mha_gqa_mqa():
     result = CliRunner().invoke(app, [*TOY_BENCH, "--new", "6", "--prefix-len", "10", "--windows", "0,4",
-                                      "--window-pattern", "LG", "--json"])
+                                      "--window-pattern", "LG", "--kv-heads", "4,2,1", "--json"])  # mla: test_mla.py
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     T, hd = out["window"], 8  # 16 positions

@@ -146,7 +146,8 @@ def bench_decode_cmd(
                                                            "built from the size options.")] = None,
     new: Annotated[int, typer.Option(help="Tokens to decode.")] = 200,
     prefix_len: Annotated[int, typer.Option(help="Prompt length (prefilled in one forward).")] = 64,
-    kv_heads: Annotated[Optional[str], typer.Option(help="n_kv_head values, e.g. 4,2,1 (default H, H/2, 1).")] = None,
+    kv_heads: Annotated[Optional[str], typer.Option(help="n_kv_head values and/or mla, e.g. 4,2,1,mla (default H, H/2, "
+                                                         "1, mla).")] = None,
     windows: Annotated[Optional[str], typer.Option(help="Sliding windows to compare, e.g. 0,16 (0 = global; "
                                                          "default: the model's own).")] = None,
     window_pattern: Annotated[Optional[str], typer.Option(help="L local / G global per layer, repeated (default: "
@@ -163,9 +164,10 @@ def bench_decode_cmd(
 ):
     """Inference cost: prefill and decode tokens/s with and without the KV cache, KV bytes, memory.
 
-    Sweeps n_kv_head over MHA / GQA / MQA, and --windows over sliding windows. With a run dir, its
-    own configuration uses the trained weights and the others an untrained model of the same sizes
-    (speed does not need training). KV bytes are measured from each layer's state tensors.
+    Sweeps n_kv_head over MHA / GQA / MQA, and --windows over sliding windows, then MLA (latent
+    attention, global: a window leaves its layers be). With a run dir, its own configuration uses
+    the trained weights and the others an untrained model of the same sizes (speed does not need
+    training). KV bytes are measured from each layer's state tensors.
     """
     sizes = {"d_model": d_model, "n_layer": n_layer, "n_head": n_head, "ctx_len": ctx, "vocab_size": vocab}
     dev = _device(device)
@@ -201,8 +203,7 @@ def _render_bench(out: dict) -> None:
         for col in cols:
             table.add_column(col, justify="left" if col in ("attn", "weights") else "right")
     for r in out["rows"]:
-        attn = f"{r['attention']} G={r['n_kv_head']}"
-        attn += f" SWA {r['sliding_window']} {r['window_pattern']}" if r["sliding_window"] else ""
+        attn = _attn_label(r)
         speed.add_row(attn, r["weights"].split(" (")[0], f"{r['prefill_tok_s']:,.0f}", f"{r['decode_tok_s_cached']:,.0f}",
                       f"{r['decode_tok_s_uncached']:,.0f}", f"{r['speedup']:.2f}x", "yes" if r["same_output"] else "no")
         memory.add_row(attn, f"{r['kv_bytes_per_token']:,}", f"{r['kv_cache_bytes']:,} ({exams.fmt_bytes(r['kv_cache_bytes'])})",
@@ -215,22 +216,31 @@ def _render_bench(out: dict) -> None:
     console.print(f"tok/s: prefill = prompt tokens / one forward; decode = greedy sample.generate forwards per second "
                   f"(window = prefix + new, no context shift); untrained = random weights of the same sizes (speed needs no "
                   f"training). KV total = 2 x L x B x G x T x hd x bytes for global layers; a local (sliding-window) "
-                  f"layer holds window - 1 positions whatever T. "
+                  f"layer holds window - 1 positions whatever T; an MLA layer L x B x (r + p) x T x bytes (the latent "
+                  f"and the shared rope key). "
                   f"peak = {'CUDA max allocated' if cuda else 'process peak RSS (whole process so far)'}.", highlight=False)
     if out["note"]:
         console.print(f"note: {out['note']}", highlight=False)
 
 
+def _attn_label(row: dict) -> str:
+    if row["latent"]:
+        return f"MLA r+p={row['latent']}"
+    swa = f" SWA {row['sliding_window']} {row['window_pattern']}" if row["sliding_window"] else ""
+    return f"{row['attention']} G={row['n_kv_head']}{swa}"
+
+
 def _render_long_context(rows: list[dict]) -> None:
     """Decode-state bytes at 4k and 32k positions, per layer kind, against attention in every layer."""
-    kinds = list(rows[0]["long_context"][0]["per_layer"])
+    kinds = list(dict.fromkeys(k for r in rows for k in r["long_context"][0]["per_layer"]))  # attn, local, mla, gdn
     table = Table(title="decode state at long contexts (B=1, formula)")
     for col in ("attn", "positions", *(f"{k} per layer" for k in kinds), "total", "attention everywhere"):
         table.add_column(col, justify="left" if col == "attn" else "right")
     for r in rows:
         for at in r["long_context"]:
-            table.add_row(f"{r['attention']} G={r['n_kv_head']}", f"{at['positions']:,}",
-                          *(f"{exams.fmt_bytes(at['per_layer'][k])} x{at['layers'][k]}" for k in kinds),
+            table.add_row(_attn_label(r), f"{at['positions']:,}",
+                          *(f"{exams.fmt_bytes(at['per_layer'][k])} x{at['layers'][k]}" if k in at["layers"] else "-"
+                            for k in kinds),
                           exams.fmt_bytes(at["total"]), exams.fmt_bytes(at["all_attention"]))
     console.print(table)
 
@@ -257,18 +267,23 @@ def kv_budget_cmd(
                                                        "the config's).")] = None,
     window_pattern: Annotated[Optional[str], typer.Option(help="L local / G global per layer, repeated (default: "
                                                                 "the config's layer_types, else every layer).")] = None,
+    kv_lora_rank: Annotated[Optional[int], typer.Option(help="MLA: kv_lora_rank, the cached latent "
+                                                             "(with --rope-dim).")] = None,
+    rope_dim: Annotated[Optional[int], typer.Option(help="MLA: qk_rope_head_dim, the cached shared rope key.")] = None,
     seq: Annotated[int, typer.Option(help="Sequence length T (tokens in the cache).")] = 4096,
     batch: Annotated[int, typer.Option(help="Batch size B.")] = 1,
     dtype: Annotated[str, typer.Option(help="bf16 | fp16 | fp32 | fp8")] = "bf16",
     json_out: JsonOut = False,
 ):
-    """KV-cache budget: MHA vs the config's GQA vs MQA, in exact bytes and MiB/GiB (no torch).
+    """KV-cache budget: MHA vs the config's GQA vs MQA (vs MLA), in exact bytes and MiB/GiB (no torch).
 
     Sliding-window layers (the config's layer_types, or --window with --window-pattern) hold at most
-    window - 1 positions each, whatever the sequence length.
+    window - 1 positions each, whatever the sequence length. MLA (a DeepSeek config, or
+    --kv-lora-rank with --rope-dim) caches one latent and one rope key per token per layer.
     """
     shape = exams.attn_shape(config, layers=layers, heads=heads, kv_heads=kv_heads, head_dim=head_dim, hidden=hidden,
-                             window=window, window_pattern=window_pattern)
+                             window=window, window_pattern=window_pattern, kv_lora_rank=kv_lora_rank,
+                             rope_dim=rope_dim)
     out = exams.kv_budget(shape, seq, batch, dtype)
     if json_out:
         return _print_json(out)
@@ -280,8 +295,9 @@ def kv_budget_cmd(
         table.add_column(col, justify="left" if col == "attention" else "right", no_wrap=True)
     for r in out["rows"]:
         name = f"{r['attention']} (config)" if r["is_config"] else r["attention"]
-        cells = [name, str(r["kv_heads"]), f"{r['bytes']:,}", r["human"], f"{r['bytes_per_token']:,}",
-                 "1" if r["mha_over"] == 1 else f"1/{r['mha_over']:g}"]
+        g = str(r["kv_heads"]) if r["kv_heads"] else f"latent {shape.kv_lora_rank}+{shape.rope_dim}"
+        vs_mha = f"1/{r['mha_over']:.3g}" if r["mha_over"] > 1 else f"{r['ratio_to_mha']:.3g}"  # MLA may exceed MHA
+        cells = [name, g, f"{r['bytes']:,}", r["human"], f"{r['bytes_per_token']:,}", vs_mha]
         table.add_row(*cells, *([exams.fmt_bytes(r["bytes_all_global"])] if swa else []))
     console.print(table)
     console.print(f"bytes = {out['formula']}", highlight=False)

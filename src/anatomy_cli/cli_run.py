@@ -132,6 +132,10 @@ def train(
         return _train_resume(resume)
     overrides = {key: validate_field(key, value, name) for name, (key, value) in options.items() if value is not None}
     cfg = load_run_config(spec, [*(sets or []), *(f"{k}={json.dumps(v)}" for k, v in overrides.items())])
+    if device not in (None, "auto", "cpu"):  # named as typed, before training names it train.device
+        from .devices import resolve_device
+
+        resolve_device(device, "--device")
     run_dir = out or safe_dir(runs_dir) / "train" / runs.run_id(f"{cfg.name}-{label(cfg)}", cfg.seed,
                                                                   cfg.model_dump(mode="json"))
     runs.check_placement(run_dir, "run", "--out" if out else "--runs-dir")

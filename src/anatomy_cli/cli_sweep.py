@@ -156,6 +156,7 @@ def ablate(
     compile: Annotated[bool, typer.Option("--compile", help="torch.compile every run (sets base.train.compile).")] = False,
     dtype: Annotated[Optional[str], typer.Option(help="float32 | bfloat16 (overrides base.train.dtype).")] = None,
     min_effect: MinEffect = None,
+    stack: Annotated[str, typer.Option(help="auto | off | N: train a config's seeds as one batched model, N seeds per model (auto: where measured faster on this device; runs keep their own folders).")] = "auto",
 ):
     """Expand a spec into a grid of runs that flip components one at a time, run them, and report.
 
@@ -172,13 +173,18 @@ def ablate(
     if json_out and not dry_run:
         raise ConfigError("--json prints the plan: use it with --dry-run")
     s, plan = load_plan(spec, flip, seeds, steps, device=device, compile=compile or None, dtype=dtype)
+    if device not in (None, "auto", "cpu") and executor == "local":  # here, not in each worker as train.device
+        from .devices import resolve_device
+
+        resolve_device(device, "--device")
     sweep_dir = safe_dir(runs_dir) / s.name
     runs.check_placement(sweep_dir, "sweep", "--runs-dir")  # before the plan is shown (execute checks again)
     if json_out:
         console.print_json(json.dumps(plan_json(s, plan, sweep_dir)))
         return
     vocab = check_data(plan)
-    n_workers = workers or sweep_workers(plan, vocab, default_workers(len(plan)))
+    per_model = plan_stack(stack, plan, executor)
+    n_workers = workers or sweep_workers(plan, vocab, default_workers(-(-len(plan) // per_model)))
     if time_pass and not dry_run:
         _time(plan, sweep_dir, n_workers, time_steps, time_rounds)
         return
@@ -204,7 +210,7 @@ def ablate(
     with StopFlag(graceful=executor == "local") as stop, display:
         summaries = execute(plan, sweep_dir, n_workers, display, sweep_name=s.name, executor=executor,
                             address=address, invocation={"spec": None if spec is None else str(spec), "flip": flip,
-                                                         "steps": steps}, stop=stop)
+                                                         "steps": steps}, stop=stop, stack=per_model)
     if stop.requested:
         statuses = [x.get("status") for x in summaries]
         err_console.print(f"interrupted: {statuses.count(runs.COMPLETED)} of {len(plan)} runs completed; rerun "
@@ -242,6 +248,22 @@ def _time(plan, sweep_dir: Path, workers: int, steps: int, rounds: int) -> None:
     console.print(f"timing: {path}", highlight=False, markup=False, soft_wrap=True)
     if runs.find_runs(sweep_dir):
         _write_report(sweep_dir, None, ("md", "html", "csv", "json"))
+
+
+def plan_stack(choice: str, plan, executor: str) -> int:
+    """Seeds per stacked model for this plan (1: alone): --stack on the plan's device; the dask
+    executor trains runs one by one."""
+    from .sweep import stack_size
+
+    size = stack_size(choice, "cpu")  # refuses a bad value before anything else
+    if executor != "local" or choice == "off" or not plan:
+        return 1
+    if choice == "auto":
+        from .devices import resolve_device
+
+        names = {p.config.train.device for p in plan}
+        size = stack_size(choice, resolve_device(names.pop() if len(names) == 1 else "auto").type)
+    return size
 
 
 def sweep_workers(plan, vocab: dict, cpu_default: int) -> int:

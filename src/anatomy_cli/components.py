@@ -171,6 +171,10 @@ BUILTINS: tuple[Component, ...] = (
               "Shazeer et al. 2017; Switch (Fedus et al. 2022); Mixtral; Qwen3-MoE; DeepSeek V3",
               on={"model.moe": True}, off={"model.moe": False}, llama="off",
               parts=("dense FFN", "mixture of experts")),
+    Component("mla", "multi-head latent attention: K and V rebuilt from a cached d/2 latent plus one shared "
+              "RoPE key (replaces the K/V heads, so n_kv_head is unused)", "DeepSeek-V2 (2024); DeepSeek-V3",
+              on={"model.attn_type": "mla"}, off={"model.attn_type": "softmax"}, llama="off",
+              parts=("softmax attention", "latent attention")),
 )
 BUILTIN_NAMES: tuple[str, ...] = tuple(c.name for c in BUILTINS)
 FIVE: tuple[str, ...] = tuple(c.name for c in BUILTINS if c.family == "llama")

@@ -11,7 +11,7 @@ import math
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
@@ -21,6 +21,7 @@ NormType = Literal["layernorm", "rmsnorm"]
 NormPos = Literal["post", "pre"]
 PosType = Literal["learned", "rope", "nope"]  # nope: no position signal (Kazemnejad et al. 2023)
 FfnType = Literal["gelu", "swiglu"]
+AttnType = Literal["softmax", "mla"]  # mla: multi-head latent attention (DeepSeek-V2), model/mla.py
 # The article's "break it" exercises (issue 4): deliberately wrong RoPE wirings, labelled as such.
 RopeVariant = Literal["standard", "q_only", "k_interleaved"]
 
@@ -106,6 +107,19 @@ def repeat_pattern(pattern: str, n_layer: int) -> str:
     return pattern * (n_layer // len(pattern))
 
 
+class MlaDims(NamedTuple):
+    """Resolved MLA sizes (ModelConfig.mla_dims), named as in HF's DeepseekV3Config."""
+
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    qk_nope_head_dim: int
+    v_head_dim: int
+
+
+MLA_SIZES: tuple[str, ...] = MlaDims._fields
+
+
 class ModelConfig(_Frozen):
     """Sizes and the component switches (see components.py). Defaults are the 2017 Transformer's parts.
 
@@ -158,6 +172,14 @@ class ModelConfig(_Frozen):
     moe_top_k: int = new(2, ge=1, le=MAX_SIZE)
     moe_hidden: int | None = new(None, gt=0, le=MAX_SIZE)  # None: see moe_expert_hidden
     moe_shared: bool = new(False)
+    # Multi-head latent attention (mla). Its five sizes keep HF DeepseekV3Config's names; None (the
+    # default) derives each from d_model and head_dim (see mla_dims), and they are mla-only settings.
+    attn_type: AttnType = new("softmax")
+    q_lora_rank: int | None = new(None, gt=0, le=MAX_SIZE)
+    kv_lora_rank: int | None = new(None, gt=0, le=MAX_SIZE)
+    qk_rope_head_dim: int | None = new(None, gt=0, le=MAX_SIZE)
+    qk_nope_head_dim: int | None = new(None, gt=0, le=MAX_SIZE)
+    v_head_dim: int | None = new(None, gt=0, le=MAX_SIZE)
 
     @model_validator(mode="after")
     def _check_shapes(self) -> ModelConfig:
@@ -185,7 +207,25 @@ class ModelConfig(_Frozen):
         if self.moe and self.moe_expert_hidden < 1:
             raise ValueError(f"the dense hidden size {self.ffn_hidden} split over {self.moe_active_experts} active "
                              f"experts leaves none per expert; set model.moe_hidden")
+        self._check_mla()
         return self
+
+    def _check_mla(self) -> None:
+        given = [f for f in MLA_SIZES if getattr(self, f) is not None]
+        if self.attn_type != "mla":
+            if given:
+                raise ValueError(f"{given[0]} is an mla setting: it needs attn_type='mla'")
+            return
+        if self.qk_norm:
+            raise ValueError("qk_norm does not combine with attn_type='mla' (the latent RMSNorms of Q and KV "
+                             "take its place, DeepSeek-V2)")
+        m = self.mla_dims
+        for f in ("q_lora_rank", "kv_lora_rank"):
+            if getattr(m, f) > self.d_model:
+                raise ValueError(f"{f}={getattr(m, f)} must not exceed d_model={self.d_model} (a low-rank "
+                                 f"compression of the d_model input)")
+        if self.pos_type == "rope" and m.qk_rope_head_dim % 2:
+            raise ValueError(f"RoPE needs an even qk_rope_head_dim, got {m.qk_rope_head_dim}")
 
     @property
     def head_dim(self) -> int:
@@ -202,6 +242,22 @@ class ModelConfig(_Frozen):
         return k_heads, v_heads, self.gdn_head_dim or self.head_dim
 
     @property
+    def mla_dims(self) -> MlaDims:
+        """The MLA sizes, each the field when given, else derived for the default study's shape.
+
+        DeepSeek-V3 (d 7168, 128 heads of 128): kv_lora_rank 512 = 4 heads' worth, qk_rope_head_dim
+        64 = head/2, q_lora_rank 1536 ~ d/5. At anatomy's 4 heads, 4 heads' worth of latent would be
+        no compression at all, so the latent is d/2 (64 at d 128 = 2 heads): the cache holds
+        d/2 + hd/2 = 80 values per token per layer, against MHA's 256, GQA-2's 128 and MQA's 64, and
+        the attention's parameters stay within 3% of MHA's. q_lora_rank d/2 likewise; the rope part is
+        half a head (rounded down to even, at least 2), the nope and V parts a whole head.
+        """
+        hd = self.head_dim
+        derived = {"q_lora_rank": max(1, self.d_model // 2), "kv_lora_rank": max(1, self.d_model // 2),
+                   "qk_rope_head_dim": max(2, hd // 4 * 2), "qk_nope_head_dim": hd, "v_head_dim": hd}
+        return MlaDims(**{f: getattr(self, f) or derived[f] for f in MLA_SIZES})
+
+    @property
     def ffn_hidden(self) -> int:
         """GELU: 4d. SwiGLU: 2/3 of that (three matrices instead of two), rounded up to 32."""
         if self.ffn_type == "gelu":
@@ -213,13 +269,13 @@ class ModelConfig(_Frozen):
         """What layer i's token mixer is, as data: one kind per layer (model/mixers.py maps a kind to
         its module, mixer_params to its parameters, state_bytes to its decode state).
 
-        "attn": global causal softmax attention (MHA/GQA/MQA by n_kv_head); "gdn": Gated DeltaNet
-        where gdn_pattern says D; "local": softmax attention within a sliding window where
-        window_pattern says L (swa). A part that changes what a layer is adds its kind here, decided
-        by its own fields (a layer pattern, see repeat_pattern), and one entry in each of those three
-        tables.
+        "attn": global causal softmax attention (MHA/GQA/MQA by n_kv_head), or "mla" in its place
+        (attn_type='mla', model/mla.py); "gdn": Gated DeltaNet where gdn_pattern says D; "local":
+        softmax attention within a sliding window where window_pattern says L (swa; a window leaves
+        mla layers global). A part that changes what a layer is adds its kind here, decided by its
+        own fields (a layer pattern, see repeat_pattern), and one entry in each of those three tables.
         """
-        kinds = ["attn"] * self.n_layer
+        kinds = ["mla" if self.attn_type == "mla" else "attn"] * self.n_layer
         if self.gdn_pattern:
             pattern = repeat_pattern(self.gdn_pattern, self.n_layer)
             kinds = ["gdn" if letter == "D" else kind for letter, kind in zip(pattern, kinds)]
@@ -268,6 +324,12 @@ class ModelConfig(_Frozen):
             conv_dim, value = 2 * Hk * hd + Hv * hd, Hv * hd
             d = self.d_model
             return d * (conv_dim + value + 2 * Hv) + conv_dim * self.gdn_conv + 2 * Hv + hd + value * d
+        if kind == "mla":  # down, norm, up for Q and for KV (kv_down also makes the rope key); out
+            d, H, m = self.d_model, self.n_head, self.mla_dims
+            q = d * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * H * (m.qk_nope_head_dim + m.qk_rope_head_dim)
+            kv = d * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
+            kv += m.kv_lora_rank * H * (m.qk_nope_head_dim + m.v_head_dim)
+            return q + kv + H * m.v_head_dim * d
         raise ValueError(f"no parameter formula for layer kind {kind!r}")
 
     def ffn_params(self, active: bool = False) -> int:
@@ -327,6 +389,9 @@ class ModelConfig(_Frozen):
             Hk, Hv, hd = self.gdn_shape
             conv = (self.gdn_conv - 1) * (2 * Hk + Hv) * hd * bytes_per_elem
             return batch * (conv + Hv * hd * hd * max(bytes_per_elem, 4))
+        if kind == "mla":  # the latent and the shared rope key, nothing per head: B T (r + p)
+            m = self.mla_dims
+            return batch * max_len * (m.kv_lora_rank + m.qk_rope_head_dim) * bytes_per_elem
         raise ValueError(f"no decode-state formula for layer kind {kind!r}")
 
     def cache_bytes(self, batch: int, max_len: int, bytes_per_elem: int) -> int:
@@ -346,6 +411,9 @@ class ModelConfig(_Frozen):
             _, Hv, hd = self.gdn_shape
             C = min(GDN_CHUNK, self.ctx_len)
             return 6 * Hv * (3 * C * hd + C * hd + 3 * hd * hd)
+        if kind == "mla":  # the same, at Q.K's width H (n + p) and A.V's H v instead of d and d
+            m = self.mla_dims
+            return 3 * self.ctx_len * self.n_head * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
         raise ValueError(f"no FLOP formula for layer kind {kind!r}")
 
     def train_bytes(self, batch_size: int) -> int:
@@ -584,7 +652,7 @@ def validate(cls: type[_Frozen], data: dict, prefix: str = "") -> Any:
 
 def load_toml(path: Path) -> dict:
     try:
-        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        return tomllib.loads(Path(path).read_text(encoding="utf-8-sig"))  # -sig: a BOM (Windows editors) is not TOML
     except FileNotFoundError:
         raise ConfigError(f"spec not found: {path}") from None
     except IsADirectoryError:

@@ -111,35 +111,65 @@ def matmul_precision(device: torch.device, dtype: str) -> str:
     return {"ieee": "fp32", "tf32": "tf32", "bf16": "bf16x3"}.get(mode, mode)
 
 
-def sdpa_kernel(cfg, batch: int, device: torch.device, dtype: str) -> str:
-    """The SDPA kernel family ('flash', 'efficient', 'cudnn', 'math', ...) torch dispatches the run's
-    causal training attention to: torch._fused_sdp_choice on q [B, H, T, hd], k/v [B, G, T, hd]
-    of the autocast dtype. On CPU 'flash' is the CPU flash kernel. Under torch.compile inductor
-    lowers to the same aten kernel. Sliding-window layers pass a band mask, which CUDA's flash
-    kernel does not take: with both kinds it reads 'flash, local: efficient'."""
+def sdpa_probe(cfg, batch: int, device: torch.device, dtype: str):
+    """kernel(G, window=0, qk_dim=head_dim, v_dim=head_dim) -> the SDPA kernel family ('flash',
+    'efficient', 'cudnn', 'math', ...) torch dispatches causal training attention to, for q
+    [B, H, T, qk_dim], k [B, G, T, qk_dim], v [B, G, T, v_dim] of the autocast dtype (enable_gqa
+    when G < H) and a sliding window's band mask (window > 0): torch._fused_sdp_choice. On CPU
+    'flash' is the CPU flash kernel. Under torch.compile inductor lowers to the same aten kernel."""
     from torch.nn.attention import SDPBackend
 
     from .model.attention import attention_mask
 
+    choose = getattr(torch, "_fused_sdp_choice", None)
+    tdtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+    T, H = cfg.ctx_len, cfg.n_head
+
+    def kernel(G: int, window: int = 0, qk_dim: int | None = None, v_dim: int | None = None) -> str:
+        if device.type not in ("cpu", "cuda"):  # MPS and others: torch's math path (MPS: its own math kernel)
+            return "math"
+        if choose is None:
+            return "unknown"
+        qk_dim, v_dim = qk_dim or cfg.head_dim, v_dim or cfg.head_dim
+        q = torch.zeros(batch, H, T, qk_dim, device=device, dtype=tdtype)
+        k = torch.zeros(batch, G, T, qk_dim, device=device, dtype=tdtype)
+        v = torch.zeros(batch, G, T, v_dim, device=device, dtype=tdtype)
+        mask = attention_mask(0, T, T, window, device)  # None: SDPA's causal flag
+        try:
+            choice = choose(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=G != H)
+            return SDPBackend(choice).name.lower().removesuffix("_attention")
+        except (RuntimeError, TypeError, ValueError):
+            return "unknown"
+
+    return kernel
+
+
+def expand_gqa(cfg, kernel, device_type: str) -> bool:
+    """Whether GQA attention should repeat K/V to the query heads before SDPA: on CUDA, where the
+    installed SDPA has no fused kernel for enable_gqa at the run's dtype (fp32/TF32, torch 2.x: math
+    only, T x T scores materialised) but has one for the expanded heads (global attention layers
+    decide; a model with only local ones, its window). kernel: sdpa_probe's. Never on the CPU: its
+    flash kernel takes enable_gqa, and CPU results (the CI baseline) stay put."""
+    if cfg.n_kv_head == cfg.n_head or device_type != "cuda":
+        return False
+    window = 0 if "attn" in cfg.layer_kinds else cfg.window
+    return kernel(cfg.n_kv_head, window) == "math" and kernel(cfg.n_head, window) not in ("math", "unknown")
+
+
+def sdpa_kernel(cfg, batch: int, device: torch.device, dtype: str, kernel=None) -> str:
+    """The kernel family the run's training attention runs on, per kind of attention layer (K/V
+    expanded where expand_gqa says). Sliding-window layers pass a band mask, which CUDA's flash
+    kernel does not take: with both kinds it reads 'flash, local: efficient'. MLA layers ask with
+    q, k [B, H, T, nope + rope] and v [B, H, T, v_head_dim] ('mla: ...')."""
     if device.type not in ("cpu", "cuda"):  # MPS and others: torch's math path (MPS: its own math kernel)
         return "math"
-    choose = getattr(torch, "_fused_sdp_choice", None)
-    if choose is None:
-        return "unknown"
-    tdtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
-    T = cfg.ctx_len
-    q = torch.zeros(batch, cfg.n_head, T, cfg.head_dim, device=device, dtype=tdtype)
-    kv = torch.zeros(batch, cfg.n_kv_head, T, cfg.head_dim, device=device, dtype=tdtype)
-    names = {}
-    for kind, window in (("attn", 0), ("local", cfg.window)):
-        if kind in cfg.layer_kinds:
-            mask = attention_mask(0, T, T, window, device)  # None: SDPA's causal flag
-            try:
-                choice = choose(q, kv, kv, attn_mask=mask, is_causal=mask is None,
-                                enable_gqa=cfg.n_kv_head != cfg.n_head)
-                names[kind] = SDPBackend(choice).name.lower().removesuffix("_attention")
-            except (RuntimeError, TypeError, ValueError):
-                names[kind] = "unknown"
+    kernel = kernel or sdpa_probe(cfg, batch, device, dtype)
+    G, hd = (cfg.n_head if expand_gqa(cfg, kernel, device.type) else cfg.n_kv_head), cfg.head_dim
+    shapes = {"attn": (G, 0, hd, hd), "local": (G, cfg.window, hd, hd)}  # G, window, qk, v
+    if cfg.attn_type == "mla":  # every head gets its own K and V from the latent
+        m = cfg.mla_dims
+        shapes["mla"] = (cfg.n_head, 0, m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim)
+    names = {kind: kernel(*shape) for kind, shape in shapes.items() if kind in cfg.layer_kinds}
     return ", ".join(name if kind == "attn" else f"{kind}: {name}" for kind, name in names.items())
 
 

@@ -5,10 +5,11 @@
   eval_tree        a run dir or a sweep dir -> eval_lengths for each completed run, eval.json written
   stability_table  report.load_runs frame -> per label: runs, diverged, spikes, grad norm, loss
   bench_decode     a model's sizes -> prefill/decode tokens/s, KV bytes (each layer's state, measured),
-                   memory, for MHA/GQA/MQA, each with or without a sliding window, and every
-                   layer's decode-state bytes at 4k and 32k positions
-  kv_budget        sizes (from a Hugging Face config.json or options) -> KV bytes, MHA vs GQA vs MQA,
-                   with the config's sliding-window layers bounded by their window
+                   memory, for MHA/GQA/MQA, each with or without a sliding window, and MLA; and
+                   every layer's decode-state bytes at 4k and 32k positions
+  kv_budget        sizes (from a Hugging Face config.json or options) -> KV bytes, MHA vs GQA vs MQA
+                   (vs MLA's latent cache where a kv_lora_rank is known), with the config's
+                   sliding-window layers bounded by their window
 
 Length extrapolation is measured, never faked: a learned position table has no row past ctx_len,
 so those lengths are "n/a" (null in eval.json), not silently cropped; RoPE simply rotates by
@@ -32,7 +33,7 @@ from typing import Any
 
 from . import runs
 from . import components
-from .config import ConfigError, ModelConfig, check_pattern, repeat_pattern, validate
+from .config import MLA_SIZES, ConfigError, ModelConfig, check_pattern, repeat_pattern, validate
 
 EVAL = "eval.json"  # the file report.load_runs reads val_loss_ctx_<N> columns from
 LEARNED_NA = "n/a (learned table ends at ctx_len={})"
@@ -239,17 +240,19 @@ def window_list(text: str | None, default: int) -> list[int]:
     return list(dict.fromkeys(int(p) for p in parts))
 
 
-def kv_head_list(n_head: int, text: str | None = None) -> list[int]:
-    """Default H, H/2, 1 (duplicates and non-divisors dropped); else a comma list, each dividing H."""
+def kv_head_list(n_head: int, text: str | None = None) -> list[int | str]:
+    """Default H, H/2, 1 (duplicates and non-divisors dropped), then "mla" (latent attention);
+    else a comma list of K/V head counts, each dividing H, and/or mla."""
     if text is None:
-        return [g for g in dict.fromkeys((n_head, n_head // 2, 1)) if g > 0 and n_head % g == 0]
-    parts = [p.strip() for p in text.split(",")]
-    if not all(p.isdecimal() and int(p) > 0 for p in parts):
-        raise ConfigError(f"--kv-heads expects positive integers, e.g. {n_head},{max(1, n_head // 2)},1; got {text!r}")
-    bad = [p for p in parts if n_head % int(p)]
+        return [g for g in dict.fromkeys((n_head, n_head // 2, 1)) if g > 0 and n_head % g == 0] + ["mla"]
+    parts = [p.strip().lower() for p in text.split(",")]
+    if not all(p == "mla" or (p.isdecimal() and int(p) > 0) for p in parts):
+        raise ConfigError(f"--kv-heads expects positive integers or mla, e.g. {n_head},{max(1, n_head // 2)},1,mla; "
+                          f"got {text!r}")
+    bad = [p for p in parts if p != "mla" and n_head % int(p)]
     if bad:
         raise ConfigError(f"--kv-heads {', '.join(bad)}: each must divide n_head={n_head}")
-    return list(dict.fromkeys(int(p) for p in parts))
+    return list(dict.fromkeys(p if p == "mla" else int(p) for p in parts))
 
 
 def decode_lengths(cfg: ModelConfig, prefix_len: int, new: int) -> tuple[int, int, str | None]:
@@ -381,12 +384,14 @@ def layer_states(cache, kinds: tuple[str, ...]) -> dict[str, dict]:
     return out
 
 
-def bench_decode(cfg: ModelConfig, trained=None, kv_heads: list[int] | None = None, new: int = 200,
+def bench_decode(cfg: ModelConfig, trained=None, kv_heads: list[int | str] | None = None, new: int = 200,
                  prefix_len: int = 64, device: str = "cpu", dtype: str = "float32",
                  on_row: Callable[[dict], None] | None = None, windows: list[int] | None = None,
                  window_pattern: str | None = None) -> dict:
-    """One row per n_kv_head and window (default: the model's own; window_pattern, if given, for
-    every windowed row): the trained model where the config is the run's, else an untrained one."""
+    """One row per n_kv_head of softmax attention and window (default: the model's own;
+    window_pattern, if given, for every windowed row), and one for "mla" (latent attention at its
+    default sizes, or the run's; global, since a window leaves mla layers be, and without QK-norm,
+    which it does not take): the trained model where the config is the run's, else an untrained one."""
     import torch
 
     from .devices import require_memory
@@ -398,20 +403,28 @@ def bench_decode(cfg: ModelConfig, trained=None, kv_heads: list[int] | None = No
     prefix_len, new, note = decode_lengths(cfg, prefix_len, new)
     window = prefix_len + new
     elem = torch.tensor([], dtype=torch_dtype).element_size()
-    mha = cfg.model_copy(update={"n_kv_head": cfg.n_head})  # the largest cache of the rows
+    mha = cfg.model_copy(update={"n_kv_head": cfg.n_head, "attn_type": "softmax"})  # the largest cache of the rows
     require_memory((window_bytes(mha, window) + 4 * mha.num_params()) * elem // 4 + 8 * window, device,
                    f"d_model={cfg.d_model}, n_layer={cfg.n_layer}, --prefix-len {prefix_len} + --new {new} (model, "
                    f"KV cache and position tables in {dtype})")
     rows = []
-    variants = [(g, w) for g in kv_heads or kv_head_list(cfg.n_head) for w in windows or [cfg.window]]
+    softmax = {**cfg.model_dump(), "attn_type": "softmax", **dict.fromkeys(MLA_SIZES)}
+    pattern = {"window_pattern": window_pattern} if window_pattern else {}
+    variants = [(g, 0 if g == "mla" else w) for g in kv_heads or kv_head_list(cfg.n_head)
+                for w in ([None] if g == "mla" else windows or [cfg.window])]
     for g, w in variants:
-        pattern = {"window_pattern": window_pattern} if window_pattern else {}
-        c = validate(ModelConfig, {**cfg.model_dump(), "n_kv_head": g, "window": w, **pattern}, prefix="model.")
+        if g == "mla":
+            c = cfg if cfg.attn_type == "mla" else validate(
+                ModelConfig, {**softmax, "attn_type": "mla", "qk_norm": False, "window": 0}, prefix="model.")
+            m = c.mla_dims
+            head = {"n_kv_head": None, "attention": "MLA", "latent": f"{m.kv_lora_rank}+{m.qk_rope_head_dim}"}
+        else:
+            c = validate(ModelConfig, {**softmax, "n_kv_head": g, "window": w, **pattern}, prefix="model.")
+            head = {"n_kv_head": g, "attention": attention_name(c.n_head, g), "latent": None}
         is_trained = trained is not None and c == cfg
         model = trained.to(dtype=torch_dtype) if is_trained else fresh_model(c, device, torch_dtype)
-        row = {"n_kv_head": g, "attention": attention_name(c.n_head, g), "sliding_window": w,
-               "window_pattern": c.window_pattern if w else None,
-               "weights": "trained (run)" if is_trained else "untrained (same sizes)"}
+        row = head | {"sliding_window": w, "window_pattern": c.window_pattern if w else None,
+                      "weights": "trained (run)" if is_trained else "untrained (same sizes)"}
         row |= bench_one(model, c, prefix_len, new, device)
         rows.append(row)
         if on_row:
@@ -427,13 +440,16 @@ DTYPE_BYTES = {"fp32": 4, "float32": 4, "fp16": 2, "float16": 2, "bf16": 2, "bfl
                "float8": 1, "int8": 1}
 MAX_CONFIG_BYTES = 16 << 20  # the largest Hugging Face config.json is tens of KB
 HF_KEYS = {"layers": "num_hidden_layers", "heads": "num_attention_heads", "kv_heads": "num_key_value_heads",
-           "head_dim": "head_dim", "hidden": "hidden_size"}
+           "head_dim": "head_dim", "hidden": "hidden_size",
+           # MLA (DeepSeek-V2/V3 config.json): the cached latent and rope key; MHA's head is the nope part
+           "kv_lora_rank": "kv_lora_rank", "rope_dim": "qk_rope_head_dim", "nope_dim": "qk_nope_head_dim"}
 
 
 @dataclass(frozen=True)
 class AttnShape:
     """What a KV cache's size depends on: L layers, H query heads, G K/V heads, hd per head, and
-    how many layers are sliding-window (local) ones with which window (0: none)."""
+    how many layers are sliding-window (local) ones with which window (0: none); for MLA, the
+    latent (kv_lora_rank) and shared rope key (rope_dim) cached per token per layer."""
 
     layers: int
     heads: int
@@ -443,6 +459,8 @@ class AttnShape:
     source: str
     window: int = 0
     local_layers: int = 0
+    kv_lora_rank: int | None = None
+    rope_dim: int | None = None
 
 
 def read_hf_config(path: Path) -> dict[str, int | None]:
@@ -498,7 +516,8 @@ def hf_window_pattern(data: dict, every: int | None) -> str | None:
 
 def attn_shape(config: Path | None = None, **options: int | str | None) -> AttnShape:
     """Sizes from config.json, overridden by any option given; kv_heads defaults to heads,
-    head_dim to hidden / heads."""
+    head_dim to a DeepSeek config's qk_nope_head_dim (its MHA baseline, DeepSeek-V2 Table 1) or
+    hidden / heads. kv_lora_rank and rope_dim come together (MLA) or not at all."""
     sizes = read_hf_config(config) if config is not None else dict.fromkeys(HF_KEYS)
     sizes |= {k: v for k, v in options.items() if v is not None}
     where = str(config) if config is not None else "options"
@@ -514,9 +533,12 @@ def attn_shape(config: Path | None = None, **options: int | str | None) -> AttnS
     heads, kv = sizes["heads"], sizes["kv_heads"] or sizes["heads"]
     if heads % kv:
         raise ConfigError(f"{where}: num_key_value_heads={kv} must divide num_attention_heads={heads}")
-    head_dim = sizes["head_dim"] or _divide(sizes["hidden"], heads, where)
+    if (sizes["kv_lora_rank"] is None) != (sizes["rope_dim"] is None):
+        raise ConfigError(f"{where}: MLA needs both --kv-lora-rank and --rope-dim (kv_lora_rank, qk_rope_head_dim)")
+    head_dim = sizes["head_dim"] or sizes["nope_dim"] or _divide(sizes["hidden"], heads, where)
     window, local = _local_layers(sizes, where)
-    return AttnShape(sizes["layers"], heads, kv, head_dim, sizes["hidden"], where, window, local)
+    return AttnShape(sizes["layers"], heads, kv, head_dim, sizes["hidden"], where, window, local,
+                     sizes["kv_lora_rank"], sizes["rope_dim"])
 
 
 def _local_layers(sizes: dict, where: str) -> tuple[int, int]:
@@ -549,28 +571,37 @@ def fmt_bytes(n: int) -> str:
 
 
 def kv_budget(shape: AttnShape, seq: int, batch: int = 1, dtype: str = "bf16") -> dict:
-    """KV bytes = 2 (K and V) x L x B x G x T x hd x bytes, for G = H (MHA), the config's G, 1 (MQA).
+    """KV bytes = 2 (K and V) x L x B x G x T x hd x bytes, for G = H (MHA), the config's G, 1 (MQA);
+    with a kv_lora_rank, MLA's L x B x (kv_lora_rank + rope_dim) x T x bytes too (then the config's).
 
-    A local (sliding-window) layer holds min(T, window - 1) positions instead of T (anatomy's
-    WindowKV, as transformers' dynamic sliding cache; a static one allocates window)."""
+    A local (sliding-window) layer of softmax attention holds min(T, window - 1) positions instead
+    of T (anatomy's WindowKV, as transformers' dynamic sliding cache; a static one allocates
+    window); a window leaves MLA layers global, so the MLA row is global in every layer."""
     if dtype not in DTYPE_BYTES:
         raise ConfigError(f"--dtype must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
     if seq <= 0 or batch <= 0:
         raise ConfigError(f"--seq and --batch must be positive, got {seq} and {batch}")
-    nbytes = DTYPE_BYTES[dtype]
-    rows = []
+    nbytes, mla = DTYPE_BYTES[dtype], shape.kv_lora_rank is not None
     kept = min(seq, shape.window - 1) if shape.local_layers else seq  # positions a local layer holds
-    for g in dict.fromkeys((shape.heads, shape.kv_heads, 1)):
-        layer_token = 2 * g * shape.head_dim * nbytes  # one layer, one position: K and V
+    # (name, kv heads, values one layer caches per position, local layers)
+    variants = [(attention_name(shape.heads, g), g, 2 * g * shape.head_dim, shape.local_layers)
+                for g in dict.fromkeys((shape.heads, shape.kv_heads, 1))]
+    if mla:  # one latent + one rope key, no heads
+        variants.append(("MLA", None, shape.kv_lora_rank + shape.rope_dim, 0))
+    rows = []
+    for name, g, width, local in variants:
+        layer_token = width * nbytes  # one layer, one position
         all_global = shape.layers * layer_token * batch * seq
-        total = all_global - shape.local_layers * layer_token * batch * (seq - kept)
-        rows.append({"attention": attention_name(shape.heads, g), "kv_heads": g, "is_config": g == shape.kv_heads,
+        total = all_global - local * layer_token * batch * (seq - kept)
+        rows.append({"attention": name, "kv_heads": g, "is_config": name == "MLA" if mla else g == shape.kv_heads,
                      "bytes": total, "human": fmt_bytes(total), "bytes_per_token": total // (batch * seq),
-                     "ratio_to_mha": g / shape.heads, "mha_over": shape.heads / g,
                      "global_layer_bytes_per_token": layer_token,
-                     "local_layer_bytes": layer_token * batch * kept if shape.local_layers else None,
+                     "local_layer_bytes": layer_token * batch * kept if local else None,
                      "bytes_all_global": all_global})
+    for r in rows:  # rows[0] is MHA
+        r["ratio_to_mha"], r["mha_over"] = r["bytes"] / rows[0]["bytes"], rows[0]["bytes"] / r["bytes"]
     formula = "2 x layers x batch x kv_heads x seq x head_dim x bytes"
+    formula += "; MLA: layers x batch x (kv_lora_rank + rope_dim) x seq x bytes" if mla else ""
     if shape.local_layers:
         formula += f"; the {shape.local_layers} local layers hold min(seq, window - 1) = {kept} positions, not seq"
     return {**asdict(shape), "seq": seq, "batch": batch, "dtype": dtype, "bytes_per_elem": nbytes,

@@ -9,6 +9,7 @@ the caller through a callback.
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -48,22 +49,74 @@ class Job:
         return replace(self, run_dir=str(run_dir), config=config or self.config, threads=threads or self.threads)
 
 
-def execute_local(jobs: list[Job], workers: int, emit: Event, stop: Stop | None = None) -> None:
+def execute_local(jobs: list[Job], workers: int, emit: Event, stop: Stop | None = None, stack: int = 1) -> None:
     """Train jobs in this process (one worker) or in a pool of spawned processes.
 
+    stack > 1: jobs that differ only by seed train as one stacked model, up to `stack` at a time
+    (group_jobs, run_group); the unit a worker takes is such a group.
     stop() turning true ends the sweep early but cleanly: runs in flight save a checkpoint and end
     'interrupted' at their next step, runs not started are left untouched, and this returns once
     every worker has finished (none is left running).
     """
     stop = stop or (lambda: False)
-    if workers <= 1 or len(jobs) <= 1:
-        for job in jobs:
+    groups = group_jobs(jobs, stack)
+    if workers <= 1 or len(groups) <= 1:
+        for group in groups:
             if stop():
                 return
-            emit({"event": "start", "run_id": job.run_id, "steps": job.steps})
-            emit({"event": "done", "run_id": job.run_id, "summary": run_job(job, emit, stop)})
+            for job in group:
+                emit({"event": "start", "run_id": job.run_id, "steps": job.steps})
+            for job, summary in zip(group, run_group(group, emit, stop)):
+                emit({"event": "done", "run_id": job.run_id, "summary": summary})
     else:
-        _execute_parallel(jobs, workers, emit, stop)
+        _execute_parallel(groups, workers, emit, stop)
+
+
+def group_jobs(jobs: list[Job], stack: int) -> list[list[Job]]:
+    """Jobs that differ only by seed, in chunks of at most `stack` (1: every job alone), in plan order."""
+    if stack <= 1:
+        return [[job] for job in jobs]
+    by_config: dict[str, list[Job]] = {}
+    for job in jobs:
+        key = json.dumps({k: v for k, v in job.config.items() if k != "seed"}, sort_keys=True)
+        by_config.setdefault(key, []).append(job)
+    return [same[i:i + stack] for same in by_config.values() for i in range(0, len(same), stack)]
+
+
+def run_group(jobs: list[Job], emit: Event | None = None, stop: Stop | None = None) -> list[dict]:
+    """Train jobs that differ only by seed: as one stack where the model stacks (stacked.py), each
+    alone where it cannot (summary stack_note says why) or where they start from different steps
+    (a rerun where some seeds completed or stopped at other checkpoints: one stack per step)."""
+    if len(jobs) == 1:
+        return [run_job(jobs[0], emit, stop)]
+    import torch
+
+    from .stacked import stack_problem, start_step, train_group
+
+    torch.set_num_threads(jobs[0].threads)
+    problem = stack_problem(RunConfig.model_validate(jobs[0].config))
+    if problem:
+        return [run_job(replace(j, extra={**j.extra, "stack_note": problem}), emit, stop) for j in jobs]
+    by_step: dict[int | None, list[Job]] = {}
+    for job in jobs:
+        by_step.setdefault(start_step(Path(job.run_dir)), []).append(job)
+    done: dict[str, dict] = {}
+    for step, part in by_step.items():
+        if step is None or len(part) == 1:
+            done.update((j.run_id, run_job(j, emit, stop)) for j in part)
+            continue
+        ids = {str(Path(j.run_dir)): j.run_id for j in part}
+        on_progress = (lambda p: emit({"event": "progress", "run_id": ids[p["run_dir"]], **p})) if emit else None
+        try:
+            summaries = train_group([RunConfig.model_validate(j.config) for j in part], [Path(j.run_dir) for j in part],
+                                    on_progress, stop, [j.extra for j in part], resume=step > 0)
+            done.update((j.run_id, s) for j, s in zip(part, summaries))
+        except Exception as err:  # noqa: BLE001 - recorded in each unfinished run's summary, the sweep goes on
+            for j in part:
+                summary = runs.read_summary(Path(j.run_dir)) if (Path(j.run_dir) / runs.SUMMARY).exists() else None
+                finished = summary is not None and summary.get("status") in runs.DONE_STATES
+                done[j.run_id] = summary if finished else record_failure(j, err)
+    return [done[j.run_id] for j in jobs]
 
 
 def run_job(job: Job, emit: Event | None = None, stop: Stop | None = None) -> dict:
@@ -87,16 +140,22 @@ def run_job(job: Job, emit: Event | None = None, stop: Stop | None = None) -> di
             with contextlib.suppress(runs.RunError):  # a changed corpus, a bad checkpoint: start again
                 return resume(run_dir, progress=on_progress, stop=stop)
         return train(cfg, run_dir, progress=on_progress, stop=stop, extra_summary=job.extra)
-    except runs.RunBusy as err:
-        return RunSummary(status=runs.FAILED, run_id=job.run_id, error=str(err), **job.extra).record()
     except Exception as err:  # noqa: BLE001 - recorded in the run's summary, the sweep goes on
-        summary = RunSummary(status=runs.FAILED, run_id=job.run_id, error=f"{err.__class__.__name__}: {err}",
-                             **job.extra).record()
-        run_dir.mkdir(parents=True, exist_ok=True)
-        if not (run_dir / runs.CONFIG).exists():  # so reports list the failed run too
-            runs.atomic_write_json(run_dir / runs.CONFIG, job.config)
-        runs.atomic_write_json(run_dir / runs.SUMMARY, {**(runs.read_summary(run_dir) or {}), **summary})
-        return summary
+        return record_failure(job, err)
+
+
+def record_failure(job: Job, err: Exception) -> dict:
+    """A failed run's summary (written to its folder, unless another live process trains it)."""
+    if isinstance(err, runs.RunBusy):
+        return RunSummary(status=runs.FAILED, run_id=job.run_id, error=str(err), **job.extra).record()
+    run_dir = Path(job.run_dir)
+    summary = RunSummary(status=runs.FAILED, run_id=job.run_id, error=f"{err.__class__.__name__}: {err}",
+                         **job.extra).record()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not (run_dir / runs.CONFIG).exists():  # so reports list the failed run too
+        runs.atomic_write_json(run_dir / runs.CONFIG, job.config)
+    runs.atomic_write_json(run_dir / runs.SUMMARY, {**(runs.read_summary(run_dir) or {}), **summary})
+    return summary
 
 
 # ------------------------------------------------------------------ the pool of spawned workers
@@ -137,14 +196,14 @@ def _worker_stop() -> bool:
     return bool(_WORKER["signals"]) or _WORKER["stop_event"].is_set() or os.getppid() != _WORKER["parent"]
 
 
-def _worker(job: Job) -> dict | None:
+def _worker(group: list[Job]) -> list[dict] | None:
     with _WORKER["busy"]:
-        if _worker_stop():  # queued before the sweep was stopped: leave the run untouched
+        if _worker_stop():  # queued before the sweep was stopped: leave the runs untouched
             return None
-        return run_job(job, _WORKER["queue"].put, _worker_stop)
+        return run_group(group, _WORKER["queue"].put, _worker_stop)
 
 
-def _execute_parallel(jobs: list[Job], workers: int, emit: Event, stop: Stop) -> None:
+def _execute_parallel(groups: list[list[Job]], workers: int, emit: Event, stop: Stop) -> None:
     import multiprocessing as mp
     import queue as queue_mod
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -158,7 +217,7 @@ def _execute_parallel(jobs: list[Job], workers: int, emit: Event, stop: Stop) ->
                              initargs=(stop_event, q)) as pool:
         try:
             with signals_deferred():  # submit spawns the workers: never leave one half-started
-                futures = {pool.submit(_worker, job): job for job in jobs}
+                futures = {pool.submit(_worker, group): group for group in groups}
             pending = set(futures)
             started: set[str] = set()
             while pending:
@@ -170,12 +229,12 @@ def _execute_parallel(jobs: list[Job], workers: int, emit: Event, stop: Stop) ->
                 _drain(q, emit, started, queue_mod)
                 for fut in done:
                     try:
-                        summary = None if fut.cancelled() else fut.result()
+                        summaries = None if fut.cancelled() else fut.result()
                     except BrokenProcessPool:
-                        lost.append(futures[fut])
+                        lost.extend(futures[fut])
                         continue
-                    if summary is not None:
-                        emit({"event": "done", "run_id": futures[fut].run_id, "summary": summary})
+                    for job, summary in zip(futures[fut], summaries or []):
+                        emit({"event": "done", "run_id": job.run_id, "summary": summary})
             _drain(q, emit, started, queue_mod)
         finally:
             stop_event.set()  # however this ends (a second Ctrl-C), workers save and stop, then exit

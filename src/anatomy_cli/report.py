@@ -61,16 +61,17 @@ SPIKE_FACTOR = 1.5
 RELATIVE_METRICS = ("tokens_per_s", "step_time_ms", "wall_s", "params")
 HIGHER_IS_BETTER = ("tokens_per_s",)  # every other metric: lower is better
 FORMATS = ("md", "html", "csv", "json")
+LONG_POSITIONS = 4096  # state_bytes_4k: ModelConfig.cache_bytes, which tests pin to bench-decode's tensors
 SAMPLE_CHARS = 2000  # a report shows at most this much of each samples.txt
 
 # Summary columns (summary.COLUMNS) are RunSummary's fields marked as such, typed by it.
 RUN_COLUMNS = [
     "run_id", "path", "label", "role", "size", *comp.BUILTIN_NAMES, "n_layer", "n_head", "n_kv_head", "d_model",
-    "seed", "status", *COLUMNS, "non_embedding_params", "overfit_gap", "max_grad_norm", "loss_spikes", "design",
-    "settings",
+    "seed", "status", *COLUMNS, "non_embedding_params", "state_bytes_4k", "overfit_gap", "max_grad_norm",
+    "loss_spikes", "design", "settings",
 ]  # + a column per spec component found in sweep.json files, one val_loss_ctx_<N> per eval.json length
 INT_COLUMNS = ("n_layer", "n_head", "n_kv_head", "d_model", "seed", "loss_spikes", "non_embedding_params",
-               *(c for c in COLUMNS if RunSummary.kind(c) is int))
+               "state_bytes_4k", *(c for c in COLUMNS if RunSummary.kind(c) is int))
 FLOAT_COLUMNS = ("max_grad_norm", *(c for c in COLUMNS if RunSummary.kind(c) is float))
 CURVE_COLUMNS = ["run_id", "step", "tokens", "split", "loss", "grad_norm"]  # grad_norm on train rows
 EFFECT_COLUMNS = ["metric", "flip", "direction", "against", "group", "n_pairs", "excluded", "unit", "gain",
@@ -163,6 +164,8 @@ def _run_row(run_id: str, run_dir: Path, metrics: list[dict], design: tuple[comp
     row |= {c.name: bool(c.state(flat)) for c in known}
     row |= {k: getattr(model, k) for k in ("n_layer", "n_head", "n_kv_head", "d_model")}
     row["non_embedding_params"] = model.non_embedding_params()
+    # decode state (KV cache, windows, recurrent memory) at LONG_POSITIONS positions, batch 1, fp32
+    row["state_bytes_4k"] = model.cache_bytes(1, LONG_POSITIONS, 4)
     row |= {"seed": config.get("seed"), "design": "+".join(c.name for c in design),
             "settings": _settings_key(flat, design)}
     row |= _outcome(read_summary(run_dir), metrics)

@@ -9,13 +9,14 @@ Marked blocks. A README names a study's file (experiments/results/<study>.json b
 what to show; the text between the markers is the tool's, never typed by hand:
   <!-- results five-flips directions -->   ...table...   <!-- /results -->
   gain <!-- results five-flips gain rope add-one -->+0.445<!-- /results --> nats
-Kinds: verdict, directions, ends, rule, moves, scale (blocks); gain FLIP DIRECTION [STEP], interval
+Kinds: verdict, directions, ends, rule, moves, scale, parts (blocks); gain FLIP DIRECTION [STEP], interval
 FLIP DIRECTION, call FLIP DIRECTION, trend FLIP DIRECTION (the call across sizes) (inline).
 
 The file (FORMAT, VERSION 1): study, runs {total, completed}, seeds, budget, ends {role: {name,
-mean, sd, seeds}}, effects [{metric, flip, direction, against, group, n_pairs, gain, adj_low,
+mean, sd, seeds}}, effects [{metric, unit, flip, direction, against, group, n_pairs, gain, adj_low,
 adj_high, adj_level, family, threshold, threshold_basis, call, raw_low, raw_high, p_holm}],
 eval_gains [{flip, direction, group, steps, tokens, gain}] (val-loss gain at every evaluation);
+configs [{role, params, active_params, state_bytes_4k, positions}] (what each config costs);
 with sizes, scale {budget, sizes, effects, trends} (scale.Scale.record's rows). No curves, no paths. Readers ignore keys they do not know; VERSION changes only when a key's meaning
 does, and a reader refuses a newer version by name.
 """
@@ -33,9 +34,9 @@ from .errors import InputError
 FORMAT, VERSION = "anatomy-results", 1
 RESULTS_DIR = Path("experiments") / "results"
 MARK = re.compile(r"<!-- results (?P<study>[\w.-]+) (?P<what>[^>]*?) -->(?P<body>.*?)<!-- /results -->", re.DOTALL)
-EFFECT_KEYS = ("metric", "flip", "direction", "against", "group", "n_pairs", "gain", "adj_low", "adj_high",
+EFFECT_KEYS = ("metric", "unit", "flip", "direction", "against", "group", "n_pairs", "gain", "adj_low", "adj_high",
                "adj_level", "family", "threshold", "threshold_basis", "call", "raw_low", "raw_high", "p_holm")
-BLOCKS = ("verdict", "directions", "ends", "rule", "moves", "scale")
+BLOCKS = ("verdict", "directions", "ends", "rule", "moves", "scale", "parts")
 
 
 class ResultsError(InputError):
@@ -68,8 +69,21 @@ def build(root: Path, frames) -> dict:
             "runs": {"total": len(runs), "completed": int((runs["status"] == "completed").sum())},
             "seeds": sorted(int(s) for s in runs["seed"].dropna().unique()),
             "budget": {k: _num(v) if isinstance(v, float) else v for k, v in vd.budget(runs).items()},
-            "ends": ends, "effects": [{k: _plain(r[k]) for k in EFFECT_KEYS} for r in rep.records(effects)],
-            "eval_gains": eval_gains, **scaled}
+            "ends": ends,
+            "effects": [{k: _plain(r[k]) for k in EFFECT_KEYS} for r in rep.records(effects)],
+            "eval_gains": eval_gains, "configs": _configs(runs), **scaled}
+
+
+def _configs(runs) -> list[dict]:
+    """What each config of the study costs, by role: parameters (total, active per token) and its
+    decode state at report.LONG_POSITIONS positions (batch 1, fp32)."""
+    from anatomy_cli import report as rep
+
+    keys = ("params", "active_params", "state_bytes_4k")
+    rows = runs[(runs["role"] != "") & (runs["status"] == "completed")]
+    return [{"role": role, "positions": rep.LONG_POSITIONS,
+             **{k: None if k not in sub or sub[k].isna().all() else int(sub[k].median()) for k in keys}}
+            for role, sub in rows.groupby("role", sort=True)]
 
 
 def write_results(path: Path, root: Path, frames) -> Path:
@@ -193,6 +207,35 @@ def _moves(doc: dict, *_: str) -> str:
                         key=lambda t: -t[0])
             lines.append(f"- {word}, step {step}: " + " > ".join(f"{f} {_g(g)}" for g, f in at))
     return "\n".join(lines)
+
+
+def _parts(doc: dict) -> str:
+    """Each added part: its quality gain and call, its speed change and call (with a timing pass),
+    its parameters (total, active) and its decode state at long context, against the reference end."""
+    cost = {c["role"]: c for c in doc.get("configs", [])}
+    ref = cost.get("reference", {})
+    speed = {e["flip"]: e for e in doc["effects"] if e["metric"] == "tokens_per_s" and e["direction"] == "add-one"}
+    lines = ["| part | gain in best val loss | speed (tokens/s) | params (active) | decode state at "
+             f"{ref.get('positions', 4096):,} positions |", "|---|---|---|---|---|"]
+    for e in sorted((e for e in _loss(doc) if e["direction"] == "add-one"), key=lambda e: -(e["gain"] or 0)):
+        c, s = cost.get(f"add-one:{e['flip']}", {}), speed.get(e["flip"])
+        fast = "not timed" if s is None else f"{_g(s['gain'], 1)} % {_interval_pct(s)} {s['call']}"
+        size = "—" if c.get("params") is None else f"{c['params']:,} ({c['active_params']:,})"
+        state = "—" if c.get("state_bytes_4k") is None else _mib(c["state_bytes_4k"], ref.get("state_bytes_4k"))
+        lines.append(f"| {e['flip']} | {_g(e['gain'])} {_interval(e)} {e['call']} | {fast} | {size} | {state} |")
+    if ref:
+        lines.append(f"| ({_end(doc, 'reference')} end) | | | {ref['params']:,} ({ref['active_params']:,}) | "
+                     f"{_mib(ref['state_bytes_4k'], None)} |")
+    return "\n".join(lines)
+
+
+def _interval_pct(e: dict) -> str:
+    return "" if e["adj_low"] is None else f"[{_g(e['adj_low'], 1)}, {_g(e['adj_high'], 1)}]"
+
+
+def _mib(n: int, ref: int | None) -> str:
+    ratio = "" if not ref else f", {n / ref:.2f}x"
+    return f"{n / 2**20:.2f} MiB{ratio}"
 
 
 def _scale(doc: dict) -> str:

@@ -37,15 +37,17 @@ def pick(logits: torch.Tensor, temp: float, top_k: int | None, gen: torch.Genera
 
 
 def check_options(cfg, temp: float, top_k: int | None, window: int | None) -> int:
+    """The window to use (None: ctx_len); messages name the `sample` options the arguments come from."""
     if not math.isfinite(temp) or temp < 0:
-        raise SampleError(f"temperature must be >= 0 and finite, got {temp}")
+        raise SampleError(f"--temp must be >= 0 and finite, got {temp}")
     if top_k is not None and top_k < 1:
-        raise SampleError(f"top-k must be >= 1, got {top_k}")
-    window = window or cfg.ctx_len
+        raise SampleError(f"--top-k must be >= 1, got {top_k}")
+    window = cfg.ctx_len if window is None else window
     if not 2 <= window <= MAX_SIZE:
-        raise SampleError(f"window must be between 2 and {MAX_SIZE}, got {window}")
+        raise SampleError(f"--window must be between 2 and {MAX_SIZE}, got {window}")
     if cfg.max_positions is not None and window > cfg.max_positions:
-        raise SampleError(f"learned position table ends at ctx_len={cfg.max_positions}; window {window} needs RoPE")
+        raise SampleError(f"--window {window}: the learned position table ends at ctx_len={cfg.max_positions} "
+                          f"(RoPE or NoPE can go beyond)")
     return window
 
 

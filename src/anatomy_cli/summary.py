@@ -62,6 +62,10 @@ class RunSummary(BaseModel):
     sdpa_kernel: str | None = None
     compiled: bool | None = None
     diverged_at: int | None = _field(COLUMN)
+    # Stacked seeds (stacked.py): how many runs trained as one batched model in this run's last
+    # leg (None: alone), and why a run trained alone where stacking was asked (None: it did not).
+    stacked: int | None = _field(COLUMN)
+    stack_note: str | None = _field(CARRIED)
     error: str | None = None
     corpus_sha256: str | None = _field(CARRIED)
     corpus_files: dict | None = _field(CARRIED)  # a prepared folder's files' fingerprint (prepared.py)

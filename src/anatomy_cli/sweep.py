@@ -379,6 +379,24 @@ class SweepLock(DirLock):
         super().__init__(sweep_dir, "sweep directory")
 
 
+def stack_size(choice: str, device_type: str) -> int:
+    """--stack auto | off | N -> the most seeds one stacked model holds (1: every run alone).
+    auto: STACK_AUTO[device_type], what was measured faster on that kind of device."""
+    if choice == "off":
+        return 1
+    if choice == "auto":
+        return STACK_AUTO.get(device_type, 1)
+    if choice.isdigit() and int(choice) >= 1:
+        return int(choice)
+    raise ConfigError(f"--stack must be auto, off or a number of seeds per model (1 or more), got {choice!r}")
+
+
+# `--stack auto` per device type: seeds per stacked model where stacking measured faster, 1 where
+# it measured slower or was not measured (benchmarks/RESULTS.md, "Stacked seeds"; the CPU figure
+# from benchmarks/bench_stack.py, paired and interleaved; cuda and mps: not measured yet).
+STACK_AUTO = {"cpu": 1, "cuda": 1, "mps": 1}
+
+
 def default_workers(n_runs: int) -> int:
     """Parallel processes: one per core up to the number of runs (measured: benchmarks/RESULTS.md)."""
     return max(1, min(os.cpu_count() or 1, n_runs))
@@ -419,7 +437,7 @@ def pending_runs(plan: list[PlannedRun], sweep_dir: Path) -> list[PlannedRun]:
 
 def execute(plan: list[PlannedRun], sweep_dir: Path, workers: int = 1, on_event: Event | None = None,
             sweep_name: str | None = None, executor: str = "local", address: str | None = None,
-            invocation: dict | None = None, stop: Stop | None = None) -> list[dict]:
+            invocation: dict | None = None, stop: Stop | None = None, stack: int = 1) -> list[dict]:
     """Run every pending run of the plan into sweep_dir/<run_id>; return all summaries.
 
     executor 'local' runs in this process (workers=1) or a process pool; 'dask' submits each run
@@ -429,6 +447,8 @@ def execute(plan: list[PlannedRun], sweep_dir: Path, workers: int = 1, on_event:
     When stop() turns true (local executor) the runs in flight save and end 'interrupted', no new
     run starts, and this returns after every worker has exited, with the lock released: a rerun
     resumes the sweep.
+    stack > 1 (local executor): runs that differ only by seed train as one stacked model, up to
+    `stack` per model (jobs.group_jobs); every run keeps its own folder.
     """
     sweep_dir = Path(sweep_dir)
     runs.check_placement(sweep_dir, "sweep", "--runs-dir")  # runs inside a run: its report would see the outer one
@@ -449,7 +469,7 @@ def execute(plan: list[PlannedRun], sweep_dir: Path, workers: int = 1, on_event:
 
             execute_dask(todo_jobs, address, emit)
         else:
-            execute_local(todo_jobs, workers, emit, stop)
+            execute_local(todo_jobs, workers, emit, stop, stack)
     return [runs.read_summary(sweep_dir / p.run_id) or {} for p in plan]
 
 

@@ -64,15 +64,20 @@ def expert_load(tr: Trainer) -> list[list[float]] | None:
     return (counts / counts.sum(dim=-1, keepdim=True)).tolist()
 
 
-def check_fits(cfg: RunConfig, device: torch.device) -> None:
-    """Refuse, with the estimate, a model whose training step cannot fit (instead of an allocator crash)."""
+def check_fits(cfg: RunConfig, device: torch.device, copies: int = 1) -> None:
+    """Refuse, with the estimate, a model whose training step cannot fit (instead of an allocator crash).
+    copies: runs trained as one stack (stacked.py), each with its own weights, state and batch."""
     t = cfg.train
     val_windows = 8 * t.batch_size * t.eval_batches * (cfg.model.ctx_len + 1)  # int64, held for the whole run
-    need, have = cfg.model.train_bytes(t.batch_size) + val_windows, available_bytes(device)
+    need, have = copies * cfg.model.train_bytes(t.batch_size) + val_windows, available_bytes(device)
     if have is not None and need > have:
         m = cfg.model
-        raise ConfigError(f"run too large for this machine: d_model={m.d_model}, n_layer={m.n_layer}, "
-                          f"ctx_len={m.ctx_len}, batch_size={t.batch_size}, eval_batches={t.eval_batches} need about {need / 2**30:,.1f} GiB "
+        # the base sizes, then every other size the spec moved off its default (moe_experts, ...)
+        sizes = {"d_model": m.d_model, "n_layer": m.n_layer, "ctx_len": m.ctx_len}
+        sizes |= {k: v for k, v in m if type(v) is int and k != "vocab_size" and v != type(m).model_fields[k].default}
+        sizes |= {"batch_size": t.batch_size, "eval_batches": t.eval_batches}
+        raise ConfigError(f"run too large for this machine: {', '.join(f'{k}={v}' for k, v in sizes.items())} "
+                          f"need about {need / 2**30:,.1f} GiB "
                           f"for one training step ({m.num_params():,} parameters); {have / 2**30:,.1f} GiB is "
                           f"available on {device}")
 
@@ -135,15 +140,21 @@ def train(cfg: RunConfig, run_dir: Path, progress: Progress | None = None,
 
 
 def _from_scratch(cfg: RunConfig, run_dir: Path, corpus: Corpus, progress, stop, carried: dict) -> dict:
+    carried = prepare_fresh(cfg, run_dir, corpus, carried)
+    with recorded(run_dir, carried):
+        return _finish(Trainer(cfg, run_dir, corpus, progress), stop, carried)
+
+
+def prepare_fresh(cfg: RunConfig, run_dir: Path, corpus: Corpus, carried: dict) -> dict:
+    """Empty run_dir of a previous attempt, write config.json (first) and vocab.json; the carried
+    summary fields with this run's id and corpus fingerprint."""
     for name in runs.RUN_FILES:
         if name != runs.CONFIG:
             (run_dir / name).unlink(missing_ok=True)
     runs.drop_temp_files(run_dir)
     runs.atomic_write_json(run_dir / runs.CONFIG, cfg.model_dump(mode="json"))  # first
     corpus.vocab.save(run_dir / runs.VOCAB)
-    carried = {**carried, "run_id": run_dir.name, **corpus_identity(corpus)}
-    with _recorded(run_dir, carried):
-        return _finish(Trainer(cfg, run_dir, corpus, progress), stop, carried)
+    return {**carried, "run_id": run_dir.name, **corpus_identity(corpus)}
 
 
 def resume(run_dir: Path, progress: Progress | None = None, stop: Callable[[], bool] | None = None) -> dict:
@@ -173,7 +184,7 @@ def resume(run_dir: Path, progress: Progress | None = None, stop: Callable[[], b
         (run_dir / runs.LAST).unlink(missing_ok=True)  # the weights of where it stopped: stale from here on
         runs.drop_temp_files(run_dir)
         carried = {**carried, "run_id": run_dir.name, **corpus_identity(corpus)}
-        with _recorded(run_dir, carried):
+        with recorded(run_dir, carried):
             return _finish(tr, stop, carried)
 
 
@@ -206,7 +217,7 @@ def check_corpus(run_dir: Path, cfg: RunConfig, before: RunSummary, corpus: Corp
 
 
 @contextlib.contextmanager
-def _recorded(run_dir: Path, carried: dict):
+def recorded(run_dir: Path, carried: dict):
     """While training, the summary says 'running', owned by this process (runs.run_status checks that
     it lives). Whatever ends training early leaves the run 'failed' (an exception: out of memory, a
     bug) or 'interrupted' (a second Ctrl-C, SystemExit) with the error, never 'running'."""
@@ -216,13 +227,21 @@ def _recorded(run_dir: Path, carried: dict):
     except BaseException as err:
         status = runs.FAILED if isinstance(err, Exception) else runs.INTERRUPTED
         error = f"{err.__class__.__name__}: {err}".rstrip(": ")
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, runs.RunError):
+            if (runs.read_summary(run_dir) or {}).get("status") != runs.RUNNING:
+                raise  # finished before the error (a stacked member that diverged): its summary stays
             runs.atomic_write_json(run_dir / runs.SUMMARY, RunSummary(status=status, **carried, error=error).record())
         raise
 
 
 def _finish(tr: Trainer, stop, carried: dict) -> dict:
     status, diverged_at = tr.run(stop)  # a stopped run has saved its checkpoint
+    return finalize(tr, status, diverged_at, carried)
+
+
+def finalize(tr, status: str, diverged_at: int | None, carried: dict) -> dict:
+    """Last weights, samples, and summary.json (last) of a run that has stopped training; tr is a
+    Trainer or a stacked member (stacked.Member), which hold the same attributes."""
     save_weights(tr.model, tr.run_dir / runs.LAST)
     if status == runs.COMPLETED:
         write_samples(tr)

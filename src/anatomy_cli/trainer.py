@@ -31,7 +31,7 @@ from . import runs, tb_events
 from .checkpoint import load_checkpoint, read_weights, save_checkpoint, save_weights
 from .config import RunConfig
 from .data import BatchSampler, Corpus, fixed_windows
-from .devices import autocast, compile_model, configure, keep_freed_memory, resolve_device
+from .devices import autocast, compile_model, configure, expand_gqa, keep_freed_memory, resolve_device, sdpa_probe
 from .model import LM
 
 Progress = Callable[[dict], None]
@@ -47,16 +47,59 @@ def lr_at(step: int, t) -> float:
     return t.lr * (t.min_lr_frac + (1 - t.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
-def make_optimizer(model: LM, t, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW; weight decay on matrices only (not on norm weights/biases); fused kernel when offered."""
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
+def make_optimizer(model: LM | list[torch.Tensor], t, device: torch.device, lead: int = 0) -> torch.optim.Optimizer:
+    """AdamW; weight decay on matrices only (not on norm weights/biases); fused kernel when offered.
+
+    lead: leading dimensions that are not the parameter's own (stacked seeds: 1), so the decay
+    groups are decided on each member's shapes, exactly as for the run trained alone.
+    """
+    params = list(model.parameters() if isinstance(model, torch.nn.Module) else model)
+    decay = [p for p in params if p.dim() - lead >= 2]
+    no_decay = [p for p in params if p.dim() - lead < 2]
     groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     kwargs = dict(lr=t.lr, betas=(t.beta1, t.beta2))
     try:
         return torch.optim.AdamW(groups, fused=device.type in ("cuda", "cpu"), **kwargs)
     except (RuntimeError, TypeError):  # older torch without a fused kernel for this device
         return torch.optim.AdamW(groups, **kwargs)
+
+
+def add_terms(t, logits: torch.Tensor, loss: torch.Tensor, aux: dict) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """(loss to minimise, cross-entropy, {metric name: term}) from one forward's outputs (see
+    Trainer.losses; stacked.py calls it per member under vmap)."""
+    total, terms = loss, {}
+    if t.z_loss > 0:
+        terms["z_loss"] = t.z_loss * logits.float().logsumexp(dim=-1).square().mean()  # logits: [B, T, V], unpadded
+        total = total + terms["z_loss"]
+    if "moe_aux_loss" in aux:
+        terms["moe_aux_loss"] = aux["moe_aux_loss"]
+        total = total + t.moe_aux_loss * aux["moe_aux_loss"]
+    return total, loss, terms
+
+
+def uses_graphs(t) -> bool:
+    """Whether steps run as CUDA graph replays (compile_mode "reduce-overhead"): each step and each
+    evaluation batch then starts with torch.compiler.cudagraph_mark_step_begin(), and nothing a
+    replay outputs is kept past its step (step records hold clones). On the CPU the same code runs
+    (inductor records no graphs there; the calls are cheap), so the path is tested without a GPU.
+    The default compile_mode stays "default": reduce-overhead is not yet measured faster on CUDA
+    through Trainer (benchmarks/gpu_check.py measures it; RESULTS.md)."""
+    return t.compile and t.compile_mode == "reduce-overhead"
+
+
+def set_expand_kv(model: torch.nn.Module, on: bool) -> None:
+    """Every attention layer repeats K/V to its query heads before SDPA (devices.expand_gqa)."""
+    for m in model.modules():
+        if hasattr(m, "expand_kv"):
+            m.expand_kv = on
+
+
+def checkpoint_due(t, step: int, is_eval: bool, since_s: float) -> bool:
+    """By train.checkpoint_every steps and/or checkpoint_minutes; with neither, at every evaluation."""
+    if t.checkpoint_every is None and t.checkpoint_minutes is None:
+        return is_eval
+    return ((t.checkpoint_every is not None and step % t.checkpoint_every == 0)
+            or (t.checkpoint_minutes is not None and since_s >= 60 * t.checkpoint_minutes))
 
 
 @dataclass(frozen=True)
@@ -206,7 +249,10 @@ class Trainer:
         configure(self.device)
         torch.manual_seed(cfg.seed)  # model init depends on the seed alone
         self.model = LM(cfg.model).to(self.device)
+        set_expand_kv(self.model, expand_gqa(cfg.model, sdpa_probe(cfg.model, t.batch_size, self.device, t.dtype),
+                                             self.device.type))
         self.fwd = compile_model(self.model, t.compile_mode) if t.compile else self.model
+        self.graphs = uses_graphs(t)
         self.opt = make_optimizer(self.model, t, self.device)
         self.sampler = BatchSampler(corpus.train, t.batch_size, cfg.model.ctx_len, cfg.seed, self.device)
         self.val = fixed_windows(corpus.val, t.batch_size, cfg.model.ctx_len, t.eval_batches, self.device)
@@ -227,14 +273,7 @@ class Trainer:
         """
         with self.autocast:
             logits, loss, aux = self.fwd(x, y, aux=True)
-        t, total, terms = self.cfg.train, loss, {}
-        if t.z_loss > 0:
-            terms["z_loss"] = t.z_loss * logits.float().logsumexp(dim=-1).square().mean()  # logits: [B, T, V], unpadded
-            total = total + terms["z_loss"]
-        if "moe_aux_loss" in aux:
-            terms["moe_aux_loss"] = aux["moe_aux_loss"]
-            total = total + t.moe_aux_loss * aux["moe_aux_loss"]
-        return total, loss, terms
+        return add_terms(self.cfg.train, logits, loss, aux)
 
     def train_step(self) -> StepRecord:
         t = self.cfg.train
@@ -242,13 +281,16 @@ class Trainer:
         for group in self.opt.param_groups:
             group["lr"] = lr
         x, y = self.sampler.next()
+        if self.graphs:
+            torch.compiler.cudagraph_mark_step_begin()  # a new step: the last replay's outputs may be reused
         total, loss, terms = self.losses(x, y)
         total.backward()
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip if t.grad_clip > 0 else math.inf)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         self.step += 1
-        self.last = StepRecord(self.step, lr, loss.detach(), norm.detach(), {k: v.detach() for k, v in terms.items()})
+        keep = (lambda v: v.detach().clone()) if self.graphs else (lambda v: v.detach())  # graph outputs die next step
+        self.last = StepRecord(self.step, lr, keep(loss), keep(norm), {k: keep(v) for k, v in terms.items()})
         return self.last
 
     def train_steps(self, n: int) -> None:
@@ -267,10 +309,12 @@ class Trainer:
     def evaluate(self) -> float:
         self.model.eval()
         total = torch.zeros((), device=self.device)
-        for x, y in self.val:
+        for x, y in self.val:  # every window [B, T]: one shape, so a graph is recorded once
+            if self.graphs:
+                torch.compiler.cudagraph_mark_step_begin()
             with self.autocast:
                 _, loss = self.fwd(x, y)
-            total += loss.float()
+            total += loss.float()  # read before the next replay
         self.model.train()
         return float(total) / len(self.val)
 
@@ -323,20 +367,12 @@ class Trainer:
                 self.elapsed = time.perf_counter() - start
                 self.checkpoint()
                 return runs.INTERRUPTED, None
-            if self.step < t.steps and self.checkpoint_due(is_eval, time.perf_counter() - saved):
+            if self.step < t.steps and checkpoint_due(t, self.step, is_eval, time.perf_counter() - saved):
                 self.elapsed = time.perf_counter() - start
                 self.checkpoint()
                 saved = time.perf_counter()
         self.elapsed = time.perf_counter() - start
         return runs.COMPLETED, None
-
-    def checkpoint_due(self, is_eval: bool, since_s: float) -> bool:
-        """By train.checkpoint_every steps and/or checkpoint_minutes; with neither, at every evaluation."""
-        t = self.cfg.train
-        if t.checkpoint_every is None and t.checkpoint_minutes is None:
-            return is_eval
-        return ((t.checkpoint_every is not None and self.step % t.checkpoint_every == 0)
-                or (t.checkpoint_minutes is not None and since_s >= 60 * t.checkpoint_minutes))
 
     def eval_point(self) -> float:
         val = self.evaluate()

@@ -1,8 +1,12 @@
 """Causal self-attention: MHA when n_kv_head == n_head, GQA when fewer, MQA at one.
 
 Q has n_head (H) heads; K and V have n_kv_head (G) heads, each shared by H/G query heads
-(Ainslie et al. 2023). K/V are never repeated to H heads in memory: SDPA's enable_gqa does the
-grouping inside the kernel, and the KV cache stores G heads.
+(Ainslie et al. 2023). K/V are never repeated to H heads in memory that outlives a call: SDPA's
+enable_gqa does the grouping inside the kernel, and the KV cache stores G heads. Where the installed
+SDPA has no fused kernel for enable_gqa at the run's dtype (fp32/TF32 on CUDA: math only, which
+materialises T x T scores), the trainer sets expand_kv (devices.expand_gqa) and K/V are repeated to
+H heads just before the call (repeat_interleave: query head h reads K/V head h // (H/G), SDPA's own
+grouping), so a fused kernel runs; the cache still holds G heads.
 
 QK-norm (cfg.qk_norm): RMSNorm over head_dim on Q and on K of every head, one weight of size
 head_dim for Q and one for K, shared across heads, as Qwen3 (Yang et al. 2025) and Gemma 3 (Gemma
@@ -40,6 +44,7 @@ class CausalSelfAttention(nn.Module):
         # absent unless qk_norm; norm weights are ones, so init draws no random numbers either way
         self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else nn.Identity()
         self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else nn.Identity()
+        self.expand_kv = False  # repeat K/V to H heads before SDPA (set by the trainer: devices.expand_gqa)
 
     def new_state(self, batch: int, max_len: int, device=None, dtype=torch.float32) -> KV | WindowKV:
         if self.window:  # the window bounds what is kept, not max_len
@@ -68,9 +73,11 @@ class CausalSelfAttention(nn.Module):
             k, v = cache[layer].update(k, v, past)  # [B, G, S, hd]: positions past + T - S .. past + T - 1
         mask = attention_mask(past, T, k.shape[2], self.window, x.device)
         is_causal = mask is None and k.shape[2] == T and T > 1
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=self.n_kv_head != self.n_head
-        )  # [B, H, T, hd]
+        gqa = self.n_kv_head != self.n_head
+        if gqa and self.expand_kv:  # [B, G, S, hd] -> [B, H, S, hd], for this call only
+            k, v = (t.repeat_interleave(self.n_head // self.n_kv_head, dim=1) for t in (k, v))
+            gqa = False
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=gqa)  # [B, H, T, hd]
         return self.out(y.transpose(1, 2).reshape(B, T, C))
 
 

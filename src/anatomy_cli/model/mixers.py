@@ -1,9 +1,10 @@
 """Token mixers: which module mixes information across positions in each layer, as one table.
 
 ModelConfig.layer_kinds says what layer i is ("attn": global causal softmax attention; "gdn":
-Gated DeltaNet, gdn.py; "local": softmax attention within a sliding window); MIXERS maps a kind
-to a constructor of its module. The block holds one token mixer and one channel mixer
-(ffn.make_ffn) and never asks which. Every token mixer has the same two methods:
+Gated DeltaNet, gdn.py; "local": softmax attention within a sliding window; "mla": multi-head
+latent attention, mla.py); MIXERS maps a kind to a constructor of its module. The block holds one
+token mixer and one channel mixer (ffn.make_ffn) and never asks which. Every token mixer has the
+same two methods:
 
     forward(x [B, T, C], pos, end, rotate, cache=None, layer=0) -> [B, T, C]
         pos [T] | [B, T], end (last position + 1) and rotate (q, k, pos, end) -> (q, k) are the
@@ -28,6 +29,7 @@ from torch import nn
 
 from .attention import CausalSelfAttention
 from .gdn import GatedDeltaNet
+from .mla import LatentAttention
 
 
 def local_attention(cfg) -> nn.Module:
@@ -35,7 +37,7 @@ def local_attention(cfg) -> nn.Module:
 
 
 MIXERS: dict[str, Callable[..., nn.Module]] = {"attn": CausalSelfAttention, "gdn": GatedDeltaNet,
-                                               "local": local_attention}
+                                               "local": local_attention, "mla": LatentAttention}
 
 
 def make_mixer(cfg, layer: int) -> nn.Module:

@@ -57,9 +57,10 @@ def turn_half(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> t
 
 
 class RoPE(nn.Module):
-    def __init__(self, cfg):
+    def __init__(self, cfg, head_dim: int | None = None):
+        """head_dim: the rotated width when it is not cfg.head_dim (MLA's decoupled rope part)."""
         super().__init__()
-        self.head_dim = cfg.head_dim
+        self.head_dim = head_dim or cfg.head_dim
         self.base = cfg.rope_base
         self.variant = cfg.rope_variant
         # fp32 cos/sin tables for positions 0..ctx_len-1, built once: buffers follow .to(device) and
