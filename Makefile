@@ -16,7 +16,8 @@ $(BIN)/anatomy: pyproject.toml
 
 install: $(BIN)/anatomy
 
-# The main job: the five-flips ablation on the embedded corpus, then its report (runs/five-flips/report).
+# The main job: the demo study (experiments/demo.toml: the five flips, 3 seeds, 300 steps) on the
+# embedded corpus, then its verdict and report (runs/demo/report).
 demo: install
 	$(BIN)/anatomy ablate
 

@@ -149,6 +149,26 @@ def test_ablate_dry_run_creates_nothing(tmp_path):
     assert "pending" in result.output and not (tmp_path / "runs" / "toy").exists()
 
 
+def test_the_default_study_is_the_demo_at_three_seeds(tmp_path, monkeypatch):
+    """`anatomy ablate` with no spec (so `make demo`) plans demo.toml: the five flips in both
+    directions, 3 seeds each (an interval for every gain), at its shorter budget."""
+    monkeypatch.chdir(tmp_path)  # not the checkout: the spec shipped with anatomy
+    result = invoke("ablate", "--dry-run", "--json", "--runs-dir", tmp_path / "runs")
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.output)
+    assert plan["name"] == "demo" and plan["design"] == "one-at-a-time"
+    assert len(plan["runs"]) == 36
+    seeds = {}
+    for r in plan["runs"]:
+        seeds.setdefault(r["slug"], []).append(r["seed"])
+    assert len(seeds) == 12 and all(sorted(s) == [1337, 1338, 1339] for s in seeds.values())
+    assert {r["config"]["train"]["steps"] for r in plan["runs"]} == {300}
+    flipped = invoke("ablate", "--dry-run", "--json", "--flip", "rope", "--runs-dir", tmp_path / "runs")
+    assert flipped.exit_code == 0, flipped.output
+    assert sorted({r["slug"] for r in json.loads(flipped.output)["runs"]}) == ["2017", "2017+rope", "llama", "llama-rope"]
+    assert len(json.loads(flipped.output)["runs"]) == 12 and not (tmp_path / "runs").exists()
+
+
 # ------------------------------------------------------------------------------ bad input matrix
 
 

@@ -77,7 +77,7 @@ def test_components_command_lists_the_table_as_json():
 
 
 def test_five_flips_plan_keeps_its_slugs_roles_and_states():
-    plan = expand(load_spec(None))
+    plan = expand(load_spec(Path(__file__).resolve().parents[1] / "experiments" / "five-flips.toml"))
     assert [p.slug for p in plan] == ["2017", *(f"2017+{f}" for f in comp.FIVE), "llama",
                                       *(f"llama-{f}" for f in comp.FIVE)]
     for p in plan:

@@ -27,7 +27,7 @@ def fmt_seconds(s: float) -> str:
 
 
 def plan_line(plan, sweep_dir: Path, workers: int, estimate: tuple[dict, float]) -> str:
-    """'plan: 12 runs -> runs/five-flips (to do: 12, est. 8.0min with 2 workers, measured on this machine)'."""
+    """'plan: 36 runs -> runs/demo (to do: 36, est. 24.0min with 2 workers, measured on this machine)'."""
     from .calibrate import busy, plan_seconds
 
     per_run, startup = estimate

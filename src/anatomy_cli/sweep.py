@@ -28,7 +28,7 @@ from .components import Component, Design
 from .config import (AblationSpec, ConfigError, ModelConfig, RunConfig, TrainConfig, apply_overrides, load_toml,
                      resolve_source, validate, validate_field)
 
-DEFAULT_SPEC = "five-flips.toml"
+DEFAULT_SPEC = "demo.toml"
 MAX_PLAN_RUNS = 10_000  # expanding more runs than this only fills memory before a sweep that never ends
 
 
