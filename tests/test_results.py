@@ -116,9 +116,9 @@ def test_parts_block_shows_quality_speed_size_and_decode_state():
                 "adj_high": -35.0, "call": "hurts"}],
         "configs": [{"role": "reference", "params": 1000, "active_params": 1000, "state_bytes_4k": 2**21,
                      "positions": 4096},
-                    {"role": "add-one:moe", "params": 3000, "active_params": 1004, "state_bytes_4k": 2**21,
+                    {"role": "+moe", "params": 3000, "active_params": 1004, "state_bytes_4k": 2**21,
                      "positions": 4096},
-                    {"role": "add-one:swa", "params": 1000, "active_params": 1000, "state_bytes_4k": 2**19,
+                    {"role": "+swa", "params": 1000, "active_params": 1000, "state_bytes_4k": 2**19,
                      "positions": 4096}]}
     lines = results.render(doc, "parts").strip().splitlines()
     assert lines[0] == ("| part | gain in best val loss | speed (tokens/s) | params (active) | decode state at "

@@ -218,7 +218,7 @@ def _parts(doc: dict) -> str:
     lines = ["| part | gain in best val loss | speed (tokens/s) | params (active) | decode state at "
              f"{ref.get('positions', 4096):,} positions |", "|---|---|---|---|---|"]
     for e in sorted((e for e in _loss(doc) if e["direction"] == "add-one"), key=lambda e: -(e["gain"] or 0)):
-        c, s = cost.get(f"add-one:{e['flip']}", {}), speed.get(e["flip"])
+        c, s = cost.get(f"+{e['flip']}", {}), speed.get(e["flip"])  # report._role: "+flip" is add-one
         fast = "not timed" if s is None else f"{_g(s['gain'], 1)} % {_interval_pct(s)} {s['call']}"
         size = "—" if c.get("params") is None else f"{c['params']:,} ({c['active_params']:,})"
         state = "—" if c.get("state_bytes_4k") is None else _mib(c["state_bytes_4k"], ref.get("state_bytes_4k"))
