@@ -133,7 +133,7 @@ BAD = [
      "sizes.T: the same settings as sizes.S"),
     ("size and axis", {"S": {"n_layer": 1}, "M": {"n_layer": 2}}, 'axes = { n_layer = [1, 2] }',
      "sizes.S.model.n_layer: also an axis"),
-    ("plan too large", LADDER, "", "x sizes); more than 10,000"),
+    ("plan too large", LADDER, "", "x 500 seeds x 2 sizes); more than 10,000"),
     ("bad name", {"S/M": {"d_model": 16}}, "", "sizes.0.name: String should match pattern"),
 ]
 
