@@ -136,8 +136,8 @@ def _g(x, digits: int = 3) -> str:
     return "n/a" if x is None else f"{x:+.{digits}f}".replace("-", "−")
 
 
-def _interval(e: dict) -> str:
-    return "—" if e["adj_low"] is None else f"[{_g(e['adj_low'])}, {_g(e['adj_high'])}]"
+def _interval(e: dict, digits: int = 3) -> str:
+    return "—" if e["adj_low"] is None else f"[{_g(e['adj_low'], digits)}, {_g(e['adj_high'], digits)}]"
 
 
 def _end(doc: dict, role: str) -> str:
@@ -219,7 +219,7 @@ def _parts(doc: dict) -> str:
              f"{ref.get('positions', 4096):,} positions |", "|---|---|---|---|---|"]
     for e in sorted((e for e in _loss(doc) if e["direction"] == "add-one"), key=lambda e: -(e["gain"] or 0)):
         c, s = cost.get(f"+{e['flip']}", {}), speed.get(e["flip"])  # report._role: "+flip" is add-one
-        fast = "not timed" if s is None else f"{_g(s['gain'], 1)} % {_interval_pct(s)} {s['call']}"
+        fast = "not timed" if s is None else f"{_g(s['gain'], 1)} % {_interval(s, 1)} {s['call']}"
         size = "—" if c.get("params") is None else f"{c['params']:,} ({c['active_params']:,})"
         state = "—" if c.get("state_bytes_4k") is None else _mib(c["state_bytes_4k"], ref.get("state_bytes_4k"))
         lines.append(f"| {e['flip']} | {_g(e['gain'])} {_interval(e)} {e['call']} | {fast} | {size} | {state} |")
@@ -227,10 +227,6 @@ def _parts(doc: dict) -> str:
         lines.append(f"| ({_end(doc, 'reference')} end) | | | {ref['params']:,} ({ref['active_params']:,}) | "
                      f"{_mib(ref['state_bytes_4k'], None)} |")
     return "\n".join(lines)
-
-
-def _interval_pct(e: dict) -> str:
-    return "" if e["adj_low"] is None else f"[{_g(e['adj_low'], 1)}, {_g(e['adj_high'], 1)}]"
 
 
 def _mib(n: int, ref: int | None) -> str:
