@@ -128,3 +128,14 @@ def test_parts_block_shows_quality_speed_size_and_decode_state():
     assert lines[3] == ("| swa | −0.010 [−0.020, +0.000] within noise | not timed | 1,000 (1,000) "
                         "| 0.50 MiB, 0.25x |")
     assert lines[4] == "| (LLaMA end) | | | 1,000 (1,000) | 2.00 MiB |"
+
+
+def test_a_results_file_missing_keys_is_one_line_and_exit_2(tmp_path, capsys):
+    (tmp_path / "experiments" / "results").mkdir(parents=True)
+    (tmp_path / "experiments" / "results" / "bad.json").write_text('{"format": "anatomy-results", "version": 1}')
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- results bad parts -->\n<!-- /results -->\n")
+    assert results.main([str(readme)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "bad.json cannot render 'parts': KeyError" in err and "\n" not in err
+    assert results.main([str(tmp_path / "missing.md")]) == 2

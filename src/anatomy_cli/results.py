@@ -280,9 +280,14 @@ def update(text: str, folder: Path) -> str:
 
     def one(m: re.Match) -> str:
         study = m["study"]
+        path = Path(folder) / RESULTS_DIR / f"{study}.json"
         if study not in cache:
-            cache[study] = load(Path(folder) / RESULTS_DIR / f"{study}.json")
-        return f"<!-- results {study} {m['what']} -->{render(cache[study], m['what'])}<!-- /results -->"
+            cache[study] = load(path)
+        try:
+            body = render(cache[study], m["what"])
+        except (KeyError, TypeError, IndexError, ValueError) as err:  # a file missing a key or badly typed
+            raise ResultsError(f"{path} cannot render '{m['what']}': {err.__class__.__name__}: {err}") from None
+        return f"<!-- results {study} {m['what']} -->{body}<!-- /results -->"
 
     return MARK.sub(one, text)
 
@@ -297,18 +302,28 @@ def main(argv: list[str]) -> int:
     check = "--check" in argv
     paths = [Path(a) for a in argv if a != "--check"] or [Path("README.md")]
     bad = 0
-    for path in paths:
-        text = path.read_text(encoding="utf-8")
-        if check:
-            for block in drifted(text, path.parent):
-                print(f"{path}: block '{block}' differs from its results file", file=sys.stderr)
-                bad += 1
-        else:
-            new = update(text, path.parent)
-            if new != text:
-                path.write_text(new, encoding="utf-8")
-                print(f"{path}: rewritten from {RESULTS_DIR}/")
+    for path in paths:  # a file missing, unreadable or rendering nothing: one line, exit 2
+        try:
+            text = path.read_text(encoding="utf-8")
+            bad += _one_file(path, text, check)
+        except (OSError, UnicodeDecodeError, ResultsError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
     return 1 if bad else 0
+
+
+def _one_file(path: Path, text: str, check: bool) -> int:
+    """--check: the number of drifted blocks (each named on stderr); else rewrite them, 0."""
+    if check:
+        blocks = drifted(text, path.parent)
+        for block in blocks:
+            print(f"{path}: block '{block}' differs from its results file", file=sys.stderr)
+        return len(blocks)
+    new = update(text, path.parent)
+    if new != text:
+        path.write_text(new, encoding="utf-8")
+        print(f"{path}: rewritten from {RESULTS_DIR}/")
+    return 0
 
 
 if __name__ == "__main__":
