@@ -263,3 +263,30 @@ def test_a_busy_calibration_is_cached_as_busy_and_redone_when_idle(tmp_path, mon
     assert calibrate.calibrations({"k": None}, 1)["k"]["busy"] is False and measured == [1, 1]
     calibrate.calibrations({"k": None}, 1)
     assert measured == [1, 1]
+
+
+def test_a_calibration_reads_steps_and_evaluations_from_the_trainers_own_clock(tmp_path, monkeypatch):
+    """step_s, eval_s and run_s come from one run's train time and loop time, after a warm-up run:
+    never from the difference of two short runs, which came out negative on a worker's first shape."""
+    import anatomy_cli.train as train_mod
+    from anatomy_cli import calibrate
+    from anatomy_cli.config import RunConfig
+
+    calls = []
+
+    def fake_train(cfg, run_dir):
+        t = cfg.train
+        calls.append((t.steps, t.eval_interval))
+        evals_in_loop = t.steps // t.eval_interval
+        return {"step_time_ms": 20.0, "wall_s": t.steps * 0.02 + evals_in_loop * 0.5}
+
+    monkeypatch.setattr(train_mod, "train", fake_train)
+    monkeypatch.setattr("anatomy_cli.data.load_corpus", lambda *a: None)
+    job = RunConfig().model_dump(mode="json")
+    _, (cal,) = calibrate.measure_in_worker([job], 1)
+    assert calls[0][0] < calibrate.N  # the warm-up, discarded
+    assert calls[1] == (calibrate.N, calibrate.N // calibrate.E)
+    assert cal["step_s"] == pytest.approx(0.02) and cal["eval_s"] == pytest.approx(0.5)
+    cfg = RunConfig.model_validate(job | {"train": job["train"] | {"steps": 800, "eval_interval": 50}})
+    run = calibrate.run_seconds(cfg, cal)  # 800 steps, 17 evaluations (step 0 and 16 in the loop)
+    assert run == pytest.approx(cal["run_s"] + 800 * 0.02 + 17 * 0.5)

@@ -4,13 +4,18 @@ A FLOP count alone says 1 s for a toy study that takes 27 s: small runs are domi
 not matrix multiplication (Python per step, evaluations, samples, checkpoints, start-up). So each
 shape class of a plan (model size, context, batch, vocab, threads, device, torch version) is timed
 once, in a spawned worker that trains exactly as a sweep's worker does (train.train into a scratch
-folder), three short runs:
-  A  k steps, 2 evaluations      B  2k steps, 2 evaluations      C  k steps, 3 evaluations
-  step_s = (B - A) / k,  eval_s = C - A,  run_s = A - k step_s - 2 eval_s  (build, samples, files)
-and startup_s is the worker's start (interpreter, torch import, corpus). A run of the class is then
+folder): one run of N steps with E evaluations, read from its own clock (the Trainer's train time
+covers the steps alone, its loop time the steps, evaluations and checkpoints):
+  step_s = train time / N,   eval_s = (loop time - train time) / E,
+  run_s = the rest of the call less step 0's evaluation (build, samples, files), and startup_s is the worker's start (interpreter, torch import, corpus,
+and one short warm-up run that pays the process's first-use costs, as a sweep worker's first run
+does). A run of the class is then
   run_s + steps x step_s + evaluations x eval_s
 with step and evaluation scaled by the run's FLOPs per token against the calibrated config's, and
-a plan is its runs packed onto the workers, longest first, plus one start-up per worker.
+a plan is its runs packed onto the workers, longest first, plus one start-up per worker. (Timing
+each quantity directly, not as a difference of two short runs, is what keeps a small model's
+estimate honest: differences of 10-step runs came out negative on the first shape a worker timed,
+whose first run paid the warm-up, and an estimate of 34 s for a size that took 5 min.)
 
 The cache is CACHE_DIR/calibration.json ($ANATOMY_CACHE, else $XDG_CACHE_HOME/anatomy, else
 ~/.cache/anatomy). A calibration taken while the machine was busy (load average above its cores) is
@@ -27,7 +32,8 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-K = 10  # steps of calibration run A
+N, E = 30, 3  # steps and evaluations of a calibration run
+METHOD = 2  # in every cache key: a calibration taken another way is measured again
 
 
 def cache_path() -> Path:
@@ -47,7 +53,7 @@ def busy() -> tuple[float, int] | None:
 
 def shape_key(cfg, vocab: int, threads: int) -> str:
     m, t = cfg.model, cfg.train
-    return json.dumps({"torch": _torch_version(), "device": t.device, "threads": threads, "d_model": m.d_model,
+    return json.dumps({"method": METHOD, "torch": _torch_version(), "device": t.device, "threads": threads, "d_model": m.d_model,
                        "n_layer": m.n_layer, "n_head": m.n_head, "ctx_len": m.ctx_len, "vocab": vocab,
                        "batch": t.batch_size, "eval_batches": t.eval_batches, "sample_len": t.sample_len,
                        "dtype": t.dtype, "compile": t.compile}, sort_keys=True)
@@ -121,30 +127,33 @@ def _measure(configs: list, threads: int) -> list[dict]:
 
 
 def measure_in_worker(jobs: list[dict], threads: int) -> tuple[float, list[dict]]:
-    """(time the worker was ready, [calibration per config]): runs A, B, C of each config (see above)."""
+    """(time the worker was ready, [calibration per config]): one timed run of each config (see above)."""
     import torch
 
     from anatomy_cli.config import RunConfig
     from anatomy_cli.data import load_corpus
     from anatomy_cli.train import train
 
+    def run(job: dict, steps: int, evals: int) -> tuple[float, dict]:
+        cfg = RunConfig.model_validate(job | {"train": job["train"] | {
+            "steps": steps, "eval_interval": steps // evals, "warmup": 0}})
+        with tempfile.TemporaryDirectory(prefix="anatomy-cal-") as tmp:
+            t = time.perf_counter()
+            summary = train(cfg, Path(tmp) / "run")
+            return time.perf_counter() - t, summary
+
     torch.set_num_threads(threads)
     for job in jobs:  # the corpus is read once per process, as a sweep worker's first run does
         d = job["data"]
         load_corpus(d["source"], d["val_frac"], job["model"]["ctx_len"])
+    if jobs:
+        run(jobs[0], 2, 1)  # warm-up: first-use costs belong to the start-up, not to a shape's steps
     ready, out = time.time(), []
     for job in jobs:
-        took = {}
-        for name, steps, interval in (("A", K, K), ("B", 2 * K, 2 * K), ("C", K, K // 2)):
-            cfg = RunConfig.model_validate(job | {"train": job["train"] | {"steps": steps, "eval_interval": interval,
-                                                                            "warmup": 0}})
-            with tempfile.TemporaryDirectory(prefix="anatomy-cal-") as tmp:
-                t = time.perf_counter()
-                train(cfg, Path(tmp) / "run")
-                took[name] = time.perf_counter() - t
-        step_s = max(1e-4, (took["B"] - took["A"]) / K)
-        eval_s = max(1e-4, took["C"] - took["A"])
-        out.append({"step_s": round(step_s, 5), "eval_s": round(eval_s, 5),
-                    "run_s": round(max(0.0, took["A"] - K * step_s - 2 * eval_s), 4),
+        took, summary = run(job, N, E)
+        train_s = summary["step_time_ms"] * N / 1000
+        eval_s = max(1e-5, (summary["wall_s"] - train_s) / E)  # the loop's E; step 0's is outside it
+        out.append({"step_s": round(max(1e-5, train_s / N), 5), "eval_s": round(eval_s, 5),
+                    "run_s": round(max(0.0, took - summary["wall_s"] - eval_s), 4),
                     "when": time.strftime("%Y-%m-%d %H:%M:%S")})
     return ready, out
