@@ -139,3 +139,24 @@ def test_a_results_file_missing_keys_is_one_line_and_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "bad.json cannot render 'parts': KeyError" in err and "\n" not in err
     assert results.main([str(tmp_path / "missing.md")]) == 2
+
+
+def test_ends_say_where_each_end_was_best_and_where_it_ended():
+    """The seed article's result read from the file: one end overfits, the other still improves; a
+    file written before best_step/last_step/final existed renders as it did."""
+    def doc(**ends):
+        return {"study": "s", "budget": {"steps": 2000, "tokens": 8_192_000}, "seeds": [1],
+                "runs": {"total": 2, "completed": 2},
+                "ends": {role: {"name": name, "mean": mean, "sd": None, "seeds": 1, **fit}
+                         for role, (name, mean, fit) in ends.items()}}
+
+    text = results.render(doc(reference=("2017", 2.6, {"best_step": 2000, "last_step": 2000, "final": 2.6}),
+                              **{"all-on": ("llama", 2.2, {"best_step": 700, "last_step": 2000, "final": 3.2})}),
+                          "ends")
+    assert "the 2017 end reaches 2.600 at step 2,000, still improving at its last evaluation" in text
+    assert "the llama end reaches 2.200 at step 700, then overfits: 3.200 at step 2,000" in text
+    middle = doc(reference=("2017", 2.6, {"best_step": 1500, "last_step": 2000, "final": 2.7}))
+    middle["ends"]["reference"]["seeds"] = 3
+    assert "reaches 2.600 at median step 1,500 (2.700 at step 2,000);" in results.render(middle, "ends")
+    old = results.render(doc(reference=("2017", 2.6, {})), "ends")
+    assert "Best val loss (nats/char), mean over 1 seeds: the 2017 end reaches 2.600; budget 2,000 steps" in old

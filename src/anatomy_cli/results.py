@@ -13,7 +13,7 @@ Kinds: verdict, directions, ends, rule, moves, scale, parts (blocks); gain FLIP 
 FLIP DIRECTION, call FLIP DIRECTION, trend FLIP DIRECTION (the call across sizes) (inline).
 
 The file (FORMAT, VERSION 1): study, runs {total, completed}, seeds, budget, ends {role: {name,
-mean, sd, seeds}}, effects [{metric, unit, flip, direction, against, group, n_pairs, gain, adj_low,
+mean, sd, seeds, best_step, last_step, final}}, effects [{metric, unit, flip, direction, against, group, n_pairs, gain, adj_low,
 adj_high, adj_level, family, threshold, threshold_basis, call, raw_low, raw_high, p_holm}],
 eval_gains [{flip, direction, group, steps, tokens, gain}] (val-loss gain at every evaluation);
 configs [{role, params, active_params, state_bytes_4k, positions}] (what each config costs);
@@ -55,7 +55,8 @@ def build(root: Path, frames) -> dict:
     runs, curves, effects = frames
     ref, top = sections.end_names(runs)
     floor = vd.noise_floor(runs)
-    ends = {role: {"name": name, "mean": _num(floor[role][2]), "sd": _num(floor[role][0]), "seeds": floor[role][1]}
+    ends = {role: {"name": name, "mean": _num(floor[role][2]), "sd": _num(floor[role][0]), "seeds": floor[role][1],
+                   **_fit(runs, role)}
             for role, name in (("reference", ref), ("all-on", top)) if role in floor}
     ev = rep.effects_by_eval(runs, curves)
     eval_gains = [{"flip": f, "direction": d, "group": g, "steps": [int(x) for x in cell["step"]],
@@ -72,6 +73,19 @@ def build(root: Path, frames) -> dict:
             "ends": ends,
             "effects": [{k: _plain(r[k]) for k in EFFECT_KEYS} for r in rep.records(effects)],
             "eval_gains": eval_gains, "configs": _configs(runs), **scaled}
+
+
+def _fit(runs, role: str) -> dict:
+    """Where an end's runs reached their best val loss and where they ended (the runs noise_floor
+    reads: the config of the end with the most seeds): median best step, last step, mean val loss
+    at the last evaluation."""
+    done = runs[(runs["role"] == role) & (runs["status"] == "completed")]
+    if done.empty or done["best_step"].isna().all():
+        return {}
+    best = max((g for _, g in done.groupby(["design", "settings"])), key=len)
+    last = json.loads(best["settings"].iloc[0]).get("train.steps")  # completed: trained to its steps
+    return {"best_step": int(best["best_step"].median()), "last_step": last,
+            "final": _num(best["final_val_loss"].mean())}
 
 
 def _configs(runs) -> list[dict]:
@@ -178,11 +192,23 @@ def _ends(doc: dict) -> str:
         e = doc["ends"].get(role)
         if e:
             sd = f", seed-to-seed sd {e['sd']:.3f}" if e["sd"] is not None else ""
-            parts.append(f"the {e['name']} end reaches {e['mean']:.3f}{sd}")
+            parts.append(f"the {e['name']} end reaches {e['mean']:.3f}{sd}{_path(e)}")
     tokens = f" ({b['tokens']:,} tokens)" if b.get("tokens") else ""
     return (f"Best val loss (nats/char), mean over {len(doc['seeds'])} seeds: " + " and ".join(parts)
             + f"; budget {b.get('steps', '?'):,} steps{tokens}; {doc['runs']['completed']} of {doc['runs']['total']}"
             f" runs completed.")
+
+
+def _path(e: dict) -> str:
+    """' at step S' and what came after it (files written before these keys existed: '')."""
+    if e.get("best_step") is None or not e.get("last_step") or e.get("final") is None:
+        return ""
+    best, last, median = e["best_step"], e["last_step"], "median " if e["seeds"] > 1 else ""
+    if best >= last:
+        return f" at {median}step {best:,}, still improving at its last evaluation"
+    if best < last / 2:  # scale.py's "overfit" flag
+        return f" at {median}step {best:,}, then overfits: {e['final']:.3f} at step {last:,}"
+    return f" at {median}step {best:,} ({e['final']:.3f} at step {last:,})"
 
 
 def _rule(doc: dict) -> str:
