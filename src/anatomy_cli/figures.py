@@ -281,7 +281,8 @@ def scale_figure(by_size: pd.DataFrame, trends: pd.DataFrame) -> Figure:
     dashed, a few percent apart so the intervals do not hide each other) with the adjusted interval its
     call is made from, against non-embedding parameters on one shared log axis whose ticks are the
     sizes; the threshold band and the scale call in each panel's title."""
-    flips = list(dict.fromkeys(by_size["flip"]))
+    flips = list(dict.fromkeys([*trends["flip"], *by_size["flip"]]))  # the order of the trend table
+    flips = [f for f in flips if (by_size["flip"] == f).any()]
     nrows, ncols = _grid([len(flips)])
     ncols = min(ncols, 3)  # three across keeps each panel's ticks (size names and counts) readable
     nrows = max(1, math.ceil(len(flips) / ncols))
@@ -313,7 +314,8 @@ def scale_figure(by_size: pd.DataFrame, trends: pd.DataFrame) -> Figure:
         ax.set_xscale("log")
         ax.set_title("\n".join([flip] + said), fontsize="small", color=c)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize="small", loc="best")
+        if by_size["series"].nunique() > 1:  # several series: each panel names its lines
+            ax.legend(fontsize="small", loc="best")
     for ax in list(axes.flat)[len(flips):]:
         ax.set_axis_off()
     from matplotlib.ticker import NullLocator
@@ -328,8 +330,9 @@ def scale_figure(by_size: pd.DataFrame, trends: pd.DataFrame) -> Figure:
         axes[0][0].set_xlim(ticks.min() / 10 ** 0.15, ticks.max() * 10 ** 0.15)
     fig.supxlabel("non-embedding parameters (log scale): one tick per size")
     fig.supylabel("gain in best val loss (nats/char); > 0: helps")
-    _title(fig, "each component's gain at each size, with the interval its call is made from; grey band: "
-                "smaller effects do not matter; title: the call across sizes", ncols)
+    _title(fig, "each component's gain at each size (filled circles, solid: added; open squares, dashed: "
+                "removed), with the interval its call is made from; grey band: smaller effects do not matter; "
+                "title: the call across sizes", ncols)
     return fig
 
 

@@ -329,7 +329,10 @@ def scale_blocks(p: Parts) -> list:
              f"> 0 = the component helps) with the interval its call is made from, against each size's non-embedding "
              f"parameters (every parameter but the token table, the LM head and the position table). "
              f"**Budget**: {budget_text(s)}")
-    return [("p", intro), ("table", size_display(s.sizes), False), ("table", trend_display(s), False),
+    return [("p", intro), ("table", size_display(s.sizes), False),
+            ("p", "Each component's gain [interval] at each size, the fitted change per tenfold non-embedding "
+                  "parameters [interval over seeds], its Holm-adjusted p and the call across sizes:"),
+            ("table", trend_display(s), False),
             ("list", [SCALE_RULE.format(**rule_numbers(s)), FLAGS_NOTE]), ("img", p.images["scale.png"])]
 
 
