@@ -52,6 +52,7 @@ def test_ablate_ends_with_the_verdict_and_the_report_path(ablated):
     err = result.stderr  # CliRunner is no terminal: one line per finished run, no bars
     assert [line.split("]")[0] for line in err.splitlines() if line.startswith("[")] == ["[1/4", "[2/4", "[3/4", "[4/4"]
     assert "━" not in err and "4 completed, 0 diverged, 0 failed of 4 runs" in err
+    assert re.search(r"of 4 runs in \S+; took \d+s$", err, re.MULTILINE)  # the sweep's wall time, said
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -207,6 +208,7 @@ def ablate(
     live = console.is_terminal and err_console.is_terminal  # bars only where someone watches them
     display = SweepDisplay(len(plan)) if live else LineDisplay(len(plan))
     on_interrupt(lambda: "rerun the same command to resume")  # a second signal, wherever it lands
+    started = time.monotonic()
     with StopFlag(graceful=executor == "local") as stop, display:
         summaries = execute(plan, sweep_dir, n_workers, display, sweep_name=s.name, executor=executor,
                             address=address, invocation={"spec": None if spec is None else str(spec), "flip": flip,
@@ -220,7 +222,8 @@ def ablate(
     lost = statuses.count(runs.INTERRUPTED)  # a worker killed under its run (resumable)
     err_console.print(f"{statuses.count(runs.COMPLETED)} completed, {statuses.count(runs.DIVERGED)} diverged, "
                       f"{statuses.count(runs.FAILED)} failed" + (f", {lost} interrupted (rerun to resume)" if lost else "")
-                      + f" of {len(plan)} runs in {sweep_dir}", highlight=False, soft_wrap=True)
+                      + f" of {len(plan)} runs in {sweep_dir}; took {fmt_seconds(time.monotonic() - started)}",
+                      highlight=False, soft_wrap=True)
     if not no_report:
         _write_report(sweep_dir, None, ("md", "html", "csv", "json"), min_effect=min_effect)
     if runs.FAILED in statuses or lost:
