@@ -7,6 +7,7 @@ The synthetic study: the 2017 end and each of the five parts added to it, at thr
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -115,19 +116,54 @@ def test_a_noisy_trend_and_a_trend_too_small_to_matter_are_no_trend():
     assert call([[0.1, 0.1], [0.2, 0.2], [0.3, 0.3]])[0] == stats.TOO_FEW  # two seeds: no call
 
 
-@pytest.mark.parametrize("calls, p, fit, want", [
-    ([stats.HELPS, stats.NOISE, stats.HURTS], 0.5, (0.2, -0.2), scale.REVERSES),
-    ([stats.HELPS, stats.HELPS, stats.HELPS], 0.001, (0.1, 0.3), scale.GROWS),
-    ([stats.HURTS, stats.HURTS, stats.HURTS], 0.001, (-0.1, -0.3), scale.GROWS),  # hurts more: grows
-    ([stats.HELPS, stats.HELPS, stats.NOISE], 0.001, (0.3, 0.05), scale.SHRINKS),
-    ([stats.HELPS, stats.NOISE, stats.NEGLIGIBLE], 0.2, (0.2, 0.1), scale.HOLDS),
-    ([stats.NOISE, stats.NEGLIGIBLE, stats.NOISE], 0.2, (0.0, 0.01), scale.NOISE_ALL),
-    ([stats.NOISE, stats.NOISE, stats.NOISE], 0.001, (0.0, 0.2), scale.GROWS),  # the trend decides
-    ([stats.HELPS, stats.HELPS, stats.HELPS], 0.06, (0.1, 0.3), scale.HOLDS),  # Holm p above 0.05
+SURE, UNSURE, BELOW = (0.05, 0.2), (-0.01, 0.3), (-0.3, -0.05)  # a slope's simultaneous interval
+
+
+@pytest.mark.parametrize("calls, slope, fit, want", [
+    ([stats.HELPS, stats.NOISE, stats.HURTS], UNSURE, (0.2, -0.2), scale.REVERSES),
+    ([stats.HELPS, stats.HELPS, stats.HELPS], SURE, (0.1, 0.3), scale.GROWS),
+    ([stats.HURTS, stats.HURTS, stats.HURTS], BELOW, (-0.1, -0.3), scale.GROWS),  # hurts more: grows
+    ([stats.HELPS, stats.HELPS, stats.NOISE], BELOW, (0.3, 0.05), scale.SHRINKS),
+    ([stats.HELPS, stats.NOISE, stats.NEGLIGIBLE], UNSURE, (0.2, 0.1), scale.HOLDS),
+    ([stats.NOISE, stats.NEGLIGIBLE, stats.NOISE], UNSURE, (0.0, 0.01), scale.NOISE_ALL),
+    ([stats.NOISE, stats.NOISE, stats.NOISE], SURE, (0.0, 0.2), scale.GROWS),  # the trend decides
+    ([stats.HELPS, stats.HELPS, stats.HELPS], UNSURE, (0.1, 0.3), scale.HOLDS),  # the interval holds 0
+    ([stats.HELPS, stats.HELPS, stats.HELPS], SURE, (0.1, 0.105), scale.HOLDS),  # a change below 0.01
+    ([stats.HELPS, stats.HELPS, stats.HELPS], (float("nan"),) * 2, (0.1, 0.3), scale.HOLDS),  # no interval
 ])
-def test_the_rule_on_one_components_numbers(calls, p, fit, want):
-    assert scale.scale_call(calls, 3, 3, p, fit, 0.01) == want
-    assert scale.scale_call(calls, 3, 1, p, fit, 0.01) == stats.TOO_FEW  # one size: no trend to call
+def test_the_rule_on_one_components_numbers(calls, slope, fit, want):
+    assert scale.scale_call(calls, 3, 3, slope, fit, 0.01) == want
+    assert scale.scale_call(calls, 3, 1, slope, fit, 0.01) == stats.TOO_FEW  # one size: no trend to call
+
+
+def test_a_trend_is_called_from_the_simultaneous_interval_it_shows(tmp_path):
+    """The call and the interval beside it never disagree: a trend counts exactly when its Bonferroni
+    interval over the study's trends excludes 0 (and the change matters), even where Holm's p alone
+    would have called it."""
+    runs, curves, effects = report.report_frames(sized_study(tmp_path))
+    t = scale.scale_frames(runs, curves, effects).trends
+    m = int(t["p_value"].notna().sum())
+    assert t["adj_level"].tolist() == pytest.approx([1 - 0.05 / m] * len(t))
+    for r in t.itertuples():
+        assert r.slope_adj_low <= r.slope_low <= r.slope <= r.slope_high <= r.slope_adj_high
+        trend = (r.slope_adj_low > 0 or r.slope_adj_high < 0) and abs(r.change) > r.threshold
+        assert (r.call in (scale.GROWS, scale.SHRINKS)) == trend or r.call == scale.REVERSES  # sign first
+
+    # Two trends: a sure one, and one whose per-seed slopes (0.13, 0.20, 0.27) give p = 0.039. Holm
+    # compares the second-smallest p with 0.05 / 1 and would call it; its 97.5% interval holds 0.
+    sizes = pd.DataFrame({"size": ["S", "M", "L"], "non_embedding_params": [1e4, 1e5, 1e6]})
+    slopes = {"sure": (0.20, 0.201, 0.202), "borderline": (0.13, 0.20, 0.27)}
+    gains = pd.DataFrame([{"series": "", "flip": f, "direction": "add-one", "against": "2017 end", "seed": i,
+                           "size": sz, "non_embedding_params": n, "gain": 0.1 + k * per_seed[i]}
+                          for f, per_seed in slopes.items() for i in range(3)
+                          for k, (sz, n) in enumerate(zip(sizes["size"], sizes["non_embedding_params"]))])
+    judged = pd.DataFrame([{"series": "", "flip": f, "direction": "add-one", "size": sz, "call": stats.HELPS}
+                           for f in slopes for sz in sizes["size"]])
+    t = scale.trends(gains, judged, 0.01).set_index("flip")
+    assert t.loc["borderline", "p_value"] == pytest.approx(0.039, abs=0.001)
+    assert t.loc["borderline", "p_holm"] < 0.05 < 2 * t.loc["borderline", "p_value"]  # Holm yes, Bonferroni no
+    assert t.loc["borderline", "slope_adj_low"] < 0 < t.loc["borderline", "slope_low"]
+    assert t.loc["borderline", "call"] == scale.HOLDS and t.loc["sure", "call"] == scale.GROWS
 
 
 def test_flags_still_improving_and_overfit_per_size(tmp_path):

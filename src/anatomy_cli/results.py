@@ -273,7 +273,7 @@ def _scale(doc: dict) -> str:
     for t in sc["trends"]:
         row = [cells.get((t["series"], t["flip"], t["direction"], n)) for n in names]
         slope = "n/a" if t["slope"] is None else _g(t["slope"]) + (
-            f" [{_g(t['slope_low'])}, {_g(t['slope_high'])}]" if t["slope_low"] is not None else "")
+            f" [{_g(t['slope_adj_low'])}, {_g(t['slope_adj_high'])}]" if t.get("slope_adj_low") is not None else "")
         lines.append(f"| {t['flip']} | {_change(doc, t | {'group': t['series']})} | "
                      + " | ".join("" if e is None else f"{_g(e['gain'])} {_interval(e)}" for e in row)
                      + f" | {slope} | {t['call']} |")

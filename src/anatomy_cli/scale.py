@@ -5,7 +5,7 @@ model grows? Read from a study with a size ladder ([[sizes]]); no torch.
                 overfit) that change what its effects mean
   by_size       each component's effect at each size: the report's judged effects, placed on the ladder
   trends        per component and direction: the slope of its gain against log10 parameters over
-                seeds, Holm-corrected, and its call
+                seeds, with its simultaneous interval over the study's trends, and its call
   scale_call    the rule on one component's numbers
   scale_frames  the three frames from the report's frames
 
@@ -13,11 +13,13 @@ The rule. x = log10 of a size's non-embedding parameters (ModelConfig.non_embedd
 parameter but the token table, the head and the position table; the median over the size's runs,
 whose configs differ by a few percent). For each component and direction:
   per seed that has a completed pair at every size, the OLS slope of its gains on x (nats/char per
-  tenfold parameters); the trend is the mean slope over seeds, with its t interval and one-sample
-  t-test over seeds (stats.paired), and the p-values of every trend of the study are
-  Holm-corrected together (stats.holm). A trend counts when its Holm p < 0.05 and the fitted change
-  across the ladder (slope x decades spanned) is larger than the smallest effect that matters (the
-  verdict's threshold), the same two parts as every call of the report.
+  tenfold parameters); the trend is the mean slope over seeds, and the trends of the study are one
+  family judged by stats.judge, the rule of every call in the report: each gets a simultaneous
+  Bonferroni interval (slope_adj_low/high, level 1 - 0.05/m over the m trends; slope_low/high keep
+  the raw 95% one) and a Holm p as a detail. A trend counts when its simultaneous interval excludes
+  0 and the fitted change across the ladder (slope x decades spanned) is larger than the smallest
+  effect that matters (the verdict's threshold): the same two parts as every call of the report, so
+  no trend is called from an interval that holds 0, nor left uncalled beside one that does not.
   reverses sign   it helps at one size and hurts at another (the verdict's calls at each size)
   grows/shrinks   a trend that counts: grows when the fitted |gain| is larger at the largest size
                   than at the smallest, shrinks otherwise
@@ -54,22 +56,24 @@ SIZE_COLUMNS = ["series", "size", "non_embedding_params", "params", "steps", "to
                 "still_improving", "overfit", "flags"]
 BY_SIZE_COLUMNS = ["series", "flip", "direction", "against", "size", "non_embedding_params", "steps", "tokens",
                    "n_pairs", "gain", "adj_low", "adj_high", "call", "flags"]
-TREND_COLUMNS = ["series", "flip", "direction", "against", "sizes", "n_seeds", "slope", "slope_low", "slope_high",
-                 "p_value", "p_holm", "fit_smallest", "fit_largest", "change", "threshold", "call"]
+TREND_COLUMNS = ["series", "flip", "direction", "against", "sizes", "n_seeds", "slope", "slope_adj_low",
+                 "slope_adj_high", "adj_level", "slope_low", "slope_high", "p_value", "p_holm", "fit_smallest",
+                 "fit_largest", "change", "threshold", "call"]
 
 
-def scale_call(size_calls: list[str], n_seeds: int, n_sizes: int, p_holm: float, fit: tuple[float, float],
-               threshold: float, alpha: float = stats.ALPHA) -> str:
+def scale_call(size_calls: list[str], n_seeds: int, n_sizes: int, slope_adj: tuple[float, float],
+               fit: tuple[float, float], threshold: float) -> str:
     """The call of one component and direction (the rule above). size_calls: its verdict call at each
-    size; fit: the fitted mean gain at the smallest and the largest size; threshold: the smallest
-    effect that matters (NaN: the statistical part alone decides)."""
+    size; slope_adj: the slope's simultaneous interval; fit: the fitted mean gain at the smallest and
+    the largest size; threshold: the smallest effect that matters (NaN: the interval alone decides)."""
     if n_sizes < 2 or n_seeds < stats.MIN_PAIRS:
         return stats.TOO_FEW
     if stats.HELPS in size_calls and stats.HURTS in size_calls:
         return REVERSES
     change = fit[1] - fit[0]
     th = threshold if math.isfinite(threshold) else 0.0
-    if math.isfinite(p_holm) and p_holm < alpha and abs(change) > th:
+    low, high = slope_adj
+    if (low > 0 or high < 0) and abs(change) > th:  # NaN bounds compare false: no trend
         return GROWS if abs(fit[1]) > abs(fit[0]) else SHRINKS
     if stats.HELPS not in size_calls and stats.HURTS not in size_calls:
         return NOISE_ALL
@@ -132,8 +136,9 @@ def by_size(loss_effects: pd.DataFrame, gains: pd.DataFrame, sizes: pd.DataFrame
 
 def trends(gains: pd.DataFrame, effects_by_size: pd.DataFrame, threshold: float) -> pd.DataFrame:
     """TREND_COLUMNS: per series, component and direction, the per-seed slopes of gain on log10 N
-    (gains: report.seed_gains rows with series and non_embedding_params), Holm-corrected together,
-    and the call (scale_call) with the verdict's calls at each size (effects_by_size)."""
+    (gains: report.seed_gains rows with series and non_embedding_params), judged together as one
+    family (stats.judge: simultaneous intervals, Holm p), and the call (scale_call) with the verdict's
+    calls at each size (effects_by_size)."""
     rows = []
     for (series, flip, direction), cell in gains.groupby(["series", "flip", "direction"], sort=False):
         table = cell.pivot_table(index="seed", columns="size", values="gain", aggfunc="first")
@@ -149,11 +154,14 @@ def trends(gains: pd.DataFrame, effects_by_size: pd.DataFrame, threshold: float)
         rows.append({"series": series, "flip": flip, "direction": direction, "against": cell["against"].iloc[0],
                      "sizes": n_sizes, "n_seeds": len(fits), "slope": st["gain"], "slope_low": st["raw_low"],
                      "slope_high": st["raw_high"], "p_value": st["p_value"], "fit_smallest": fit[0],
-                     "fit_largest": fit[1], "change": fit[1] - fit[0], "threshold": threshold, "calls": calls})
+                     "fit_largest": fit[1], "change": fit[1] - fit[0], "threshold": threshold, "calls": calls,
+                     "st": st})
+    for r, judged in zip(rows, stats.judge([r.pop("st") for r in rows], math.nan)):
+        r |= {"slope_adj_low": judged["adj_low"], "slope_adj_high": judged["adj_high"],
+              "adj_level": judged["adj_level"], "p_holm": judged["p_holm"]}
     df = pd.DataFrame(rows, columns=[*TREND_COLUMNS, "calls"])
-    df["p_holm"] = stats.holm(df["p_value"].to_numpy(float)) if len(df) else []
-    df["call"] = [scale_call(r.calls, r.n_seeds, r.sizes, r.p_holm, (r.fit_smallest, r.fit_largest), threshold)
-                  for r in df.itertuples()]
+    df["call"] = [scale_call(r.calls, r.n_seeds, r.sizes, (r.slope_adj_low, r.slope_adj_high),
+                             (r.fit_smallest, r.fit_largest), threshold) for r in df.itertuples()]
     return df[TREND_COLUMNS]
 
 
@@ -177,8 +185,9 @@ class Scale:
 
 def by_size_csv(s: Scale) -> pd.DataFrame:
     """effects-by-size.csv: each effect at each size (BY_SIZE_COLUMNS) with its component's trend
-    and call across sizes beside it (slope, slope_low/high, p_holm, scale_call)."""
-    trend = s.trends[["series", "flip", "direction", "slope", "slope_low", "slope_high", "p_holm", "call"]]
+    and call across sizes beside it (slope, its simultaneous and raw intervals, p_holm, scale_call)."""
+    trend = s.trends[["series", "flip", "direction", "slope", "slope_adj_low", "slope_adj_high", "slope_low",
+                      "slope_high", "p_holm", "call"]]
     return s.by_size.merge(trend.rename(columns={"call": "scale_call"}), on=["series", "flip", "direction"], how="left")
 
 

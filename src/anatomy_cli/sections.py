@@ -330,16 +330,17 @@ def scale_blocks(p: Parts) -> list:
              f"parameters (every parameter but the token table, the LM head and the position table). "
              f"**Budget**: {budget_text(s)}")
     return [("p", intro), ("table", size_display(s.sizes), False),
-            ("p", "Each component's gain [interval] at each size, the fitted change per tenfold non-embedding "
-                  "parameters [interval over seeds], its Holm-adjusted p and the call across sizes:"),
+            ("p", "Each component's gain [interval] at each size, the fitted change in gain per tenfold "
+                  "non-embedding parameters [its simultaneous interval over seeds] and the call across sizes:"),
             ("table", trend_display(s), False),
             ("list", [SCALE_RULE.format(**rule_numbers(s)), FLAGS_NOTE]), ("img", p.images["scale.png"])]
 
 
 SCALE_RULE = ("**The rule across sizes**: for each component and direction, each seed's gains at the sizes are "
               "fitted by a line in log10 parameters (OLS); the trend is the mean slope over the seeds that have every "
-              "size ({seeds}), with its t interval over seeds, Holm-corrected over the {m} trends. A trend counts when "
-              "its Holm p < 0.05 and the fitted change across the ladder is larger than {threshold}. **reverses "
+              "size ({seeds}), with its simultaneous {level} t interval over seeds (Bonferroni over the {m} trends, as "
+              "every interval of this report). A trend counts when that interval excludes 0 and the fitted change "
+              "across the ladder is larger than {threshold}. **reverses "
               "sign**: it helps at one size and hurts at another; **grows** / **shrinks**: a trend that counts, the "
               "fitted |gain| larger / smaller at the largest size than at the smallest; **holds**: it helps (or hurts) "
               "at some size, never the opposite, and no trend counts; **within noise at every size**: no size helps "
@@ -352,7 +353,9 @@ FLAGS_NOTE = ("**Flags**: still improving = a run's best val loss is at its last
 def rule_numbers(s: sc.Scale) -> dict:
     th = float(s.trends["threshold"].iloc[0]) if len(s.trends) else math.nan
     seeds = sorted(set(s.trends["n_seeds"]))
+    levels = s.trends["adj_level"].dropna()
     return {"seeds": "/".join(map(str, seeds)) or "none", "m": int(s.trends["p_value"].notna().sum()),
+            "level": f"{100 * levels.iloc[0]:.4g}%" if len(levels) else "",
             "threshold": f"±{th:.3f} nats/char (the verdict's threshold)" if math.isfinite(th) else "0"}
 
 
@@ -382,7 +385,8 @@ def size_display(sizes: pd.DataFrame) -> pd.DataFrame:
 
 
 def trend_display(s: sc.Scale) -> pd.DataFrame:
-    """Component, change, the gain [interval] at each size, the slope per tenfold parameters, Holm p, call."""
+    """Component, change, the gain [interval] at each size, the slope per tenfold parameters [its
+    simultaneous interval], call (Holm p and raw intervals: effects-by-size.csv)."""
     names = list(dict.fromkeys(s.sizes["size"]))
     cells = {(r.series, r.flip, r.direction, r.size): r for r in s.by_size.itertuples()}
     rows = []
@@ -392,12 +396,12 @@ def trend_display(s: sc.Scale) -> pd.DataFrame:
             e = cells.get((t.series, t.flip, t.direction, name))
             row[name] = "" if e is None else f"{e.gain:+.3f} " + (f"[{e.adj_low:+.3f}, {e.adj_high:+.3f}]"
                                                                    if math.isfinite(e.adj_low) else "")
-        row["slope per 10x"] = (f"{t.slope:+.3f} [{t.slope_low:+.3f}, {t.slope_high:+.3f}]"
-                                if math.isfinite(t.slope_low) else f"{t.slope:+.3f}" if math.isfinite(t.slope) else "")
-        row["Holm p"] = f"{t.p_holm:.3g}" if math.isfinite(t.p_holm) else ""
+        row["slope per 10x"] = (f"{t.slope:+.3f} [{t.slope_adj_low:+.3f}, {t.slope_adj_high:+.3f}]"
+                                if math.isfinite(t.slope_adj_low) else f"{t.slope:+.3f}" if math.isfinite(t.slope)
+                                else "")
         row["call"] = t.call
         rows.append(row)
-    return pd.DataFrame(rows, columns=["component", "change", *names, "slope per 10x", "Holm p", "call"])
+    return pd.DataFrame(rows, columns=["component", "change", *names, "slope per 10x", "call"])
 
 
 def scale_lines(s: sc.Scale, bold: bool = True) -> list[str]:
