@@ -7,7 +7,6 @@ The synthetic study: the 2017 end and each of the five parts added to it, at thr
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np
