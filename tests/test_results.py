@@ -159,4 +159,4 @@ def test_ends_say_where_each_end_was_best_and_where_it_ended():
     middle["ends"]["reference"]["seeds"] = 3
     assert "reaches 2.600 at median step 1,500 (2.700 at step 2,000);" in results.render(middle, "ends")
     old = results.render(doc(reference=("2017", 2.6, {})), "ends")
-    assert "Best val loss (nats/char), mean over 1 seeds: the 2017 end reaches 2.600; budget 2,000 steps" in old
+    assert "Best val loss (nats/char), one seed: the 2017 end reaches 2.600; budget 2,000 steps" in old

@@ -194,7 +194,8 @@ def _ends(doc: dict) -> str:
             sd = f", seed-to-seed sd {e['sd']:.3f}" if e["sd"] is not None else ""
             parts.append(f"the {e['name']} end reaches {e['mean']:.3f}{sd}{_path(e)}")
     tokens = f" ({b['tokens']:,} tokens)" if b.get("tokens") else ""
-    return (f"Best val loss (nats/char), mean over {len(doc['seeds'])} seeds: " + " and ".join(parts)
+    n = len(doc["seeds"])
+    return (f"Best val loss (nats/char), {f'mean over {n} seeds' if n != 1 else 'one seed'}: " + "; ".join(parts)
             + f"; budget {b.get('steps', '?'):,} steps{tokens}; {doc['runs']['completed']} of {doc['runs']['total']}"
             f" runs completed.")
 
