@@ -177,6 +177,20 @@ def test_flags_still_improving_and_overfit_per_size(tmp_path):
     assert sizes.loc["M", "tokens"] == 20 * 4 * 64
 
 
+def test_a_sizes_parameters_are_its_reference_ends_as_scale_plan_prints_them(tmp_path):
+    """With +swiglu and +prenorm (both larger than the 2017 end) the median over a size's runs is
+    +prenorm's count; the size is the 2017 end's, the number scale-plan shows for it."""
+    from anatomy_cli.config import ModelConfig
+
+    built = {f: BUILT[f] for f in ("swiglu", "prenorm")}
+    runs, curves, effects = report.report_frames(sized_study(tmp_path, built=built))
+    sizes = scale.scale_frames(runs, curves, effects).sizes.set_index("size")
+    for size, n_layer in SIZES.items():
+        ref = ModelConfig(**model((), n_layer)).non_embedding_params()
+        assert sizes.loc[size, "non_embedding_params"] == ref
+        assert runs.loc[runs["size"] == size, "non_embedding_params"].median() > ref  # the median is not
+
+
 def test_report_files_carry_the_scale_section_csv_json_and_figure(tmp_path):
     root = sized_study(tmp_path / "study", overfit={"L": 1})
     paths = report.write_report(root)

@@ -10,8 +10,9 @@ model grows? Read from a study with a size ladder ([[sizes]]); no torch.
   scale_frames  the three frames from the report's frames
 
 The rule. x = log10 of a size's non-embedding parameters (ModelConfig.non_embedding_params: every
-parameter but the token table, the head and the position table; the median over the size's runs,
-whose configs differ by a few percent). For each component and direction:
+parameter but the token table, the head and the position table) of the size's reference end, the
+number scale-plan prints for the size (a sized study without a reference end: the median over the
+size's runs, whose configs differ by a few percent). For each component and direction:
   per seed that has a completed pair at every size, the OLS slope of its gains on x (nats/char per
   tenfold parameters); the trend is the mean slope over seeds, and the trends of the study are one
   family judged by stats.judge, the rule of every call in the report: each gets a simultaneous
@@ -87,8 +88,9 @@ def series_of(group: str, size: str) -> str:
 
 
 def size_table(runs: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
-    """SIZE_COLUMNS, one row per series and size, smallest first: parameters (median over its runs),
-    steps, tokens per run and per non-embedding parameter, and its flags (counts of completed runs)."""
+    """SIZE_COLUMNS, one row per series and size, smallest first: parameters (its reference end's,
+    else the median over its runs), steps, tokens per run and per non-embedding parameter, and its
+    flags (counts of completed runs)."""
     last = curves[curves["split"] == "val"].groupby("run_id")["step"].max()
     sized = runs[runs["size"] != ""]
     rows = []
@@ -100,11 +102,13 @@ def size_table(runs: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
         best = done["best_step"].astype(float)
         improving = int((best >= done["run_id"].map(last).astype(float)).sum())
         overfit = int((best < 0.5 * steps).sum()) if steps else 0
-        n = float(members["non_embedding_params"].median())
+        basis = members[members["role"] == "reference"]  # the size's reference end, as scale-plan
+        basis = basis if len(basis) else members  # a sized list design: the median over its runs
+        n = float(basis["non_embedding_params"].median())
         flags = [f"{STILL_IMPROVING} ({improving} of {len(done)} runs)" if improving else "",
                  f"{OVERFIT} ({overfit} of {len(done)} runs)" if overfit else ""]
         rows.append({"series": series_of(group, size), "size": size, "non_embedding_params": int(n),
-                     "params": int(members["params"].median()) if members["params"].notna().any() else None,
+                     "params": int(basis["params"].median()) if basis["params"].notna().any() else None,
                      "steps": steps, "tokens": tokens, "tokens_per_param": tokens / n if tokens and n else None,
                      "runs": len(done), "still_improving": improving, "overfit": overfit,
                      "flags": "; ".join(filter(None, flags))})
