@@ -392,8 +392,8 @@ def stack_size(choice: str, device_type: str) -> int:
 
 
 # `--stack auto` per device type: seeds per stacked model where stacking measured faster, 1 where
-# it measured slower or was not measured (benchmarks/RESULTS.md, "Stacked seeds"; the CPU figure
-# from benchmarks/bench_stack.py, paired and interleaved; cuda and mps: not measured yet).
+# it measured slower or was not measured (benchmarks/RESULTS.md, "bench_stack"; cpu: 0.91x the speed
+# of runs alone, 3 interleaved rounds on an idle 2-core machine; cuda and mps: not measured yet).
 STACK_AUTO = {"cpu": 1, "cuda": 1, "mps": 1}
 
 
