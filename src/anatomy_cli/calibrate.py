@@ -7,9 +7,10 @@ once, in a spawned worker that trains exactly as a sweep's worker does (train.tr
 folder): one run of N steps with E evaluations, read from its own clock (the Trainer's train time
 covers the steps alone, its loop time the steps, evaluations and checkpoints):
   step_s = train time / N,   eval_s = (loop time - train time) / E,
-  run_s = the rest of the call less step 0's evaluation (build, samples, files), and startup_s is the worker's start (interpreter, torch import, corpus,
-and one short warm-up run that pays the process's first-use costs, as a sweep worker's first run
-does). A run of the class is then
+  run_s = the rest of the call less step 0's evaluation (build, samples, files),
+and startup_s is the worker's start (interpreter, torch import, corpus, and one short warm-up run
+that pays the process's first-use costs, as a sweep worker's first run does). A run of the class is
+then
   run_s + steps x step_s + evaluations x eval_s
 with step and evaluation scaled by the run's FLOPs per token against the calibrated config's, and
 a plan is its runs packed onto the workers, longest first, plus one start-up per worker. (Timing
@@ -53,8 +54,8 @@ def busy() -> tuple[float, int] | None:
 
 def shape_key(cfg, vocab: int, threads: int) -> str:
     m, t = cfg.model, cfg.train
-    return json.dumps({"method": METHOD, "torch": _torch_version(), "device": t.device, "threads": threads, "d_model": m.d_model,
-                       "n_layer": m.n_layer, "n_head": m.n_head, "ctx_len": m.ctx_len, "vocab": vocab,
+    return json.dumps({"method": METHOD, "torch": _torch_version(), "device": t.device, "threads": threads,
+                       "d_model": m.d_model, "n_layer": m.n_layer, "n_head": m.n_head, "ctx_len": m.ctx_len, "vocab": vocab,
                        "batch": t.batch_size, "eval_batches": t.eval_batches, "sample_len": t.sample_len,
                        "dtype": t.dtype, "compile": t.compile}, sort_keys=True)
 

@@ -13,8 +13,9 @@ Kinds: verdict, directions, ends, rule, moves, scale, parts (blocks); gain FLIP 
 FLIP DIRECTION, call FLIP DIRECTION, trend FLIP DIRECTION (the call across sizes) (inline).
 
 The file (FORMAT, VERSION 1): study, runs {total, completed}, seeds, budget, ends {role: {name,
-mean, sd, seeds, best_step, last_step, final}}, effects [{metric, unit, flip, direction, against, group, n_pairs, gain, adj_low,
-adj_high, adj_level, family, threshold, threshold_basis, call, raw_low, raw_high, p_holm}],
+mean, sd, seeds, best_step, last_step, final}}, effects [{metric, unit, flip, direction, against,
+group, n_pairs, gain, adj_low, adj_high, adj_level, family, threshold, threshold_basis, call,
+raw_low, raw_high, p_holm}],
 eval_gains [{flip, direction, group, steps, tokens, gain}] (val-loss gain at every evaluation);
 configs [{role, params, active_params, state_bytes_4k, positions}] (what each config costs);
 with sizes, scale {budget, sizes, effects, trends} (scale.Scale.record's rows). No curves, no paths. Readers ignore keys they do not know; VERSION changes only when a key's meaning
@@ -76,13 +77,13 @@ def build(root: Path, frames) -> dict:
 
 
 def _fit(runs, role: str) -> dict:
-    """Where an end's runs reached their best val loss and where they ended (the runs noise_floor
-    reads: the config of the end with the most seeds): median best step, last step, mean val loss
-    at the last evaluation."""
-    done = runs[(runs["role"] == role) & (runs["status"] == "completed")]
-    if done.empty or done["best_step"].isna().all():
+    """Where an end's runs (verdict.end_runs, as its mean and sd) reached their best val loss and
+    where they ended: median best step, last step, mean val loss at the last evaluation."""
+    from anatomy_cli.verdict import end_runs
+
+    best = end_runs(runs, role)
+    if best.empty or best["best_step"].isna().all():
         return {}
-    best = max((g for _, g in done.groupby(["design", "settings"])), key=len)
     last = json.loads(best["settings"].iloc[0]).get("train.steps")  # completed: trained to its steps
     return {"best_step": int(best["best_step"].median()), "last_step": last,
             "final": _num(best["final_val_loss"].mean())}
@@ -204,10 +205,13 @@ def _path(e: dict) -> str:
     """' at step S' and what came after it (files written before these keys existed: '')."""
     if e.get("best_step") is None or not e.get("last_step") or e.get("final") is None:
         return ""
+    from anatomy_cli.scale import run_flags
+
     best, last, median = e["best_step"], e["last_step"], "median " if e["seeds"] > 1 else ""
-    if best >= last:
+    improving, overfit = run_flags(best, last, last)  # a completed run's last evaluation is its last step
+    if improving:
         return f" at {median}step {best:,}, still improving at its last evaluation"
-    if best < last / 2:  # scale.py's "overfit" flag
+    if overfit:
         return f" at {median}step {best:,}, then overfits: {e['final']:.3f} at step {last:,}"
     return f" at {median}step {best:,} ({e['final']:.3f} at step {last:,})"
 

@@ -53,6 +53,13 @@ from anatomy_cli import stats
 HOLDS, GROWS, SHRINKS, REVERSES, NOISE_ALL = "holds", "grows", "shrinks", "reverses sign", "within noise at every size"
 CALLS = (HOLDS, GROWS, SHRINKS, REVERSES, NOISE_ALL, stats.TOO_FEW)
 STILL_IMPROVING, OVERFIT = "still improving", "overfit"
+
+
+def run_flags(best_step, last_eval, steps):
+    """(still improving, overfit) of a run, or elementwise of Series: its best val loss at its last
+    evaluation; its best before half its steps (NaN steps: never overfit)."""
+    return best_step >= last_eval, best_step < 0.5 * steps
+
 SIZE_COLUMNS = ["series", "size", "non_embedding_params", "params", "steps", "tokens", "tokens_per_param", "runs",
                 "still_improving", "overfit", "flags"]
 BY_SIZE_COLUMNS = ["series", "flip", "direction", "against", "size", "non_embedding_params", "steps", "tokens",
@@ -100,8 +107,8 @@ def size_table(runs: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
         tokens = steps * settings.get("train.batch_size", 0) * settings.get("model.ctx_len", 0) if steps else None
         done = members[members["status"] == "completed"]
         best = done["best_step"].astype(float)
-        improving = int((best >= done["run_id"].map(last).astype(float)).sum())
-        overfit = int((best < 0.5 * steps).sum()) if steps else 0
+        improving, overfit = (int(flag.sum()) for flag in run_flags(
+            best, done["run_id"].map(last).astype(float), steps or math.nan))
         basis = members[members["role"] == "reference"]  # the size's reference end, as scale-plan
         basis = basis if len(basis) else members  # a sized list design: the median over its runs
         n = float(basis["non_embedding_params"].median())
@@ -143,7 +150,7 @@ def trends(gains: pd.DataFrame, effects_by_size: pd.DataFrame, threshold: float)
     (gains: report.seed_gains rows with series and non_embedding_params), judged together as one
     family (stats.judge: simultaneous intervals, Holm p), and the call (scale_call) with the verdict's
     calls at each size (effects_by_size)."""
-    rows = []
+    rows, slopes = [], []
     for (series, flip, direction), cell in gains.groupby(["series", "flip", "direction"], sort=False):
         table = cell.pivot_table(index="seed", columns="size", values="gain", aggfunc="first")
         complete = table.dropna()
@@ -158,9 +165,9 @@ def trends(gains: pd.DataFrame, effects_by_size: pd.DataFrame, threshold: float)
         rows.append({"series": series, "flip": flip, "direction": direction, "against": cell["against"].iloc[0],
                      "sizes": n_sizes, "n_seeds": len(fits), "slope": st["gain"], "slope_low": st["raw_low"],
                      "slope_high": st["raw_high"], "p_value": st["p_value"], "fit_smallest": fit[0],
-                     "fit_largest": fit[1], "change": fit[1] - fit[0], "threshold": threshold, "calls": calls,
-                     "st": st})
-    for r, judged in zip(rows, stats.judge([r.pop("st") for r in rows], math.nan)):
+                     "fit_largest": fit[1], "change": fit[1] - fit[0], "threshold": threshold, "calls": calls})
+        slopes.append(st)
+    for r, judged in zip(rows, stats.judge(slopes, math.nan)):
         r |= {"slope_adj_low": judged["adj_low"], "slope_adj_high": judged["adj_high"],
               "adj_level": judged["adj_level"], "p_holm": judged["p_holm"]}
     df = pd.DataFrame(rows, columns=[*TREND_COLUMNS, "calls"])

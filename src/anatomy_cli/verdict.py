@@ -23,6 +23,7 @@ import pandas as pd
 
 from anatomy_cli import runs as runs_mod
 from anatomy_cli import stats
+from anatomy_cli.scale import run_flags
 
 SEEDS_WANTED = 3
 FLOOR, GIVEN = "noise floor", "min-effect"  # where a family's threshold came from (threshold_basis)
@@ -37,17 +38,21 @@ def verdict_frame(loss_effects: pd.DataFrame) -> pd.DataFrame:
     return df[VERDICT_COLUMNS]
 
 
-def noise_floor(runs: pd.DataFrame, metric: str = "best_val_loss") -> dict[str, tuple[float, int, float]]:
-    """{'reference' | 'all-on': (sd of `metric` over seeds, seeds, mean)} for each end that has runs.
+def end_runs(runs: pd.DataFrame, role: str) -> pd.DataFrame:
+    """The completed runs of one end ('reference' | 'all-on'): the config of that role with the most
+    seeds (empty when the end has none)."""
+    done = runs[(runs["role"] == role) & (runs["status"] == runs_mod.COMPLETED)]
+    return max((g for _, g in done.groupby(["design", "settings"])), key=len) if len(done) else done
 
-    Over completed runs of one config (the group with the most seeds); the sd is NaN with one seed.
-    """
+
+def noise_floor(runs: pd.DataFrame, metric: str = "best_val_loss") -> dict[str, tuple[float, int, float]]:
+    """{'reference' | 'all-on': (sd of `metric` over seeds, seeds, mean)} for each end that has runs
+    (end_runs); the sd is NaN with one seed."""
     out = {}
     for role in ("reference", "all-on"):
-        done = runs[(runs["role"] == role) & (runs["status"] == runs_mod.COMPLETED)]
-        if done.empty:
+        best = end_runs(runs, role)
+        if best.empty:
             continue
-        best = max((g for _, g in done.groupby(["design", "settings"])), key=len)
         values = best.drop_duplicates("seed")[metric].to_numpy(float, na_value=np.nan)
         values = values[np.isfinite(values)]
         if len(values):
@@ -73,7 +78,7 @@ def budget(runs: pd.DataFrame) -> dict:
         if None not in (steps, batch, ctx):
             out["tokens"] = steps * batch * ctx
         if "reference_best_step" in out and steps:
-            out["still_improving"] = out["reference_best_step"] >= steps
+            out["still_improving"] = bool(run_flags(out["reference_best_step"], steps, steps)[0])
     return out
 
 
