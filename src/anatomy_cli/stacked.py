@@ -165,17 +165,12 @@ class StackedTrainer:
 
     def member_opt_state(self, i: int) -> dict:
         """Member i's AdamW state in a lone run's layout: every [S, ...] tensor sliced to its own."""
-        full = self.opt.state_dict()
-        state = {k: {n: v[i].clone() if torch.is_tensor(v) and v.dim() > 0 else v for n, v in s.items()}
-                 for k, s in full["state"].items()}
-        return {"state": state, "param_groups": full["param_groups"]}
+        return map_members(self.opt.state_dict(), lambda v: v[i].clone())
 
     def member_state(self, i: int) -> ResumeState:
         m = self.members[i]
-        log = m.log
-        return ResumeState(self.step, log.best, log.best_step, log.ref_loss, log.last_val, log.diverged_at,
-                           self.elapsed, self.train_time, self.member_opt_state(i), m.sampler.state(),
-                           torch.get_rng_state())
+        return m.log.resume_state(self.step, self.elapsed, self.train_time, self.member_opt_state(i),
+                                  m.sampler.state())
 
     def checkpoint(self) -> None:
         self.sync()
@@ -192,8 +187,7 @@ class StackedTrainer:
                 m.model.load_state_dict(weights, strict=True)
                 m.sampler.set_state(s.sampler)
             except (KeyError, ValueError, RuntimeError, TypeError) as err:
-                detail = " ".join(str(err).split())[:300]
-                raise runs.RunError(f"resume state in {m.run_dir} does not fit this run: {detail}") from None
+                raise m.log.misfit(err) from None
             m.log.resumed(s, weights, best)
             m.step, states.append(s)
         steps = {s.step for s in states}
@@ -210,11 +204,9 @@ class StackedTrainer:
     def retire(self, gone: list[Member]) -> None:
         """Drop members (finished early) from the stack: their slices stop costing anything."""
         keep = [i for i, m in enumerate(self.members) if m not in gone]
-        full = self.opt.state_dict()
-        state = {k: {n: v[keep] if torch.is_tensor(v) and v.dim() > 0 else v for n, v in s.items()}
-                 for k, s in full["state"].items()}
+        state = map_members(self.opt.state_dict(), lambda v: v[keep])
         self.sync()
-        self.restack([self.members[i] for i in keep], {"state": state, "param_groups": full["param_groups"]})
+        self.restack([self.members[i] for i in keep], state)
 
     # ------------------------------------------------------------------ the loop
     def run(self, finish, stop=None) -> None:
@@ -281,6 +273,14 @@ class StackedTrainer:
                 self.progress({"run_dir": str(m.run_dir), "step": self.step, "steps": self.t.steps,
                                "val_loss": m.log.last_val, "best_val_loss": m.log.best,
                                "train_loss": m.log.train_loss})
+
+
+def map_members(opt_state: dict, fn) -> dict:
+    """An optimizer state_dict with fn applied to each per-member tensor ([S, ...]; AdamW's step
+    counts are 0-d and shared, kept as they are)."""
+    state = {k: {n: fn(v) if torch.is_tensor(v) and v.dim() > 0 else v for n, v in s.items()}
+             for k, s in opt_state["state"].items()}
+    return {"state": state, "param_groups": opt_state["param_groups"]}
 
 
 def clip_members(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:

@@ -201,6 +201,17 @@ class RunLog:
             self.best, self.best_step = val, step
             save_weights(weights(), self.run_dir / runs.BEST)
 
+    def resume_state(self, step: int, elapsed: float, train_time: float, optimizer: dict,
+                     sampler: torch.Tensor) -> ResumeState:
+        """This run's resume state at `step`: the books from here, the counters and states given."""
+        return ResumeState(step, self.best, self.best_step, self.ref_loss, self.last_val, self.diverged_at,
+                           elapsed, train_time, optimizer, sampler, torch.get_rng_state())
+
+    def misfit(self, err: Exception) -> runs.RunError:
+        """The one-line error for a checkpoint whose weights or states do not load into this run."""
+        detail = " ".join(str(err).split())[:300]
+        return runs.RunError(f"resume state in {self.run_dir} does not fit this run: {detail}")
+
     def save_checkpoint(self, weights: dict, state: ResumeState) -> None:
         """resume.pt: weights, the best weights when they are not these, and the resume state."""
         best = read_weights(self.run_dir / runs.BEST) if 0 <= state.best_step < state.step else None
@@ -320,10 +331,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ state
     def state(self) -> ResumeState:
-        log = self.log
-        return ResumeState(self.step, log.best, log.best_step, log.ref_loss, log.last_val, log.diverged_at,
-                           self.elapsed, self.train_time, self.opt.state_dict(), self.sampler.state(),
-                           torch.get_rng_state())
+        return self.log.resume_state(self.step, self.elapsed, self.train_time, self.opt.state_dict(),
+                                     self.sampler.state())
 
     def checkpoint(self) -> None:
         """Metric lines up to this step on disk, then resume.pt replaced in one rename."""
@@ -339,8 +348,7 @@ class Trainer:
             self.sampler.set_state(s.sampler)
             torch.set_rng_state(s.torch_rng)
         except (KeyError, ValueError, RuntimeError, TypeError) as err:
-            detail = " ".join(str(err).split())[:300]
-            raise runs.RunError(f"resume state in {self.run_dir} does not fit this run: {detail}") from None
+            raise self.log.misfit(err) from None
         self.step, self.elapsed, self.train_time = s.step, s.elapsed, s.train_time
         self.log.resumed(s, weights, best)
 
