@@ -113,7 +113,7 @@ def run_group(jobs: list[Job], emit: Event | None = None, stop: Stop | None = No
             done.update((j.run_id, s) for j, s in zip(part, summaries))
         except Exception as err:  # noqa: BLE001 - recorded in each unfinished run's summary, the sweep goes on
             for j in part:
-                summary = runs.read_summary(Path(j.run_dir)) if (Path(j.run_dir) / runs.SUMMARY).exists() else None
+                summary = runs.read_summary(Path(j.run_dir))  # None before one is written
                 finished = summary is not None and summary.get("status") in runs.DONE_STATES
                 done[j.run_id] = summary if finished else record_failure(j, err)
     return [done[j.run_id] for j in jobs]

@@ -45,10 +45,10 @@ from torch.func import functional_call, stack_module_state, vmap
 from . import runs
 from .config import RunConfig
 from .data import BatchSampler, Corpus, fixed_windows
-from .devices import autocast, configure, expand_gqa, keep_freed_memory, resolve_device, sdpa_probe
+from .devices import autocast, resolve_device
 from .model import LM
-from .trainer import (Progress, ResumeState, RunLog, StepRecord, add_terms, checkpoint_due, lr_at, make_optimizer,
-                      set_expand_kv)
+from .trainer import (Progress, ResumeState, RunLog, StepRecord, add_terms, checkpoint_due, gqa_expanded, lr_at,
+                      make_optimizer, set_expand_kv, training_device)
 
 
 def stack_problem(cfg: RunConfig) -> str | None:
@@ -90,17 +90,11 @@ class StackedTrainer:
 
     def __init__(self, cfgs: list[RunConfig], run_dirs: list[Path], corpus: Corpus, progress: Progress | None = None):
         t = cfgs[0].train
-        if t.threads:
-            torch.set_num_threads(t.threads)
         self.t, self.corpus, self.progress = t, corpus, progress
-        self.device = resolve_device(t.device)
-        if self.device.type == "cpu":
-            keep_freed_memory()
-        configure(self.device)
+        self.device = training_device(t)
         self.members = [Member(c, d, corpus, self.device) for c, d in zip(cfgs, run_dirs)]
         self.base = copy.deepcopy(self.members[0].model)  # the structure functional_call runs
-        set_expand_kv(self.base, expand_gqa(cfgs[0].model, sdpa_probe(cfgs[0].model, t.batch_size, self.device, t.dtype),
-                                            self.device.type))
+        set_expand_kv(self.base, gqa_expanded(cfgs[0], self.device))
         self.val = fixed_windows(corpus.val, t.batch_size, cfgs[0].model.ctx_len, t.eval_batches, self.device)
         self.autocast = autocast(self.device, t.dtype)
         for m in self.members:  # what train.finalize reads of a Trainer besides the books

@@ -228,9 +228,10 @@ def recorded(run_dir: Path, carried: dict):
         status = runs.FAILED if isinstance(err, Exception) else runs.INTERRUPTED
         error = f"{err.__class__.__name__}: {err}".rstrip(": ")
         with contextlib.suppress(OSError, runs.RunError):
-            if (runs.read_summary(run_dir) or {}).get("status") != runs.RUNNING:
-                raise  # finished before the error (a stacked member that diverged): its summary stays
-            runs.atomic_write_json(run_dir / runs.SUMMARY, RunSummary(status=status, **carried, error=error).record())
+            # a run that finished before the error (a stacked member that diverged) keeps its summary
+            if (runs.read_summary(run_dir) or {}).get("status") == runs.RUNNING:
+                runs.atomic_write_json(run_dir / runs.SUMMARY,
+                                       RunSummary(status=status, **carried, error=error).record())
         raise
 
 

@@ -87,6 +87,24 @@ def uses_graphs(t) -> bool:
     return t.compile and t.compile_mode == "reduce-overhead"
 
 
+def training_device(t) -> torch.device:
+    """The run's device, with this process set up to train on it: threads, the CPU allocator's
+    freed-memory policy, matmul precision (Trainer and StackedTrainer alike)."""
+    if t.threads:
+        torch.set_num_threads(t.threads)
+    device = resolve_device(t.device)
+    if device.type == "cpu":
+        keep_freed_memory()
+    configure(device)
+    return device
+
+
+def gqa_expanded(cfg: RunConfig, device: torch.device) -> bool:
+    """devices.expand_gqa for this run's model, batch and dtype on this device."""
+    t = cfg.train
+    return expand_gqa(cfg.model, sdpa_probe(cfg.model, t.batch_size, device, t.dtype), device.type)
+
+
 def set_expand_kv(model: torch.nn.Module, on: bool) -> None:
     """Every attention layer repeats K/V to its query heads before SDPA (devices.expand_gqa)."""
     for m in model.modules():
@@ -252,16 +270,10 @@ class Trainer:
     def __init__(self, cfg: RunConfig, run_dir: Path, corpus: Corpus, progress: Progress | None = None):
         t = cfg.train
         self.cfg, self.run_dir, self.corpus, self.progress = cfg, Path(run_dir), corpus, progress
-        if t.threads:
-            torch.set_num_threads(t.threads)
-        self.device = resolve_device(t.device)
-        if self.device.type == "cpu":
-            keep_freed_memory()
-        configure(self.device)
+        self.device = training_device(t)
         torch.manual_seed(cfg.seed)  # model init depends on the seed alone
         self.model = LM(cfg.model).to(self.device)
-        set_expand_kv(self.model, expand_gqa(cfg.model, sdpa_probe(cfg.model, t.batch_size, self.device, t.dtype),
-                                             self.device.type))
+        set_expand_kv(self.model, gqa_expanded(cfg, self.device))
         self.fwd = compile_model(self.model, t.compile_mode) if t.compile else self.model
         self.graphs = uses_graphs(t)
         self.opt = make_optimizer(self.model, t, self.device)
