@@ -6,7 +6,7 @@ TORCH  ?= torch==2.13.0
 EXTRAS ?= dev,hf,dask,tb,data
 BIN    := $(VENV)/bin
 
-.PHONY: demo test check results install clean
+.PHONY: demo test test-fast test-kernels lint check results install clean
 
 $(BIN)/anatomy: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,18 +21,39 @@ install: $(BIN)/anatomy
 demo: install
 	$(BIN)/anatomy ablate
 
-# The test suite (CPU, toy sizes).
+# The whole test suite (CPU, toy sizes), the 20 slowest tests listed at the end.
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=20
+
+# The unit lane, for the edit-test loop: every test neither marked slow nor starting a process
+# (subprocess, spawned worker, Dask cluster; see the markers in pyproject.toml).
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not slow and not process"
+
+# The numerics-heavy tests again on other kernel paths, so a test that holds on one CPU's rounding only
+# fails here too: each ATen CPU capability below this machine's (default; avx2 under AVX-512) and MKL's
+# COMPATIBLE conditional-numerical-reproducibility mode (the path MKL takes on neither vendor's fast code).
+KERNEL_TESTS ?= tests/test_model.py tests/test_rows.py tests/test_kv_cache.py tests/test_reference.py \
+	tests/test_stacked.py tests/test_mla.py tests/test_moe.py tests/test_gdn.py tests/test_swa.py \
+	tests/test_modern.py tests/test_mixers.py tests/test_export.py
+test-kernels: install
+	@set -e; for lane in $$($(BIN)/python -c "import torch; c = torch.backends.cpu.get_cpu_capability(); \
+	    print(*['ATEN_CPU_CAPABILITY=' + l for l in ['default', 'avx2'][: {'AVX512': 2, 'AVX2': 1}.get(c, 1)]], \
+	    'MKL_CBWR=COMPATIBLE')"); do \
+	  echo "== $$lane"; env $$lane $(BIN)/python -m pytest -q -p no:cacheprovider $(KERNEL_TESTS); done
+
+# Lint (pycodestyle errors and warnings, pyflakes, import order: pyproject.toml's [tool.ruff]).
+lint: install
+	$(BIN)/ruff check src tests benchmarks
 
 # The CI regression gate on best val loss (see experiments/ci-regression.toml).
 check: install
 	$(BIN)/anatomy check experiments/ci-regression.toml --baseline experiments/ci-baseline.json
 
-# Rewrite the README's marked result blocks from experiments/results/*.json (written by
+# Rewrite the README's and docs/' marked result blocks from experiments/results/*.json (written by
 # `anatomy report RUNS_DIR --results experiments/results/STUDY.json`).
 results: install
-	$(BIN)/python -m anatomy_cli.results README.md
+	$(BIN)/python -m anatomy_cli.report.results README.md docs/*.md
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

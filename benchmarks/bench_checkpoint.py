@@ -22,11 +22,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
-from anatomy_cli import runs  # noqa: E402
-from anatomy_cli.config import RunConfig, load_toml, validate  # noqa: E402
-from anatomy_cli.data import load_corpus  # noqa: E402
-from anatomy_cli.train import resolve_config  # noqa: E402
-from anatomy_cli.trainer import Trainer  # noqa: E402
+
+from anatomy_cli.data.load import load_corpus  # noqa: E402
+from anatomy_cli.spec.config import RunConfig, load_toml, validate  # noqa: E402
+from anatomy_cli.store import runs  # noqa: E402
+from anatomy_cli.training.run import resolve_config  # noqa: E402
+from anatomy_cli.training.trainer import Trainer  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -32,7 +32,8 @@ def write_corpus(path: Path, n_bytes: int) -> None:
     words = ("the model reads a token and predicts the next one while the norm keeps the scale steady and "
              "rope turns queries and keys by their position so attention sees distance café naïve").split()
     lines = [" ".join(rng.choice(words) for _ in range(rng.randint(4, 14))) for _ in range(20000)]
-    block = ("\n".join(("## " + s.title()) if rng.random() < 0.1 else s.capitalize() + "." for s in lines) + "\n").encode()
+    block = ("\n".join(("## " + s.title()) if rng.random() < 0.1 else s.capitalize() + "." for s in lines)
+             + "\n").encode()
     with open(path, "wb") as f:  # block by block: this process stays small, and a child's ru_maxrss
         for _ in range(n_bytes // len(block)):  # counts the image it was forked from
             f.write(block)

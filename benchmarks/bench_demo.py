@@ -37,7 +37,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
-from anatomy_cli.sweep import execute, load_plan  # noqa: E402
+
+from anatomy_cli.sweep.plan import execute, load_plan  # noqa: E402
 
 EXPERIMENTS = common.REPO_ROOT / "experiments"
 STUDIES = {"five-flips": (EXPERIMENTS / "five-flips.toml", 1), "demo": (EXPERIMENTS / "demo.toml", None)}
@@ -106,9 +107,11 @@ def main(argv=None) -> None:
                      f"{wall['demo']:.1f}", load["demo"], f"{ratios[-1]:.2f}"])
     five, demo = (studies[n][0].config.train for n in ("five-flips", "demo"))
     lines = [f"- configs: {', '.join(slugs)}; five-flips: {len(studies['five-flips'])} run(s) x {five.steps} steps "
-             f"(eval every {five.eval_interval} over {five.eval_batches} batches); demo: {len(studies['demo'])} runs x {demo.steps} steps "
+             f"(eval every {five.eval_interval} over {five.eval_batches} batches); "
+             f"demo: {len(studies['demo'])} runs x {demo.steps} steps "
              f"(eval every {demo.eval_interval} over {demo.eval_batches} batches); {args.workers} worker(s); "
-             f"budget scale {args.scale:g}" + (" (an upper bound of the full-size ratio)" if args.scale < 1 else ""), ""]
+             f"budget scale {args.scale:g}" + (" (an upper bound of the full-size ratio)" if args.scale < 1 else ""),
+             ""]
     lines += common.table(["round", "order", "five-flips s", "load", "demo s", "load", "demo / five-flips"], rows)
     lines += ["", f"demo (3 seeds) / five-flips (1 seed), median over {len(ratios)} rounds: "
                   f"**{statistics.median(ratios):.2f}x** (the issue's bound: 1.5x)"]

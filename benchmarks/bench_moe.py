@@ -27,12 +27,13 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
-from anatomy_cli.components import model_settings  # noqa: E402
-from anatomy_cli.config import ModelConfig, TrainConfig  # noqa: E402
+
 from anatomy_cli.model import LM  # noqa: E402
 from anatomy_cli.model.moe import MoE, activate  # noqa: E402
-from anatomy_cli.devices import keep_freed_memory  # noqa: E402
-from anatomy_cli.trainer import make_optimizer  # noqa: E402
+from anatomy_cli.spec.components import model_settings  # noqa: E402
+from anatomy_cli.spec.config import ModelConfig, TrainConfig  # noqa: E402
+from anatomy_cli.training.devices import keep_freed_memory  # noqa: E402
+from anatomy_cli.training.trainer import make_optimizer  # noqa: E402
 
 
 def masked_experts(self: MoE, flat, slots, counts):

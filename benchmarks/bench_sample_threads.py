@@ -20,9 +20,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402,F401  (puts src/ on the path)
-from anatomy_cli.config import ModelConfig  # noqa: E402
+
 from anatomy_cli.model import LM  # noqa: E402
-from anatomy_cli.sample import generate  # noqa: E402
+from anatomy_cli.model.generate import generate  # noqa: E402
+from anatomy_cli.spec.config import ModelConfig  # noqa: E402
 
 NEW, ROUNDS = 300, 6
 

@@ -1,7 +1,7 @@
 """Sweep wall time: the same plan run sequentially (1 x 1 thread), 1 worker x 2 threads, 2 workers x 1 thread.
 
 Runs a small one-at-a-time sweep (by default 4 runs of the five-flips sizes, 150 steps each, on the
-embedded corpus) into two fresh temporary folders through anatomy_cli.sweep.execute, once per
+embedded corpus) into two fresh temporary folders through anatomy_cli.sweep.plan.execute, once per
 layout, and prints the wall times and their ratio (parallel / sequential), plus whether the two
 layouts produced identical metrics (they must: results do not depend on the thread count).
 This is the measurement behind sweep.default_workers (one worker per core, one thread each).
@@ -20,9 +20,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
-from anatomy_cli import runs  # noqa: E402
-from anatomy_cli.config import AblationSpec, validate  # noqa: E402
-from anatomy_cli.sweep import execute, expand  # noqa: E402
+
+from anatomy_cli.spec.config import AblationSpec, validate  # noqa: E402
+from anatomy_cli.store import runs  # noqa: E402
+from anatomy_cli.sweep.plan import execute, expand  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -36,7 +37,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def make_spec(n_runs: int, steps: int) -> AblationSpec:
     spec_path = Path(__file__).resolve().parents[1] / "experiments" / "five-flips.toml"
-    from anatomy_cli.config import load_toml
+    from anatomy_cli.spec.config import load_toml
 
     data = load_toml(spec_path)
     data.update(name="bench-sweep", design="list", seeds=1,

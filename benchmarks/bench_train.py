@@ -1,7 +1,7 @@
 """Training step time (forward + backward + clip + AdamW step) at the seed size, on CPU.
 
 Variants, all interleaved round by round so machine noise hits each alike:
-  anatomy    anatomy_cli.model.LM + anatomy_cli.trainer.make_optimizer (fused AdamW), the exact step
+  anatomy    anatomy_cli.model.LM + anatomy_cli.training.trainer.make_optimizer (fused AdamW), the exact step
              of Trainer.train_step (lr set, autocast, loss.backward, clip_grad_norm_, step, zero_grad)
   reference  benchmarks/reference.py: the hand-written "slow" model + plain AdamW, same step
   +compile   anatomy with torch.compile on the forward, as Trainer does (--compile)
@@ -29,11 +29,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 import reference  # noqa: E402
-from anatomy_cli.components import model_settings  # noqa: E402
-from anatomy_cli.config import DataConfig, ModelConfig, RunConfig, TrainConfig  # noqa: E402
+
 from anatomy_cli.model import LM  # noqa: E402
-from anatomy_cli.devices import keep_freed_memory  # noqa: E402
-from anatomy_cli.trainer import make_optimizer  # noqa: E402
+from anatomy_cli.spec.components import model_settings  # noqa: E402
+from anatomy_cli.spec.config import DataConfig, ModelConfig, RunConfig, TrainConfig  # noqa: E402
+from anatomy_cli.training.devices import keep_freed_memory  # noqa: E402
+from anatomy_cli.training.trainer import make_optimizer  # noqa: E402
 
 # the LLaMA parts at full K/V heads (n_kv_head stays the config's): GQA is timed separately
 CONFIGS = {"2017": {}, "llama": {k: v for k, v in model_settings().items() if k != "n_kv_head"}}
@@ -130,9 +131,9 @@ def paired_ratio(samples: dict, a: str, b: str) -> tuple[float, float] | None:
 
 def bf16_loss(args, cfg_name: str) -> dict:
     """Train the seed config N steps with fp32 and with bf16 autocast from one seed; val losses."""
-    from anatomy_cli.data import load_corpus
-    from anatomy_cli.train import resolve_config
-    from anatomy_cli.trainer import Trainer
+    from anatomy_cli.data.load import load_corpus
+    from anatomy_cli.training.run import resolve_config
+    from anatomy_cli.training.trainer import Trainer
 
     source = str(args.text) if args.text.is_file() else None  # None: anatomy's embedded corpus
     corpus = load_corpus(source, 0.1, args.seq)

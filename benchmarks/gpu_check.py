@@ -11,7 +11,7 @@ Sections of `run`, each bounded (fixed step counts, and skipped when the time bu
   1. correctness: cached vs full logits (fp32, TF32 off; also bf16 autocast, looser), anatomy vs the
      hand-written reference; which SDPA kernels accept anatomy's MHA / GQA calls in fp32 and bf16
      (GQA uses enable_gqa, which on CUDA only flash (fp16/bf16) and math accept); and one short
-     training run through anatomy_cli.train.train
+     training run through anatomy_cli.training.run.train
   2. seed config (B 32, T 128, d 128, L 4, H 4, V 1719) step time through Trainer.train_step (the
      product's own step): eager fp32 (TF32), eager bf16, compiled bf16, compiled bf16
      mode="reduce-overhead" (CUDA graphs, with the Trainer's own step boundaries)
@@ -43,12 +43,12 @@ EXIT_FAILED, EXIT_NO_CUDA, EXIT_MISSING = 1, 2, 3
 # (module, why it is needed); anatomy's own modules are imported last, so a missing dependency is named.
 REQUIRED = [
     ("torch", "runs the model"),
-    ("numpy", "anatomy_cli.data turns id arrays into tensors with it"),
-    ("safetensors", "anatomy_cli.checkpoint writes weights with it"),
-    ("pydantic", "anatomy_cli.config validates every spec with it"),
-    ("anatomy_cli.config", "anatomy, from src/ on PYTHONPATH"),
+    ("numpy", "anatomy_cli.data.batches turns id arrays into tensors with it"),
+    ("safetensors", "anatomy_cli.training.checkpoint writes weights with it"),
+    ("pydantic", "anatomy_cli.spec.config validates every spec with it"),
+    ("anatomy_cli.spec.config", "anatomy, from src/ on PYTHONPATH"),
     ("anatomy_cli.model", "anatomy, from src/ on PYTHONPATH"),
-    ("anatomy_cli.train", "anatomy, from src/ on PYTHONPATH"),
+    ("anatomy_cli.training.run", "anatomy, from src/ on PYTHONPATH"),
 ]
 WHEELS_HINT = """\
 pydantic is not importable. anatomy's config.py needs pydantic>=2.6,<3 (with pydantic-core,
@@ -140,7 +140,7 @@ class Report:
 
 
 def small_configs(vocab: int = 97):
-    from anatomy_cli.config import ModelConfig
+    from anatomy_cli.spec.config import ModelConfig
 
     base = dict(vocab_size=vocab, d_model=64, n_layer=2, n_head=4, ctx_len=64)
     llama = dict(norm_type="rmsnorm", norm_pos="pre", pos_type="rope", ffn_type="swiglu")
@@ -162,8 +162,8 @@ def cached_vs_full(model, idx, prefix: int, chunk: int, dtype=None):
 
 
 def check_correctness(rep: Report, args) -> None:
-    import torch
     import reference
+    import torch
 
     from anatomy_cli.model import LM
 
@@ -251,9 +251,9 @@ def generated_text(n_chars: int, seed: int = 0) -> str:
 
 
 def check_training(rep: Report, args) -> None:
-    from anatomy_cli.config import DataConfig, ModelConfig, RunConfig, TrainConfig
-    from anatomy_cli.runs import read_metrics
-    from anatomy_cli.train import train
+    from anatomy_cli.spec.config import DataConfig, ModelConfig, RunConfig, TrainConfig
+    from anatomy_cli.store.runs import read_metrics
+    from anatomy_cli.training.run import train
 
     with tempfile.TemporaryDirectory() as tmp:
         text = Path(tmp) / "toy.txt"
@@ -286,8 +286,8 @@ def check_training(rep: Report, args) -> None:
 
 
 def seed_config(name: str, tiny: bool):
-    from anatomy_cli.components import model_settings
-    from anatomy_cli.config import ModelConfig
+    from anatomy_cli.spec.components import model_settings
+    from anatomy_cli.spec.config import ModelConfig
 
     extra = {k: v for k, v in model_settings().items() if k != "n_kv_head"} if name == "llama" else {}
     kv = 2 if name == "llama" else 4
@@ -304,9 +304,9 @@ def step_variant(cfg, batch: int, device, dtype, compile_mode: str | None):
 
     import torch
 
-    from anatomy_cli.config import RunConfig
-    from anatomy_cli.data import CharVocab, Corpus, id_typecode
-    from anatomy_cli.trainer import Trainer
+    from anatomy_cli.data.corpus import CharVocab, Corpus, id_typecode
+    from anatomy_cli.spec.config import RunConfig
+    from anatomy_cli.training.trainer import Trainer
 
     text = generated_text(max(20_000, 4 * batch * (cfg.ctx_len + 1)))
     chars = sorted(set(text)) + [chr(0x4E00 + i) for i in range(cfg.vocab_size)]  # pad to vocab_size
@@ -410,8 +410,8 @@ def choose_batch(cfg, args) -> tuple[int, str]:
 def check_mfu(rep: Report, args) -> None:
     import torch
 
-    from anatomy_cli.components import model_settings
-    from anatomy_cli.config import ModelConfig
+    from anatomy_cli.spec.components import model_settings
+    from anatomy_cli.spec.config import ModelConfig
 
     extra = {k: v for k, v in model_settings().items() if k != "n_kv_head"} if args.mfu_config == "llama" else {}
     heads = 4 if args.tiny else 12
@@ -479,9 +479,8 @@ def run(args) -> int:
     code = preflight(args.device, quiet=True)
     if code:
         return code
-    import torch
-
     import common
+    import torch
 
     if args.device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True  # as Trainer sets it
@@ -490,7 +489,7 @@ def run(args) -> int:
     print(common.describe())
     sections = [("correctness", "1a. cached vs full, anatomy vs reference", check_correctness, 5),
                 ("sdpa", "1b. which SDPA kernels anatomy's attention calls can use", check_sdpa, 2),
-                ("train", "1c. short training through anatomy_cli.train.train", check_training, 20),
+                ("train", "1c. short training through anatomy_cli.training.run.train", check_training, 20),
                 ("seed", "2. seed-config step time", check_seed_speed, 10),
                 ("mfu", "3. MFU, GPT-2-small-sized char model", check_mfu, 90)]
     try:

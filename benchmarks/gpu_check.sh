@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gpu_check.sh: anatomy on a CUDA machine, in under 5 minutes (hard `timeout`, every loop bounded).
 #   1. correctness: cached vs full logits on CUDA, anatomy vs the hand-written reference, which SDPA
-#      kernels anatomy's attention can use, one short training run through anatomy_cli.train.train
+#      kernels anatomy's attention can use, one short training run through anatomy_cli.training.run.train
 #      (device cuda) on generated text
 #   2. seed-config step time: eager fp32+TF32, eager bf16, compiled bf16, compiled reduce-overhead
 #   3. MFU of a GPT-2-small-sized char model (bf16 + compile) against --peak-tflops (default 790)

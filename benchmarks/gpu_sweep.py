@@ -42,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SPEC = ROOT / "experiments" / "five-flips-seed.toml"
 EXIT_FAILED, EXIT_NO_CUDA, EXIT_MISSING, EXIT_TIME = 1, 2, 3, 4
-REQUIRED = ["torch", "numpy", "pydantic", "typer", "rich", "safetensors", "pandas", "anatomy_cli.cli"]
+REQUIRED = ["torch", "numpy", "pydantic", "typer", "rich", "safetensors", "pandas", "anatomy_cli.cli.main"]
 
 
 def preflight(device: str, quiet: bool = False) -> int:
@@ -72,8 +72,8 @@ def preflight(device: str, quiet: bool = False) -> int:
 
 def best_workers(args, spec: Path) -> int:
     """anatomy's own default for this plan and device (what `ablate` picks without --workers)."""
-    from anatomy_cli.cli_sweep import sweep_workers
-    from anatomy_cli.sweep import check_data, default_workers, load_plan
+    from anatomy_cli.cli.render import sweep_workers
+    from anatomy_cli.sweep.plan import check_data, default_workers, load_plan
 
     _, plan = load_plan(spec, seeds=args.seeds, steps=args.steps, device=args.device, compile=args.compile or None)
     return sweep_workers(plan, check_data(plan), default_workers(len(plan)))
@@ -118,7 +118,8 @@ def show(p: dict, label: str) -> None:
         print(f"   ablate exit status {p['rc']}:\n{p['tail']}", flush=True)
     for slug, s in p["runs"].items():
         tps = s.get("tokens_per_s") or 0.0
-        print(f"   {slug:22s} {s.get('status', '?'):10s} stack {s.get('stacked') or 1}  best val {s.get('best_val_loss') or float('nan'):.5f} "
+        print(f"   {slug:22s} {s.get('status', '?'):10s} stack {s.get('stacked') or 1}  "
+              f"best val {s.get('best_val_loss') or float('nan'):.5f} "
               f"@ {s.get('best_step')}  {tps / 1e6:6.3f} M tok/s (own)  matmul {s.get('matmul_precision')}  "
               f"sdpa {s.get('sdpa_kernel')}  peak {(s.get('peak_mem_bytes') or 0) / 2**20:,.0f} MiB", flush=True)
 

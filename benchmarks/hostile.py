@@ -113,7 +113,7 @@ def wait_for(cond: Callable[[], bool], timeout: float = 120, every: float = 0.05
 def group_alive(pgid: int) -> list[str]:
     """Processes still in a process group (what a signalled command left behind)."""
     out = subprocess.run(["ps", "-o", "pid=,stat=,args=", "-g", str(pgid)], capture_output=True, text=True).stdout
-    return [l.strip()[:80] for l in out.splitlines() if l.strip() and " Z" not in l[:20]]
+    return [line.strip()[:80] for line in out.splitlines() if line.strip() and " Z" not in line[:20]]
 
 
 # --------------------------------------------------------------------------- cases
@@ -155,7 +155,8 @@ comp_case("c4 about = \"[/bold] ...\"", 'on = {"train.lr" = 0.01}\nabout = "[/bo
 
 @case("c5 factorial over 24 components, ulimit -v 4000000")
 def _(c: Ctx):
-    keys = ["train.lr=0.002", "train.min_lr_frac=0.2", "train.warmup=2", "train.weight_decay=0.0", "train.grad_clip=0.5",
+    keys = ["train.lr=0.002", "train.min_lr_frac=0.2", "train.warmup=2", "train.weight_decay=0.0",
+            "train.grad_clip=0.5",
             "train.z_loss=0.0001", "train.eval_interval=3", "train.eval_batches=2", "train.log_interval=3",
             "train.diverge_factor=4.0", "train.threads=1", "train.sample_temp=0.5", "train.sample_len=1",
             "train.batch_size=2", "train.steps=3", "train.beta1=0.8", "train.beta2=0.9",
@@ -265,7 +266,6 @@ def _(c: Ctx):
 
 def names_flag(flag: str):
     def check(c: Ctx, r):
-        first = r.stderr.strip().splitlines()[0] if r.stderr.strip() else ""
         if flag not in r.stderr:
             c.notes.append(f"does not name {flag}")
         return r
@@ -453,13 +453,13 @@ def _(c: Ctx):
 def _(c: Ctx):
     run = interrupted_run(c, str(c.corpus()), steps=60)
     a, b = c.start("train", "--resume", run), c.start("train", "--resume", run)
-    (ao, ae), (bo, be) = a.communicate(timeout=300), b.communicate(timeout=300)
+    (_, ae), (_, be) = a.communicate(timeout=300), b.communicate(timeout=300)
     codes = sorted([a.returncode, b.returncode])
     if codes != [0, 3] and codes != [0, 2]:
         c.notes.append(f"exit codes {codes} (want one winner: 0 and 'in use')")
     loser = ae if a.returncode else be
-    lines = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines() if l.strip()]
-    steps = [l.get("step") for l in lines if "val_loss" in l]
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = [rec.get("step") for rec in lines if "val_loss" in rec]
     if len(steps) != len(set(steps)):
         c.notes.append("duplicate metrics lines")
     return subprocess.CompletedProcess([], codes[-1] if codes[0] == 0 else codes[0], "", loser or ae)
@@ -478,8 +478,8 @@ def _(c: Ctx):
     r = c.run("train", "--resume", out, timeout=600)
 
     def vals(d):
-        return [(l["step"], l.get("val_loss")) for l in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())
-                if "val_loss" in l]
+        return [(rec["step"], rec.get("val_loss"))
+                for rec in map(json.loads, (d / "metrics.jsonl").read_text().splitlines()) if "val_loss" in rec]
     if r.returncode == 0 and vals(ref) != vals(out):
         c.notes.append("metrics differ from an uninterrupted run")
     sm = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
@@ -525,7 +525,6 @@ def _(c: Ctx):
 
 @case("o components | head -1 (closed pipe)", (0, 141))
 def _(c: Ctx):
-    cmd = " ".join(c.target.cli()) + " components | head -c 10 >/dev/null; exit ${PIPESTATUS:-0}"
     return subprocess.run(["bash", "-c", " ".join(c.target.cli()) + " components | head -c 10 >/dev/null"],
                           cwd=c.tmp, env=c.target.env(), capture_output=True, text=True, timeout=60)
 
@@ -624,9 +623,9 @@ def run_case(fn, want, target: Target, timeout: float) -> dict:
         ctx.notes.append("harness error")
     wall = time.perf_counter() - t0
     shutil.rmtree(tmp, ignore_errors=True)
-    lines = [l for l in err.strip().splitlines() if l.strip()]
-    errors = [l for l in lines if l.lower().startswith(("error", "usage", "interrupted", "warning"))]
-    progress = [l for l in lines if "-:--:--" in l or "%" in l and "━" in l]
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    errors = [line for line in lines if line.lower().startswith(("error", "usage", "interrupted", "warning"))]
+    progress = [line for line in lines if "-:--:--" in line or "%" in line and "━" in line]
     problems = [n for n in ctx.notes if not n.startswith(("resumed", "SKIP"))]
     if "Traceback" in err:
         problems.append("traceback")
@@ -636,12 +635,14 @@ def run_case(fn, want, target: Target, timeout: float) -> dict:
         problems.append("exit 1")
     if code not in want and code not in ("timeout", "harness") and not any(n.startswith("SKIP") for n in ctx.notes):
         problems.append(f"want {'/'.join(map(str, want))}")
-    lines = [l for l in lines if l not in progress]
+    lines = [line for line in lines if line not in progress]
     usage = code == 2 and lines and lines[0].startswith("Usage:")  # click's usage box: names the option
-    if code not in (0, "timeout") and len(lines) > 1 and not usage and not (errors and len(lines) <= 3 and "Traceback" not in err):
+    if (code not in (0, "timeout") and len(lines) > 1 and not usage
+            and not (errors and len(lines) <= 3 and "Traceback" not in err)):
         problems.append(f"{len(lines)}-line stderr")
     skip = any(n.startswith("SKIP") for n in ctx.notes)
-    return {"code": code, "first": ((errors or [l for l in lines if l not in progress] or [""])[0])[:90], "wall": round(wall, 1),
+    return {"code": code, "first": ((errors or [line for line in lines if line not in progress] or [""])[0])[:90],
+            "wall": round(wall, 1),
             "problems": problems, "notes": ctx.notes, "verdict": "skip" if skip else ("BAD" if problems else "ok")}
 
 
@@ -668,7 +669,8 @@ def main() -> None:
         py, _, pp = rest.partition(":")
         targets.append(Target(label, str(Path(py).absolute()), str(Path(pp).resolve()) if pp else ""))
     if args.python:
-        targets.append(Target("run", str(Path(args.python).absolute()), str(Path(args.pythonpath).resolve()) if args.pythonpath else ""))
+        targets.append(Target("run", str(Path(args.python).absolute()),
+                              str(Path(args.pythonpath).resolve()) if args.pythonpath else ""))
     if not targets:
         sys.exit("give --target LABEL=PYTHON[:PYTHONPATH] or --python")
     results = {}

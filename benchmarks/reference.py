@@ -189,14 +189,14 @@ def check_against_anatomy(cfg, batch: int = 2, seq: int | None = None, atol: flo
     idx = torch.randint(cfg.vocab_size, (batch, seq or cfg.ctx_len))
     with torch.no_grad():
         diff = (lm(idx)[0] - ref(idx)[0]).abs().max().item()
-    from anatomy_cli.components import label
+    from anatomy_cli.spec.components import label
 
     assert diff < atol, f"{label(cfg)}: reference logits differ from anatomy's by {diff:.2e}"
     return n, diff
 
 
 def main() -> None:
-    from anatomy_cli.config import ModelConfig
+    from anatomy_cli.spec.config import ModelConfig
 
     base = dict(vocab_size=97, d_model=64, n_layer=2, n_head=4, ctx_len=32)
     llama = dict(norm_type="rmsnorm", norm_pos="pre", pos_type="rope", ffn_type="swiglu", n_kv_head=2)

@@ -29,7 +29,7 @@ HAND_WRITTEN_TOKENS_S = 10.4e6  # issue #20: a hand-written compiled model of th
 
 
 def main() -> None:
-    from anatomy_cli.sweep import expand, load_spec
+    from anatomy_cli.sweep.plan import expand, load_spec
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vocab", type=int, default=200, help="vocabulary assumed for the spec's corpus")

@@ -16,8 +16,8 @@ import tempfile
 import pytest
 import torch
 
-from anatomy_cli.config import ModelConfig
 from anatomy_cli.model import LM
+from anatomy_cli.spec.config import ModelConfig
 
 # Plan estimates calibrate into a cache of this test session, never the user's ~/.cache; set at import,
 # so the subprocesses tests start (their environment copied at import) share it too.

@@ -11,25 +11,18 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import PATIENCE, one_error_line
 from toy_data import TINY_MODEL, TINY_TRAIN, write_corpus, write_spec
 from typer.testing import CliRunner
 
-from anatomy_cli import runs
-from anatomy_cli.cli import app
+from anatomy_cli.cli.main import app
+from anatomy_cli.store import runs
 
 runner = CliRunner()
 
 
 def invoke(*args):
     return runner.invoke(app, [str(a) for a in args])
-
-
-def one_error_line(result, code: int, fragment: str) -> None:
-    output = result.output
-    assert result.exit_code == code, output
-    assert "internal error" not in output and "Traceback" not in output, output
-    errors = [line for line in output.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and fragment in errors[0], output
 
 
 def run_sets(corpus: Path) -> list[str]:
@@ -81,14 +74,14 @@ def _nan_last(run: Path) -> None:
 def test_sample_refuses_non_finite_weights_and_points_at_best(copy_of, temp):
     run = copy_of(_nan_last)
     result = invoke("sample", run, "--weights", "last", "--temp", temp, "--max-new", 5)
-    one_error_line(result, 2, "are not finite")
+    one_error_line(result, "are not finite")
     assert "--weights best" in result.output and "last.safetensors" in result.output
     assert invoke("sample", run, "--weights", "best", "--temp", temp, "--max-new", 5).exit_code == 0
 
 
 @pytest.mark.parametrize("temp", ["nan", "inf", "-inf"])
 def test_sample_refuses_non_finite_temperature(trained, temp):
-    one_error_line(invoke("sample", trained, "--temp", temp, "--max-new", 5), 2, "--temp must be >= 0 and finite")
+    one_error_line(invoke("sample", trained, "--temp", temp, "--max-new", 5), "--temp must be >= 0 and finite")
 
 
 @pytest.mark.parametrize("option, value, fragment", [("--top-k", 0, "--top-k must be >= 1, got 0"),
@@ -96,7 +89,7 @@ def test_sample_refuses_non_finite_temperature(trained, temp):
                                                      ("--window", 1, "--window must be between 2 and")])
 def test_sample_errors_name_the_flag_at_fault(trained, option, value, fragment):
     """The message names the option the user typed (and --window 0 is not silently ctx_len)."""
-    one_error_line(invoke("sample", trained, option, value, "--max-new", 3), 2, fragment)
+    one_error_line(invoke("sample", trained, option, value, "--max-new", 3), fragment)
 
 
 def test_sample_tiny_temperature_is_near_greedy_not_a_crash(trained):
@@ -111,6 +104,7 @@ def test_sample_seed_out_of_torch_range_is_an_option_error(trained):
     assert result.exit_code == 2 and "--seed" in result.output and "internal error" not in result.output
 
 
+@pytest.mark.process
 def test_closed_pipe_ends_quietly(trained):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "anatomy_cli", "sample", str(trained), "--max-new", "100000"],
@@ -118,7 +112,7 @@ def test_closed_pipe_ends_quietly(trained):
     assert len(proc.stdout.read(8)) == 8
     proc.stdout.close()  # `| head -c 8`
     err = proc.stderr.read().decode()
-    assert proc.wait(timeout=120) == 141 and err == "", err
+    assert proc.wait(timeout=PATIENCE) == 141 and err == "", err
 
 
 # --------------------------------------------------------------------------------------- specs
@@ -133,7 +127,7 @@ def test_closed_pipe_ends_quietly(trained):
     ("seed=100000000000000000000", "seed: Input should be less than or equal to"),
 ])
 def test_spec_non_finite_or_out_of_range_numbers(corpus, tmp_path, setting, fragment):
-    one_error_line(invoke("train", *run_sets(corpus), "--set", setting, "--out", tmp_path / "o"), 2, fragment)
+    one_error_line(invoke("train", *run_sets(corpus), "--set", setting, "--out", tmp_path / "o"), fragment)
     assert not (tmp_path / "o").exists()
 
 
@@ -143,10 +137,11 @@ def test_absurd_plans_are_refused_before_expanding(tmp_path):
     assert result.exit_code == 2 and "--seeds" in result.output
     axes = tmp_path / "axes.toml"
     axes.write_text('name = "x"\n[axes]\n"train.warmup" = [' + ", ".join(map(str, range(3000))) + "]\n")
-    one_error_line(invoke("ablate", axes, "--dry-run", "--runs-dir", tmp_path / "r"), 2, "the plan has 36,000 runs")  # 12 configs x 3000
+    # 12 configs x 3000
+    one_error_line(invoke("ablate", axes, "--dry-run", "--runs-dir", tmp_path / "r"), "the plan has 36,000 runs")
     inf = tmp_path / "inf.toml"
     inf.write_text('name = "x"\n[base.train]\nlr = inf\n')
-    one_error_line(invoke("ablate", inf, "--dry-run", "--runs-dir", tmp_path / "r"), 2, "base.train.lr")
+    one_error_line(invoke("ablate", inf, "--dry-run", "--runs-dir", tmp_path / "r"), "base.train.lr")
 
 
 # ------------------------------------------------------------------------------ run files read back
@@ -175,7 +170,7 @@ def _put(name: str, text: str | bytes):
 ])
 def test_report_names_the_corrupt_run_file(copy_of, name, text, fragment):
     run = copy_of(_put(name, text))
-    one_error_line(invoke("report", run, "--format", "csv"), 2, fragment.format(run=run))
+    one_error_line(invoke("report", run, "--format", "csv"), fragment.format(run=run))
 
 
 def test_a_torn_last_metrics_line_is_still_ignored(trained, tmp_path):
@@ -196,8 +191,9 @@ def test_eval_replaces_a_corrupt_eval_json(copy_of):
 def test_check_rejects_an_infinite_tolerance(tmp_path):
     baseline = tmp_path / "b.json"
     baseline.write_text('{"configs": {"2017": {"best_val_loss": 3.0}}}')
-    result = invoke("check", write_spec(tmp_path), "--baseline", baseline, "--from-runs", tmp_path, "--tolerance", "inf")
-    one_error_line(result, 2, "--tolerance must be a finite number")
+    result = invoke("check", write_spec(tmp_path), "--baseline", baseline, "--from-runs", tmp_path,
+                    "--tolerance", "inf")
+    one_error_line(result, "--tolerance must be a finite number")
 
 
 # ------------------------------------------------------------------------------- absurd sizes
@@ -212,7 +208,7 @@ def test_check_rejects_an_infinite_tolerance(tmp_path):
 ])
 def test_absurd_sizes_are_refused_before_allocating(corpus, tmp_path, setting, fragment):
     result = invoke("train", *run_sets(corpus), "--set", setting, "--out", tmp_path / "o")
-    one_error_line(result, 2, fragment)
+    one_error_line(result, fragment)
     if "too large" in result.output or "=1000000000" in setting:
         assert "GiB for one training step" in result.output and "GiB is available on cpu" in result.output
     assert not (tmp_path / "o").exists()
@@ -223,26 +219,27 @@ def test_absurd_sizes_are_refused_before_allocating(corpus, tmp_path, setting, f
 def test_too_large_names_the_field_that_made_it_so(corpus, tmp_path, setting, fragment):
     """A million experts at d_model 32: the refusal names moe_experts, not only d_model and n_layer."""
     result = invoke("train", *run_sets(corpus), "--set", "model.moe=true", "--set", setting, "--out", tmp_path / "o")
-    one_error_line(result, 2, "run too large for this machine")
+    one_error_line(result, "run too large for this machine")
     assert fragment in result.output
 
 
 def test_sample_window_that_cannot_fit_is_refused(trained):
-    one_error_line(invoke("sample", trained, "--window", 10**9, "--max-new", 3), 2, "--window 1000000000 needs about")
-    one_error_line(invoke("sample", trained, "--window", 2**40, "--max-new", 3), 2, "--window must be between 2 and")
+    one_error_line(invoke("sample", trained, "--window", 10**9, "--max-new", 3), "--window 1000000000 needs about")
+    one_error_line(invoke("sample", trained, "--window", 2**40, "--max-new", 3), "--window must be between 2 and")
 
 
 def test_a_device_file_is_not_a_corpus(tmp_path):
-    one_error_line(invoke("prepare", "/dev/zero", "--out", tmp_path / "p"), 2, "corpus is not a regular file: /dev/zero")
+    one_error_line(invoke("prepare", "/dev/zero", "--out", tmp_path / "p"), "corpus is not a regular file: /dev/zero")
 
 
 def test_an_absurdly_nested_set_key_is_one_line():
-    one_error_line(invoke("train", "--set", "a." * 5000 + "b=1"), 2, "is nested deeper than any spec section")
+    one_error_line(invoke("train", "--set", "a." * 5000 + "b=1"), "is nested deeper than any spec section")
 
 
 # ------------------------------------------------------------------------------- one error base
 
 
+@pytest.mark.process
 def test_every_bad_input_error_derives_from_one_torch_free_base():
     """The CLI catches InputError alone (exit 2), so a domain error that does not derive from it
     would surface as an 'internal error'. Every exception class of the package is either bad
@@ -252,8 +249,8 @@ def test_every_bad_input_error_derives_from_one_torch_free_base():
     import pkgutil
 
     import anatomy_cli
-    from anatomy_cli.errors import InputError
-    from anatomy_cli.lockfile import Locked
+    from anatomy_cli.spec.errors import InputError
+    from anatomy_cli.store.lockfile import Locked
 
     found = {}
     for info in pkgutil.walk_packages(anatomy_cli.__path__, "anatomy_cli."):
@@ -266,9 +263,10 @@ def test_every_bad_input_error_derives_from_one_torch_free_base():
             "CacheFullError", "ExportError"} <= set(found)
     others = {name for name, cls in found.items() if not issubclass(cls, (InputError, Locked))}
     assert others == {"WorkerDied"}  # a worker killed under us (signal, out of memory): not the input's fault
-    code = "import sys, anatomy_cli.errors; print(sorted(m for m in sys.modules if m.startswith(('torch', 'anatomy'))))"
+    code = ("import sys, anatomy_cli.spec.errors; "
+            "print(sorted(m for m in sys.modules if m.startswith(('torch', 'anatomy'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "['anatomy_cli', 'anatomy_cli.errors']"
+    assert out.strip() == "['anatomy_cli', 'anatomy_cli.spec', 'anatomy_cli.spec.errors']"
 
 
 # ------------------------------------------------------------------------- resume, nesting, names
@@ -284,19 +282,20 @@ def test_resume_refuses_options_it_would_ignore(trained, extra, named):
     """A resumed run continues with its recorded config: an option that cannot apply is refused,
     naming it, before anything is read or written (it used to be ignored silently)."""
     before = (trained / runs.METRICS).read_text()
-    one_error_line(invoke("train", "--resume", trained, *extra), 2, f"{named}: a resumed run continues with the config")
+    one_error_line(invoke("train", "--resume", trained, *extra), f"{named}: a resumed run continues with the config")
     assert (trained / runs.METRICS).read_text() == before
 
 
 def test_nothing_is_trained_or_planned_inside_a_run_or_a_sweep(trained, corpus, tmp_path):
-    one_error_line(invoke("train", *run_sets(corpus), "--out", trained / "inner"), 2,
+    one_error_line(invoke("train", *run_sets(corpus), "--out", trained / "inner"),
                    f"is inside the run directory {trained}")
     sweep = tmp_path / "sweep"
     sweep.mkdir()
     (sweep / runs.SWEEP).write_text('{"components": []}')
-    one_error_line(invoke("train", *run_sets(corpus), "--out", sweep / "mine"), 2, f"is inside the sweep directory {sweep}")
+    one_error_line(invoke("train", *run_sets(corpus), "--out", sweep / "mine"),
+                   f"is inside the sweep directory {sweep}")
     for runs_dir in (trained, trained / "sub"):
-        one_error_line(invoke("ablate", write_spec(tmp_path), "--runs-dir", runs_dir, "--dry-run"), 2,
+        one_error_line(invoke("ablate", write_spec(tmp_path), "--runs-dir", runs_dir, "--dry-run"),
                        f"is inside the run directory {trained}: a run folder holds one run; choose another --runs-dir")
     assert not (trained / "inner").exists() and not (trained / "sub").exists() and not (sweep / "mine").exists()
 
@@ -304,7 +303,7 @@ def test_nothing_is_trained_or_planned_inside_a_run_or_a_sweep(trained, corpus, 
 def test_a_report_of_a_tree_with_a_run_inside_a_run_names_it(trained, tmp_path):
     outer = shutil.copytree(trained, tmp_path / "sweep" / "outer")
     shutil.copytree(trained, outer / "inner")
-    one_error_line(invoke("report", tmp_path / "sweep", "--format", "csv"), 2,
+    one_error_line(invoke("report", tmp_path / "sweep", "--format", "csv"),
                    f"{outer / 'inner'} is inside the run directory {outer}")
 
 
@@ -315,7 +314,7 @@ def test_a_report_of_a_tree_with_a_run_inside_a_run_names_it(trained, tmp_path):
     (["train", "--set", 'data.source=""'], "data.source: String should have at least 1 character"),
 ])
 def test_an_option_s_error_names_the_option(args, fragment, tmp_path):
-    one_error_line(invoke(*args, "--runs-dir", tmp_path / "r") if args[0] == "ablate" else invoke(*args), 2, fragment)
+    one_error_line(invoke(*args, "--runs-dir", tmp_path / "r") if args[0] == "ablate" else invoke(*args), fragment)
 
 
 @pytest.mark.parametrize("make_args, fragment", [
@@ -326,7 +325,7 @@ def test_an_option_s_error_names_the_option(args, fragment, tmp_path):
 ])
 def test_exams_refuse_sizes_that_cannot_fit_before_allocating(trained, tmp_path, make_args, fragment):
     result = invoke(*make_args(tmp_path, trained))
-    one_error_line(result, 2, fragment)
+    one_error_line(result, fragment)
     assert "GiB is available on cpu" in result.output
 
 
@@ -339,7 +338,7 @@ def test_exams_refuse_sizes_that_cannot_fit_before_allocating(trained, tmp_path,
     (lambda t, run: ["eval", run, "--device", "cuda" if not _has_cuda() else "mps"], "--device: "),
 ])
 def test_paths_devices_and_names_are_one_line_naming_the_option(trained, tmp_path, make_args, fragment):
-    one_error_line(invoke(*make_args(tmp_path, trained)), 2, fragment)
+    one_error_line(invoke(*make_args(tmp_path, trained)), fragment)
 
 
 def _write(path: Path, text: str) -> Path:
@@ -361,15 +360,15 @@ def test_library_warnings_stay_off_stderr_unless_debug(trained, tmp_path, monkey
     is not the user's business: the command prints its own output only; --debug shows it."""
     import warnings
 
-    from anatomy_cli import report
+    from anatomy_cli.report import write
 
-    real = report.write_report
+    real = write.write_report
 
     def noisy(*args, **kwargs):
         warnings.warn("a library's UserWarning", UserWarning)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(report, "write_report", noisy)
+    monkeypatch.setattr(write, "write_report", noisy)
     with warnings.catch_warnings(record=True) as shown:  # what would reach stderr
         warnings.simplefilter("always")
         quiet = invoke("report", trained, "--format", "csv", "--out", tmp_path / "a")
@@ -380,10 +379,11 @@ def test_library_warnings_stay_off_stderr_unless_debug(trained, tmp_path, monkey
     assert loud.exit_code == 0 and [str(w.message) for w in shown] == ["a library's UserWarning"]
 
 
+@pytest.mark.process
 def test_spawned_workers_keep_library_warnings_off_stderr():
-    code = ("import warnings\nfrom anatomy_cli.worker import Worker\n"
+    code = ("import warnings\nfrom anatomy_cli.sweep.worker import Worker\n"
             "with Worker() as w:\n    w.call(warnings.warn, 'a warning in the worker')\nprint('done')")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=PATIENCE,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "PYTHONWARNINGS": "always"})
     assert out.stdout.strip() == "done" and "a warning in the worker" not in out.stderr, out.stderr
 
@@ -397,5 +397,5 @@ def test_an_unavailable_device_names_the_flag_given(corpus, tmp_path, command):
     else:
         args = ["ablate", write_spec(tmp_path, corpus=corpus, top={"flips": ["rope"]}), "--device", "cuda",
                 "--runs-dir", tmp_path / "runs", "--no-report"]
-    one_error_line(invoke(*args), 2, "--device: cuda requested but no CUDA device is available")
+    one_error_line(invoke(*args), "--device: cuda requested but no CUDA device is available")
     assert not (tmp_path / "o").exists()

@@ -10,8 +10,8 @@ import pytest
 from toy_data import write_spec
 from typer.testing import CliRunner
 
-from anatomy_cli import check as gate
-from anatomy_cli.cli import app
+from anatomy_cli.cli.main import app
+from anatomy_cli.report import gate
 
 runner = CliRunner()
 
@@ -51,7 +51,8 @@ def test_machine_warning_names_the_cpu_capability_behind_one_model_name():
     (line,) = gate.environment_warnings(base, "2.13.0+cpu", "AMD EPYC (2 threads)", "AVX2")
     assert "with CPU capability AVX512, this one runs AVX2" in line and "'AMD EPYC (2 threads)'" in line
     (line,) = gate.environment_warnings(base, "2.13.0+cpu", "Intel Xeon (2 threads)", "AVX2")
-    assert "'AMD EPYC (2 threads)' (CPU capability AVX512), this is 'Intel Xeon (2 threads)' (CPU capability AVX2)" in line
+    assert ("'AMD EPYC (2 threads)' (CPU capability AVX512), this is 'Intel Xeon (2 threads)' "
+            "(CPU capability AVX2)") in line
 
 
 def test_a_baseline_without_a_capability_is_named_once_numbers_differ():
@@ -93,7 +94,7 @@ def test_malformed_baseline_fields_are_named(tmp_path, text, fragment):
 
 
 def test_collect_refuses_a_missing_or_empty_directory(tmp_path):
-    from anatomy_cli.runs import RunError
+    from anatomy_cli.store.runs import RunError
 
     with pytest.raises(RunError, match="runs directory not found"):
         gate.collect(tmp_path / "nowhere")
@@ -125,7 +126,7 @@ def test_gate_passes_then_fails_against_lower_numbers(tmp_path):
     assert "baseline rewritten" in made.output
     data = json.loads(baseline.read_text())
     assert set(data["configs"]) == {"2017", "2017+rope", "llama", "llama-rope"}
-    from anatomy_cli.devices import cpu_capability
+    from anatomy_cli.training.devices import cpu_capability
 
     assert data["cpu_capability"] == cpu_capability() and data["cpu_capability"]
     machine = data["machine"]

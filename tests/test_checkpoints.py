@@ -11,11 +11,13 @@ import torch
 from safetensors.torch import load_file
 from toy_data import TINY_MODEL, TINY_TRAIN, write_corpus
 
-from anatomy_cli import checkpoint, runs, tb_events
-from anatomy_cli.config import RunConfig, validate
-from anatomy_cli.data import load_corpus
-from anatomy_cli.train import resume, train
-from anatomy_cli.trainer import Trainer
+from anatomy_cli.data.load import load_corpus
+from anatomy_cli.spec.config import RunConfig, validate
+from anatomy_cli.store import runs
+from anatomy_cli.training import checkpoint
+from anatomy_cli.training import tensorboard as tb_events
+from anatomy_cli.training.run import resume, train
+from anatomy_cli.training.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -9,11 +9,12 @@ import pytest
 from toy_data import write_spec
 from typer.testing import CliRunner
 
-from anatomy_cli import components as comp
-from anatomy_cli import report
-from anatomy_cli.cli import app
-from anatomy_cli.config import AblationSpec, ConfigError, ModelConfig, RunConfig, validate
-from anatomy_cli.sweep import design_of, execute, expand, load_spec, parse_flips, spec_table
+from anatomy_cli.cli.main import app
+from anatomy_cli.report import effects as effects_mod
+from anatomy_cli.report import frames, write
+from anatomy_cli.spec import components as comp
+from anatomy_cli.spec.config import AblationSpec, ConfigError, ModelConfig, RunConfig, validate
+from anatomy_cli.sweep.plan import design_of, execute, expand, load_spec, parse_flips, spec_table
 
 runner = CliRunner()
 MODERN = ("qknorm", "tied", "parallel", "zloss", "softcap", "nope", "gdn", "swa", "moe", "mla")
@@ -177,7 +178,8 @@ def test_flip_option_takes_a_spec_component(tmp_path):
     ({"wd0": {"on": {"train.wd": 0.0}}}, r"components.wd0.on: 'train.wd' is not a field of model, train or data"),
     ({"wd0": {"on": {"weight_decay": 0.0}}}, "is not a field of model, train or data"),
     ({"wd0": {"on": {"train.weight_decay": -1.0}}}, r"components.wd0.on.train.weight_decay: Input should be greater"),
-    ({"wd0": {"on": {"train.weight_decay": "none"}}}, r"components.wd0.on.train.weight_decay: Input should be a valid number"),
+    ({"wd0": {"on": {"train.weight_decay": "none"}}},
+     r"components.wd0.on.train.weight_decay: Input should be a valid number"),
     ({"wd0": {"on": {"train.weight_decay": 0.1}, "off": {"train.weight_decay": 0.1}}}, "on and off are the same"),
     ({"wd0": {"on": {}}}, "give at least one dotted setting"),
 ])
@@ -216,14 +218,14 @@ def test_spec_component_runs_and_reports_its_effect_with_a_ci(tmp_path):
     execute(plan, tmp_path / "runs" / "t", workers=1)
     sweep = json.loads((tmp_path / "runs" / "t" / "sweep.json").read_text())
     assert [c["name"] for c in sweep["components"]] == ["wd0"]
-    runs_df, _ = report.load_runs(tmp_path / "runs" / "t")
+    runs_df, _ = frames.load_runs(tmp_path / "runs" / "t")
     assert sorted(runs_df["role"]) == ["+wd0"] * 3 + ["reference"] * 3
     assert runs_df["wd0"].sum() == 3
-    effects = report.component_effects(runs_df)
+    effects = effects_mod.component_effects(runs_df)
     row = effects[(effects["flip"] == "wd0") & (effects["direction"] == "add-one")].iloc[0]
     assert row["n_pairs"] == 3 and row["against"] == "reference end"
     assert row["family"] == 1 and row["adj_low"] == row["raw_low"] < row["gain"] < row["raw_high"] == row["adj_high"]
-    paths = report.write_report(tmp_path / "runs" / "t")
+    paths = write.write_report(tmp_path / "runs" / "t")
     assert "wd0" in paths["report.md"].read_text()
 
 
@@ -239,9 +241,9 @@ def test_report_pairs_gqa_under_an_n_head_axis(tmp_path):
         (run / "config.json").write_text(json.dumps(cfg))
         best = 2.0 - 0.1 * (p.role in ("all-on", "remove-one")) + 0.01 * (p.flip == "gqa") * p.config.model.n_head
         (run / "summary.json").write_text(json.dumps({"status": "completed", "best_val_loss": best}))
-    runs_df, _ = report.load_runs(tmp_path)
+    runs_df, _ = frames.load_runs(tmp_path)
     assert (runs_df["role"] != "").all()
-    effects = report.component_effects(runs_df)
+    effects = effects_mod.component_effects(runs_df)
     add = effects[(effects["flip"] == "gqa") & (effects["direction"] == "add-one")].set_index("group")
     assert add.loc["n_head=2", "gain"] == pytest.approx(-0.02)
     assert add.loc["n_head=4", "gain"] == pytest.approx(-0.04)
@@ -260,9 +262,11 @@ def test_two_component_study_pairs_both_directions(tmp_path):
         if p.slug in loss:
             run = tmp_path / p.run_id
             run.mkdir()
-            (run / "config.json").write_text(json.dumps(p.config.model_dump(mode="json") | {"model": {**p.config.model.model_dump(mode="json"), "vocab_size": 50}}))
+            (run / "config.json").write_text(json.dumps(p.config.model_dump(mode="json")
+                                                        | {"model": {**p.config.model.model_dump(mode="json"),
+                                                                     "vocab_size": 50}}))
             (run / "summary.json").write_text(json.dumps({"status": "completed", "best_val_loss": loss[p.slug]}))
-    effects = report.component_effects(report.load_runs(tmp_path)[0]).set_index(["flip", "direction"])
+    effects = effects_mod.component_effects(frames.load_runs(tmp_path)[0]).set_index(["flip", "direction"])
     assert effects.loc[("wd0", "add-one"), "gain"] == pytest.approx(0.1)
     assert effects.loc[("lr2", "add-one"), "gain"] == pytest.approx(0.3)
     assert effects.loc[("wd0", "remove-one"), "gain"] == pytest.approx(0.2)  # lr2 alone - all-on

@@ -8,18 +8,18 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from helpers import PATIENCE, wait_for
 from toy_data import tiny_text, write_corpus, write_spec
 from typer.testing import CliRunner
 
-from anatomy_cli import runs
-from anatomy_cli.cli import app
+from anatomy_cli.cli.main import app
+from anatomy_cli.store import runs
 
 pytest.importorskip("distributed")
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 
 def free_port() -> int:
@@ -33,14 +33,13 @@ def dask_bin() -> list[str]:
     return [exe] if exe else [sys.executable, "-m", "distributed.cli.dask_scheduler"]
 
 
-def wait_port(port: int, timeout: float = 60) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.2)
-    raise TimeoutError(f"scheduler did not open port {port}")
+def port_open(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def wait_port(port: int, timeout: float = PATIENCE) -> None:
+    wait_for(lambda: port_open(port), f"the scheduler opening port {port}", timeout, poll=0.2)
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +63,8 @@ def cluster(tmp_path_factory):
                                           stdout=log, stderr=log, env=env, cwd=wdir))
         from distributed import Client
 
-        with Client(address, timeout="30s") as client:
-            client.wait_for_workers(2, timeout=60)
+        with Client(address, timeout=f"{PATIENCE:.0f}s") as client:
+            client.wait_for_workers(2, timeout=PATIENCE)
         yield address
     finally:
         for p in procs:

@@ -9,9 +9,12 @@ from array import array
 import numpy as np
 import pytest
 import torch
+from helpers import one_error_line
 
-from anatomy_cli import data, prepared
-from anatomy_cli.data import BatchSampler, CharVocab, DataError, build_corpus, fixed_windows
+from anatomy_cli.data import batches, load, prepared
+from anatomy_cli.data import corpus as corpus_mod
+from anatomy_cli.data.batches import BatchSampler, fixed_windows
+from anatomy_cli.data.corpus import CharVocab, DataError, build_corpus
 
 pytestmark = [pytest.mark.filterwarnings("error"), pytest.mark.usefixtures("single_thread")]
 
@@ -85,7 +88,7 @@ def test_directory_source_sorted_front_matter_stripped(tmp_path):
     (tmp_path / "a.txt").write_text("first\n", encoding="utf-8")
     (tmp_path / "b2.TXT").write_text("third", encoding="utf-8")
     (tmp_path / "notes.py").write_text("ignored = True\n", encoding="utf-8")
-    text, description = data.read_source(tmp_path)
+    text, description = corpus_mod.read_source(tmp_path)
     assert text == "first\n\nsecond\nstill b\n\nthird\n\nfourth"
     assert "title" not in text and "---" not in text
     assert description.startswith("4 files")
@@ -93,14 +96,14 @@ def test_directory_source_sorted_front_matter_stripped(tmp_path):
 
 def test_front_matter_only_at_the_start():
     body = "intro\n---\nnot: front matter\n---\nrest\n"
-    assert data.strip_front_matter(body) == body
-    assert data.strip_front_matter("---\na: 1\n---\nbody") == "body"
-    assert data.strip_front_matter("---\nunterminated\n") == "---\nunterminated\n"
+    assert corpus_mod.strip_front_matter(body) == body
+    assert corpus_mod.strip_front_matter("---\na: 1\n---\nbody") == "body"
+    assert corpus_mod.strip_front_matter("---\nunterminated\n") == "---\nunterminated\n"
 
 
 def test_single_file_source(tmp_path):
     (tmp_path / "t.txt").write_text("---\nkept: as is\n---\nbody", encoding="utf-8")
-    text, _ = data.read_source(tmp_path / "t.txt")
+    text, _ = corpus_mod.read_source(tmp_path / "t.txt")
     assert text == "---\nkept: as is\n---\nbody"  # front matter is a directory-of-posts convention
 
 
@@ -108,36 +111,36 @@ def test_non_utf8_file_raises(tmp_path):
     path = tmp_path / "latin1.txt"
     path.write_bytes("caf".encode() + "é".encode("latin-1") + b" au lait")
     with pytest.raises(DataError, match="not UTF-8") as err:
-        data.read_source(path)
+        corpus_mod.read_source(path)
     assert str(path) in str(err.value) and "offset 3" in str(err.value)
     (tmp_path / "dir").mkdir()
     (tmp_path / "dir" / "x.md").write_bytes(b"\xff\xfe")
     with pytest.raises(DataError, match="not UTF-8"):
-        data.read_source(tmp_path / "dir")
+        corpus_mod.read_source(tmp_path / "dir")
 
 
 def test_empty_corpus_raises(tmp_path):
     (tmp_path / "empty.txt").write_text(" \n\n\t", encoding="utf-8")
     with pytest.raises(DataError, match="empty"):
-        data.load_corpus(str(tmp_path / "empty.txt"))
+        load.load_corpus(str(tmp_path / "empty.txt"))
     with pytest.raises(DataError, match="empty"):
         build_corpus("", "nothing")
     (tmp_path / "nodir").mkdir()
     with pytest.raises(DataError, match=r"no \.md or \.txt files"):
-        data.read_source(tmp_path / "nodir")
+        corpus_mod.read_source(tmp_path / "nodir")
 
 
 def test_too_short_corpus_raises(tmp_path):
     (tmp_path / "short.txt").write_text("x" * 100, encoding="utf-8")  # 90 train / 10 val ids
     with pytest.raises(DataError, match="too short") as err:
-        data.load_corpus(str(tmp_path / "short.txt"), ctx_len=16)
+        load.load_corpus(str(tmp_path / "short.txt"), ctx_len=16)
     assert "ctx_len=16" in str(err.value) and "10 val" in str(err.value)
-    assert len(data.load_corpus(str(tmp_path / "short.txt"), ctx_len=9).val) == 10  # 10 > 9: enough
+    assert len(load.load_corpus(str(tmp_path / "short.txt"), ctx_len=9).val) == 10  # 10 > 9: enough
 
 
 def test_missing_source_raises(tmp_path):
     with pytest.raises(DataError, match="not found"):
-        data.read_source(tmp_path / "nope.txt")
+        corpus_mod.read_source(tmp_path / "nope.txt")
 
 
 # ---------------------------------------------------------------------------------- batches
@@ -203,29 +206,29 @@ def test_save_and_load_prepared_round_trip(tmp_path):
     corpus = build_corpus(TEXT + "Ω", "toy")
     out = tmp_path / "prepared"
     prepared.save_corpus(corpus, out)
-    assert (out / data.TRAIN_BIN).stat().st_size == len(corpus.train)  # uint8 on disk
-    assert np.array_equal(np.fromfile(out / data.VAL_BIN, dtype=np.uint8), np.array(corpus.val))
+    assert (out / corpus_mod.TRAIN_BIN).stat().st_size == len(corpus.train)  # uint8 on disk
+    assert np.array_equal(np.fromfile(out / corpus_mod.VAL_BIN, dtype=np.uint8), np.array(corpus.val))
     loaded = prepared.load_prepared(out)
     assert loaded.train.typecode == "B" and loaded.meta["dtype"] == "B"
     assert loaded.train == corpus.train and loaded.val == corpus.val
     assert loaded.vocab.chars == corpus.vocab.chars
     assert loaded.meta["sha256"] == corpus.meta["sha256"]
-    via_source = data.load_corpus(str(out))  # a prepared directory is recognised as such
+    via_source = load.load_corpus(str(out))  # a prepared directory is recognised as such
     assert via_source.train == corpus.train
 
 
 def as_older_folder(out):
     """A prepared folder as `anatomy prepare` wrote it before fingerprints: nothing to check its files against."""
-    meta = json.loads((out / data.META).read_text())
+    meta = json.loads((out / corpus_mod.META).read_text())
     del meta["fingerprint"]
-    (out / data.META).write_text(json.dumps(meta))
+    (out / corpus_mod.META).write_text(json.dumps(meta))
 
 
 def test_load_prepared_rejects_corruption(tmp_path):
     out = tmp_path / "prepared"
     prepared.save_corpus(build_corpus(TEXT, "toy"), out)
     as_older_folder(out)
-    (out / data.VAL_BIN).write_bytes(b"\xff" * 20)  # id 255: past the vocabulary
+    (out / corpus_mod.VAL_BIN).write_bytes(b"\xff" * 20)  # id 255: past the vocabulary
     with pytest.raises(DataError, match="outside its vocabulary"):
         prepared.load_prepared(out)
 
@@ -234,9 +237,9 @@ def test_load_prepared_rejects_corruption(tmp_path):
 
 
 def test_default_corpus_exists_and_is_large_enough():
-    path = data.default_corpus_path()
+    path = corpus_mod.default_corpus_path()
     assert path.is_file()
-    text, description = data.read_source(None)
+    text, description = corpus_mod.read_source(None)
     assert len(text) >= 100_000, f"default corpus has only {len(text):,} characters"
     assert "default corpus" in description
     corpus = build_corpus(text, description, min_len=128)
@@ -244,7 +247,7 @@ def test_default_corpus_exists_and_is_large_enough():
 
 
 def test_front_matter_with_crlf_or_alone_is_stripped():
-    from anatomy_cli.data import strip_front_matter
+    from anatomy_cli.data.corpus import strip_front_matter
 
     assert strip_front_matter("---\r\ntitle: x\r\n---\r\nbody\r\n") == "body\n"
     assert strip_front_matter("---\ntitle: x\n---") == ""
@@ -254,15 +257,16 @@ def test_front_matter_with_crlf_or_alone_is_stripped():
 def test_prepared_uint16_directories_still_load(tmp_path):
     corpus = build_corpus(TEXT, "toy")
     out = tmp_path / "old"
-    prepared.save_corpus(data.Corpus(corpus.vocab, array("H", corpus.train), array("H", corpus.val), corpus.meta), out)
-    assert (out / data.TRAIN_BIN).stat().st_size == 2 * len(corpus.train)  # what prepare wrote before uint8
+    prepared.save_corpus(corpus_mod.Corpus(corpus.vocab, array("H", corpus.train), array("H", corpus.val), corpus.meta),
+                         out)
+    assert (out / corpus_mod.TRAIN_BIN).stat().st_size == 2 * len(corpus.train)  # what prepare wrote before uint8
     as_older_folder(out)
     loaded = prepared.load_prepared(out)
     assert loaded.train.typecode == "H" and list(loaded.train) == list(corpus.train)
-    (out / data.VAL_BIN).write_bytes(b"\x07" * 21)  # odd byte count: not a uint16 array
+    (out / corpus_mod.VAL_BIN).write_bytes(b"\x07" * 21)  # odd byte count: not a uint16 array
     with pytest.raises(DataError, match="corrupt"):
         prepared.load_prepared(out)
-    (out / data.META).write_text('{"dtype": "Q"}')
+    (out / corpus_mod.META).write_text('{"dtype": "Q"}')
     with pytest.raises(DataError, match="corrupt"):
         prepared.load_prepared(out)
 
@@ -271,7 +275,7 @@ def test_prepared_uint16_directories_still_load(tmp_path):
 
 
 def test_ids_use_the_smallest_unsigned_type():
-    assert [data.id_typecode(n) for n in (1, 256, 257, 65536, 65537)] == ["B", "B", "H", "H", "I"]
+    assert [corpus_mod.id_typecode(n) for n in (1, 256, 257, 65536, 65537)] == ["B", "B", "H", "H", "I"]
     assert build_corpus("".join(chr(0x4E00 + i) for i in range(300)) * 2, "cjk").train.typecode == "H"
     wide = "".join(chr(0x10000 + i) for i in range(65537)) * 2
     assert build_corpus(wide, "wide", val_frac=0.5).train.typecode == "I"
@@ -293,20 +297,20 @@ def _reference_build(text: str, val_frac: float = 0.1):
 
 @pytest.mark.parametrize("chunk", [1, 5, 64])
 def test_streamed_corpus_equals_the_whole_text(tmp_path, monkeypatch, chunk):
-    monkeypatch.setattr(data, "CHUNK_CHARS", chunk)  # pieces (and file blocks) split multi-byte characters
+    monkeypatch.setattr(corpus_mod, "CHUNK_CHARS", chunk)  # pieces (and file blocks) split multi-byte characters
     text = "Grüße — naïve café ∑ 🙂\n" * 7 + TEXT[:300]
     (tmp_path / "t.txt").write_text(text, encoding="utf-8")
     chars, train, val, meta = _reference_build(text)
-    for corpus in (build_corpus(text, "t"), data.corpus_from_source(tmp_path / "t.txt")):
+    for corpus in (build_corpus(text, "t"), load.corpus_from_source(tmp_path / "t.txt")):
         assert corpus.vocab.chars == chars and list(corpus.train) == train and list(corpus.val) == val
         assert {k: corpus.meta[k] for k in meta} == meta
         assert list(corpus.meta["char_counts"]) == list(meta["char_counts"])  # same order too
     (tmp_path / "bad.txt").write_bytes(text.encode()[:41] + b"\xff" + b"abc")
     with pytest.raises(DataError, match="invalid byte at offset 41"):
-        data.corpus_from_source(tmp_path / "bad.txt")
+        load.corpus_from_source(tmp_path / "bad.txt")
     (tmp_path / "cut.txt").write_bytes("abc🙂".encode()[:5])  # ends inside a character
     with pytest.raises(DataError, match="invalid byte at offset 3"):
-        data.corpus_from_source(tmp_path / "cut.txt")
+        load.corpus_from_source(tmp_path / "cut.txt")
 
 
 def _old_batches(ids, batch_size, ctx_len, seed, n):
@@ -339,10 +343,10 @@ def test_window_starts_never_pass_the_end_beyond_2_24_ids():
     n_ids = 2**24 + 3 + ctx + 1  # last start 2^24 + 3: float32 rounds it up to 2^24 + 4
     last = n_ids - ctx - 1
     assert int(torch.linspace(0, last, 256).long().max()) == last + 1  # the IndexError of issue 5
-    starts = data.window_starts(n_ids, ctx, 256)
+    starts = batches.window_starts(n_ids, ctx, 256)
     assert int(starts.max()) == last and int(starts.min()) == 0 and bool((starts[1:] >= starts[:-1]).all())
     for n in (100, 5_000, 2**20 + 7):  # below 2^24 nothing moves: validation sets stay comparable
-        assert torch.equal(data.window_starts(n, ctx, 64), torch.linspace(0, n - ctx - 1, 64).long())
+        assert torch.equal(batches.window_starts(n, ctx, 64), torch.linspace(0, n - ctx - 1, 64).long())
 
 
 def test_fixed_windows_over_more_than_2_24_ids():
@@ -357,16 +361,16 @@ def test_fixed_windows_over_more_than_2_24_ids():
 
 def test_prepare_records_each_files_fingerprint(tmp_path):
     out = tmp_path / "p"
-    meta = prepared.prepare(data.open_source(None), out, min_len=8)
+    meta = prepared.prepare(load.open_source(None), out, min_len=8)
     assert set(meta["fingerprint"]) == {"train.bin", "val.bin", "vocab.json"}
     for name, record in meta["fingerprint"].items():
         blob = (out / name).read_bytes()
         assert record == {"bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest(), "hashed": "all"}
-    assert json.loads((out / data.META).read_text())["fingerprint"] == meta["fingerprint"]
+    assert json.loads((out / corpus_mod.META).read_text())["fingerprint"] == meta["fingerprint"]
     loaded = prepared.load_prepared(out)
     assert loaded.meta["fingerprint"] == meta["fingerprint"]
     # the default corpus through the streaming prepare: the same ids and hash as the in-memory build
-    corpus = data.corpus_from_source(None, min_len=8)
+    corpus = load.corpus_from_source(None, min_len=8)
     assert loaded.train == corpus.train and loaded.val == corpus.val and meta["sha256"] == corpus.meta["sha256"]
 
 
@@ -380,7 +384,7 @@ def test_an_edited_prepared_file_is_refused_by_name(tmp_path, name, edit):
     prepared.save_corpus(build_corpus(TEXT, "toy"), out)
     (out / name).write_bytes(edit((out / name).read_bytes()))
     with pytest.raises(DataError, match=f"{name} changed since it was prepared"):
-        data.load_corpus(str(out))
+        load.load_corpus(str(out))
 
 
 def test_a_same_size_edit_in_the_middle_of_a_large_file_is_caught_by_the_sample():
@@ -412,11 +416,11 @@ def test_a_sampled_prepared_file_is_checked_on_load(tmp_path, monkeypatch):
     monkeypatch.setattr(prepared, "SAMPLE_BYTES", 16)
     out = tmp_path / "p"
     prepared.save_corpus(build_corpus(TEXT * 3, "toy"), out)
-    meta = json.loads((out / data.META).read_text())
+    meta = json.loads((out / corpus_mod.META).read_text())
     assert meta["fingerprint"]["train.bin"]["hashed"] == "9 blocks of 16 bytes"
-    blob = bytearray((out / data.TRAIN_BIN).read_bytes())
+    blob = bytearray((out / corpus_mod.TRAIN_BIN).read_bytes())
     blob[len(blob) // 2] = (blob[len(blob) // 2] + 1) % meta["vocab_size"]  # same size, another character
-    (out / data.TRAIN_BIN).write_bytes(blob)
+    (out / corpus_mod.TRAIN_BIN).write_bytes(blob)
     with pytest.raises(DataError, match="train.bin changed since it was prepared"):
         prepared.load_prepared(out)
 
@@ -425,27 +429,26 @@ def test_resume_on_an_edited_prepared_corpus_refuses_naming_the_file(tmp_path):
     from toy_data import TINY_MODEL, TINY_TRAIN, write_corpus
     from typer.testing import CliRunner
 
-    from anatomy_cli import runs
-    from anatomy_cli.cli import app
-    from anatomy_cli.config import RunConfig, validate
-    from anatomy_cli.train import train
+    from anatomy_cli.cli.main import app
+    from anatomy_cli.spec.config import RunConfig, validate
+    from anatomy_cli.store import runs
+    from anatomy_cli.training.run import train
 
     def invoke(*args):
         return CliRunner().invoke(app, [str(a) for a in args])
 
     source, out, run = write_corpus(tmp_path), tmp_path / "p", tmp_path / "run"
     assert invoke("prepare", source, "--out", out, "--ctx-len", 16).exit_code == 0
-    cfg = validate(RunConfig, {"model": TINY_MODEL, "train": {**TINY_TRAIN, "sample_len": 0}, "data": {"source": str(out)}})
+    cfg = validate(RunConfig,
+                   {"model": TINY_MODEL, "train": {**TINY_TRAIN, "sample_len": 0}, "data": {"source": str(out)}})
     seen = {"step": 0}
     summary = train(cfg, run, progress=lambda p: seen.update(step=p["step"]), stop=lambda: seen["step"] >= 4)
     assert summary["status"] == runs.INTERRUPTED
-    assert summary["corpus_files"] == json.loads((out / data.META).read_text())["fingerprint"]
-    ids = (out / data.TRAIN_BIN).read_bytes()
-    (out / data.TRAIN_BIN).write_bytes(ids[:50] + bytes([(ids[50] + 1) % 30]) + ids[51:])  # one byte
+    assert summary["corpus_files"] == json.loads((out / corpus_mod.META).read_text())["fingerprint"]
+    ids = (out / corpus_mod.TRAIN_BIN).read_bytes()
+    (out / corpus_mod.TRAIN_BIN).write_bytes(ids[:50] + bytes([(ids[50] + 1) % 30]) + ids[51:])  # one byte
     result = invoke("train", "--resume", run)
-    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
-    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
-    assert len(errors) == 1 and f"{out / data.TRAIN_BIN} changed since it was prepared" in errors[0], result.output
+    one_error_line(result, f"{out / corpus_mod.TRAIN_BIN} changed since it was prepared")
     # prepared again with another split: each file matches its meta.json and the source text (so
     # corpus_sha256) is the same, but the ids are not the ones the run started on
     assert invoke("prepare", source, "--out", out, "--ctx-len", 16, "--val-frac", 0.2).exit_code == 0

@@ -10,16 +10,18 @@ import os
 import pytest
 import torch
 from fake_device import DEVICE, FakeDevice, OnDevice
+from helpers import LLAMA, PATIENCE
 from toy_data import TINY_MODEL, TINY_TRAIN, write_corpus, write_spec
 
-from anatomy_cli import devices, exams, runs, trainer
-from anatomy_cli import train as training
-from anatomy_cli.checkpoint import load_run
-from anatomy_cli.config import RunConfig, validate
-from anatomy_cli.data import BatchSampler, load_corpus
-from anatomy_cli.sample import generate
-
-LLAMA = {"norm_type": "rmsnorm", "norm_pos": "pre", "pos_type": "rope", "ffn_type": "swiglu", "n_kv_head": 2}
+from anatomy_cli.data.batches import BatchSampler
+from anatomy_cli.data.load import load_corpus
+from anatomy_cli.exams import lengths
+from anatomy_cli.model.generate import generate
+from anatomy_cli.spec.config import RunConfig, validate
+from anatomy_cli.store import runs
+from anatomy_cli.training import devices, trainer
+from anatomy_cli.training import run as training
+from anatomy_cli.training.checkpoint import load_run
 
 
 def run_cfg(tmp_path, model=None, **train) -> RunConfig:
@@ -55,7 +57,7 @@ def test_train_eval_and_sample_leave_no_tensor_behind(tmp_path, monkeypatch, mod
         summary = training.train(cfg, tmp_path / "dev")  # train steps, evals, and samples.txt
         assert fd.problems == [], left_behind("train")
         ctx = [(1, True), (2, True)]  # 2x: RoPE grows its tables past ctx_len
-        evaluated = exams.eval_lengths(tmp_path / "dev", ctx, device=DEVICE)
+        evaluated = lengths.eval_lengths(tmp_path / "dev", ctx, device=DEVICE)
         assert fd.problems == [], left_behind("eval")
         _, vocab, lm = load_run(tmp_path / "dev", device=DEVICE)
         window = 2 * cfg.model.ctx_len if cfg.model.pos_type == "rope" else None
@@ -65,16 +67,20 @@ def test_train_eval_and_sample_leave_no_tensor_behind(tmp_path, monkeypatch, mod
         assert fd.problems == [], left_behind("sample")
     assert fd.device_ops > 1000 and summary["device"] == "meta" and summary["status"] == runs.COMPLETED
     assert isinstance(lm.head.weight, OnDevice)
-    assert summary["best_val_loss"] == on_cpu["best_val_loss"]
-    assert evaluated["val_loss_by_ctx"][str(cfg.model.ctx_len)] == summary["best_val_loss"]
+    # The same weights and windows through other kernels (the fake device's tensors may take another
+    # SDPA/matmul path; the exam sums its batches apart from training's eval): equal to fp32 rounding
+    # of a mean of O(1) losses, 1.5e-7 apart seen on an Intel AVX-512 path. A moved window, a stale
+    # weight or a lost batch moves the loss by 1e-3 or more.
+    assert summary["best_val_loss"] == pytest.approx(on_cpu["best_val_loss"], rel=1e-6)
+    assert evaluated["val_loss_by_ctx"][str(cfg.model.ctx_len)] == pytest.approx(summary["best_val_loss"], rel=1e-6)
     assert (tmp_path / "dev" / runs.SAMPLES).read_text() == (tmp_path / "cpu" / runs.SAMPLES).read_text()
 
 
 def test_rope_tables_grow_in_float64_on_the_host_then_move():
     """Past ctx_len RoPE rebuilds its tables: in float64 on the CPU, cast to fp32, then moved (MPS has
     no float64); the grown tables equal a CPU model's bit for bit."""
-    from anatomy_cli.config import ModelConfig
     from anatomy_cli.model import LM
+    from anatomy_cli.spec.config import ModelConfig
 
     cfg = ModelConfig(vocab_size=50, d_model=32, n_layer=2, n_head=4, pos_type="rope", ctx_len=8)
     torch.manual_seed(0)
@@ -131,7 +137,7 @@ def test_tf32_on_cuda_is_recorded_as_tf32():
 def test_eval_of_a_bf16_run_reproduces_its_best_val_loss(tmp_path):
     cfg = run_cfg(tmp_path, LLAMA, sample_len=0, dtype="bfloat16")
     s = training.train(cfg, tmp_path / "bf16")
-    out = exams.eval_lengths(tmp_path / "bf16", [(1, True)])
+    out = lengths.eval_lengths(tmp_path / "bf16", [(1, True)])
     assert out["val_loss_by_ctx"][str(cfg.model.ctx_len)] == s["best_val_loss"]
     assert out["dtype"] == "bfloat16" and s["matmul_precision"] == "bf16-autocast"
 
@@ -166,12 +172,13 @@ def test_compile_cache_is_shared_by_every_worker_of_a_sweep(tmp_path, monkeypatc
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_ablate_device_workers_n_equals_workers_1(tmp_path):
     """`ablate --device cpu --workers 2` (the code path of --device cuda --workers N) gives the same
     metrics as --workers 1, and --device/--dtype/--compile land in every run's config."""
     from typer.testing import CliRunner
 
-    from anatomy_cli.cli import app
+    from anatomy_cli.cli.main import app
 
     spec = write_spec(tmp_path, top={"flips": ["rope"], "seeds": 1}, train={"steps": 6, "sample_len": 0})
     results = {}
@@ -192,6 +199,7 @@ def metrics_without_time(run_dir):
     return [{k: v for k, v in r.items() if k not in runs.TIMING_KEYS} for r in runs.read_metrics(run_dir)]
 
 
+@pytest.mark.process
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
 def test_gpu_sweep_fails_cleanly_without_cuda():
     import subprocess
@@ -199,7 +207,7 @@ def test_gpu_sweep_fails_cleanly_without_cuda():
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_sweep.sh"
-    result = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=120,
+    result = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=PATIENCE,
                             env={**os.environ, "PYTHON": sys.executable})
     assert result.returncode == 2, result.stdout + result.stderr
     assert "no CUDA device" in result.stderr and "Traceback" not in result.stderr

@@ -8,6 +8,7 @@ same properties are checked by injecting OSError(ENOSPC) into the write."""
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import shutil
@@ -16,14 +17,16 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import PATIENCE, error_line
 from test_report import make_run
 from toy_data import TINY_MODEL, TINY_TRAIN, write_corpus
 
-from anatomy_cli import runs
+from anatomy_cli.store import runs
 
 FULL = os.strerror(errno.ENOSPC)  # "No space left on device"
 
 
+@functools.cache
 def tiny_fs_works() -> bool:
     if not shutil.which("unshare"):
         return False
@@ -32,27 +35,23 @@ def tiny_fs_works() -> bool:
     return probe.stdout.strip() == "ok"
 
 
-needs_tmpfs = pytest.mark.skipif(not tiny_fs_works(), reason="cannot mount a tmpfs in a user mount namespace")
+# A string condition: probed (a process) when a test that needs it runs, not when the module is collected.
+needs_tmpfs = pytest.mark.skipif("not tiny_fs_works()", reason="cannot mount a tmpfs in a user mount namespace")
 
 
 def on_tiny_fs(mount: Path, size_kb: int, script: str) -> subprocess.CompletedProcess:
     """Run `script` (sh) with a `size_kb` tmpfs mounted at `mount`, in a private mount namespace."""
     mount.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path), "COLUMNS": "200"}
-    return subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size={size_kb}k tmpfs {mount} && {script}"],
-                          capture_output=True, text=True, env=env, timeout=600)
+    return subprocess.run(["unshare", "-rm", "sh", "-c",
+                           f"mount -t tmpfs -o size={size_kb}k tmpfs {mount} && {script}"],
+                          capture_output=True, text=True, env=env, timeout=PATIENCE)
 
 
 ANATOMY = f"{sys.executable} -m anatomy_cli"
 
 
-def error_line(stderr: str) -> str:
-    assert "Traceback" not in stderr and "internal error" not in stderr, stderr
-    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, stderr
-    return errors[0]
-
-
+@pytest.mark.process
 @needs_tmpfs
 def test_report_on_a_full_disk_names_the_file_and_keeps_the_old_report(tmp_path):
     for i, flips in enumerate(((), ("rope",))):
@@ -69,6 +68,7 @@ def test_report_on_a_full_disk_names_the_file_and_keeps_the_old_report(tmp_path)
     assert result.stdout.rstrip().endswith("old report")
 
 
+@pytest.mark.process
 @needs_tmpfs
 def test_training_on_a_full_disk_is_one_line_naming_the_file(tmp_path):
     corpus = write_corpus(tmp_path)
@@ -123,7 +123,7 @@ def test_a_bug_on_a_disk_with_room_stays_a_bug(tmp_path):
 def test_the_cli_says_a_full_disk_in_one_line(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from anatomy_cli.cli import app
+    from anatomy_cli.cli.main import app
 
     for i, flips in enumerate(((), ("rope",))):
         make_run(tmp_path / "sweep", f"r{i}", flips=flips)

@@ -9,13 +9,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import one_error_line
 from toy_data import TINY_MODEL, TINY_TRAIN, tiny_text
 from typer.testing import CliRunner
 
-from anatomy_cli import data, documents, prepared, runs
-from anatomy_cli.cli import app
-from anatomy_cli.cli_run import PrepareProgress
-from anatomy_cli.data import DOC_SEP, DataError
+from anatomy_cli.cli.main import app
+from anatomy_cli.cli.run import PrepareProgress
+from anatomy_cli.data import corpus as corpus_mod
+from anatomy_cli.data import load, prepared
+from anatomy_cli.data import sources as documents
+from anatomy_cli.data.corpus import DOC_SEP, DataError
+from anatomy_cli.store import runs
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 runner = CliRunner()
@@ -24,14 +28,6 @@ DOCS = [tiny_text(200 + 61 * i, seed=i) for i in range(12)]  # 12 documents of 2
 
 def invoke(*args):
     return runner.invoke(app, [str(a) for a in args])
-
-
-def one_error_line(result, fragment: str, code: int = 2) -> str:
-    assert result.exit_code == code, result.output
-    assert "Traceback" not in result.output and "internal error" not in result.output, result.output
-    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and fragment in errors[0], result.output
-    return errors[0]
 
 
 def write_jsonl(path: Path, rows: list) -> Path:
@@ -125,8 +121,8 @@ def test_training_straight_from_parquet_equals_training_on_its_prepared_folder(t
 
 
 def test_resume_refuses_a_changed_dataset(tmp_path):
-    from anatomy_cli.config import RunConfig, validate
-    from anatomy_cli.train import train
+    from anatomy_cli.spec.config import RunConfig, validate
+    from anatomy_cli.training.run import train
 
     source = write_jsonl(tmp_path / "d.jsonl", [{"text": d} for d in DOCS])
     cfg = validate(RunConfig, {"model": TINY_MODEL, "train": {**TINY_TRAIN, "sample_len": 0},
@@ -159,7 +155,7 @@ def test_validation_holds_whole_documents_and_never_overlaps_training(seed):
     rng = random.Random(seed)
     docs = [tiny_text(rng.randint(1, 300), seed=seed * 100 + i) for i in range(rng.randint(2, 30))]
     val_frac = rng.choice([0.05, 0.1, 0.3])
-    corpus = data.build(data.Source("t", docs=lambda: iter(docs)), val_frac)
+    corpus = corpus_mod.build(corpus_mod.Source("t", docs=lambda: iter(docs)), val_frac)
     k = expected_split(docs, val_frac)
     train, val = corpus.vocab.decode(corpus.train), corpus.vocab.decode(corpus.val)
     assert train == DOC_SEP.join(docs[:k]) and val == DOC_SEP.join(docs[k:])
@@ -185,7 +181,7 @@ def test_a_document_across_the_boundary_is_held_out_whole(tmp_path):
 def test_text_sources_keep_the_contiguous_split(tmp_path):
     text = DOC_SEP.join(DOCS)
     (tmp_path / "t.txt").write_text(text, encoding="utf-8")
-    corpus = data.corpus_from_source(tmp_path / "t.txt")
+    corpus = load.corpus_from_source(tmp_path / "t.txt")
     assert len(corpus.val) == int(len(text) * 0.1)  # cut mid-document, exactly at 10%
     assert corpus.vocab.decode(corpus.train) + corpus.vocab.decode(corpus.val) == text
     assert "documents" not in corpus.meta and "field" not in corpus.meta
@@ -206,7 +202,8 @@ def test_a_corpus_larger_than_the_cap_is_cut_between_documents(tmp_path, sources
     assert train + DOC_SEP + val == DOC_SEP.join(DOCS[:7])
     whole = len(DOC_SEP.join(DOCS))
     for cap, capped in ((whole, False), (whole + 1, False), (whole - 1, True)):  # exactly the corpus is not a cut
-        assert invoke("prepare", source, "--out", tmp_path / "q", "--max-chars", cap, "--ctx-len", 8, *options).exit_code == 0
+        assert invoke("prepare", source, "--out", tmp_path / "q", "--max-chars", cap, "--ctx-len", 8,
+                      *options).exit_code == 0
         meta = prepared_text(tmp_path / "q")[2]
         assert meta["capped"] is capped and meta["documents"] == 12 - capped
 
@@ -219,7 +216,8 @@ def test_the_cap_stops_reading_the_stream():
             read.append(i)
             yield f"document {i}"
 
-    vocab, meta = data.encode_source(data.Source("endless", docs=docs), lambda code: (len, len), 0.5, 1, max_chars=1000)
+    vocab, meta = corpus_mod.encode_source(corpus_mod.Source("endless", docs=docs), lambda code: (len, len), 0.5, 1,
+                                           max_chars=1000)
     assert meta["capped"] and meta["characters"] <= 1000 and max(read) == meta["documents"]  # one past the cap, no more
 
 
@@ -247,12 +245,14 @@ def test_bad_datasets_are_one_line(tmp_path, sources):
                    "has no field 'text' (it has: story, n); pick one with `anatomy prepare --field NAME`")
     one_error_line(invoke("prepare", sources["saved"][0], "--field", "body", "--out", tmp_path / "p"),
                    "has no field 'body' (it has: text, n)")
-    one_error_line(invoke("prepare", sources["hf"][0], "--field", "body", "--out", tmp_path / "p"), "has no field 'body'")
+    one_error_line(invoke("prepare", sources["hf"][0], "--field", "body", "--out", tmp_path / "p"),
+                   "has no field 'body'")
     one_error_line(invoke("prepare", sources["dict"][0], "--split", "test", "--out", tmp_path / "p"),
                    "has no split 'test' (it has: train, validation)")
     one_error_line(invoke("prepare", sources["saved"][0], "--split", "train", "--out", tmp_path / "p"), "drop --split")
     pq.write_table(pa.table({"text": ["a b c", None]}), tmp_path / "nulls.parquet")
-    one_error_line(invoke("prepare", tmp_path / "nulls.parquet", "--out", tmp_path / "p"), "row 2: field 'text' is null")
+    one_error_line(invoke("prepare", tmp_path / "nulls.parquet", "--out", tmp_path / "p"),
+                   "row 2: field 'text' is null")
     pq.write_table(pa.table({"text": pa.array([], pa.string())}), tmp_path / "empty.parquet")
     one_error_line(invoke("prepare", tmp_path / "empty.parquet", "--out", tmp_path / "p"), "dataset is empty")
     (tmp_path / "fake.parquet").write_text("not parquet")
@@ -355,6 +355,7 @@ def test_documents_module_names_its_kinds():
 def test_prepare_help_names_every_source_and_option():
     result = runner.invoke(app, ["prepare", "--help"], env={"COLUMNS": "200"})
     flat = " ".join(result.output.replace("│", " ").split())
-    for fragment in (".jsonl or .parquet file", "save_to_disk folder", "hf:NAME[:CONFIG]", "pip install 'anatomy-cli[data]'",
+    for fragment in (".jsonl or .parquet file", "save_to_disk folder", "hf:NAME[:CONFIG]",
+                     "pip install 'anatomy-cli[data]'",
                      "--field", "[default: text]", "--split", "[default: train]", "--max-chars", "whole documents"):
         assert fragment in flat, fragment

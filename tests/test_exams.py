@@ -15,16 +15,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import PATIENCE, one_error_line
 from typer.testing import CliRunner
 
-from anatomy_cli import exams, runs
-from anatomy_cli.cli import app
-from anatomy_cli.components import label
-from anatomy_cli.config import AblationSpec, ConfigError, ModelConfig, RunConfig, load_toml, validate
+from anatomy_cli.cli.main import app
+from anatomy_cli.exams import decode, kv_budget, lengths, stability
 from anatomy_cli.model.positions import PositionError
-from anatomy_cli.report import load_runs
-from anatomy_cli.sweep import execute, expand
-from anatomy_cli.train import train
+from anatomy_cli.report.frames import load_runs
+from anatomy_cli.spec.components import label
+from anatomy_cli.spec.config import AblationSpec, ConfigError, ModelConfig, RunConfig, load_toml, validate
+from anatomy_cli.store import runs
+from anatomy_cli.sweep.plan import execute, expand
+from anatomy_cli.training.run import train
 
 SPEC = Path(__file__).resolve().parents[1] / "experiments" / "depth-stability.toml"
 CTX = 16
@@ -35,13 +37,6 @@ LLAMA_ISH = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_
 
 def invoke(*args: str):
     return CliRunner().invoke(app, [str(a) for a in args])
-
-
-def one_line_error(result, code: int = 2) -> str:
-    assert result.exit_code == code, (result.exit_code, result.output)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -94,19 +89,19 @@ def run_copy(trained, tmp_path):
 
 
 def test_parse_ctx_list():
-    assert exams.parse_ctx_list("128, 256,512") == [(128, False), (256, False), (512, False)]
-    assert exams.parse_ctx_list("1x,2X,4x") == [(1, True), (2, True), (4, True)]
-    assert exams.resolve_lengths(exams.parse_ctx_list("1x,32,2x"), 16) == [16, 32]
+    assert lengths.parse_ctx_list("128, 256,512") == [(128, False), (256, False), (512, False)]
+    assert lengths.parse_ctx_list("1x,2X,4x") == [(1, True), (2, True), (4, True)]
+    assert lengths.resolve_lengths(lengths.parse_ctx_list("1x,32,2x"), 16) == [16, 32]
 
 
 @pytest.mark.parametrize("bad", ["abc", "0", "", "128,,256", "-4", "2.5x", "0x", "x"])
 def test_parse_ctx_list_rejects(bad):
     with pytest.raises(ConfigError, match="--ctx expects"):
-        exams.parse_ctx_list(bad)
+        lengths.parse_ctx_list(bad)
 
 
 def test_learned_positions_refuse_past_ctx_len(trained):
-    result = exams.eval_lengths(trained["learned"], exams.parse_ctx_list("16,32,64"))
+    result = lengths.eval_lengths(trained["learned"], lengths.parse_ctx_list("16,32,64"))
     losses, notes = result["val_loss_by_ctx"], result["notes"]
     assert math.isfinite(losses["16"])
     assert losses["32"] is None and losses["64"] is None
@@ -115,16 +110,16 @@ def test_learned_positions_refuse_past_ctx_len(trained):
 
 
 def test_learned_positions_raise_in_the_library(trained):
-    from anatomy_cli.checkpoint import load_run
+    from anatomy_cli.training.checkpoint import load_run
 
     cfg, _, model = load_run(trained["learned"])
-    corpus = exams.run_corpus(cfg, trained["learned"])
+    corpus = lengths.run_corpus(cfg, trained["learned"])
     with pytest.raises(PositionError, match="ctx_len=16"):
-        exams.val_loss_at(model, corpus.val, 2 * CTX, 2, 1)
+        lengths.val_loss_at(model, corpus.val, 2 * CTX, 2, 1)
 
 
 def test_rope_evaluates_at_2x_and_4x(trained):
-    result = exams.eval_lengths(trained["rope"], exams.parse_ctx_list("1x,2x,4x"))
+    result = lengths.eval_lengths(trained["rope"], lengths.parse_ctx_list("1x,2x,4x"))
     losses = result["val_loss_by_ctx"]
     assert list(losses) == ["16", "32", "64"]
     assert all(v is not None and math.isfinite(v) for v in losses.values()), losses
@@ -134,15 +129,15 @@ def test_rope_evaluates_at_2x_and_4x(trained):
 @pytest.mark.parametrize("pos", ["learned", "rope"])
 def test_loss_at_ctx_len_reproduces_best_val_loss(trained, pos):
     # same fixed windows, batch size and batch count as training's evaluation, best weights
-    result = exams.eval_lengths(trained[pos], [(1, True)])
+    result = lengths.eval_lengths(trained[pos], [(1, True)])
     best = runs.read_summary(trained[pos])["best_val_loss"]
     assert result["val_loss_by_ctx"]["16"] == pytest.approx(best, abs=1e-5)
 
 
 def test_val_split_too_short_is_a_note_not_a_crop(trained):
-    n_val = len(exams.run_corpus(RunConfig.model_validate(runs.read_json(trained["rope"] / "config.json")),
+    n_val = len(lengths.run_corpus(RunConfig.model_validate(runs.read_json(trained["rope"] / "config.json")),
                                  trained["rope"]).val)
-    result = exams.eval_lengths(trained["rope"], [(16, False), (n_val, False)])
+    result = lengths.eval_lengths(trained["rope"], [(16, False), (n_val, False)])
     assert math.isfinite(result["val_loss_by_ctx"]["16"])
     assert result["val_loss_by_ctx"][str(n_val)] is None
     assert f"val split has {n_val:,} ids" in result["notes"][str(n_val)]
@@ -195,12 +190,12 @@ def test_eval_a_sweep_dir_gives_a_report_column_per_length(run_copy, tmp_path):
 
 @pytest.mark.parametrize("ctx", ["abc", "0", "16,-1"])
 def test_eval_bad_ctx_exits_2(trained, ctx):
-    assert "--ctx expects" in one_line_error(invoke("eval", trained["rope"], "--ctx", ctx))
+    one_error_line(invoke("eval", trained["rope"], "--ctx", ctx), "--ctx expects", alone=True)
 
 
 def test_eval_missing_run_dir_exits_2(tmp_path):
-    assert "not found" in one_line_error(invoke("eval", tmp_path / "nope"))
-    assert "no runs under" in one_line_error(invoke("eval", tmp_path))
+    one_error_line(invoke("eval", tmp_path / "nope"), "not found", alone=True)
+    one_error_line(invoke("eval", tmp_path), "no runs under", alone=True)
 
 
 # --------------------------------------------------------------------------- 2. depth stability
@@ -235,8 +230,8 @@ def test_depth_stability_tiny_sweep_gives_grad_norms_and_a_table(corpus, tmp_pat
         metrics = runs.read_metrics(tmp_path / "sweep" / p.run_id)
         norms = [m["grad_norm"] for m in metrics if "grad_norm" in m]
         assert len(norms) == 8 and all(n > 0 for n in norms)
-    table, _ = exams.stability(tmp_path / "sweep")
-    assert list(table.columns) == exams.STABILITY_COLUMNS
+    table = stability.stability_table(load_runs(tmp_path / "sweep")[0])
+    assert list(table.columns) == stability.STABILITY_COLUMNS
     assert sorted(table["label"]) == ["2017", "prenorm"]
     assert table["n_runs"].tolist() == [3, 3]
     assert (table["max_grad_norm"] > 0).all()
@@ -254,14 +249,14 @@ def test_stability_table_counts_by_label():
         "loss_spikes": pd.array([1, 5, 0], dtype="Int64"), "max_grad_norm": [3.0, 90.0, 1.5],
         "best_val_loss": [2.0, 1.0, 1.8],
     })
-    table = exams.stability_table(frame).set_index("label")
+    table = stability.stability_table(frame).set_index("label")
     assert table.loc["2017", "diverged"] == 1 and table.loc["prenorm", "diverged"] == 0
     assert table.loc["2017", "loss_spikes_mean"] == 3.0 and table.loc["2017", "max_grad_norm"] == 90.0
     assert table.loc["2017", "best_val_loss_mean"] == 2.0  # completed runs only
 
 
 def test_stability_missing_dir_exits_2(tmp_path):
-    one_line_error(invoke("stability", tmp_path / "nope"))
+    one_error_line(invoke("stability", tmp_path / "nope"), alone=True)
 
 
 # --------------------------------------------------------------------------- 3. decode cost
@@ -301,12 +296,12 @@ def test_bench_decode_run_dir_caps_learned_positions(trained, threads_1):
     (["--n-head", "3"], "n_head=3 must divide"),
 ])
 def test_bench_decode_bad_options_exit_2(args, message):
-    assert message in one_line_error(invoke("bench-decode", "--d-model", 32, "--n-layer", 1, *args))
+    one_error_line(invoke("bench-decode", "--d-model", 32, "--n-layer", 1, *args), message, alone=True)
 
 
 def test_bench_decode_bad_run_dir_exits_2(trained, tmp_path):
-    assert "not found" in one_line_error(invoke("bench-decode", tmp_path / "nope"))
-    assert "size options" in one_line_error(invoke("bench-decode", trained["rope"], "--d-model", 64))
+    one_error_line(invoke("bench-decode", tmp_path / "nope"), "not found", alone=True)
+    one_error_line(invoke("bench-decode", trained["rope"], "--d-model", 64), "size options", alone=True)
 
 
 # --------------------------------------------------------------------------- 4. KV budget
@@ -341,13 +336,13 @@ def test_kv_budget_worked_example_via_config_json(tmp_path):
 def test_kv_budget_config_defaults_and_overrides(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64}))
-    shape = exams.attn_shape(path)
+    shape = kv_budget.attn_shape(path)
     assert (shape.kv_heads, shape.head_dim) == (4, 16)  # kv heads default to heads, head_dim to hidden/heads
-    assert exams.attn_shape(path, kv_heads=2).kv_heads == 2
+    assert kv_budget.attn_shape(path, kv_heads=2).kv_heads == 2
     nested = tmp_path / "mm.json"
     nested.write_text(json.dumps({"model_type": "x", "text_config": LLAMA_ISH}))
-    assert exams.attn_shape(nested).kv_heads == 8
-    fp8 = exams.kv_budget(exams.attn_shape(tmp_path / "mm.json"), 4096, 1, "fp8")
+    assert kv_budget.attn_shape(nested).kv_heads == 8
+    fp8 = kv_budget.kv_budget(kv_budget.attn_shape(tmp_path / "mm.json"), 4096, 1, "fp8")
     assert [r["bytes"] for r in fp8["rows"]] == [GQA_BYTES * 2, GQA_BYTES // 2, GQA_BYTES // 16]
 
 
@@ -361,22 +356,23 @@ def test_kv_budget_config_defaults_and_overrides(tmp_path):
 def test_kv_budget_corrupt_config_exits_2(tmp_path, content, message):
     path = tmp_path / "config.json"
     path.write_text(content)
-    assert message in one_line_error(invoke("kv-budget", "--config", path))
+    one_error_line(invoke("kv-budget", "--config", path), message, alone=True)
 
 
 def test_kv_budget_bad_inputs_exit_2(tmp_path):
-    assert "config not found" in one_line_error(invoke("kv-budget", "--config", tmp_path / "none.json"))
-    assert "missing" in one_line_error(invoke("kv-budget", "--layers", 2))
-    assert "--dtype must be" in one_line_error(invoke("kv-budget", "--layers", 2, "--heads", 2, "--head-dim", 8,
-                                                      "--dtype", "int4"))
+    one_error_line(invoke("kv-budget", "--config", tmp_path / "none.json"), "config not found", alone=True)
+    one_error_line(invoke("kv-budget", "--layers", 2), "missing", alone=True)
+    one_error_line(invoke("kv-budget", "--layers", 2, "--heads", 2, "--head-dim", 8, "--dtype", "int4"),
+                   "--dtype must be", alone=True)
 
 
+@pytest.mark.process
 def test_kv_budget_never_imports_torch(tmp_path):
-    code = ("import sys; from typer.testing import CliRunner; from anatomy_cli.cli import app; "
+    code = ("import sys; from typer.testing import CliRunner; from anatomy_cli.cli.main import app; "
             "r = CliRunner().invoke(app, ['kv-budget', '--layers', '32', '--heads', '32', '--kv-heads', '8', "
             "'--head-dim', '128', '--json']); assert r.exit_code == 0, r.output; "
             "print(sorted(m for m in ('torch', 'pandas') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=PATIENCE)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
 
@@ -385,14 +381,14 @@ def test_kv_budget_never_imports_torch(tmp_path):
 def test_every_position_limit_is_model_max_positions(pos_type):
     """Sampling windows, eval lengths and decode lengths all ask ModelConfig.max_positions: a learned
     table ends at ctx_len, RoPE and NoPE do not end (None)."""
-    from anatomy_cli.sample import SampleError, check_options
+    from anatomy_cli.model.generate import SampleError, check_options
 
     cfg = ModelConfig(vocab_size=50, d_model=32, n_head=4, n_kv_head=4, ctx_len=16, pos_type=pos_type)
     bounded = pos_type == "learned"
     assert cfg.max_positions == (16 if bounded else None)
-    assert (exams.length_problem(cfg, 17, 10_000) is not None) is bounded
-    assert exams.length_problem(cfg, 16, 10_000) is None
-    assert (exams.decode_lengths(cfg, 10, 10)[2] is not None) is bounded
+    assert (lengths.length_problem(cfg, 17, 10_000) is not None) is bounded
+    assert lengths.length_problem(cfg, 16, 10_000) is None
+    assert (decode.decode_lengths(cfg, 10, 10)[2] is not None) is bounded
     if bounded:
         with pytest.raises(SampleError, match="ends at ctx_len=16"):
             check_options(cfg, 0.8, None, 17)

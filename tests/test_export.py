@@ -16,12 +16,11 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from helpers import LLAMA_MHA  # noqa: E402
 
 transformers = pytest.importorskip("transformers")
 
-from anatomy_cli.checkpoint import load_run  # noqa: E402
-from anatomy_cli.config import ModelConfig, RunConfig  # noqa: E402
-from anatomy_cli.export import (  # noqa: E402
+from anatomy_cli.exams.export import (  # noqa: E402
     ExportError,
     check_llama_shaped,
     export_hf,
@@ -29,9 +28,11 @@ from anatomy_cli.export import (  # noqa: E402
     state_dict_to_hf,
 )
 from anatomy_cli.model import LM  # noqa: E402
-from anatomy_cli.runs import RunError  # noqa: E402
-from anatomy_cli.sample import generate  # noqa: E402
-from anatomy_cli.train import train  # noqa: E402
+from anatomy_cli.model.generate import generate  # noqa: E402
+from anatomy_cli.spec.config import ModelConfig, RunConfig  # noqa: E402
+from anatomy_cli.store.runs import RunError  # noqa: E402
+from anatomy_cli.training.checkpoint import load_run  # noqa: E402
+from anatomy_cli.training.run import train  # noqa: E402
 
 TEXT = (
     "## The anatomy of a language model\n\n"
@@ -39,7 +40,6 @@ TEXT = (
     "RoPE rotates queries and keys by position; SwiGLU gates the hidden units.\n"
 ) * 12
 
-LLAMA = dict(norm_type="rmsnorm", norm_pos="pre", pos_type="rope", ffn_type="swiglu")
 TWENTY17 = dict(norm_type="layernorm", norm_pos="post", pos_type="learned", ffn_type="gelu")
 PART_NAMES = {
     "norm_type": "LayerNorm (needs rmsnorm)",
@@ -52,7 +52,7 @@ CTX = 32
 
 def model_kwargs(n_kv_head: int = 2, **parts) -> dict:
     return dict(d_model=32, n_layer=2, n_head=4, n_kv_head=n_kv_head, ctx_len=CTX,
-                rope_base=500.0, norm_eps=1e-4, **{**LLAMA, **parts})
+                rope_base=500.0, norm_eps=1e-4, **{**LLAMA_MHA, **parts})
 
 
 def train_run(root, name: str, train_opts: dict | None = None, **model) -> object:

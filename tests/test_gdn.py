@@ -18,19 +18,20 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import LLAMA_MHA
 from lm_checks import assert_causal, decode_in_chunks, tokens
 from toy_data import write_corpus
 from typer.testing import CliRunner
 
-from anatomy_cli import runs
-from anatomy_cli.cli import app
-from anatomy_cli.config import ConfigError, ModelConfig, RunConfig, validate
+from anatomy_cli.cli.main import app
 from anatomy_cli.model import LM
 from anatomy_cli.model.attention import CausalSelfAttention
 from anatomy_cli.model.gdn import GatedDeltaNet, chunked_delta_rule, l2norm, recurrent_delta_rule
+from anatomy_cli.model.generate import generate
 from anatomy_cli.model.kv_cache import KVCache
-from anatomy_cli.sample import generate
-from anatomy_cli.train import train
+from anatomy_cli.spec.config import ConfigError, ModelConfig, RunConfig, validate
+from anatomy_cli.store import runs
+from anatomy_cli.training.run import train
 
 pytestmark = [pytest.mark.usefixtures("single_thread")]
 
@@ -262,11 +263,10 @@ def test_recurrence_is_the_delta_rule():
 # ------------------------------------------------------------------------- the hybrid model
 
 HYBRID = {"n_layer": 4, "gdn_pattern": "DDDA"}
-LLAMA = {"norm_type": "rmsnorm", "norm_pos": "pre", "pos_type": "rope", "ffn_type": "swiglu"}
 MODELS = {  # the attention layers alone, with GQA and QK-norm, and a stack with no attention at all
-    "llama": {**HYBRID, **LLAMA},
-    "llama+gqa+qknorm": {**HYBRID, **LLAMA, "n_kv_head": 2, "qk_norm": True},
-    "all-gdn": {**LLAMA, "gdn_pattern": "D"},
+    "llama": {**HYBRID, **LLAMA_MHA},
+    "llama+gqa+qknorm": {**HYBRID, **LLAMA_MHA, "n_kv_head": 2, "qk_norm": True},
+    "all-gdn": {**LLAMA_MHA, "gdn_pattern": "D"},
 }
 BEYOND_THE_ROW = pytest.mark.parametrize("model", ["llama+gqa+qknorm", "all-gdn"])  # test_rows has the ends
 
@@ -282,7 +282,7 @@ def test_param_count_is_exact_at_the_published_size():
     """d 128, 4 heads: value heads 4 x 32, key heads 2 x 32. in_proj 128 x (64 + 64 + 128 + 128),
     b and a 128 x 8, conv 256 x 4, dt_bias and A_log 4 each, gated norm 32, out 128 x 128."""
     cfg = ModelConfig(vocab_size=1719, d_model=128, n_layer=4, n_head=4, ctx_len=64, gdn_pattern="DDDA",
-                      **LLAMA)
+                      **LLAMA_MHA)
     assert cfg.gdn_shape == (2, 4, 32)
     gdn = 128 * 384 + 128 * 8 + 256 * 4 + 4 + 4 + 32 + 128 * 128
     assert cfg.mixer_params("gdn") == gdn == 67_624
@@ -474,7 +474,7 @@ def gdn_run(tmp_path_factory) -> Path:
     corpus = write_corpus(root, 4000)
     cfg = RunConfig.model_validate({
         "name": "gdn", "seed": 1,
-        "model": {"d_model": 32, "n_layer": 2, "n_head": 4, "ctx_len": 16, "gdn_pattern": "DA", **LLAMA},
+        "model": {"d_model": 32, "n_layer": 2, "n_head": 4, "ctx_len": 16, "gdn_pattern": "DA", **LLAMA_MHA},
         "train": {"steps": 6, "batch_size": 4, "lr": 3e-3, "warmup": 1, "eval_interval": 3, "eval_batches": 2,
                   "log_interval": 3, "sample_len": 0, "device": "cpu", "threads": 1},
         "data": {"source": str(corpus)},

@@ -10,10 +10,10 @@ import pytest
 import torch
 from lm_checks import decode_in_chunks, tokens
 
-from anatomy_cli.config import ModelConfig
 from anatomy_cli.model.attention import attention_mask
+from anatomy_cli.model.generate import generate
 from anatomy_cli.model.kv_cache import KV, CacheFullError
-from anatomy_cli.sample import generate
+from anatomy_cli.spec.config import ModelConfig
 
 pytestmark = [pytest.mark.filterwarnings("error"), pytest.mark.usefixtures("single_thread")]
 
@@ -142,8 +142,8 @@ def test_rope_decode_continues_from_past_len(make_lm):
 
 
 def test_bf16_cache_on_fp32_model_decodes():
-    from anatomy_cli.config import ModelConfig
     from anatomy_cli.model import LM
+    from anatomy_cli.spec.config import ModelConfig
 
     model = LM(ModelConfig(vocab_size=20, d_model=16, n_layer=1, n_head=2, n_kv_head=1, ctx_len=8,
                            pos_type="rope")).eval()

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import LLAMA
 
-from anatomy_cli.config import ModelConfig, check_pattern, repeat_pattern
 from anatomy_cli.model import LM, KVCache
 from anatomy_cli.model.kv_cache import CacheFullError
 from anatomy_cli.model.mixers import MIXERS, make_mixer
+from anatomy_cli.spec.config import ModelConfig, check_pattern, repeat_pattern
 
 pytestmark = [pytest.mark.filterwarnings("error"), pytest.mark.usefixtures("single_thread")]
-
-LLAMA = {"norm_type": "rmsnorm", "norm_pos": "pre", "pos_type": "rope", "ffn_type": "swiglu", "n_kv_head": 2}
 
 
 def test_layer_kinds_default_to_global_attention():

@@ -12,18 +12,18 @@ import re
 
 import pytest
 import torch
+from helpers import LLAMA
 from lm_checks import assert_cached_decode, assert_causal, decode_in_chunks, tokens
 from typer.testing import CliRunner
 
-from anatomy_cli import components as comp
-from anatomy_cli.cli import app
-from anatomy_cli.config import MLA_SIZES, ConfigError, ModelConfig, RunConfig, validate
-from anatomy_cli.export import ExportError, check_llama_shaped
+from anatomy_cli.cli.main import app
+from anatomy_cli.exams.export import ExportError, check_llama_shaped
 from anatomy_cli.model.mla import LATENT_EPS, LatentAttention
+from anatomy_cli.spec import components as comp
+from anatomy_cli.spec.config import MLA_SIZES, ConfigError, ModelConfig, RunConfig, validate
 
 pytestmark = [pytest.mark.filterwarnings("error"), pytest.mark.usefixtures("single_thread")]
 
-LLAMA = {"norm_type": "rmsnorm", "norm_pos": "pre", "pos_type": "rope", "ffn_type": "swiglu", "n_kv_head": 2}
 # toy sizes with every MLA width distinct, so a swapped split cannot line up by accident
 SIZES = {"q_lora_rank": 24, "kv_lora_rank": 20, "qk_rope_head_dim": 6, "qk_nope_head_dim": 10, "v_head_dim": 12}
 
@@ -69,7 +69,7 @@ def test_bad_sizes_are_refused_in_one_line(overrides, message):
 
 
 def test_off_value_stays_out_of_the_run_id():
-    from anatomy_cli import runs
+    from anatomy_cli.store import runs
 
     plain = RunConfig().model_dump(mode="json")
     before = {**plain, "model": {k: v for k, v in plain["model"].items()
@@ -119,7 +119,8 @@ def mla_params(d: int, H: int, rq: int, r: int, p: int, n: int, v: int) -> int:
     return (d * rq + rq + rq * H * (n + p)) + (d * (r + p) + r + r * H * (n + v)) + H * v * d
 
 
-@pytest.mark.parametrize("overrides", [{}, SIZES, {"d_model": 64, "n_head": 8}, {"d_model": 48, "n_head": 3, "n_kv_head": 1}])
+@pytest.mark.parametrize("overrides",
+                         [{}, SIZES, {"d_model": 64, "n_head": 8}, {"d_model": 48, "n_head": 3, "n_kv_head": 1}])
 def test_attention_param_count_is_exact(overrides):
     cfg = mla_config(**overrides)
     m, H, d = cfg.mla_dims, cfg.n_head, cfg.d_model
@@ -152,7 +153,8 @@ def test_model_param_count_is_exact_at_given_sizes(base):  # test_rows.py: the d
     cfg = mla_config(**BASES[base], **SIZES)
     assert cfg.num_params() == LM(cfg).num_params()
     softmax = ModelConfig(**{**cfg.model_dump(), "attn_type": "softmax", **dict.fromkeys(MLA_SIZES)})
-    assert cfg.num_params() - softmax.num_params() == cfg.n_layer * (cfg.mixer_params("mla") - softmax.mixer_params("attn"))
+    assert (cfg.num_params() - softmax.num_params()
+            == cfg.n_layer * (cfg.mixer_params("mla") - softmax.mixer_params("attn")))
 
 
 @BASE
@@ -161,7 +163,8 @@ def test_causality(base):
 
 
 @BASE
-@pytest.mark.parametrize("extra", [{}, {"parallel_block": True}, {"pos_type": "nope"}], ids=["plain", "parallel", "nope"])
+@pytest.mark.parametrize("extra", [{}, {"parallel_block": True}, {"pos_type": "nope"}],
+                         ids=["plain", "parallel", "nope"])
 def test_cached_decode_equals_full_forward(base, extra):
     assert_cached_decode(mla_lm(**{**BASES[base], **SIZES, **extra}))
 
@@ -238,7 +241,7 @@ def test_a_window_leaves_mla_layers_global():
 
 
 def test_sdpa_kernel_asks_with_mla_shapes():
-    from anatomy_cli.devices import sdpa_kernel
+    from anatomy_cli.training.devices import sdpa_kernel
 
     cpu = torch.device("cpu")
     for cfg in (mla_config(**LLAMA, **SIZES), mla_config(**LLAMA, **SIZES, n_layer=4, window=4, window_pattern="LG")):
@@ -263,7 +266,8 @@ def test_bf16_cache_holds_half_the_bytes_and_decodes():
 
 
 def test_bench_decode_measures_mla_next_to_mha_gqa_mqa():
-    result = CliRunner().invoke(app, ["bench-decode", "--d-model", "32", "--n-layer", "2", "--n-head", "4", "--ctx", "64",
+    result = CliRunner().invoke(app,
+                                ["bench-decode", "--d-model", "32", "--n-layer", "2", "--n-head", "4", "--ctx", "64",
                                       "--new", "4", "--prefix-len", "8", "--json"])
     assert result.exit_code == 0, result.output
     rows = {r["attention"]: r for r in json.loads(result.stdout)["rows"]}
@@ -276,21 +280,22 @@ def test_bench_decode_measures_mla_next_to_mha_gqa_mqa():
     assert mla["kv_bytes_per_token"] == L * (r + p) * nbytes == 160
     assert [rows[a]["kv_bytes_per_token"] for a in ("MHA", "GQA", "MQA")] == [512, 256, 128]  # 2 L G hd x 4
     assert mla["same_output"]  # cached greedy decode == uncached
-    table = CliRunner().invoke(app, ["bench-decode", "--d-model", "32", "--n-layer", "2", "--n-head", "4", "--ctx", "64",
+    table = CliRunner().invoke(app,
+                               ["bench-decode", "--d-model", "32", "--n-layer", "2", "--n-head", "4", "--ctx", "64",
                                      "--new", "2", "--prefix-len", "4", "--kv-heads", "2,mla"])
     assert table.exit_code == 0, table.output
     assert "MLA" in table.stdout and "r+p=16+4" in table.stdout  # rich may wrap the label in a cell
 
 
 def test_bench_decode_of_an_mla_config_keeps_its_sizes():
-    from anatomy_cli import exams
+    from anatomy_cli.exams import decode
 
     cfg = mla_config(**LLAMA, **SIZES)
-    out = exams.bench_decode(cfg, kv_heads=exams.kv_head_list(4, "mla,2"), new=2, prefix_len=4)
+    out = decode.bench_decode(cfg, kv_heads=decode.kv_head_list(4, "mla,2"), new=2, prefix_len=4)
     mla, gqa = out["rows"]
     assert mla["kv_bytes_per_token"] == 2 * (20 + 6) * 4 and gqa["kv_bytes_per_token"] == 2 * 2 * 2 * 8 * 4
     with pytest.raises(ConfigError, match="positive integers or mla"):
-        exams.kv_head_list(4, "2,gqa")
+        decode.kv_head_list(4, "2,gqa")
 
 
 def test_bench_decode_takes_mla_once_next_to_sliding_windows():
@@ -345,12 +350,14 @@ def test_kv_budget_reads_a_deepseek_config(tmp_path):
                                 "qk_nope_head_dim": 128, "v_head_dim": 128}))
     rows = kv_rows("--config", path, "--dtype", "bf16")
     assert rows["MLA"]["bytes_per_token"] == 61 * (512 + 64) * 2  # 70,272 B
-    assert rows["MHA"]["bytes_per_token"] == 2 * 61 * 128 * 128 * 2  # heads of qk_nope_head_dim, as DeepSeek-V2 compares
+    # heads of qk_nope_head_dim, as DeepSeek-V2 compares
+    assert rows["MHA"]["bytes_per_token"] == 2 * 61 * 128 * 128 * 2
     assert round(rows["MLA"]["mha_over"], 1) == 56.9
 
 
 def test_kv_budget_mla_needs_both_sizes():
-    result = CliRunner().invoke(app, ["kv-budget", "--layers", "2", "--heads", "2", "--head-dim", "8", "--kv-lora-rank", "4"])
+    result = CliRunner().invoke(app, ["kv-budget", "--layers", "2", "--heads", "2", "--head-dim", "8",
+                                      "--kv-lora-rank", "4"])
     assert result.exit_code == 2
     assert result.stderr.strip().splitlines() == ["error: options: MLA needs both --kv-lora-rank and --rope-dim "
                                                   "(kv_lora_rank, qk_rope_head_dim)"]

@@ -11,20 +11,19 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import LLAMA
 from lm_checks import assert_causal
 from pydantic import ValidationError
 from torch import nn
 
-from anatomy_cli.components import label
-from anatomy_cli.config import ConfigError, ModelConfig, validate
 from anatomy_cli.model import LM
 from anatomy_cli.model.attention import CausalSelfAttention
 from anatomy_cli.model.norms import LayerNorm, RMSNorm
 from anatomy_cli.model.positions import LearnedPositions, PositionError, RoPE, turn_half
+from anatomy_cli.spec.components import label
+from anatomy_cli.spec.config import ConfigError, ModelConfig, validate
 
 pytestmark = [pytest.mark.filterwarnings("error"), pytest.mark.usefixtures("single_thread")]
-
-LLAMA = {"norm_type": "rmsnorm", "norm_pos": "pre", "pos_type": "rope", "ffn_type": "swiglu", "n_kv_head": 2}
 
 
 # ------------------------------------------------------------------------- parameter counts

@@ -16,14 +16,14 @@ import torch.nn.functional as F
 from lm_checks import tokens, trainer
 from toy_data import TINY_MODEL, TINY_TRAIN, write_corpus
 
-from anatomy_cli import runs
-from anatomy_cli.checkpoint import load_weights, save_weights
-from anatomy_cli.config import ConfigError, ModelConfig, RunConfig, TrainConfig, validate
 from anatomy_cli.model import LM
 from anatomy_cli.model.attention import CausalSelfAttention
 from anatomy_cli.model.positions import POSITIONS, NoPositions, RoPE
-from anatomy_cli.train import train
-from anatomy_cli.trainer import Trainer
+from anatomy_cli.spec.config import ConfigError, ModelConfig, RunConfig, TrainConfig, validate
+from anatomy_cli.store import runs
+from anatomy_cli.training.checkpoint import load_weights, save_weights
+from anatomy_cli.training.run import train
+from anatomy_cli.training.trainer import Trainer
 
 pytestmark = [pytest.mark.filterwarnings("error"), pytest.mark.usefixtures("single_thread")]
 
@@ -105,7 +105,8 @@ def test_bad_settings_are_refused():
         validate(ModelConfig, {"pos_type": "nope", "rope_variant": "q_only"})
     with pytest.raises(ConfigError, match="pos_type"):
         validate(ModelConfig, {"pos_type": "alibi"})
-    assert ModelConfig(pos_type="nope", d_model=30, n_head=10, n_kv_head=10).head_dim == 3  # odd head_dim: fine without RoPE
+    # odd head_dim: fine without RoPE
+    assert ModelConfig(pos_type="nope", d_model=30, n_head=10, n_kv_head=10).head_dim == 3
 
 
 def test_defaults_are_off():
@@ -404,8 +405,9 @@ def test_nope_runs_past_ctx_len(make_lm):
 
 
 def test_nope_samples_and_decodes_past_ctx_len(make_lm):
-    from anatomy_cli.exams import decode_lengths, length_problem
-    from anatomy_cli.sample import generate
+    from anatomy_cli.exams.decode import decode_lengths
+    from anatomy_cli.exams.lengths import length_problem
+    from anatomy_cli.model.generate import generate
 
     model = make_lm(pos_type="nope", ctx_len=8)
     cfg = model.cfg

@@ -13,20 +13,23 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import scramble
-from lm_checks import assert_causal, decode_in_chunks, tokens, train_losses, trainer
+from helpers import LLAMA, one_error_line
+from lm_checks import assert_causal, assert_decodes_like_full, tokens, train_losses, trainer
 from toy_data import TINY_MODEL, TINY_TRAIN, write_corpus
 from typer.testing import CliRunner
 
-from anatomy_cli import components, report, runs, tb_events
-from anatomy_cli.cli import app
-from anatomy_cli.config import ConfigError, ModelConfig, RunConfig, validate
+from anatomy_cli.cli.main import app
 from anatomy_cli.model import LM
 from anatomy_cli.model.moe import MoE, balance
-from anatomy_cli.train import train
+from anatomy_cli.report import frames, write
+from anatomy_cli.spec import components
+from anatomy_cli.spec.config import ConfigError, ModelConfig, RunConfig, validate
+from anatomy_cli.store import runs
+from anatomy_cli.training import tensorboard as tb_events
+from anatomy_cli.training.run import train
 
 pytestmark = [pytest.mark.filterwarnings("error"), pytest.mark.usefixtures("single_thread")]
 
-LLAMA = {"norm_type": "rmsnorm", "norm_pos": "pre", "pos_type": "rope", "ffn_type": "swiglu", "n_kv_head": 2}
 BASES = {"2017": {}, "llama": LLAMA}
 BASE = pytest.mark.parametrize("base", list(BASES))
 VARIANTS = {  # MoE settings beyond the defaults (8 experts, top-2, half the dense hidden each)
@@ -115,10 +118,7 @@ def test_bad_moe_settings_are_one_line(settings, fragment):
                                      "model.moe_hidden=0"])
 def test_bad_moe_settings_exit_2_on_the_cli(setting):
     result = CliRunner().invoke(app, ["train", "--set", "model.moe=true", "--set", setting, "--steps", "1"])
-    assert result.exit_code == 2, result.output
-    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and setting.split("=")[0].removeprefix("model.") in errors[0]
-    assert "Traceback" not in result.output
+    one_error_line(result, setting.split("=")[0].removeprefix("model."))
 
 
 def test_new_fields_at_their_defaults_keep_run_ids():
@@ -233,11 +233,7 @@ def test_causality(make_lm, base):
 @BASE
 def test_cached_decode_equals_full_forward(make_lm, base, parts):
     model = make_lm(moe=True, **{**BASES[base], **parts})
-    idx = tokens(2, 16, seed=1)
-    with torch.no_grad():
-        full, _ = model(idx)
-        torch.testing.assert_close(decode_in_chunks(model, idx, [6] + [1] * 10)[0], full, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(decode_in_chunks(model, idx, [5, 3, 1, 4, 1, 2])[0], full, atol=1e-5, rtol=1e-5)
+    assert_decodes_like_full(model, tokens(2, 16, seed=1), [[6] + [1] * 10, [5, 3, 1, 4, 1, 2]])
 
 
 # ------------------------------------------------------------------------- the balance loss
@@ -337,8 +333,8 @@ def test_a_moe_run_records_its_metrics_and_routing(tmp_path):
         tb = [e.value for e in read_events(tmp_path / "moe").Scalars("loss/moe_aux")]
         assert tb == pytest.approx([r["moe_aux_loss"] for r in rows])
     # the report: both counts in the runs table, and the routing figure for the MoE run only
-    paths = report.write_report(tmp_path, formats=("md", "json"))
-    assert report.expert_loads(report.load_runs(tmp_path)[0]) == [("llama+moe · seed 1337", load)]
+    paths = write.write_report(tmp_path, formats=("md", "json"))
+    assert write.expert_loads(frames.load_runs(tmp_path)[0]) == [("llama+moe · seed 1337", load)]
     assert paths["expert-load.png"].stat().st_size > 10_000
     md = paths["report.md"].read_text()
     assert "## Routing" in md and "expert-load.png" in md

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import PATIENCE
 
-from anatomy_cli.config import ModelConfig
 from anatomy_cli.model import LM
+from anatomy_cli.spec.config import ModelConfig
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
@@ -43,9 +44,10 @@ def test_fused_equals_reference(norm, pos_norm, pos, ffn, kv):
     assert torch.allclose(ours, theirs, atol=1e-5), (ours - theirs).abs().max()
 
 
+@pytest.mark.process
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
 def test_gpu_check_fails_cleanly_without_cuda():
-    result = subprocess.run(["bash", str(BENCH / "gpu_check.sh")], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(["bash", str(BENCH / "gpu_check.sh")], capture_output=True, text=True, timeout=PATIENCE)
     assert result.returncode in (2, 3), result.stdout + result.stderr  # no CUDA (or no pydantic)
     assert "Traceback" not in result.stderr
     if result.returncode == 2:

@@ -13,9 +13,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from anatomy_cli import figures, report, verdict
-from anatomy_cli.components import FIVE as FLIPS
-from anatomy_cli.runs import RunError
+from anatomy_cli.report import effects as effects_mod
+from anatomy_cli.report import figures, frames, verdict, write
+from anatomy_cli.spec.components import FIVE as FLIPS
+from anatomy_cli.store.runs import RunError
 
 pytestmark = pytest.mark.filterwarnings("error")  # the report must be warnings-free
 
@@ -82,9 +83,9 @@ def test_runs_frame_columns_and_values(tmp_path):
     make_run(tmp_path, "base", best=2.0, final=2.3, eval_ctx={"64": 2.1, "128": None})
     make_run(tmp_path, "llama", flips=FLIPS, best=1.8)
     make_run(tmp_path, "nosummary", flips=("rope",), summary=False)
-    runs, curves = report.load_runs(tmp_path)
+    runs, curves = frames.load_runs(tmp_path)
 
-    assert list(runs.columns) == report.RUN_COLUMNS + ["val_loss_ctx_64", "val_loss_ctx_128"]
+    assert list(runs.columns) == frames.RUN_COLUMNS + ["val_loss_ctx_64", "val_loss_ctx_128"]
     assert len(runs) == 3
     base = runs.set_index("run_id").loc["base"]
     assert base["label"] == "2017" and not any(base[f] for f in FLIPS)
@@ -107,7 +108,7 @@ def test_stability_columns(tmp_path):
     metrics = [{"step": s, "train_loss": v, "grad_norm": g}
                for s, (v, g) in enumerate(zip(losses, [1, 9, 2, 50, 3, None]))]
     make_run(tmp_path, "spiky", metrics=metrics)
-    runs, _ = report.load_runs(tmp_path)
+    runs, _ = frames.load_runs(tmp_path)
     # step 3: 3.5 > 1.5 x 2.0 (spike); step 5: NaN (spike); step 4: 2.0 (not).
     assert runs.loc[0, "loss_spikes"] == 2
     assert runs.loc[0, "max_grad_norm"] == 50.0
@@ -116,14 +117,14 @@ def test_stability_columns(tmp_path):
 def test_count_loss_spikes_ignores_warmup():
     steps = np.arange(4)
     # A rise during warmup (step 1) does not count; after warmup it does.
-    assert report.count_loss_spikes(steps, [2.0, 4.0, 2.0, 3.1], warmup=2) == 1
-    assert report.count_loss_spikes(steps, [2.0, 4.0, 2.0, 3.1], warmup=0) == 2
+    assert frames.count_loss_spikes(steps, [2.0, 4.0, 2.0, 3.1], warmup=2) == 1
+    assert frames.count_loss_spikes(steps, [2.0, 4.0, 2.0, 3.1], warmup=0) == 2
 
 
 def test_empty_metrics_and_failed_runs_tolerated(tmp_path):
     make_run(tmp_path, "empty", metrics=[], summary=False)
     make_run(tmp_path, "failed", status="failed", best=None)
-    runs, curves = report.load_runs(tmp_path)
+    runs, curves = frames.load_runs(tmp_path)
     empty = runs.set_index("run_id").loc["empty"]
     assert empty["status"] == "incomplete" and empty["loss_spikes"] == 0
     assert math.isnan(empty["best_val_loss"]) and math.isnan(empty["max_grad_norm"])
@@ -132,12 +133,12 @@ def test_empty_metrics_and_failed_runs_tolerated(tmp_path):
 
 def test_no_runs_raises_clearly(tmp_path):
     with pytest.raises(RunError, match="no runs under"):
-        report.load_runs(tmp_path)
+        frames.load_runs(tmp_path)
     with pytest.raises(RunError, match="runs directory not found"):
-        report.load_runs(tmp_path / "missing")
+        frames.load_runs(tmp_path / "missing")
     (tmp_path / "file").write_text("x")
     with pytest.raises(RunError, match="not a directory"):
-        report.load_runs(tmp_path / "file")
+        frames.load_runs(tmp_path / "file")
 
 
 # --------------------------------------------------------------------------------- effects
@@ -149,9 +150,9 @@ def test_add_one_mean_and_ci_by_hand(tmp_path):
         make_run(tmp_path, f"rope-s{seed}", flips=("rope",), seed=seed, best=rope)
     for seed, swiglu in ((1, 2.1), (2, 2.0), (3, 2.3)):  # deltas +.1 -.1 +.1: straddle 0
         make_run(tmp_path, f"swiglu-s{seed}", flips=("swiglu",), seed=seed, best=swiglu)
-    effects = report.component_effects(report.load_runs(tmp_path)[0])
+    effects = effects_mod.component_effects(frames.load_runs(tmp_path)[0])
 
-    assert list(effects.columns) == report.EFFECT_COLUMNS
+    assert list(effects.columns) == effects_mod.EFFECT_COLUMNS
     rope = effect(effects, "rope", "add-one")
     half = T2 * 0.05 / math.sqrt(3)  # sd of (-.2, -.25, -.3) is 0.05; half = 0.1242
     assert rope["n_pairs"] == 3 and rope["excluded"] == 0 and rope["group"] == ""
@@ -174,7 +175,7 @@ def test_add_one_mean_and_ci_by_hand(tmp_path):
 def test_one_seed_has_no_ci(tmp_path):
     make_run(tmp_path, "base", best=2.0)
     make_run(tmp_path, "gqa", flips=("gqa",), best=2.05)
-    row = effect(report.component_effects(report.load_runs(tmp_path)[0]), "gqa", "add-one")
+    row = effect(effects_mod.component_effects(frames.load_runs(tmp_path)[0]), "gqa", "add-one")
     assert row["n_pairs"] == 1 and row["gain"] == pytest.approx(-0.05)
     assert math.isnan(row["raw_low"]) and math.isnan(row["adj_high"]) and row["family"] == 0
     assert row["call"] == "too few seeds"
@@ -186,7 +187,7 @@ def test_remove_one_is_paired_against_llama_end(tmp_path):
         rest = tuple(f for f in FLIPS if f != "rope")
         make_run(tmp_path, f"norope-s{seed}", flips=rest, seed=seed, best=no_rope)
     make_run(tmp_path, "base-s1", seed=1, best=3.0)  # a 2017 end must not enter remove-one
-    effects = report.component_effects(report.load_runs(tmp_path)[0])
+    effects = effects_mod.component_effects(frames.load_runs(tmp_path)[0])
     row = effect(effects, "rope", "remove-one")
     assert row["n_pairs"] == 2 and row["gain"] == pytest.approx(0.15)  # losing rope costs (0.2 + 0.1) / 2
     assert row["call"] == "too few seeds" and math.isfinite(row["adj_low"])
@@ -198,10 +199,10 @@ def test_diverged_run_excluded_but_listed(tmp_path):
         make_run(tmp_path, f"base-s{seed}", seed=seed, best=2.0)
         status = "diverged" if seed == 3 else "completed"
         make_run(tmp_path, f"rms-s{seed}", flips=("rmsnorm",), seed=seed, best=1.9, status=status)
-    runs, _ = report.load_runs(tmp_path)
+    runs, _ = frames.load_runs(tmp_path)
     assert runs.set_index("run_id").loc["rms-s3", "status"] == "diverged"
     assert runs.set_index("run_id").loc["rms-s3", "diverged_at"] == 3
-    row = effect(report.component_effects(runs), "rmsnorm", "add-one")
+    row = effect(effects_mod.component_effects(runs), "rmsnorm", "add-one")
     assert row["n_pairs"] == 2 and row["excluded"] == 1
     assert row["gain"] == pytest.approx(0.1)
 
@@ -210,25 +211,25 @@ def test_speed_effect_is_percent(tmp_path):
     for seed, fast in ((1, 1100.0), (2, 1300.0)):
         make_run(tmp_path, f"base-s{seed}", seed=seed, tokens_per_s=1000.0)
         make_run(tmp_path, f"gqa-s{seed}", flips=("gqa",), seed=seed, tokens_per_s=fast)
-    row = effect(report.component_effects(report.load_runs(tmp_path)[0], "tokens_per_s"),
+    row = effect(effects_mod.component_effects(frames.load_runs(tmp_path)[0], "tokens_per_s"),
                  "gqa", "add-one")
     assert row["metric"] == "tokens_per_s" and row["unit"] == "%"
     assert row["gain"] == pytest.approx(20.0)  # +10% and +30% faster with gqa
-    llama = report.component_effects(report.load_runs(tmp_path)[0], "tokens_per_s")
+    llama = effects_mod.component_effects(frames.load_runs(tmp_path)[0], "tokens_per_s")
     assert llama["threshold"].iloc[0] == pytest.approx(0.0)  # the 2017 end ran at 1000 tokens/s both times
 
 
 def test_unknown_metric_raises(tmp_path):
     make_run(tmp_path, "base")
     with pytest.raises(ValueError, match="unknown metric"):
-        report.component_effects(report.load_runs(tmp_path)[0], "no_such_metric")
+        effects_mod.component_effects(frames.load_runs(tmp_path)[0], "no_such_metric")
 
 
 def test_groups_are_other_varying_settings(tmp_path):
     for n_layer, base, rope in ((2, 2.0, 1.9), (6, 1.8, 1.5)):
         make_run(tmp_path, f"base-L{n_layer}", n_layer=n_layer, best=base)
         make_run(tmp_path, f"rope-L{n_layer}", flips=("rope",), n_layer=n_layer, best=rope)
-    effects = report.component_effects(report.load_runs(tmp_path)[0])
+    effects = effects_mod.component_effects(frames.load_runs(tmp_path)[0])
     assert effect(effects, "rope", "add-one", group="n_layer=2")["gain"] == pytest.approx(0.1)
     assert effect(effects, "rope", "add-one", group="n_layer=6")["gain"] == pytest.approx(0.3)
 
@@ -247,17 +248,17 @@ def sweep(root):
 
 def test_plots_write_pngs(tmp_path):
     sweep(tmp_path / "runs")
-    runs, curves = report.load_runs(tmp_path / "runs")
-    effects = report.component_effects(runs)
-    panels = report._curve_panels(runs)
+    runs, curves = frames.load_runs(tmp_path / "runs")
+    effects = effects_mod.component_effects(runs)
+    panels = write.curve_panels(runs)
     assert {(p["flip"], p["direction"]) for p in panels} >= {("rope", "add-one"), ("swiglu", "add-one")}
     paths = [figures.plot_curves(curves, panels, tmp_path / "c.png"),
              figures.plot_curves(curves, panels, tmp_path / "g.png", value="grad_norm"),
              figures.plot_curves(curves.iloc[:0], [], tmp_path / "nocurves.png"),
              figures.plot_forest(verdict.verdict_frame(effects), tmp_path / "f.png"),
              figures.plot_forest(verdict.verdict_frame(effects.iloc[:0]), tmp_path / "nof.png"),
-             figures.plot_eval_effects(report.effects_by_eval(runs, curves), tmp_path / "t.png"),
-             figures.plot_eval_effects(report.effects_by_eval(runs.iloc[:0], curves), tmp_path / "not.png")]
+             figures.plot_eval_effects(effects_mod.effects_by_eval(runs, curves), tmp_path / "t.png"),
+             figures.plot_eval_effects(effects_mod.effects_by_eval(runs.iloc[:0], curves), tmp_path / "not.png")]
     for path in paths:
         data = Path(path).read_bytes()
         assert len(data) > 1000 and data.startswith(PNG_MAGIC)
@@ -272,7 +273,7 @@ def test_component_colours_are_stable_and_distinct():
 def test_write_report_all_formats(tmp_path):
     root = tmp_path / "runs"
     sweep(root)
-    paths = report.write_report(root)
+    paths = write.write_report(root)
     assert set(paths) == {*FIGURES, "grad-norm.png", "runs.csv", "effects.csv", "eval-effects.csv", "report.md",
                           "report.html", "report.json"}  # grad-norm: the sweep has a diverged run
     assert all(p.parent == root / "report" and p.stat().st_size > 0 for p in paths.values())
@@ -284,7 +285,8 @@ def test_write_report_all_formats(tmp_path):
         assert run_id in md
     assert "![curves](curves.png)" in md and "![forest](forest.png)" in md
     assert "````text\n## the ``` base\n````" in md
-    assert "`anatomy ablate SPEC --time --runs-dir" in md.replace("```bash\n", "`").replace("\n```", "`")  # no fair timing
+    # no fair timing
+    assert "`anatomy ablate SPEC --time --runs-dir" in md.replace("```bash\n", "`").replace("\n```", "`")
 
     page = paths["report.html"].read_text()
     assert page.count("data:image/png;base64,") == len(FIGURES) + 1 and "<table" in page
@@ -304,17 +306,18 @@ def test_write_report_all_formats(tmp_path):
 def test_write_report_rerun_and_formats(tmp_path):
     root = tmp_path / "runs"
     sweep(root)
-    report.write_report(root)
-    paths = report.write_report(root, out_dir=tmp_path / "out", formats=("md",))  # report/ is no run
+    write.write_report(root)
+    paths = write.write_report(root, out_dir=tmp_path / "out", formats=("md",))  # report/ is no run
     assert set(paths) == {*FIGURES, "grad-norm.png", "report.md"}
     with pytest.raises(ValueError, match="unknown report format"):
-        report.write_report(root, formats=("pdf",))
+        write.write_report(root, formats=("pdf",))
 
 
+@pytest.mark.process
 def test_import_does_not_load_torch():
     src = Path(__file__).resolve().parents[1] / "src"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(src), os.environ.get("PYTHONPATH")])))
-    code = "import sys, anatomy_cli.report; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, anatomy_cli.report.write; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], env=env, check=True)
 
 
@@ -325,7 +328,7 @@ def test_gqa_runs_with_several_kv_heads_get_their_own_groups(tmp_path):
         config = json.loads((run / "config.json").read_text())
         config["model"]["n_kv_head"] = kv
         (run / "config.json").write_text(json.dumps(config))
-    effects = report.component_effects(report.load_runs(tmp_path)[0])
+    effects = effects_mod.component_effects(frames.load_runs(tmp_path)[0])
     assert effect(effects, "gqa", "add-one", group="n_kv_head=1")["gain"] == pytest.approx(-0.2)
     assert effect(effects, "gqa", "add-one", group="n_kv_head=2")["gain"] == pytest.approx(-0.1)
 
@@ -334,7 +337,7 @@ def test_same_dir_name_in_two_sweeps_gets_a_path_id(tmp_path):
     make_run(tmp_path / "a", "base")
     make_run(tmp_path / "b", "base")
     make_run(tmp_path / "b", "rope", flips=("rope",))
-    runs, curves = report.load_runs(tmp_path)
+    runs, curves = frames.load_runs(tmp_path)
     assert runs["run_id"].tolist() == ["a/base", "b/base", "rope"]
     assert set(curves["run_id"]) == {"a/base", "b/base", "rope"}
 
@@ -350,7 +353,7 @@ def p_df2(deltas):
 
 
 def test_p_values_and_quantiles_match_closed_forms():
-    from anatomy_cli import stats
+    from anatomy_cli.report import stats
 
     for d in ([0.3, 0.1], [0.5, 0.1, 0.2]):  # df 1: Cauchy, P(|T| < t) = 2/pi atan t; df 2: t / sqrt(2 + t^2)
         d = np.asarray(d)
@@ -370,14 +373,14 @@ def test_p_values_and_quantiles_match_closed_forms():
 
 def constructed(gains: dict[str, list[float]], threshold: float) -> dict[str, dict]:
     """stats.judge over effects whose paired gains are given by hand: {name: row}."""
-    from anatomy_cli import stats
+    from anatomy_cli.report import stats
 
     rows = stats.judge([stats.paired(g) for g in gains.values()], threshold)
     return dict(zip(gains, rows))
 
 
 def test_every_call_from_constructed_effects():
-    from anatomy_cli import stats
+    from anatomy_cli.report import stats
 
     rows = constructed({"big": [0.50, 0.45, 0.55],          # far beyond the threshold: helps
                         "bad": [-0.30, -0.32, -0.31],       # hurts
@@ -400,14 +403,14 @@ def test_every_call_from_constructed_effects():
     assert constructed({"wd": [0.003, 0.002, 0.004], "lr": [0.47, 0.45, 0.50]}, 0.009)["wd"]["call"] == "negligible"
     # the practical part alone decides between helps and within noise
     assert stats.call(3, 0.04, 0.01, 0.07, 0.05) == "within noise" and stats.call(3, 0.06, 0.01, 0.11, 0.05) == "helps"
-    assert stats.call(3, -0.06, -0.11, -0.01, 0.05) == "hurts" and stats.call(0, math.nan, math.nan, math.nan, 0.05) == \
-        "no completed pairs"
+    assert stats.call(3, -0.06, -0.11, -0.01, 0.05) == "hurts"
+    assert stats.call(0, math.nan, math.nan, math.nan, 0.05) == "no completed pairs"
     unknown = constructed({"a": [0.01, 0.011, 0.012]}, math.nan)["a"]  # no noise floor: the interval alone decides
     assert unknown["call"] == "helps" and math.isnan(unknown["threshold"])
 
 
 def test_holm_by_hand():
-    from anatomy_cli import stats
+    from anatomy_cli.report import stats
 
     # sorted: .005 x4 = .02; .01 x3 = .03; .03 x2 = .06; .04 x1 = .04 -> running max .06
     got = stats.holm([0.01, 0.04, 0.03, float("nan"), 0.005])
@@ -422,7 +425,7 @@ def test_effects_are_holm_corrected_by_hand(tmp_path):
         make_run(tmp_path, f"base-s{seed}", seed=seed, best=2.0)
         for name, d in (("rope", rope), ("swiglu", swiglu), ("gqa", gqa)):
             make_run(tmp_path, f"{name}-s{seed}", flips=(name,), seed=seed, best=2.0 + d[i])
-    effects = report.component_effects(report.load_runs(tmp_path)[0])
+    effects = effects_mod.component_effects(frames.load_runs(tmp_path)[0])
     p = {name: p_df2(d) for name, d in (("rope", rope), ("swiglu", swiglu), ("gqa", gqa))}
     assert p["rope"] < p["swiglu"] < 0.05 < p["gqa"]  # both CIs exclude 0 uncorrected
     holm = {"rope": 3 * p["rope"]}  # Holm by hand: ascending p times 3, 2, 1, running max
@@ -437,7 +440,7 @@ def test_effects_are_holm_corrected_by_hand(tmp_path):
 
 
 def five_sweep_json(root, **invocation):
-    from anatomy_cli import components
+    from anatomy_cli.spec import components
 
     root.mkdir(parents=True, exist_ok=True)
     doc = {"components": [components.record(components.BY_NAME[n]) for n in FLIPS], "invocation": invocation}
@@ -453,8 +456,8 @@ def test_verdict_one_seed(tmp_path):
     five_sweep_json(root, spec="experiments/five-flips.toml", flip=None, steps=20)
     for name, (flips, best) in ONE_SEED.items():
         make_run(root, name, flips=flips, best=best, seed=1337)
-    runs = report.load_runs(root)[0]
-    v = verdict.verdict_frame(report.component_effects(runs))
+    runs = frames.load_runs(root)[0]
+    v = verdict.verdict_frame(effects_mod.component_effects(runs))
     # gain = loss without - loss with: added to 2017 and removed from LLaMA alike; largest first
     assert list(zip(v["flip"], v["direction"])) == [("rope", "add-one"), ("rope", "remove-one"),
                                                     ("swiglu", "add-one"), ("gqa", "add-one")]
@@ -462,8 +465,9 @@ def test_verdict_one_seed(tmp_path):
     assert v["rank"].tolist() == [1, 2, 3, 4] and (v["call"] == "too few seeds").all()
     assert v["adj_low"].isna().all()
 
-    md = report.write_report(root)["report.md"].read_text()
-    assert md.index("## Verdict") < md.index("## Curves") < md.index("## Speed") < md.index("## Runs") < md.index("## Samples")
+    md = write.write_report(root)["report.md"].read_text()
+    assert (md.index("## Verdict") < md.index("## Curves") < md.index("## Speed") < md.index("## Runs")
+            < md.index("## Samples"))
     top = md[md.index("## Verdict"):md.index("## Curves")]
     assert top.index("| rope ") < top.index("| swiglu ") < top.index("| gqa ")
     assert "+0.400" in top and "too few seeds" in top and "One seed: each effect is a point estimate" in top
@@ -480,8 +484,8 @@ def test_verdict_three_seeds(tmp_path):
         make_run(tmp_path, f"base-s{seed}", seed=seed, best=bases[i])
         make_run(tmp_path, f"rope-s{seed}", flips=("rope",), seed=seed, best=bases[i] + rope[i])
         make_run(tmp_path, f"swiglu-s{seed}", flips=("swiglu",), seed=seed, best=bases[i] + swiglu[i])
-    runs = report.load_runs(tmp_path)[0]
-    effects = report.component_effects(runs)
+    runs = frames.load_runs(tmp_path)[0]
+    effects = effects_mod.component_effects(runs)
     v = verdict.verdict_frame(effects)
     assert v["flip"].tolist() == ["rope", "swiglu"]
     q = 1 - 0.05 / 2  # simultaneous over the 2 effects; df 2: P(|T| < t) = t / sqrt(2 + t^2) = q
@@ -492,7 +496,7 @@ def test_verdict_three_seeds(tmp_path):
     assert v.loc[1, "gain"] == pytest.approx(-0.1 / 3)
     assert verdict.noise_floor(runs)["reference"] == pytest.approx((0.1, 3, 2.1))  # sd of 2.0, 2.1, 2.2
 
-    md = report.write_report(tmp_path)["report.md"].read_text()
+    md = write.write_report(tmp_path)["report.md"].read_text()
     top = md[md.index("## Verdict"):md.index("## Curves")]
     assert f"[{0.25 - half:+.3f}, {0.25 + half:+.3f}]" in top and "one seed" not in top
     assert "2017 end sd 0.1000 over 3 seeds" in top
@@ -511,9 +515,9 @@ def test_effects_by_eval_by_hand(tmp_path):
         make_run(tmp_path, f"base-s{seed}", seed=seed, metrics=curve(base[seed]))
         make_run(tmp_path, f"rope-s{seed}", flips=("rope",), seed=seed, metrics=curve(rope[seed]))
     make_run(tmp_path, "rope-s3", flips=("rope",), seed=3, metrics=curve((4, 2, 1)))  # no partner: unpaired
-    runs, curves = report.load_runs(tmp_path)
-    ev = report.effects_by_eval(runs, curves).set_index("step")
-    assert list(ev.columns) == [c for c in report.EVAL_EFFECT_COLUMNS if c != "step"]
+    runs, curves = frames.load_runs(tmp_path)
+    ev = effects_mod.effects_by_eval(runs, curves).set_index("step")
+    assert list(ev.columns) == [c for c in effects_mod.EVAL_EFFECT_COLUMNS if c != "step"]
     assert ev.index.tolist() == [0, 2, 4] and (ev["n_pairs"] == 2).all()
     assert ev.loc[2, "tokens"] == 200 and ev.loc[4, "flip"] == "rope"
     assert ev.loc[0, "gain"] == pytest.approx(0.0)
@@ -537,9 +541,10 @@ def timing_record():
 
 
 def test_timing_effects_pair_within_rounds(tmp_path):
-    from anatomy_cli import timing
+    from anatomy_cli.report import speed as speed_mod
+    from anatomy_cli.sweep import timing
 
-    rows = {r["direction"]: r for r in timing.timing_effects(timing_record())}
+    rows = {r["direction"]: r for r in speed_mod.timing_effects(timing_record())}
     add = [10.0, 20.0, 15.0]  # 100 * (1100/1000 - 1), 600/500, 1150/1000: paired in each round
     assert rows["add-one"]["gain"] == pytest.approx(15.0) and rows["add-one"]["n_pairs"] == 3
     assert rows["add-one"]["raw_high"] - rows["add-one"]["raw_low"] == pytest.approx(
@@ -547,19 +552,19 @@ def test_timing_effects_pair_within_rounds(tmp_path):
     # removing gqa from LLaMA: with it 900 / without 900, 1000/800, 900/810 -> +0%, +25%, +11.1%
     assert rows["remove-one"]["gain"] == pytest.approx(np.mean([0.0, 25.0, 100 * (900 / 810 - 1)]))
     tps = [1000.0, 500.0, 1000.0]  # the 2017 end's rounds: the speed threshold is their sd in % of the mean
-    assert timing.threshold(timing_record()) == pytest.approx(100 * np.std(tps, ddof=1) / np.mean(tps))
+    assert speed_mod.threshold(timing_record()) == pytest.approx(100 * np.std(tps, ddof=1) / np.mean(tps))
     assert rows["add-one"]["against"] == "2017 end" and rows["remove-one"]["against"] == "LLaMA end"
 
     sweep(tmp_path / "runs")
-    paths = report.write_report(tmp_path / "runs")
+    paths = write.write_report(tmp_path / "runs")
     md = paths["report.md"].read_text()  # no timing pass: the speed effects say what they are
-    assert "Not measured fairly here" in md and report.OVERLAP_NOTE in paths["effects.csv"].read_text()
+    assert "Not measured fairly here" in md and effects_mod.OVERLAP_NOTE in paths["effects.csv"].read_text()
     assert "speed.png" not in paths  # no chart that looks like a result
     timing.write_timing(tmp_path / "runs", timing_record())
-    _, _, effects = report.report_frames(tmp_path / "runs")
+    _, _, effects = effects_mod.report_frames(tmp_path / "runs")
     speed = effects[effects["metric"] == "tokens_per_s"]
     assert set(speed["flip"]) == {"gqa"} and speed["note"].str.contains("timing pass: 3 rounds").all()
-    paths = report.write_report(tmp_path / "runs")
+    paths = write.write_report(tmp_path / "runs")
     md = paths["report.md"].read_text()
     assert "Not measured fairly" not in md and "timing pass: 4 configs x 3 rounds x 10 timed steps" in md
     assert "![speed](speed.png)" in md and paths["speed.png"].read_bytes().startswith(PNG_MAGIC)
@@ -568,7 +573,7 @@ def test_timing_effects_pair_within_rounds(tmp_path):
 def _atomic_write_keeps_0600() -> bool:
     import tempfile
 
-    from anatomy_cli.runs import atomic_write_text
+    from anatomy_cli.store.runs import atomic_write_text
 
     old = os.umask(0o022)
     try:
@@ -585,7 +590,7 @@ def test_report_files_follow_the_umask(tmp_path):
     sweep(tmp_path / "runs")
     old = os.umask(0o022)
     try:
-        paths = report.write_report(tmp_path / "runs")
+        paths = write.write_report(tmp_path / "runs")
     finally:
         os.umask(old)
     modes = {name: p.stat().st_mode & 0o777 for name, p in paths.items()}
@@ -597,7 +602,7 @@ def test_a_killed_runs_running_summary_reads_as_interrupted(tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     summary["owner"] = {"pid": 2**22 + 12345, "start": "1", "host": os.uname().nodename}  # no such process
     (run / "summary.json").write_text(json.dumps(summary))
-    assert report.load_runs(tmp_path)[0]["status"].tolist() == ["interrupted"]
+    assert frames.load_runs(tmp_path)[0]["status"].tolist() == ["interrupted"]
 
 
 # --------------------------------------------------------------------------------- one rule, everywhere
@@ -618,7 +623,7 @@ def called_sweep(root):
 
 def test_words_markers_json_and_csv_follow_one_rule(tmp_path):
     called_sweep(tmp_path)
-    runs, curves, effects = report.report_frames(tmp_path)
+    runs, curves, effects = effects_mod.report_frames(tmp_path)
     v = verdict.verdict_frame(effects[effects["metric"] == "best_val_loss"])
     want = {flip: call for flip, (_, call) in CALLED.items()}
     assert dict(zip(v["flip"], v["call"])) == want
@@ -635,7 +640,7 @@ def test_words_markers_json_and_csv_follow_one_rule(tmp_path):
     band = [p for p in fig.axes[0].patches]  # the +-threshold band
     assert len(band) == 1 and band[0].get_x() == pytest.approx(-0.01) and band[0].get_width() == pytest.approx(0.02)
 
-    paths = report.write_report(tmp_path, frames=(runs, curves, effects))
+    paths = write.write_report(tmp_path, frames=(runs, curves, effects))
     md = paths["report.md"].read_text()
     table = md[md.index("## Verdict"):md.index("## Curves")]
     for flip, call in want.items():  # each verdict row says the same call beside its adjusted interval
@@ -655,7 +660,7 @@ def test_words_markers_json_and_csv_follow_one_rule(tmp_path):
 def test_min_effect_moves_the_practical_part(tmp_path):
     from typer.testing import CliRunner
 
-    from anatomy_cli.cli import app
+    from anatomy_cli.cli.main import app
 
     called_sweep(tmp_path / "s")
     result = CliRunner().invoke(app, ["report", str(tmp_path / "s"), "--min-effect", "0.5", "--json"])
@@ -676,8 +681,8 @@ def test_figure_text_is_at_least_10_px_at_the_report_width(tmp_path, monkeypatch
     monkeypatch.setattr(figures, "save", lambda fig, path: (seen.append(fig), real(fig, path))[1])
     called_sweep(tmp_path / "runs")  # forest with every call
     sweep(tmp_path / "more")  # curves, grad norms and effects over training of a five-part study
-    report.write_report(tmp_path / "runs")
-    report.write_report(tmp_path / "more")
+    write.write_report(tmp_path / "runs")
+    write.write_report(tmp_path / "more")
     assert len(seen) >= 7
     for fig in seen:
         shown = min(1.0, figures.WIDTH_IN / fig.get_figwidth())  # the report shows a figure at most this wide

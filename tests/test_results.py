@@ -10,29 +10,35 @@ from pathlib import Path
 import pytest
 from test_report import CALLED, called_sweep
 
-from anatomy_cli import report, results
+from anatomy_cli.report import effects, results
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]  # every page that may hold rendered results
+EACH_PAGE = pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
 # A number with three decimals or more (a loss, a gain, an interval end), with its sign if any.
 RESULT_NUMBER = re.compile(r"[+−-]?\d+\.\d{3,}")
 PENDING = re.compile(r"<!-- pending-results (?P<study>[\w.-]+) -->(?P<body>.*?)<!-- /pending-results -->", re.DOTALL)
 
 
-def test_readme_blocks_match_their_results_files():
-    text = README.read_text(encoding="utf-8")
+@EACH_PAGE
+def test_readme_blocks_match_their_results_files(page):
+    text = page.read_text(encoding="utf-8")
     for m in results.MARK.finditer(text):
         assert (ROOT / results.RESULTS_DIR / f"{m['study']}.json").is_file(), f"no results file for {m['study']}"
+    assert results.root_of(page) == ROOT  # docs/ pages read the repository's experiments/results/
     assert results.drifted(text, ROOT) == []
+    assert results.main(["--check", str(page)]) == 0
 
 
-def test_no_result_number_outside_a_rendered_block():
+@EACH_PAGE
+def test_no_result_number_outside_a_rendered_block(page):
     """Hand-typed results live only in pending regions, and only until their study's file exists."""
-    text = README.read_text(encoding="utf-8")
+    text = page.read_text(encoding="utf-8")
     for m in PENDING.finditer(text):
         assert not (ROOT / results.RESULTS_DIR / f"{m['study']}.json").exists(), (
             f"experiments/results/{m['study']}.json exists: render the README's pending {m['study']} numbers from "
-            f"it (marked blocks, python -m anatomy_cli.results README.md)")
+            f"it (marked blocks, python -m anatomy_cli.report.results README.md)")
     bare = PENDING.sub("", results.MARK.sub("", text))
     bare = re.sub(r"```.*?```", "", bare, flags=re.DOTALL)  # commands and specs, not results
     assert RESULT_NUMBER.findall(bare) == []
@@ -40,7 +46,7 @@ def test_no_result_number_outside_a_rendered_block():
 
 def rendered_study(tmp_path) -> tuple[Path, dict]:
     called_sweep(tmp_path / "runs" / "toy")
-    frames = report.report_frames(tmp_path / "runs" / "toy")
+    frames = effects.report_frames(tmp_path / "runs" / "toy")
     path = results.write_results(tmp_path / "doc" / results.RESULTS_DIR / "toy.json", tmp_path / "runs" / "toy", frames)
     return path, json.loads(path.read_text())
 
@@ -95,7 +101,7 @@ def test_results_format_is_forward_compatible(tmp_path):
 def test_report_writes_the_results_file(tmp_path):
     from typer.testing import CliRunner
 
-    from anatomy_cli.cli import app
+    from anatomy_cli.cli.main import app
 
     called_sweep(tmp_path / "toy")
     out = tmp_path / "experiments" / "results" / "toy.json"

@@ -10,27 +10,20 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import one_error_line
 from toy_data import TINY_MODEL, TINY_TRAIN, write_corpus
 from typer.testing import CliRunner
 
-from anatomy_cli import lockfile, runs
-from anatomy_cli.cli import app
-from anatomy_cli.config import RunConfig, validate
-from anatomy_cli.train import resume, train
+from anatomy_cli.cli.main import app
+from anatomy_cli.spec.config import RunConfig, validate
+from anatomy_cli.store import lockfile, runs
+from anatomy_cli.training.run import resume, train
 
 runner = CliRunner()
 
 
 def invoke(*args):
     return runner.invoke(app, [str(a) for a in args])
-
-
-def one_error_line(result, code: int, fragment: str) -> None:
-    assert result.exit_code == code, result.output
-    flat = " ".join(result.output.split())
-    assert fragment in flat, result.output
-    assert "Traceback" not in result.output
-    assert len([line for line in result.output.splitlines() if line.startswith("error:")]) == 1, result.output
 
 
 def cfg_for(corpus: Path, **train_kw) -> RunConfig:
@@ -93,7 +86,7 @@ def test_train_refuses_to_replace_a_finished_run_unless_overwrite(tmp_path, corp
     run = shutil.copytree(straight, tmp_path / "done")
     before = {p.name: p.read_bytes() for p in run.iterdir()}
     result = invoke("train", *sets_for(corpus), "--set=seed=7", "--out", run)
-    one_error_line(result, 2, f"{run} already holds a completed run; pass --overwrite to replace it")
+    one_error_line(result, f"{run} already holds a completed run; pass --overwrite to replace it")
     assert {p.name: p.read_bytes() for p in run.iterdir()} == before  # untouched
     result = invoke("train", *sets_for(corpus), "--set=seed=7", "--out", run, "--overwrite")
     assert result.exit_code == 0, result.output
@@ -106,7 +99,7 @@ def test_train_refuses_a_sweep_directory_even_with_overwrite(tmp_path, corpus, s
     (sweep / ".lock").write_text("")
     for extra in ([], ["--overwrite"]):
         result = invoke("train", *sets_for(corpus), "--out", sweep, *extra)
-        one_error_line(result, 2, "holds other runs (a sweep or runs directory)")
+        one_error_line(result, "holds other runs (a sweep or runs directory)")
     assert sorted(p.name for p in sweep.iterdir()) == [".lock", "some-run-s0-abcd1234"]
 
 
@@ -114,9 +107,9 @@ def test_train_refuses_a_non_empty_folder_and_names_resume_for_an_interrupted_ru
     other = tmp_path / "notes"
     other.mkdir()
     (other / "todo.txt").write_text("mine")
-    one_error_line(invoke("train", *sets_for(corpus), "--out", other), 2, "is not empty; pass --overwrite")
+    one_error_line(invoke("train", *sets_for(corpus), "--out", other), "is not empty; pass --overwrite")
     run = interrupted(tmp_path, corpus)
-    one_error_line(invoke("train", *sets_for(corpus), "--out", run), 2,
+    one_error_line(invoke("train", *sets_for(corpus), "--out", run),
                    f"already holds a interrupted run; pass --overwrite to replace it or resume it with --resume {run}")
 
 
@@ -129,7 +122,7 @@ def test_resume_refuses_a_changed_corpus_with_the_same_vocabulary(tmp_path):
     assert runs.read_summary(run)["corpus_sha256"] == __import__("hashlib").sha256(corpus.read_bytes()).hexdigest()
     text = corpus.read_text()
     corpus.write_text(text[len(text) // 2:] + "\n" + text[: len(text) // 2])  # same characters, other order
-    one_error_line(invoke("train", "--resume", run), 2, "the corpus changed since the run started (sha256")
+    one_error_line(invoke("train", "--resume", run), "the corpus changed since the run started (sha256")
     assert runs.run_status(run) == runs.INTERRUPTED  # still resumable once the corpus is back
     corpus.write_text(text)
     assert invoke("train", "--resume", run).exit_code == 0
@@ -138,10 +131,12 @@ def test_resume_refuses_a_changed_corpus_with_the_same_vocabulary(tmp_path):
 # ------------------------------------------------------------------------------ killed runs
 
 
+@pytest.mark.process
 def test_a_killed_run_resumes_from_its_checkpoint_dropping_metrics_past_it(tmp_path, corpus, straight):
     run = interrupted(tmp_path, corpus, at=4)
     # resumed, then killed at step 9: summary still 'running' (dead owner), metrics written past step 4
-    runs.atomic_write_json(run / runs.SUMMARY, {**runs.read_summary(run), "status": runs.RUNNING, "owner": dead_owner()})
+    runs.atomic_write_json(run / runs.SUMMARY,
+                           {**runs.read_summary(run), "status": runs.RUNNING, "owner": dead_owner()})
     with open(run / runs.METRICS, "a") as f:
         f.write("".join(runs.json_line({"step": s, "train_loss": 9.0}) for s in range(5, 10)))
     assert runs.run_status(run) == runs.INTERRUPTED
@@ -149,6 +144,7 @@ def test_a_killed_run_resumes_from_its_checkpoint_dropping_metrics_past_it(tmp_p
     assert strip(run) == strip(straight)
 
 
+@pytest.mark.process
 def test_a_run_killed_before_any_checkpoint_trains_again_from_step_0(tmp_path, corpus, straight):
     run = interrupted(tmp_path, corpus)
     (run / runs.RESUME).unlink()
@@ -161,18 +157,18 @@ def test_a_run_killed_before_any_checkpoint_trains_again_from_step_0(tmp_path, c
 def test_a_running_run_with_a_live_owner_cannot_be_resumed_or_replaced(tmp_path, corpus):
     run = interrupted(tmp_path, corpus)
     with runs.RunLock(run):  # this process plays a live trainer of the run
-        one_error_line(invoke("train", "--resume", run), 3, f"run directory {run} is in use by pid")
-        one_error_line(invoke("train", *sets_for(corpus), "--out", run, "--overwrite"), 3, "is in use by pid")
+        one_error_line(invoke("train", "--resume", run), f"run directory {run} is in use by pid", code=3)
+        one_error_line(invoke("train", *sets_for(corpus), "--out", run, "--overwrite"), "is in use by pid", code=3)
     runs.atomic_write_json(run / runs.SUMMARY, {"status": runs.RUNNING, "owner": lockfile.identity()})
     assert runs.run_status(run) == runs.RUNNING
-    one_error_line(invoke("train", "--resume", run), 2, "is running; only interrupted runs can be resumed")
+    one_error_line(invoke("train", "--resume", run), "is running; only interrupted runs can be resumed")
 
 
 # ------------------------------------------------------------------------------ failures mid-run
 
 
 def test_an_exception_mid_run_leaves_the_run_failed_with_its_error(tmp_path, corpus, monkeypatch):
-    from anatomy_cli import train as training
+    from anatomy_cli.training import run as training
 
     real = training.Trainer.train_step
 
@@ -196,5 +192,5 @@ def test_ablate_refuses_to_put_a_sweep_inside_a_run(tmp_path, corpus, straight):
 
     shutil.copytree(straight, tmp_path / "runs" / "toy")
     result = invoke("ablate", write_spec(tmp_path, corpus=corpus), "--runs-dir", tmp_path / "runs", "--no-report")
-    one_error_line(result, 2, "is a run directory, not a sweep directory")
+    one_error_line(result, "is a run directory, not a sweep directory")
     assert not list((tmp_path / "runs" / "toy").glob("*/"))

@@ -15,10 +15,20 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from anatomy_cli import runs
-from anatomy_cli.components import label
-from anatomy_cli.config import ANY, NEW, NO_RESULT, DataConfig, ModelConfig, RunConfig, TrainConfig, hash_neutral, load_run_config
-from anatomy_cli.sweep import expand, load_spec
+from anatomy_cli.spec.components import label
+from anatomy_cli.spec.config import (
+    ANY,
+    NEW,
+    NO_RESULT,
+    DataConfig,
+    ModelConfig,
+    RunConfig,
+    TrainConfig,
+    hash_neutral,
+    load_run_config,
+)
+from anatomy_cli.store import runs
+from anatomy_cli.sweep.plan import expand, load_spec
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 

@@ -7,8 +7,8 @@ import stat
 
 import pytest
 
-from anatomy_cli import runs
-from anatomy_cli.summary import RunSummary
+from anatomy_cli.store import runs
+from anatomy_cli.store.summary import RunSummary
 
 
 @pytest.fixture
@@ -39,8 +39,8 @@ def test_atomic_writes_respect_the_umask(tmp_path, umask_027):
 
 def test_weights_and_returned_runs_respect_the_umask(tmp_path, umask_027):
     torch = pytest.importorskip("torch")
-    from anatomy_cli.checkpoint import save_checkpoint, save_weights
-    from anatomy_cli.dask_exec import write_returned
+    from anatomy_cli.sweep.dask_exec import write_returned
+    from anatomy_cli.training.checkpoint import save_checkpoint, save_weights
 
     save_weights(torch.nn.Linear(2, 2), tmp_path / runs.BEST)
     save_checkpoint({"x": torch.zeros(1)}, tmp_path / runs.RESUME)
@@ -98,17 +98,17 @@ def test_a_summary_field_of_the_wrong_type_is_one_line_naming_it(tmp_path, field
 
 
 def test_report_columns_are_the_summary_fields_marked_as_columns():
-    from anatomy_cli import report
-    from anatomy_cli.summary import COLUMNS
+    from anatomy_cli.report import frames
+    from anatomy_cli.store.summary import COLUMNS
 
-    assert set(COLUMNS) <= set(report.RUN_COLUMNS)
+    assert set(COLUMNS) <= set(frames.RUN_COLUMNS)
     assert {RunSummary.kind(c) for c in COLUMNS} <= {int, float}
-    assert {c for c in COLUMNS if RunSummary.kind(c) is int} <= set(report.INT_COLUMNS)
-    assert {c for c in COLUMNS if RunSummary.kind(c) is float} <= set(report.FLOAT_COLUMNS)
+    assert {c for c in COLUMNS if RunSummary.kind(c) is int} <= set(frames.INT_COLUMNS)
+    assert {c for c in COLUMNS if RunSummary.kind(c) is float} <= set(frames.FLOAT_COLUMNS)
 
 
 def test_a_job_carries_only_summary_fields():
-    from anatomy_cli.jobs import Job
+    from anatomy_cli.sweep.jobs import Job
 
     Job("r", {}, "d", extra={"sweep": "s", "role": "add-one", "flip": None})
     with pytest.raises(ValueError, match="not RunSummary fields"):

@@ -13,8 +13,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from anatomy_cli import components as comp
-from anatomy_cli import figures, report, scale, stats
+from anatomy_cli.report import effects as effects_mod
+from anatomy_cli.report import figures, scale, stats, write
+from anatomy_cli.spec import components as comp
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -69,7 +70,7 @@ def sized_study(root: Path, built=BUILT, seeds=(1, 2, 3), overfit: dict[str, int
 
 
 def test_each_call_comes_from_effects_built_to_have_it(tmp_path):
-    runs, curves, effects = report.report_frames(sized_study(tmp_path))
+    runs, curves, effects = effects_mod.report_frames(sized_study(tmp_path))
     assert dict(zip(runs["run_id"], runs["size"]))["M_2017+rope-s2"] == "M"
     assert set(runs["size"]) == set(SIZES)
     across = scale.scale_frames(runs, curves, effects)
@@ -139,7 +140,7 @@ def test_a_trend_is_called_from_the_simultaneous_interval_it_shows(tmp_path):
     """The call and the interval beside it never disagree: a trend counts exactly when its Bonferroni
     interval over the study's trends excludes 0 (and the change matters), even where Holm's p alone
     would have called it."""
-    runs, curves, effects = report.report_frames(sized_study(tmp_path))
+    runs, curves, effects = effects_mod.report_frames(sized_study(tmp_path))
     t = scale.scale_frames(runs, curves, effects).trends
     m = int(t["p_value"].notna().sum())
     assert t["adj_level"].tolist() == pytest.approx([1 - 0.05 / m] * len(t))
@@ -166,7 +167,7 @@ def test_a_trend_is_called_from_the_simultaneous_interval_it_shows(tmp_path):
 
 
 def test_flags_still_improving_and_overfit_per_size(tmp_path):
-    runs, curves, effects = report.report_frames(sized_study(tmp_path, overfit={"L": 2}))
+    runs, curves, effects = effects_mod.report_frames(sized_study(tmp_path, overfit={"L": 2}))
     sizes = scale.scale_frames(runs, curves, effects).sizes.set_index("size")
     n = 6  # the 2017 end and five add-one runs per seed
     assert sizes.loc["S", "still_improving"] == 3 * n and sizes.loc["S", "overfit"] == 0
@@ -180,10 +181,10 @@ def test_flags_still_improving_and_overfit_per_size(tmp_path):
 def test_a_sizes_parameters_are_its_reference_ends_as_scale_plan_prints_them(tmp_path):
     """With +swiglu and +prenorm (both larger than the 2017 end) the median over a size's runs is
     +prenorm's count; the size is the 2017 end's, the number scale-plan shows for it."""
-    from anatomy_cli.config import ModelConfig
+    from anatomy_cli.spec.config import ModelConfig
 
     built = {f: BUILT[f] for f in ("swiglu", "prenorm")}
-    runs, curves, effects = report.report_frames(sized_study(tmp_path, built=built))
+    runs, curves, effects = effects_mod.report_frames(sized_study(tmp_path, built=built))
     sizes = scale.scale_frames(runs, curves, effects).sizes.set_index("size")
     for size, n_layer in SIZES.items():
         ref = ModelConfig(**model((), n_layer)).non_embedding_params()
@@ -193,7 +194,7 @@ def test_a_sizes_parameters_are_its_reference_ends_as_scale_plan_prints_them(tmp
 
 def test_report_files_carry_the_scale_section_csv_json_and_figure(tmp_path):
     root = sized_study(tmp_path / "study", overfit={"L": 1})
-    paths = report.write_report(root)
+    paths = write.write_report(root)
     md = paths["report.md"].read_text()
     section = md[md.index("## Effects across scale"):md.index("## Curves")]
     assert "**The rule across sizes**" in section and "the same 20 steps at every size" in section
@@ -213,7 +214,7 @@ def test_report_files_carry_the_scale_section_csv_json_and_figure(tmp_path):
 
 
 def test_small_multiples_share_one_parameter_axis_whose_ticks_are_the_sizes(tmp_path):
-    runs, curves, effects = report.report_frames(sized_study(tmp_path))
+    runs, curves, effects = effects_mod.report_frames(sized_study(tmp_path))
     across = scale.scale_frames(runs, curves, effects)
     fig = figures.scale_figure(across.by_size, across.trends)
     panels = [ax for ax in fig.axes if ax.axison]
@@ -233,16 +234,17 @@ def test_no_scale_section_without_two_sizes(tmp_path):
     root = sized_study(tmp_path)
     design = json.loads((root / "sweep.json").read_text())
     (root / "sweep.json").write_text(json.dumps({"components": design["components"]}))
-    runs, curves, effects = report.report_frames(root)
+    runs, curves, effects = effects_mod.report_frames(root)
     assert (runs["size"] == "").all() and scale.scale_frames(runs, curves, effects) is None
-    assert "Effects across scale" not in report.write_report(root)["report.md"].read_text()
+    assert "Effects across scale" not in write.write_report(root)["report.md"].read_text()
 
 
 def test_results_file_carries_the_scale_numbers_for_readme_blocks(tmp_path):
-    from anatomy_cli import results
+    from anatomy_cli.report import results
 
     root = sized_study(tmp_path / "runs" / "study")
-    path = results.write_results(tmp_path / "experiments" / "results" / "study.json", root, report.report_frames(root))
+    path = results.write_results(tmp_path / "experiments" / "results" / "study.json", root,
+                                 effects_mod.report_frames(root))
     doc = results.load(path)
     assert {t["flip"]: t["call"] for t in doc["scale"]["trends"]} == {f: c for f, (_, c) in BUILT.items()}
     block = results.render(doc, "scale")
@@ -255,10 +257,11 @@ def test_results_file_carries_the_scale_numbers_for_readme_blocks(tmp_path):
 
 
 def test_groups_are_named_by_size_and_by_what_varies_within_a_size():
-    keys = pd.Series([f"rope|{json.dumps({'model.d_model': d, 'train.lr': lr})}" for d in (16, 32) for lr in (1e-3, 3e-3)])
+    keys = pd.Series([f"rope|{json.dumps({'model.d_model': d, 'train.lr': lr})}"
+                      for d in (16, 32) for lr in (1e-3, 3e-3)])
     sizes = pd.Series(["S", "S", "M", "M"])
-    names = report._group_names(keys, sizes)
+    names = comp.group_names(keys, sizes)
     assert list(names.values()) == ["size S, train.lr=0.001", "size S, train.lr=0.003", "size M, train.lr=0.001",
                                     "size M, train.lr=0.003"]
     assert scale.series_of("size M, train.lr=0.003", "M") == "train.lr=0.003"
-    assert list(report._group_names(keys).values())[0] == "d_model=16, train.lr=0.001"  # no sizes: the settings
+    assert list(comp.group_names(keys).values())[0] == "d_model=16, train.lr=0.001"  # no sizes: the settings

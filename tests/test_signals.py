@@ -6,35 +6,24 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import random
+import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from helpers import PATIENCE, flat, wait_for
 from toy_data import TINY_MODEL, TINY_TRAIN, write_corpus, write_spec
 
-from anatomy_cli import lockfile, runs
+from anatomy_cli.store import lockfile, runs
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
 CLI = [sys.executable, "-m", "anatomy_cli"]
-
-
-def wait_for(predicate, timeout: float = 180.0, what: str = "condition") -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{what} not reached in {timeout:.0f}s")
-
-
-def flat(text: str) -> str:
-    """Console output with rich's line wrapping undone."""
-    return " ".join(text.split())
+# The random kill point is drawn from a seed that a failure names, so it can be replayed.
+KILL_SEED = int(os.environ.get("ANATOMY_KILL_SEED", random.SystemRandom().randrange(2**32)))
+KILL_REPLAY = f"replay with ANATOMY_KILL_SEED={KILL_SEED}"
 
 
 def group_gone(pgid: int) -> bool:
@@ -66,7 +55,9 @@ def in_flight(sweep: Path, n: int) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig,workers", [(signal.SIGTERM, 2), (signal.SIGHUP, 1)], ids=["sigterm-pool", "sighup-inline"])
+@pytest.mark.process
+@pytest.mark.parametrize("sig,workers", [(signal.SIGTERM, 2), (signal.SIGHUP, 1)],
+                         ids=["sigterm-pool", "sighup-inline"])
 def test_signal_stops_a_sweep_like_ctrl_c(tmp_path, sig, workers):
     n_steps = 1000  # long enough that a loaded machine cannot finish both runs before we see them in flight
     spec = write_spec(tmp_path, top={"design": "list", "configs": [{"name": f"c{i}"} for i in range(2)]},
@@ -79,10 +70,10 @@ def test_signal_stops_a_sweep_like_ctrl_c(tmp_path, sig, workers):
         wait_for(lambda: in_flight(sweep, workers) or proc.poll() is not None, what="runs in flight")
         assert proc.poll() is None, proc.communicate()[1]
         proc.send_signal(sig)  # to the sweep process only, as `kill` or a service manager would
-        out, err = proc.communicate(timeout=180)
+        out, err = proc.communicate(timeout=PATIENCE)
         assert proc.returncode == 130, err
         assert "rerun the same command to resume" in flat(err) and "Traceback" not in err
-        wait_for(lambda: group_gone(proc.pid), timeout=60, what="every worker exited")
+        wait_for(lambda: group_gone(proc.pid), what="every worker exited")
     finally:
         if not group_gone(proc.pid):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -94,7 +85,7 @@ def test_signal_stops_a_sweep_like_ctrl_c(tmp_path, sig, workers):
     assert len(stopped) >= workers
     for d in stopped:  # saved at the step it stopped: continued, not restarted, by the rerun
         assert (d / runs.RESUME).is_file() and steps(d)[-1] == runs.read_summary(d)["steps_done"] < n_steps
-    rerun = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=600)
+    rerun = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=PATIENCE)
     assert rerun.returncode == 0, rerun.stderr
     dirs = [d for d in sweep.iterdir() if d.is_dir()]
     assert len(dirs) == 2 and all(raw_status(d) == runs.COMPLETED for d in dirs)
@@ -112,25 +103,27 @@ def train_cmd(tmp_path: Path, out: Path, n_steps: int = 200, **train) -> list[st
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_sigterm_saves_a_training_run_and_resume_finishes_it(tmp_path):
     run = tmp_path / "run"
     proc = subprocess.Popen(train_cmd(tmp_path, run), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=ENV)
     wait_for(lambda: len(runs.read_metrics(run)) > 20 or proc.poll() is not None, what="training under way")
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=180)
+    _, err = proc.communicate(timeout=PATIENCE)
     assert proc.returncode == 130, err
     assert f"resume with: anatomy train --resume {run}" in flat(err)
     summary = runs.read_summary(run)
     assert summary["status"] == runs.INTERRUPTED and (run / runs.RESUME).is_file()
     assert not (run / ".lock").exists()
     resumed = subprocess.run(CLI + ["train", "--resume", str(run)], capture_output=True, text=True, env=ENV,
-                             timeout=600)
+                             timeout=PATIENCE)
     assert resumed.returncode == 0, resumed.stderr
     assert raw_status(run) == runs.COMPLETED and steps(run) == list(range(201))
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_sigkilled_run_is_resumable_from_scratch(tmp_path):
     run = tmp_path / "run"
     never = 10**6  # no checkpoint before the kill, however late it lands
@@ -143,13 +136,14 @@ def test_sigkilled_run_is_resumable_from_scratch(tmp_path):
     assert summary["status"] == runs.RUNNING and summary["owner"]["pid"] == proc.pid  # what the file says
     assert runs.run_status(run) == runs.INTERRUPTED  # what it means: its owner is dead
     resumed = subprocess.run(CLI + ["train", "--resume", str(run)], capture_output=True, text=True, env=ENV,
-                             timeout=600)
+                             timeout=PATIENCE)
     assert resumed.returncode == 0, resumed.stderr
     assert "training it again from step 0" in flat(resumed.stderr)
     assert raw_status(run) == runs.COMPLETED and steps(run) == list(range(201))
 
 
 @pytest.mark.slow
+@pytest.mark.process
 @pytest.mark.parametrize("every", [None, 3], ids=["at-evals", "every-3-steps"])
 def test_sigkill_at_a_random_step_loses_at_most_one_interval(tmp_path, every):
     """SIGKILL (what an OOM kill or a preemption does) once a random number of metric lines is on
@@ -157,40 +151,42 @@ def test_sigkill_at_a_random_step_loses_at_most_one_interval(tmp_path, every):
     metrics, lines written after that checkpoint included, bit for bit."""
     n_steps, eval_interval = 400, 20
     opts = {"eval_interval": eval_interval, "log_interval": 1, "threads": 1, "checkpoint_every": every}
-    lines = random.Random().randrange(2 * eval_interval + 5, 300)  # > 2 evals: a checkpoint exists
+    lines = random.Random(KILL_SEED).randrange(2 * eval_interval + 5, 300)  # > 2 evals: a checkpoint exists
+    print(f"killing at {lines} metric lines: {KILL_REPLAY}")
     run = tmp_path / "run"
     proc = subprocess.Popen(train_cmd(tmp_path, run, n_steps, **opts), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env=ENV)
     wait_for(lambda: len(runs.read_metrics(run)) >= lines or proc.poll() is not None, what=f"{lines} metric lines")
     proc.kill()
     proc.wait()
-    assert proc.returncode == -signal.SIGKILL, f"finished before the kill ({lines} lines)"
+    assert proc.returncode == -signal.SIGKILL, f"finished before the kill ({lines} lines; {KILL_REPLAY})"
     assert runs.run_status(run) == runs.INTERRUPTED
-    from anatomy_cli.checkpoint import load_checkpoint
+    from anatomy_cli.training.checkpoint import load_checkpoint
 
     saved = load_checkpoint(run / runs.RESUME)["step"]
     written = steps(run)[-1]
-    assert eval_interval <= saved <= written, (saved, written, lines)
+    assert eval_interval <= saved <= written, (saved, written, lines, KILL_REPLAY)
     before = timings(run, saved)
     resumed = subprocess.run(CLI + ["train", "--resume", str(run)], capture_output=True, text=True, env=ENV,
-                             timeout=600)
+                             timeout=PATIENCE)
     assert resumed.returncode == 0, resumed.stderr
     assert timings(run, saved) == before  # continued from the checkpoint, not trained again
     straight = tmp_path / "straight"
     whole = subprocess.run(train_cmd(tmp_path, straight, n_steps, **opts), capture_output=True, text=True, env=ENV,
-                           timeout=600)
+                           timeout=PATIENCE)
     assert whole.returncode == 0, whole.stderr
 
     def strip(d):
         return [{k: v for k, v in r.items() if k not in runs.TIMING_KEYS} for r in runs.read_metrics(d)]
 
-    assert strip(run) == strip(straight), (saved, written, lines)
+    assert strip(run) == strip(straight), (saved, written, lines, KILL_REPLAY)
     a, b = runs.read_summary(run), runs.read_summary(straight)
     assert (a["best_val_loss"], a["best_step"], a["status"]) == (b["best_val_loss"], b["best_step"], runs.COMPLETED)
     assert not (run / runs.RESUME).exists() and not list(run.glob(".*.tmp"))
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_ctrl_c_twice_aborts_but_leaves_the_run_resumable(tmp_path):
     run = tmp_path / "run"
     proc = subprocess.Popen(train_cmd(tmp_path, run), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -198,17 +194,18 @@ def test_ctrl_c_twice_aborts_but_leaves_the_run_resumable(tmp_path):
     wait_for(lambda: len(runs.read_metrics(run)) > 20 or proc.poll() is not None, what="training under way")
     proc.send_signal(signal.SIGINT)  # wherever each lands (or if the two merge), the run is left resumable
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=180)
+    _, err = proc.communicate(timeout=PATIENCE)
     assert proc.returncode == 130, err
     assert "Traceback" not in err and f"anatomy train --resume {run}" in flat(err)
     assert raw_status(run) == runs.INTERRUPTED  # never 'running'
     resumed = subprocess.run(CLI + ["train", "--resume", str(run)], capture_output=True, text=True, env=ENV,
-                             timeout=600)
+                             timeout=PATIENCE)
     assert resumed.returncode == 0, resumed.stderr
     assert steps(run) == list(range(201))
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_sigkilled_sweep_parent_does_not_orphan_its_workers(tmp_path):
     spec = write_spec(tmp_path, top={"design": "list", "configs": [{"name": f"c{i}"} for i in range(2)]},
                       train={"steps": 1000, "eval_interval": 100, "sample_len": 0})  # not done before seen
@@ -220,19 +217,20 @@ def test_sigkilled_sweep_parent_does_not_orphan_its_workers(tmp_path):
         assert proc.poll() is None, "the sweep finished before its runs were seen in flight"
         proc.kill()  # the parent only: its workers notice and stop at their next step
         proc.wait()
-        wait_for(lambda: group_gone(proc.pid), timeout=120, what="every worker exited")
+        wait_for(lambda: group_gone(proc.pid), what="every worker exited")
     finally:
         if not group_gone(proc.pid):
             os.killpg(proc.pid, signal.SIGKILL)
     dirs = [d for d in sweep.iterdir() if d.is_dir()]
     assert [raw_status(d) for d in dirs] == [runs.INTERRUPTED] * 2
     assert lockfile.read_owner(sweep / ".lock")["pid"] == proc.pid  # stale: the next sweep takes it over
-    rerun = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=600)
+    rerun = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=PATIENCE)
     assert rerun.returncode == 0, rerun.stderr
     assert all(steps(d) == list(range(1001)) for d in dirs)
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_a_sweep_worker_killed_under_its_run_leaves_it_resumable(tmp_path):
     """The OOM killer (or a SIGKILL) takes one worker: the sweep ends (exit 1) naming the run
     interrupted, and a rerun continues it from its last checkpoint."""
@@ -252,8 +250,8 @@ def test_a_sweep_worker_killed_under_its_run_leaves_it_resumable(tmp_path):
         victim = checkpointed()
         assert victim is not None, proc.communicate()[1]
         os.kill(runs.read_summary(victim)["owner"]["pid"], signal.SIGKILL)
-        out, err = proc.communicate(timeout=180)
-        wait_for(lambda: group_gone(proc.pid), timeout=60, what="every worker exited")
+        out, err = proc.communicate(timeout=PATIENCE)
+        wait_for(lambda: group_gone(proc.pid), what="every worker exited")
     finally:
         if not group_gone(proc.pid):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -261,17 +259,18 @@ def test_a_sweep_worker_killed_under_its_run_leaves_it_resumable(tmp_path):
     assert "interrupted (rerun to resume)" in flat(err) and "Traceback" not in err  # the status line is on stderr
     summary = runs.read_summary(victim)
     assert summary["status"] == runs.INTERRUPTED and "worker process died" in summary["error"]
-    from anatomy_cli.checkpoint import load_checkpoint
+    from anatomy_cli.training.checkpoint import load_checkpoint
 
     saved = load_checkpoint(victim / runs.RESUME)["step"]
     before = timings(victim, saved)
-    rerun = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=600)
+    rerun = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=PATIENCE)
     assert rerun.returncode == 0, rerun.stderr
     assert raw_status(victim) == runs.COMPLETED and steps(victim) == list(range(1001))
     assert timings(victim, saved) == before  # resumed at its checkpoint, not trained again
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_two_ablates_started_at_the_same_instant_one_runs_one_exits_3(tmp_path):
     spec = write_spec(tmp_path, top={"design": "list", "configs": [{"name": "a"}]},
                       train={"steps": 30, "eval_interval": 10, "sample_len": 0})
@@ -280,7 +279,7 @@ def test_two_ablates_started_at_the_same_instant_one_runs_one_exits_3(tmp_path):
         cmd = CLI + ["ablate", str(spec), "--runs-dir", str(runs_dir), "--workers", "1", "--no-report"]
         procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
                  for _ in range(2)]
-        results = [(p.wait(timeout=600), p.communicate()[1]) for p in procs]
+        results = [(p.wait(timeout=PATIENCE), p.communicate()[1]) for p in procs]
         codes = sorted(code for code, _ in results)
         assert codes == [0, 3], results
         loser = next(err for code, err in results if code == 3)
@@ -324,7 +323,7 @@ def long_inputs(tmp_path_factory) -> Path:
     for name, extra in (("run17", []), ("runll", ["--set=model.norm_type=rmsnorm", "--set=model.norm_pos=pre",
                                                   "--set=model.pos_type=rope", "--set=model.ffn_type=swiglu"])):
         cmd = train_cmd(root, root / name, n_steps=12)[len(CLI):] + extra
-        result = subprocess.run(CLI + cmd, capture_output=True, text=True, env=ENV, timeout=600)
+        result = subprocess.run(CLI + cmd, capture_output=True, text=True, env=ENV, timeout=PATIENCE)
         assert result.returncode == 0, result.stderr
     write_spec(root, top={"design": "list", "configs": [{"name": "a"}]},
                train={"steps": 10**6, "eval_interval": 100, "sample_len": 0})
@@ -365,6 +364,7 @@ LONG = {
 
 
 @pytest.mark.slow
+@pytest.mark.process
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the caught-signal mask from /proc")
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["sigint", "sigterm", "sighup"])
 @pytest.mark.parametrize("command", list(LONG))
@@ -381,10 +381,10 @@ def test_every_long_command_stops_on_each_signal(long_inputs, tmp_path, command,
                  or proc.poll() is not None, what=f"{command} under way")
         assert proc.poll() is None, proc.communicate()[1]
         proc.send_signal(sig)  # to the command only, as `kill` or a service manager would
-        _, err = proc.communicate(timeout=180)
+        _, err = proc.communicate(timeout=PATIENCE)
         assert proc.returncode == 130, err
         assert "interrupted" in err and "Traceback" not in err and "internal error" not in err, err
-        wait_for(lambda: group_gone(proc.pid), timeout=60, what="every worker exited")
+        wait_for(lambda: group_gone(proc.pid), what="every worker exited")
     finally:
         if not group_gone(proc.pid):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -400,9 +400,9 @@ def test_a_second_signal_after_the_run_saved_still_says_how_to_resume(tmp_path, 
     The run was started, so the hint is printed all the same."""
     from typer.testing import CliRunner
 
-    from anatomy_cli import cli_app
-    from anatomy_cli import train as training
-    from anatomy_cli.cli import app
+    from anatomy_cli.cli import app as cli_app
+    from anatomy_cli.cli.main import app
+    from anatomy_cli.training import run as training
 
     real = training.train
     monkeypatch.setattr(training, "train", lambda *a, **k: real(*a, **{**k, "stop": lambda: True}))  # stop after 1 step

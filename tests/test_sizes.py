@@ -9,15 +9,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import one_error_line
 from toy_data import TINY_TRAIN, toml_value, write_spec
 from typer.testing import CliRunner
 
-from anatomy_cli import runs
-from anatomy_cli.cli import app
-from anatomy_cli.config import ConfigError, ModelConfig
-from anatomy_cli.data import load_corpus
+from anatomy_cli.cli.main import app
+from anatomy_cli.data.load import load_corpus
 from anatomy_cli.model import LM
-from anatomy_cli.sweep import expand, load_spec
+from anatomy_cli.spec.config import ConfigError, ModelConfig
+from anatomy_cli.store import runs
+from anatomy_cli.sweep.plan import expand, load_spec
 
 runner = CliRunner()
 LADDER = {"S": {"d_model": 16, "n_head": 2}, "M": {"d_model": 32, "n_layer": 2}}
@@ -38,13 +39,6 @@ def sized_spec(folder: Path, sizes: dict | None = None, top: dict | None = None,
     path.write_text(path.read_text().replace("[base.model]", "\n".join([extra, "[base.model]"]), 1)
                     + "\n".join(lines) + "\n", encoding="utf-8")
     return path
-
-
-def one_error_line(result, fragment: str) -> None:
-    assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output and "internal error" not in result.output, result.output
-    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and fragment in errors[0], result.output
 
 
 # ------------------------------------------------------------------------------------------ plan
@@ -82,7 +76,8 @@ def test_tokens_per_param_budget_sets_each_sizes_steps_from_its_non_embedding_pa
     plan = expand(spec)
     batch, ctx = TINY_TRAIN["batch_size"], 16
     for name, settings in LADDER.items():
-        base = spec.base.model.model_dump() | settings | ({"n_kv_head": settings["n_head"]} if "n_head" in settings else {})
+        base = (spec.base.model.model_dump() | settings
+                | ({"n_kv_head": settings["n_head"]} if "n_head" in settings else {}))
         n = ModelConfig(**base).non_embedding_params()
         want = math.ceil(20 * n / (batch * ctx))
         assert {p.config.train.steps for p in plan if p.size.name == name} == {want}
@@ -102,12 +97,13 @@ def test_non_embedding_params_are_the_model_less_its_tables():
         tables |= {id(model.head.weight)}
         n = sum(p.numel() for p in model.parameters() if id(p) not in tables)
         assert cfg.non_embedding_params() == n
-        assert cfg.num_params() == n + cfg.vocab_size * cfg.d_model * (1 if cfg.tie_embeddings else 2) + cfg.position_params
+        assert (cfg.num_params()
+                == n + cfg.vocab_size * cfg.d_model * (1 if cfg.tie_embeddings else 2) + cfg.position_params)
 
 
 def test_a_run_names_exactly_its_size_even_when_one_size_sets_less_than_another(tmp_path):
-    from anatomy_cli import components as comp
-    from anatomy_cli.report import _size_of
+    from anatomy_cli.report.frames import _size_of
+    from anatomy_cli.spec import components as comp
 
     plan = expand(load_spec(sized_spec(tmp_path, {"S": {"d_model": 16}, "M": {"d_model": 16, "n_layer": 3}})))
     records = [s.record() for s in dict.fromkeys(p.size for p in plan)]
@@ -123,12 +119,16 @@ BAD = [
     ("repeated name", {"S": {"d_model": 16, "n_head": 2}, "S ": {}}, "", None),
     ("heads", {"S": {"d_model": 20, "n_head": 3}}, "", "sizes.S.model: n_head=3 must divide d_model=20"),
     ("unknown model key", {"S": {"d_modle": 16}}, "", "sizes.S.model.d_modle: unknown key"),
-    ("unknown train key", {"S": {"model": {"d_model": 16}, "train": {"lr_max": 1}}}, "", "sizes.S.train.lr_max: unknown key"),
+    ("unknown train key", {"S": {"model": {"d_model": 16}, "train": {"lr_max": 1}}}, "",
+     "sizes.S.train.lr_max: unknown key"),
     ("contradicts a role", {"S": {"pos_type": "rope"}}, "", "sizes.S.model.pos_type: component rope of this study"),
-    ("ratio <= 0", LADDER, 'budget = "tokens-per-param"\ntokens_per_param = 0', "tokens_per_param: Input should be greater than 0"),
-    ("ratio missing", LADDER, 'budget = "tokens-per-param"', "budget 'tokens-per-param' needs [[sizes]] and tokens_per_param"),
+    ("ratio <= 0", LADDER, 'budget = "tokens-per-param"\ntokens_per_param = 0',
+     "tokens_per_param: Input should be greater than 0"),
+    ("ratio missing", LADDER, 'budget = "tokens-per-param"',
+     "budget 'tokens-per-param' needs [[sizes]] and tokens_per_param"),
     ("ratio unused", LADDER, "tokens_per_param = 20", "tokens_per_param is only used by budget"),
-    ("size sets steps", {"S": {"model": {"d_model": 16}, "train": {"steps": 5}}}, "", "sizes.S.train.steps: the budget rule"),
+    ("size sets steps", {"S": {"model": {"d_model": 16}, "train": {"steps": 5}}}, "",
+     "sizes.S.train.steps: the budget rule"),
     ("same settings", {"S": {"d_model": 16, "n_head": 2}, "T": {"n_head": 2, "d_model": 16}}, "",
      "sizes.T: the same settings as sizes.S"),
     ("size and axis", {"S": {"n_layer": 1}, "M": {"n_layer": 2}}, 'axes = { n_layer = [1, 2] }',
@@ -154,7 +154,7 @@ def test_bad_ladders_are_one_line_and_exit_2(tmp_path, what, sizes, extra, fragm
 
 
 def test_a_size_redefined_in_a_sweep_directory_is_refused(tmp_path):
-    from anatomy_cli.sweep import record_design
+    from anatomy_cli.sweep.plan import record_design
 
     plan = expand(load_spec(sized_spec(tmp_path)))
     (tmp_path / "sweep").mkdir()
@@ -208,6 +208,7 @@ def test_scale_plan_warns_when_a_size_would_overfit_its_corpus(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_scale_plan_estimates_from_this_machines_calibration_and_dry_run_shows_sizes(tmp_path):
     spec = sized_spec(tmp_path)
     data = json.loads(invoke("scale-plan", spec, "--workers", "1", "--json").output)
@@ -222,6 +223,7 @@ def test_scale_plan_estimates_from_this_machines_calibration_and_dry_run_shows_s
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_a_tiny_sized_study_end_to_end(tmp_path):
     """Two sizes of one spec component, add-one only, three seeds: 12 runs of 12 steps."""
     extra = ('flips = ["lr3"]\ndirections = ["add-one"]\n'

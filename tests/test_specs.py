@@ -9,13 +9,14 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
+from helpers import one_error_line
 from toy_data import toml_value, write_corpus, write_spec
 from typer.testing import CliRunner
 
-from anatomy_cli import components as comp
-from anatomy_cli.cli import app
-from anatomy_cli.config import ConfigError
-from anatomy_cli.sweep import MAX_PLAN_RUNS, load_plan
+from anatomy_cli.cli.main import app
+from anatomy_cli.spec import components as comp
+from anatomy_cli.spec.config import ConfigError
+from anatomy_cli.sweep.plan import MAX_PLAN_RUNS, load_plan
 
 runner = CliRunner()
 
@@ -54,7 +55,8 @@ BAD_SPECS = [
      "components.c.on.train.threads: Input should be greater than 0"),
     ("off-wrong-type", 'on = {"model.qk_norm" = true}\noff = {"model.qk_norm" = 2}', None, "",
      "components.c.off.model.qk_norm: Input should be a valid boolean"),
-    ("inf", 'on = {"model.rope_base" = inf}', None, "", "components.c.on.model.rope_base: Input should be a finite number"),
+    ("inf", 'on = {"model.rope_base" = inf}', None, "",
+     "components.c.on.model.rope_base: Input should be a finite number"),
     ("nan", 'on = {"train.lr" = nan}', None, "", "components.c.on.train.lr: Input should be a finite number"),
     ("not-a-field", 'on = {"model.alibi" = true}', None, "", "'model.alibi' is not a field of model, train or data"),
     # a Literal field without bounds used to crash before the conflict check could run
@@ -78,10 +80,8 @@ def test_a_bad_spec_is_one_line_and_exit_2_from_every_reader(tmp_path, case):
         spec = component_spec(tmp_path, body, flips=flips)
     for reader, args in readers(spec, tmp_path).items():
         result = invoke(*args)
-        assert result.exit_code == 2, (reader, result.output)
-        assert "internal error" not in result.output and "Traceback" not in result.output, (reader, result.output)
-        lines = [line for line in result.output.splitlines() if line.strip()]
-        assert len(lines) == 1 and lines[0].startswith("error:") and fragment in lines[0], (reader, result.output)
+        line = one_error_line(result, fragment)
+        assert result.output.strip() == line.strip(), (reader, result.output)  # the error line alone
     assert not (tmp_path / "runs").exists()  # nothing was created
 
 
@@ -138,7 +138,8 @@ def test_a_factorial_too_large_is_refused_before_its_points_are_built(tmp_path):
     spec.write_text("\n".join(lines) + "\n")
     tracemalloc.start()
     try:
-        with pytest.raises(ConfigError, match=r"the plan has 131,072 runs \(131,072 configs x 1 axis values x 1 seeds\)"):
+        with pytest.raises(ConfigError,
+                           match=r"the plan has 131,072 runs \(131,072 configs x 1 axis values x 1 seeds\)"):
             load_plan(spec)
         peak = tracemalloc.get_traced_memory()[1]
     finally:

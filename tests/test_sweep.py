@@ -8,16 +8,17 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from helpers import PATIENCE, wait_for
 from toy_data import write_spec
 
-from anatomy_cli import runs
-from anatomy_cli.components import FIVE as FLIPS, label, on_names
-from anatomy_cli.config import AblationSpec, ConfigError, validate
-from anatomy_cli.sweep import SweepLock, SweepLocked, execute, expand, parse_flips
+from anatomy_cli.spec.components import FIVE as FLIPS
+from anatomy_cli.spec.components import label, on_names
+from anatomy_cli.spec.config import AblationSpec, ConfigError, validate
+from anatomy_cli.store import runs
+from anatomy_cli.sweep.plan import SweepLock, SweepLocked, execute, expand, parse_flips
 
 
 def spec(**kw) -> AblationSpec:
@@ -97,12 +98,13 @@ def metrics_without_time(run_dir: Path) -> list[dict]:
 
 
 def load(path: Path) -> AblationSpec:
-    from anatomy_cli.sweep import load_spec
+    from anatomy_cli.sweep.plan import load_spec
 
     return load_spec(path)
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_workers_2_equal_workers_1(tmp_path):
     s = load(write_spec(tmp_path, top={"flips": ["rope", "gqa"], "seeds": 1}))
     plan = expand(s)
@@ -128,9 +130,10 @@ def test_diverged_run_is_recorded_and_sweep_goes_on(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_plan_estimates_come_from_a_cached_calibration(tmp_path, monkeypatch):
-    from anatomy_cli import calibrate
-    from anatomy_cli.sweep import check_data, plan_estimate
+    from anatomy_cli.sweep import calibrate
+    from anatomy_cli.sweep.plan import check_data, plan_estimate
 
     monkeypatch.setenv("ANATOMY_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(calibrate, "busy", lambda: None)  # cache even on a loaded test machine
@@ -165,6 +168,7 @@ def test_completed_runs_are_skipped_and_failed_rerun(tmp_path):
     assert runs.read_summary(failed)["status"] == runs.COMPLETED
 
 
+@pytest.mark.process
 def test_lock_refuses_a_live_holder_and_takes_over_a_stale_one(tmp_path):
     (tmp_path / ".lock").write_text(str(os.getpid()))
     with pytest.raises(SweepLocked, match=f"pid {os.getpid()}"):
@@ -179,6 +183,7 @@ def test_lock_refuses_a_live_holder_and_takes_over_a_stale_one(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_sigkill_mid_sweep_then_rerun_completes_without_retraining(tmp_path):
     # c1 lasts 240 steps, so "c0 done and c1 under way" holds for seconds, not a poll's worth of
     # time, before the test kills the sweep in that state
@@ -192,19 +197,18 @@ def test_sigkill_mid_sweep_then_rerun_completes_without_retraining(tmp_path):
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
                             start_new_session=True)
     sweep = runs_dir / "toy"
-    deadline = time.time() + 180
-    while True:  # wait until one run completed and the next is under way
+    def one_done_next_under_way() -> bool:
+        assert proc.poll() is None, "the sweep ended before c0 was done and c1 under way"
         states = [runs.run_status(d) for d in sweep.glob("*/")] if sweep.exists() else []
-        if states.count(runs.COMPLETED) >= 1 and runs.RUNNING in states:
-            break
-        assert time.time() < deadline and proc.poll() is None, f"never saw c0 done and c1 under way: {states}"
-        time.sleep(0.05)
+        return states.count(runs.COMPLETED) >= 1 and runs.RUNNING in states
+
+    wait_for(one_done_next_under_way, "c0 done and c1 under way")
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     finished = {d.name: (d / runs.SUMMARY).read_text() for d in sweep.iterdir()
                 if runs.run_status(d) == runs.COMPLETED}
     assert finished and len(finished) < 4
-    rerun = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    rerun = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=PATIENCE)
     assert rerun.returncode == 0, rerun.stderr
     dirs = [d for d in sweep.iterdir() if d.is_dir()]
     assert len(dirs) == 4  # complete, no duplicates
@@ -218,6 +222,7 @@ def test_sigkill_mid_sweep_then_rerun_completes_without_retraining(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_two_concurrent_ablates_leave_exactly_one_running(tmp_path):
     """The second sweep meets the first one holding the lock with a run in flight (a run that cannot
     finish before it is stopped, so the outcome cannot depend on timing): it exits 3 naming the
@@ -230,26 +235,24 @@ def test_two_concurrent_ablates_leave_exactly_one_running(tmp_path):
     first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     sweep = tmp_path / "runs" / "toy"
     try:
-        deadline = time.time() + 180
-        while not (any(len(runs.read_metrics(d)) > 3 for d in sweep.glob("*/")) or first.poll() is not None):
-            assert time.time() < deadline, "the first sweep never got a run under way"
-            time.sleep(0.05)
+        wait_for(lambda: any(len(runs.read_metrics(d)) > 3 for d in sweep.glob("*/")) or first.poll() is not None,
+                 "the first sweep's run under way")
         (run,) = [d for d in sweep.iterdir() if d.is_dir()]
-        second = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+        second = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=PATIENCE)
         assert second.returncode == 3, second.stderr
         assert f"is in use by pid {first.pid}" in second.stderr and "Traceback" not in second.stderr
         assert first.poll() is None  # the first one was not disturbed
         assert runs.read_summary(run)["owner"]["pid"] == first.pid and runs.run_status(run) == runs.RUNNING
     finally:
         first.send_signal(signal.SIGINT)
-        _, err = first.communicate(timeout=300)
+        _, err = first.communicate(timeout=PATIENCE)
     assert first.returncode == 130, err
     assert [d.name for d in sweep.iterdir() if d.is_dir()] == [run.name]
     assert runs.run_status(run) == runs.INTERRUPTED and not (sweep / ".lock").exists()
 
 
 def test_a_busy_calibration_is_cached_as_busy_and_redone_when_idle(tmp_path, monkeypatch):
-    from anatomy_cli import calibrate
+    from anatomy_cli.sweep import calibrate
 
     monkeypatch.setenv("ANATOMY_CACHE", str(tmp_path))
     measured = []
@@ -268,9 +271,9 @@ def test_a_busy_calibration_is_cached_as_busy_and_redone_when_idle(tmp_path, mon
 def test_a_calibration_reads_steps_and_evaluations_from_the_trainers_own_clock(tmp_path, monkeypatch):
     """step_s, eval_s and run_s come from one run's train time and loop time, after a warm-up run:
     never from the difference of two short runs, which came out negative on a worker's first shape."""
-    import anatomy_cli.train as train_mod
-    from anatomy_cli import calibrate
-    from anatomy_cli.config import RunConfig
+    import anatomy_cli.training.run as train_mod
+    from anatomy_cli.spec.config import RunConfig
+    from anatomy_cli.sweep import calibrate
 
     calls = []
 
@@ -281,7 +284,7 @@ def test_a_calibration_reads_steps_and_evaluations_from_the_trainers_own_clock(t
         return {"step_time_ms": 20.0, "wall_s": t.steps * 0.02 + evals_in_loop * 0.5}
 
     monkeypatch.setattr(train_mod, "train", fake_train)
-    monkeypatch.setattr("anatomy_cli.data.load_corpus", lambda *a: None)
+    monkeypatch.setattr("anatomy_cli.data.load.load_corpus", lambda *a: None)
     job = RunConfig().model_dump(mode="json")
     _, (cal,) = calibrate.measure_in_worker([job], 1)
     assert calls[0][0] < calibrate.N  # the warm-up, discarded

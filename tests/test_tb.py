@@ -10,8 +10,9 @@ import pytest
 from toy_data import TINY_MODEL, TINY_TRAIN, write_corpus
 from typer.testing import CliRunner
 
-from anatomy_cli import runs, tb_events
-from anatomy_cli.cli import app
+from anatomy_cli.cli.main import app
+from anatomy_cli.store import runs
+from anatomy_cli.training import tensorboard as tb_events
 
 SCALARS = {"loss/train", "loss/val", "grad_norm", "lr", "tokens_per_s"}
 
@@ -56,8 +57,8 @@ def test_backfill_is_readable_by_tensorboard(tmp_path):
 
 def test_training_writes_events(tmp_path, monkeypatch):
     pytest.importorskip("tensorboard")
-    from anatomy_cli.config import RunConfig
-    from anatomy_cli.train import train
+    from anatomy_cli.spec.config import RunConfig
+    from anatomy_cli.training.run import train
 
     corpus = write_corpus(tmp_path)
     cfg = RunConfig.model_validate({"model": TINY_MODEL, "train": {**TINY_TRAIN, "sample_len": 0},
@@ -67,7 +68,8 @@ def test_training_writes_events(tmp_path, monkeypatch):
     acc = read_events(run)
     assert set(acc.Tags()["scalars"]) == SCALARS
     metrics = runs.read_metrics(run)
-    assert [e.value for e in acc.Scalars("loss/val")] == pytest.approx([m["val_loss"] for m in metrics if "val_loss" in m])
+    assert [e.value for e in acc.Scalars("loss/val")] == pytest.approx([m["val_loss"] for m in metrics
+                                                                        if "val_loss" in m])
     assert len(acc.Scalars("loss/train")) == TINY_TRAIN["steps"]
     assert tb_events.backfill(tmp_path) == {"written": 0, "skipped": 1}  # training wrote its own
     train(cfg, run)  # a rerun from scratch leaves one event file, not two

@@ -9,11 +9,12 @@ import subprocess
 import sys
 
 import pytest
+from helpers import PATIENCE
 from test_report import called_sweep
 from toy_data import write_spec
 from typer.testing import CliRunner
 
-from anatomy_cli.cli import app
+from anatomy_cli.cli.main import app
 
 ANSI = re.compile(r"\x1b\[")
 
@@ -35,12 +36,14 @@ def table_lines(text: str) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_ablate_ends_with_the_verdict_and_the_report_path(ablated):
     tmp, _, _, result = ablated
     assert result.exit_code == 0, result.output
     out = result.stdout
     last = out.rstrip().splitlines()[-1]
-    assert last == f"report: {tmp / 'runs' / 'toy' / 'report' / 'report.html'} (all files in {tmp / 'runs' / 'toy' / 'report'})"
+    assert last == (f"report: {tmp / 'runs' / 'toy' / 'report' / 'report.html'} "
+                    f"(all files in {tmp / 'runs' / 'toy' / 'report'})")
     assert "forest.png" not in out and "effects.csv" not in out  # not the list of files
     rows = table_lines(out)
     assert rows[0].split() == ["rank", "component", "change", "gain", "interval", "call"]  # seeds dropped at 60
@@ -56,11 +59,12 @@ def test_ablate_ends_with_the_verdict_and_the_report_path(ablated):
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_ablate_in_a_pipe_is_plain_text(ablated):
     tmp, _, args, _ = ablated
     env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "80"}
     proc = subprocess.run([sys.executable, "-m", "anatomy_cli", *args], capture_output=True, text=True, env=env,
-                          timeout=300)
+                          timeout=PATIENCE)
     assert proc.returncode == 0, proc.stderr
     assert not ANSI.search(proc.stdout) and not ANSI.search(proc.stderr)
     assert "4 of 4 runs already done" in proc.stderr and "━" not in proc.stderr
@@ -87,7 +91,7 @@ def test_components_fit_80_and_60_columns_and_wide_is_whole():
         assert result.exit_code == 0
         lines = result.stdout.splitlines()
         assert all(len(line) <= columns for line in lines), max(lines, key=len)
-        from anatomy_cli.components import BUILTIN_NAMES
+        from anatomy_cli.spec.components import BUILTIN_NAMES
 
         first = lines.index(next(line for line in lines if line.startswith("name ")))
         rows = lines[first + 2:first + 2 + len(BUILTIN_NAMES)]

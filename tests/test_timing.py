@@ -5,11 +5,13 @@ from __future__ import annotations
 import pytest
 from toy_data import write_spec
 
-from anatomy_cli import timing
-from anatomy_cli.sweep import expand, load_spec
+from anatomy_cli.report import speed
+from anatomy_cli.sweep import timing
+from anatomy_cli.sweep.plan import expand, load_spec
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_time_plan_times_every_config_in_rounds(tmp_path):
     spec = load_spec(write_spec(tmp_path, top={"flips": ["rope", "swiglu", "rmsnorm", "prenorm", "gqa"],
                                                "seeds": 2, "gqa_kv_head": 2}))
@@ -21,10 +23,11 @@ def test_time_plan_times_every_config_in_rounds(tmp_path):
     slugs = [c["slug"] for c in record["configs"]]
     assert sorted(slugs) == ["2017", "2017+rope", "llama", "llama-rope"]
     assert all(set(r) == set(slugs) and min(r.values()) > 0 for r in record["rounds_data"])
-    rows = timing.timing_effects(record)
-    assert {(r["flip"], r["direction"], r["n_pairs"]) for r in rows} == {("rope", "add-one", 2), ("rope", "remove-one", 2)}
+    rows = speed.timing_effects(record)
+    assert {(r["flip"], r["direction"], r["n_pairs"]) for r in rows} == {("rope", "add-one", 2),
+                                                                         ("rope", "remove-one", 2)}
     path = timing.write_timing(tmp_path / "sweep", record)
-    assert timing.read_timing(path.parent) == record
+    assert speed.read_timing(path.parent) == record
 
 
 OWN = {"wd0": {"on": {"train.weight_decay": 0.0}, "off": {"train.weight_decay": 0.1}},
@@ -68,21 +71,22 @@ def test_timing_effects_pair_within_groups():
                   ("a1", "reference", None, "L=1"), ("b1", "add-one", "rope", "L=1"),
                   ("a2", "reference", None, "L=2"), ("b2", "add-one", "rope", "L=2"))],
               "rounds_data": [{"a1": 100.0, "b1": 110.0, "a2": 50.0, "b2": 40.0}] * 2}
-    rows = {r["group"]: r for r in timing.timing_effects(record)}
+    rows = {r["group"]: r for r in speed.timing_effects(record)}
     assert rows["L=1"]["gain"] == pytest.approx(10.0) and rows["L=2"]["gain"] == pytest.approx(-20.0)
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_time_pass_on_a_factorial_sweep_with_no_runs(tmp_path):
     from typer.testing import CliRunner
 
-    from anatomy_cli.cli import app
+    from anatomy_cli.cli.main import app
 
     spec = write_spec(tmp_path, top={"flips": ["wd0", "lr2"], "design": "factorial", "components": OWN})
     result = CliRunner().invoke(app, ["ablate", str(spec), "--time", "--time-steps", "1", "--time-rounds", "3",
                                       "--runs-dir", str(tmp_path / "runs")])
     assert result.exit_code == 0, result.output
-    record = timing.read_timing(tmp_path / "runs" / "toy")
+    record = speed.read_timing(tmp_path / "runs" / "toy")
     assert len(record["rounds_data"]) == 3 and len({c["slug"] for c in record["configs"]}) == 4
     out = result.stdout
     for flip in ("wd0", "lr2"):  # both directions, each with a call under the one rule

@@ -12,11 +12,11 @@ import pytest
 import torch
 from toy_data import TINY_MODEL, TINY_TRAIN, write_corpus
 
-from anatomy_cli import runs
-from anatomy_cli.config import RunConfig, TrainConfig, validate
-from anatomy_cli.data import load_corpus
-from anatomy_cli.train import resolve_config, train
-from anatomy_cli.trainer import Trainer, lr_at
+from anatomy_cli.data.load import load_corpus
+from anatomy_cli.spec.config import RunConfig, TrainConfig, validate
+from anatomy_cli.store import runs
+from anatomy_cli.training.run import resolve_config, train
+from anatomy_cli.training.trainer import Trainer, lr_at
 
 
 def test_lr_schedule_warmup_then_cosine_to_floor():
@@ -57,6 +57,7 @@ def test_bf16_autocast_trains_close_to_fp32(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_compiled_training_matches_eager(tmp_path):
     base = cfg_for(tmp_path, pos_type="rope", n_layer=1)
     eager = train(base, tmp_path / "eager")
@@ -68,9 +69,9 @@ def test_compiled_training_matches_eager(tmp_path):
 
 HEAP = """
 import ctypes, resource, sys, torch
-from anatomy_cli.config import ModelConfig
+from anatomy_cli.spec.config import ModelConfig
 from anatomy_cli.model import LM
-from anatomy_cli.devices import keep_freed_memory
+from anatomy_cli.training.devices import keep_freed_memory
 class MallInfo2(ctypes.Structure):  # glibc >= 2.33
     _fields_ = [(name, ctypes.c_size_t) for name in
                 ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
@@ -108,6 +109,7 @@ def glibc_at_least(major: int, minor: int) -> bool:
     return name == "glibc" and tuple(int(v) for v in version.split(".")[:2]) >= (major, minor)
 
 
+@pytest.mark.process
 @pytest.mark.skipif(not glibc_at_least(2, 33), reason="needs glibc >= 2.33 (mallinfo2)")
 def test_keep_freed_memory_lets_training_steps_reuse_their_buffers():
     """By default a 20 MiB buffer is mmapped and unmapped again on free, so every step faults its

@@ -1,3 +1,3 @@
-from .cli import main
+from anatomy_cli.cli.main import main
 
 main()

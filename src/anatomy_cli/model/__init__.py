@@ -1,6 +1,16 @@
-"""The model, one module per component axis; `LM` assembles them from a ModelConfig."""
+"""The model, one module per component axis; `LM` assembles them from a ModelConfig.
 
-from .kv_cache import KVCache
-from .lm import LM
+  lm         the LM: embeddings, blocks, head; one forward for training and decoding
+  block      pre/post/parallel wiring: one token mixer and one channel mixer per layer
+  mixers     which mixer each layer holds, as one table (layer kinds; make_ffn: dense or MoE)
+  attention / mla / gdn / moe / ffn / norms / positions   one file per component axis
+  kv_cache   every mixer's decode state in one cache
+  generate   text generation through the cache
+
+Imports: spec.
+"""
+
+from anatomy_cli.model.kv_cache import KVCache
+from anatomy_cli.model.lm import LM
 
 __all__ = ["LM", "KVCache"]

@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .kv_cache import KV, WindowKV
-from .norms import RMSNorm
+from anatomy_cli.model.kv_cache import KV, WindowKV
+from anatomy_cli.model.norms import RMSNorm
 
 
 class CausalSelfAttention(nn.Module):
@@ -77,7 +77,8 @@ class CausalSelfAttention(nn.Module):
         if gqa and self.expand_kv:  # [B, G, S, hd] -> [B, H, S, hd], for this call only
             k, v = (t.repeat_interleave(self.n_head // self.n_kv_head, dim=1) for t in (k, v))
             gqa = False
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=gqa)  # [B, H, T, hd]
+        # y: [B, H, T, hd]
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=gqa)
         return self.out(y.transpose(1, 2).reshape(B, T, C))
 
 

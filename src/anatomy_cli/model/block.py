@@ -29,9 +29,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from .ffn import make_ffn
-from .mixers import make_mixer
-from .norms import make_norm
+from anatomy_cli.model.mixers import make_ffn, make_mixer
+from anatomy_cli.model.norms import make_norm
 
 
 class Block(nn.Module):

@@ -5,7 +5,8 @@ GELU one (rounded up to 32, see ModelConfig.ffn_hidden) to keep the parameter co
 
 Every channel mixer has one interface, forward(x [B, T, C], stats=None) -> [B, T, C], so the block
 calls whichever it holds the same way: a dense FFN ignores `stats`; a mixture of experts (moe.py,
-cfg.moe) appends its routing statistics to it when the caller asks for them.
+cfg.moe) appends its routing statistics to it when the caller asks for them. mixers.make_ffn picks
+the block's channel mixer.
 """
 
 from __future__ import annotations
@@ -39,12 +40,3 @@ class SwiGLU(nn.Module):
 
 
 FFNS: dict[str, type[nn.Module]] = {"gelu": GeluMLP, "swiglu": SwiGLU}
-
-
-def make_ffn(cfg) -> nn.Module:
-    """The block's channel mixer: the cfg.ffn_type FFN, or (cfg.moe) a routed mixture of them."""
-    if cfg.moe:
-        from .moe import MoE  # imported here: moe.py builds its shared expert from FFNS above
-
-        return MoE(cfg)
-    return FFNS[cfg.ffn_type](cfg)

@@ -37,8 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import GDN_CHUNK
-from .kv_cache import tensor_bytes
+from anatomy_cli.model.kv_cache import tensor_bytes
+from anatomy_cli.spec.config import GDN_CHUNK
 
 L2_EPS = 1e-6  # under the root of q's and k's L2 norm, as FLA and transformers use
 

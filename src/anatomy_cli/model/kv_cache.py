@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import InputError
+from anatomy_cli.spec.errors import InputError
 
 
 class CacheFullError(InputError):

@@ -23,11 +23,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .block import Block
-from .kv_cache import KVCache
-from .moe import balance
-from .norms import make_norm
-from .positions import make_positions
+from anatomy_cli.model.block import Block
+from anatomy_cli.model.kv_cache import KVCache
+from anatomy_cli.model.moe import balance
+from anatomy_cli.model.norms import make_norm
+from anatomy_cli.model.positions import make_positions
 
 HEAD_PAD = 64  # the loss's head matmul pads the vocabulary to a multiple of this
 

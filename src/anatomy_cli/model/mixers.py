@@ -3,7 +3,7 @@
 ModelConfig.layer_kinds says what layer i is ("attn": global causal softmax attention; "gdn":
 Gated DeltaNet, gdn.py; "local": softmax attention within a sliding window; "mla": multi-head
 latent attention, mla.py); MIXERS maps a kind to a constructor of its module. The block holds one
-token mixer and one channel mixer (ffn.make_ffn) and never asks which. Every token mixer has the
+token mixer and one channel mixer (make_ffn) and never asks which. Every token mixer has the
 same two methods:
 
     forward(x [B, T, C], pos, end, rotate, cache=None, layer=0) -> [B, T, C]
@@ -27,9 +27,11 @@ from collections.abc import Callable
 
 from torch import nn
 
-from .attention import CausalSelfAttention
-from .gdn import GatedDeltaNet
-from .mla import LatentAttention
+from anatomy_cli.model.attention import CausalSelfAttention
+from anatomy_cli.model.ffn import FFNS
+from anatomy_cli.model.gdn import GatedDeltaNet
+from anatomy_cli.model.mla import LatentAttention
+from anatomy_cli.model.moe import MoE
 
 
 def local_attention(cfg) -> nn.Module:
@@ -42,3 +44,8 @@ MIXERS: dict[str, Callable[..., nn.Module]] = {"attn": CausalSelfAttention, "gdn
 
 def make_mixer(cfg, layer: int) -> nn.Module:
     return MIXERS[cfg.layer_kinds[layer]](cfg)
+
+
+def make_ffn(cfg) -> nn.Module:
+    """The block's channel mixer: the cfg.ffn_type FFN, or (cfg.moe) a routed mixture of them."""
+    return MoE(cfg) if cfg.moe else FFNS[cfg.ffn_type](cfg)

@@ -42,10 +42,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import attention_mask
-from .kv_cache import tensor_bytes
-from .norms import RMSNorm
-from .positions import RoPE
+from anatomy_cli.model.attention import attention_mask
+from anatomy_cli.model.kv_cache import tensor_bytes
+from anatomy_cli.model.norms import RMSNorm
+from anatomy_cli.model.positions import RoPE
 
 LATENT_EPS = 1e-6  # DeepSeek's RMSNorm eps on the two latents (HF: DeepseekV3RMSNorm's default)
 

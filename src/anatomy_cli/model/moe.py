@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .ffn import FFNS
+from anatomy_cli.model.ffn import FFNS
 
 
 class Stacked(nn.Module):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..errors import InputError
+from anatomy_cli.spec.errors import InputError
 
 
 class PositionError(InputError):

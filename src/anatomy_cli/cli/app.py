@@ -1,0 +1,217 @@
+"""The Typer app every command module registers on: consoles, exit codes, shared options, errors.
+
+Command modules (cli_run, cli_sweep, cli_tools, cli_exams) import this module; it imports none of
+them, and `cli.py` (the entry point) imports them all. Heavy imports (torch, pandas, matplotlib)
+happen inside commands so `anatomy --help` is instant.
+
+Exit codes (stable, for scripts):
+  0  success
+  1  a check found a regression, or a run failed or diverged
+  2  bad input: options, spec, corpus, run directory, weights
+  3  the sweep or run directory is in use by another live process
+  130 interrupted (Ctrl-C, SIGTERM, SIGHUP); the run or sweep can be resumed
+  141 the output pipe closed early (`anatomy sample ... | head`): quiet, as a shell reports SIGPIPE
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import signal
+import sys
+import threading
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from anatomy_cli.spec.config import ConfigError
+from anatomy_cli.spec.errors import InputError
+
+app = typer.Typer(
+    name="anatomy",
+    help="Take a language model apart: train small char-level transformers and measure, one component "
+    "at a time, how a 2017 Transformer becomes a LLaMA.\n\nExit codes: 0 ok, 1 regression/failed run, "
+    "2 bad input, 3 sweep or run directory in use, 130 interrupted (also SIGTERM/SIGHUP), 141 output pipe closed.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=True,
+)
+
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """rich's own handling exits 1 (our 'failed run'); raise instead, for handle_errors' pipe rule."""
+        self.quiet = True
+        raise BrokenPipeError
+
+
+# User text (paths, spec and component descriptions, error messages) is printed as it is: markup and
+# emoji codes are off, so "[/bold]" or ":x:" in a name is never parsed. Styled words use rich Text.
+console = _Console(markup=False, emoji=False)
+err_console = _Console(stderr=True, markup=False, emoji=False)
+# debug: --debug was given. hint: what an interrupted command tells the user (see on_interrupt).
+# aborted: a StopFlag has raised KeyboardInterrupt in this command (later signals are let be).
+STATE: dict = {"debug": False, "hint": None, "aborted": False}
+
+EXIT_FAILED, EXIT_INPUT, EXIT_LOCKED, EXIT_INTERRUPTED, EXIT_PIPE = 1, 2, 3, 130, 141
+
+RunsDir = Annotated[Path, typer.Option("--runs-dir", help="Where run directories are written.")]
+Sets = Annotated[Optional[list[str]], typer.Option(
+    "--set", help="Dotted override, e.g. model.pos_type=rope (repeatable).")]
+JsonOut = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
+
+
+def styled(label: str, style: str, rest: str = ""):
+    """A styled word followed by plain text (never parsed as markup): styled("error:", "bold red", " ...")."""
+    from rich.text import Text
+
+    return Text.assemble((label, style), rest)
+
+
+def fail(message: str, code: int = EXIT_INPUT) -> typer.Exit:
+    err_console.print(styled("error:", "bold red", f" {message}"), highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+def on_interrupt(hint: Callable[[], str | None]) -> None:
+    """Register what an interrupted command tells the user, asked when the interrupt lands: a run
+    that was started says how to resume it, wherever the signal caught the command."""
+    STATE["hint"] = hint
+
+
+def _interrupted() -> str:
+    hint = STATE["hint"]() if STATE["hint"] else None
+    return f"interrupted; {hint}" if hint else "interrupted"
+
+
+def one_line(text: str) -> str:
+    """An exception's text on one line (a pydantic dump or a C++ message can span several)."""
+    return " ".join(str(text).split())
+
+
+def handle_errors(fn):
+    """Turn domain exceptions into one-line messages and documented exit codes.
+
+    For the whole command, SIGTERM and SIGHUP stop it as Ctrl-C does (StopFlag(graceful=False)):
+    the work unwinds (locks released, workers ended, temp files removed) and the exit is 130. A
+    command that can stop cleanly (train, ablate) nests a graceful StopFlag of its own. Library
+    warnings (torch, pandas, matplotlib) are not shown unless --debug.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from anatomy_cli.store.lockfile import Locked
+
+        STATE["hint"], STATE["aborted"] = None, False
+        try:
+            with StopFlag(graceful=False), quiet_warnings():
+                return fn(*args, **kwargs)
+        except (typer.Exit, typer.Abort):
+            raise
+        except Locked as err:
+            if STATE["debug"]:
+                raise
+            raise fail(str(err), EXIT_LOCKED) from None
+        except KeyboardInterrupt:
+            raise fail(_interrupted(), EXIT_INTERRUPTED) from None
+        except BrokenPipeError:  # the reader went away (`anatomy sample ... | head`): stop quietly, like cat
+            _silence_stdout()
+            raise typer.Exit(EXIT_PIPE) from None
+        except InputError as err:
+            if STATE["debug"]:
+                raise
+            raise fail(str(err)) from None
+        except OSError as err:
+            if STATE["debug"]:
+                raise
+            raise fail(os_error_line(err)) from None
+        except Exception as err:  # a bug, not bad input: still one line unless --debug
+            if STATE["debug"]:
+                raise
+            raise fail(f"internal error: {err.__class__.__name__}: {one_line(err)} (rerun with --debug for the "
+                       f"traceback)", EXIT_FAILED) from None
+
+    return wrapper
+
+
+def os_error_line(err: OSError) -> str:
+    """'No space left on device: runs/x/metrics.jsonl' (the path when the error knows it)."""
+    where = f": {err.filename}" if getattr(err, "filename", None) else ""
+    if isinstance(err, (FileExistsError, NotADirectoryError)) and where:  # mkdir met a file where a folder goes
+        return f"not a directory (a file is in the way){where}"
+    return f"{err.strerror or one_line(err) or err.__class__.__name__}{where}"
+
+
+@contextlib.contextmanager
+def quiet_warnings():
+    """Library warnings off for a command (shown with --debug): a user sees our messages, not theirs."""
+    with warnings.catch_warnings():
+        if not STATE["debug"]:
+            warnings.simplefilter("ignore")
+        yield
+
+
+def _silence_stdout() -> None:
+    """Point fd 1 at /dev/null so the interpreter's last flush cannot fail on the closed pipe again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no real fd (a test runner's captured stdout): nothing to protect
+        pass
+
+
+@app.callback()
+def _main(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks instead of one-line errors.")] = False):
+    STATE["debug"] = debug
+
+
+def safe_dir(path: Path) -> Path:
+    """A runs directory that is not a file (it may not exist yet)."""
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"runs directory is a file: {path}")
+    return path
+
+
+class StopFlag:
+    """The first SIGINT, SIGTERM or SIGHUP asks the work to stop cleanly (a run checkpoints at the
+    end of its step, a sweep's workers do the same); a second one aborts at once (KeyboardInterrupt).
+
+    graceful=False makes the first signal abort, as Ctrl-C does by default: for work that cannot
+    stop cleanly, so that SIGTERM and SIGHUP at least unwind it (locks released, exit 130).
+    Flags raise KeyboardInterrupt once per command (STATE["aborted"]): signals after that are let
+    be, so the unwinding they started (a lock released, workers joined) is not itself cut short.
+    Off the main thread (where Python cannot take signals) it installs nothing.
+    """
+
+    def __init__(self, graceful: bool = True):
+        self.requested = False
+        self.graceful = graceful
+        self.previous: dict = {}
+
+    def __enter__(self) -> StopFlag:
+        from anatomy_cli.sweep.worker import STOP_SIGNALS
+
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if STATE["aborted"]:
+            return
+        if self.requested or not self.graceful:
+            STATE["aborted"] = True
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __call__(self) -> bool:
+        return self.requested
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,16 @@
+"""The `anatomy` entry point: the app from cli.app with every command module registered on it.
+
+Exit codes (stable, for scripts): see cli.app.
+"""
+
+from __future__ import annotations
+
+# Each module registers its commands on import, in the order --help lists them.
+from anatomy_cli.cli import exams, run, sweep, scale_plan, tools  # noqa: F401  # isort: skip
+from anatomy_cli.cli.app import app
+
+__all__ = ["app", "main"]
+
+
+def main() -> None:
+    app()

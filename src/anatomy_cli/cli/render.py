@@ -1,0 +1,204 @@
+"""What several commands print: plan lines and tables, sweep progress displays, run tables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.table import Table
+
+from anatomy_cli.cli.app import (
+    err_console,
+)
+from anatomy_cli.spec import components
+from anatomy_cli.spec.components import label
+from anatomy_cli.store import runs
+
+
+def fmt_seconds(s: float) -> str:
+    return f"{s:.0f}s" if s < 90 else f"{s / 60:.1f}min"
+
+
+def plan_line(plan, sweep_dir: Path, workers: int, estimate: tuple[dict, float]) -> str:
+    """'plan: 36 runs -> runs/demo (to do: 36, est. 24.0min with 2 workers, measured on this machine)'."""
+    from anatomy_cli.sweep.calibrate import busy, plan_seconds
+
+    per_run, startup = estimate
+    todo = [p for p in plan if runs.run_status(sweep_dir / p.run_id) not in runs.DONE_STATES]
+    est = plan_seconds([per_run[p.run_id] for p in todo], workers, startup) if todo else 0.0
+    load = busy()
+    note = (f"; the machine is busy now (load average {load[0]:.1f} on {load[1]} cores): expect longer" if load
+            else "")
+    return (f"plan: {len(plan)} runs -> {sweep_dir}  (to do: {len(todo)}, est. {fmt_seconds(est)} with {workers} "
+            f"worker{'s' * (workers > 1)}, from step times measured on this machine{note})")
+
+
+def plan_table(plan, sweep_dir: Path, workers: int, vocab: dict, estimate: tuple[dict, float]) -> Table:
+    statuses = {p.run_id: runs.run_status(sweep_dir / p.run_id) for p in plan}
+    table = Table(title=plan_line(plan, sweep_dir, workers, estimate))
+    for col in ("run id", "components", "role", "seed", "params", "est.", "status"):
+        table.add_column(col, justify="right" if col in ("seed", "params", "est.") else "left")
+    for p in plan:
+        m = p.config.model
+        params = m.model_copy(update={"vocab_size": vocab[p.config.data.source]}).num_params()
+        role = f"{p.role}:{p.flip}" if p.flip else p.role
+        table.add_row(p.run_id, label(p.config), role, str(p.config.seed), f"{params:,}",
+                      fmt_seconds(estimate[0][p.run_id]), statuses[p.run_id] or "pending")
+    return table
+
+
+def plan_json(spec, plan, sweep_dir: Path) -> dict:
+    """The plan as data: the study's components and, per run, id, role, flip, seed and resolved config."""
+    design = next((p.design for p in plan if p.design), None)
+    return {
+        "name": spec.name, "sweep_dir": str(sweep_dir), "design": spec.design,
+        "components": [components.record(c) for c in design.components] if design else [],
+        "runs": [{"run_id": p.run_id, "slug": p.slug, "role": p.role, "flip": p.flip, "seed": p.config.seed,
+                  "label": label(p.config), "status": runs.run_status(sweep_dir / p.run_id) or "pending",
+                  "config": p.config.model_dump(mode="json")} for p in plan],
+    }
+
+
+class LineDisplay:
+    """For a pipe or a log: one plain line per finished run, nothing while runs train."""
+
+    def __init__(self, total: int):
+        self.total, self.done, self.failed = total, 0, 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def __call__(self, e: dict) -> None:
+        if e["event"] == "plan" and e["skipped"]:
+            self.done = e["skipped"]
+            err_console.print(f"{e['skipped']} of {self.total} runs already done", highlight=False)
+        elif e["event"] == "done":
+            self.done += 1
+            summary = e["summary"]
+            self.failed += summary.get("status") == runs.FAILED
+            best = summary.get("best_val_loss")
+            what = (f"best val {best:.4f}" if isinstance(best, float) and summary.get("status") == runs.COMPLETED
+                    else summary.get("error") or summary.get("status"))
+            took = f", {summary['wall_s']:.0f} s" if isinstance(summary.get("wall_s"), (int, float)) else ""
+            err_console.print(f"[{self.done}/{self.total}] {e['run_id']}: {what}{took}", highlight=False,
+                              markup=False, soft_wrap=True)
+
+
+class SweepDisplay:
+    """One rich progress display: the sweep's run count plus a bar per run in flight."""
+
+    def __enter__(self):
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.__exit__(*exc)
+
+    def __init__(self, total: int):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[info]}", markup=False), TimeElapsedColumn(),
+                                 console=err_console)
+        self.sweep = self.progress.add_task("sweep", total=total, info="")
+        self.tasks: dict[str, int] = {}
+        self.failed = 0
+
+    def __call__(self, e: dict) -> None:
+        kind, rid = e["event"], e.get("run_id")
+        if kind == "plan":
+            self.progress.update(self.sweep, completed=e["skipped"], info=f"{e['skipped']} already done")
+        elif kind == "start" and rid not in self.tasks:
+            self.tasks[rid] = self.progress.add_task(f"  {rid}", total=e.get("steps") or 1, info="")
+        elif kind == "progress":
+            if rid not in self.tasks:
+                self(dict(event="start", run_id=rid, steps=e["steps"]))
+            self.progress.update(self.tasks[rid], completed=e["step"], total=e["steps"],
+                                 info=f"val {e['val_loss']:.3f}")
+        elif kind == "done":
+            status = e["summary"].get("status")
+            self.failed += status == runs.FAILED
+            if rid in self.tasks:
+                self.progress.remove_task(self.tasks.pop(rid))
+            self.progress.advance(self.sweep)
+            if status != runs.COMPLETED:
+                self.progress.console.print(f"  {rid}: {e['summary'].get('error') or status}", highlight=False)
+
+
+def sweep_workers(plan, vocab: dict, cpu_default: int) -> int:
+    """Default parallel runs: one per core on the CPU; on a GPU, from its free memory (devices.py)."""
+    names = {p.config.train.device for p in plan}
+    if names <= {"cpu"} or not plan:
+        return cpu_default
+    from anatomy_cli.training.devices import default_workers, resolve_device
+
+    device = resolve_device(names.pop() if len(names) == 1 else "auto")
+    return default_workers(device, [p.config for p in plan], vocab, len(plan))
+
+
+def frame_table(frame, columns: list[str], title: str) -> Table:
+    table = Table(title=title)
+    cols = [c for c in columns if c in frame.columns]
+    for c in cols:
+        table.add_column(c)
+    for row in frame[cols].itertuples(index=False):
+        table.add_row(*(_fmt(v) for v in row))
+    return table
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return "-" if v != v else f"{v:.4f}" if abs(v) < 100 else f"{v:,.0f}"
+    return str(v)
+
+
+def size_report(plan, workers: int | None, vocab: int | None, estimate: bool = True) -> tuple[dict, str]:
+    """(the JSON payload, the plain-text table fitted to the terminal) of a plan's sizes."""
+    from anatomy_cli.report.textable import table, width, wrap
+    from anatomy_cli.sweep import ladder
+    from anatomy_cli.sweep.calibrate import busy, plan_seconds
+    from anatomy_cli.sweep.plan import corpus_facts, default_workers, plan_estimate
+
+    sources = dict.fromkeys(p.config.data.source for p in plan)
+    facts = {src: {"vocab": vocab, "train_tokens": None} for src in sources} if vocab else corpus_facts(plan)
+    vocabs = {src: f["vocab"] for src, f in facts.items()}
+    why_not = None if estimate else "--no-estimate"
+    n_workers = workers or 1
+    if why_not is None:
+        try:
+            n_workers = workers or sweep_workers(plan, vocabs, default_workers(len(plan)))
+        except ValueError as err:  # a device this machine does not have
+            why_not = str(err)
+    est = None
+    if why_not is None:
+        per_run, startup = plan_estimate(plan, n_workers, vocabs)
+        est = ladder.Estimate(per_run, startup, n_workers)
+    rows = ladder.size_rows(plan, facts, est)
+    total = plan_seconds(list(est.per_run.values()), n_workers, est.startup_s) if est else None
+    load = busy()
+    payload = {"workers": n_workers, "sizes": rows, "total_s": total, "no_estimate": why_not,
+               "busy": load is not None, "rule": {"max_epochs": ladder.MAX_EPOCHS, "day_s": ladder.DAY_S}}
+    active = any(r["active_params"] != r["params"] for r in rows)
+    heads = ["size", "runs", "params", "non-emb.", *(["active"] if active else []), "steps", "tokens/run",
+             "FLOPs/run", "est.", "corpus tok/param", "epochs", "warning"]
+    c = ladder.count
+    cells = [[r["size"] or "(base)", str(r["runs"]), c(r["params"]), c(r["non_embedding_params"]),
+              *([c(r["active_params"])] if active else []), f"{r['steps']:,}", c(r["tokens"]), c(r["flops"]),
+              "-" if r["est_s"] is None else fmt_seconds(r["est_s"]),
+              "?" if r["corpus_tokens_per_param"] is None else f"{r['corpus_tokens_per_param']:.3g}",
+              "?" if r["epochs"] is None else f"{r['epochs']:.2g}",
+              ", ".join(w.split(":")[0] for w in r["warnings"]) or "-"] for r in rows]
+    cols = width()
+    body = table(heads, cells, cols, fit=[("drop", "runs"), ("drop", "corpus tok/param"), ("drop", "params"),
+                                          ("drop", "FLOPs/run")],
+                 right={h for h in heads if h not in ("size", "warning")})
+    busy_note = f"; the machine is busy now (load {load[0]:.1f} on {load[1]} cores): expect longer" if load else ""
+    when = (f"est. {fmt_seconds(total)} for {len(plan)} runs on {n_workers} worker{'s' * (n_workers > 1)}, from step "
+            f"times measured on this machine{busy_note}") if total is not None else f"no time estimate ({why_not})"
+    notes = [f"{r['size'] or '(base)'}: {w}" for r in rows for w in r["warnings"]]
+    notes += [when, f"Warnings: overfit risk when a run makes more than {ladder.MAX_EPOCHS} epochs over its "
+                   f"corpus' training split; a size whose runs take more than a day. Params, FLOPs: each size's "
+                   f"first config (its reference end); FLOPs: training only."]
+    return payload, "\n".join([body, ""] + [wrap(n, cols) for n in notes])

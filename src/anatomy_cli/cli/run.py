@@ -1,0 +1,272 @@
+"""Single-run commands registered on the app: prepare, train and sample."""
+
+from __future__ import annotations
+
+import functools
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from anatomy_cli.cli.app import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    JsonOut,
+    RunsDir,
+    Sets,
+    StopFlag,
+    app,
+    console,
+    err_console,
+    handle_errors,
+    on_interrupt,
+    safe_dir,
+    styled,
+)
+from anatomy_cli.spec.components import label
+from anatomy_cli.spec.config import SEED_MAX, SEED_MIN, ConfigError
+from anatomy_cli.store import runs
+
+# ----------------------------------------------------------------------------------- prepare
+
+
+@app.command()
+@handle_errors
+def prepare(
+    source: Annotated[Optional[str], typer.Argument(
+        help="A UTF-8 text file, a folder of .md/.txt, a .jsonl or .parquet file, a datasets save_to_disk folder, or "
+        "hf:NAME[:CONFIG], a Hugging Face dataset streamed from the Hub (needs pip install 'anatomy-cli\\[data]'); "
+        "default: the embedded corpus.", show_default=False)] = None,
+    out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("data/default"),
+    val_frac: Annotated[float, typer.Option(
+        min=0.01, max=0.5, help="Fraction held out for validation: the end of a text; whole documents at the end of a "
+        "dataset (the one that straddles the boundary included).")] = 0.1,
+    ctx_len: Annotated[int, typer.Option(min=1, help="Each split must be longer than this.")] = 128,
+    field: Annotated[Optional[str], typer.Option(
+        help="Datasets (.jsonl, .parquet, save_to_disk, hf:): the field that holds the text \\[default: text].",
+        show_default=False)] = None,
+    split: Annotated[Optional[str], typer.Option(
+        help="hf: and save_to_disk datasets with splits: the split to read \\[default: train].",
+        show_default=False)] = None,
+    max_chars: Annotated[Optional[int], typer.Option(
+        help="Datasets: take whole documents, in order, while they hold at most this many characters (50000000: 50 MB "
+        "of English); meta.json says whether it cut the stream.", show_default=False)] = None,
+    json_out: JsonOut = False,
+):
+    """Corpus -> character vocabulary + compact train/val ids + meta.json (with the files' fingerprint).
+
+    Streams: memory does not grow with the corpus. Documents are joined with a blank line.
+    """
+    from anatomy_cli.data.load import open_source
+    from anatomy_cli.data.prepared import prepare as write_prepared
+
+    runs.check_placement(out, "prepared corpus", "--out")
+    src = open_source(source, field, split)
+    with StopFlag(graceful=False), PrepareProgress() as progress:  # SIGTERM/SIGHUP unwind: temp files removed
+        meta = write_prepared(src, out, val_frac, ctx_len, max_chars, progress)
+    info = {k: v for k, v in meta.items() if k != "char_counts"} | {"out": str(out)}
+    if json_out:
+        console.print_json(json.dumps(info))
+        return
+    for key, value in info.items():
+        if key != "fingerprint":
+            shown = json.dumps(value) if key == "separator" else value
+            console.print(styled(f"{key:>13}", "bold", f"  {shown}"), highlight=False)
+
+
+class PrepareProgress:
+    """prepare's progress on stderr: a rich bar per pass on a terminal, else a line every PLAIN_S seconds."""
+
+    PLAIN_S = 10.0
+    PHASES = {"read": "read", "encode": "write ids"}
+
+    def __enter__(self) -> PrepareProgress:
+        import time
+
+        self.clock, self.last, self.tasks = time.monotonic, time.monotonic(), {}
+        self.bar = None
+        if err_console.is_terminal:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("[bold]{task.description:>9}"), BarColumn(),
+                                TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=err_console)
+            self.bar.start()
+        return self
+
+    def __call__(self, p: dict) -> None:
+        name = self.PHASES[p["phase"]]
+        documents = f", {p['documents']:,} documents" if p["documents"] is not None else ""
+        info = f"{p['chars']:,} characters{documents}"
+        if self.bar is not None:
+            if name not in self.tasks:
+                self.tasks[name] = self.bar.add_task(name, total=p["total"], info="")
+            self.bar.update(self.tasks[name], completed=p["chars"], info=info)
+        elif self.clock() - self.last >= self.PLAIN_S:
+            self.last = self.clock()
+            err_console.print(f"{name}: {info}", highlight=False)
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+# ----------------------------------------------------------------------------------- train
+
+
+def train_progress():
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    return Progress(
+        TextColumn("train", style="bold"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[losses]}"),
+        TimeRemainingColumn(), console=err_console, transient=False,
+    )
+
+
+@app.command()
+@handle_errors
+def train(
+    spec: Annotated[Optional[Path], typer.Argument(help="TOML run spec (sections model, train, data).")] = None,
+    sets: Sets = None,
+    steps: Annotated[Optional[int], typer.Option(help="Training steps (overrides train.steps).")] = None,
+    device: Annotated[Optional[str], typer.Option(help="auto | cpu | cuda | mps")] = None,
+    compile: Annotated[bool, typer.Option("--compile", help="torch.compile the model for training.")] = False,
+    dtype: Annotated[Optional[str], typer.Option(help="float32 | bfloat16 (autocast; weights stay fp32).")] = None,
+    out: Annotated[Optional[Path], typer.Option(
+        "--out", help="Run directory (default: RUNS_DIR/train/<run id>).")] = None,
+    runs_dir: RunsDir = Path("runs"),
+    resume: Annotated[Optional[Path], typer.Option(
+        "--resume", help="Continue an interrupted (or killed) run directory.")] = None,
+    overwrite: Annotated[bool, typer.Option(
+        "--overwrite", help="Replace the run (or other files) already in the run directory.")] = False,
+):
+    """Train one model and write config, metrics, weights, samples and summary to its run directory."""
+    from anatomy_cli.spec.config import load_run_config, validate_field
+
+    options = {"--steps": ("train.steps", steps), "--device": ("train.device", device),
+               "--compile": ("train.compile", compile or None), "--dtype": ("train.dtype", dtype)}
+    if resume is not None:
+        given = [name for name, (_, value) in options.items() if value is not None]
+        given += [name for name, value in (("SPEC", spec), ("--set", sets or None), ("--out", out),
+                                           ("--overwrite", overwrite or None)) if value is not None]
+        given += ["--runs-dir"] if runs_dir != Path("runs") else []
+        if given:
+            raise ConfigError(f"{', '.join(given)}: a resumed run continues with the config it started with "
+                              f"({resume / runs.CONFIG}); resume with --resume alone, or train a new run")
+        return _train_resume(resume)
+    overrides = {key: validate_field(key, value, name) for name, (key, value) in options.items() if value is not None}
+    cfg = load_run_config(spec, [*(sets or []), *(f"{k}={json.dumps(v)}" for k, v in overrides.items())])
+    if device not in (None, "auto", "cpu"):  # named as typed, before training names it train.device
+        from anatomy_cli.training.devices import resolve_device
+
+        resolve_device(device, "--device")
+    run_dir = out or safe_dir(runs_dir) / "train" / runs.run_id(f"{cfg.name}-{label(cfg)}", cfg.seed,
+                                                                  cfg.model_dump(mode="json"))
+    runs.check_placement(run_dir, "run", "--out" if out else "--runs-dir")
+    from anatomy_cli.training import run as training
+
+    _run_train(functools.partial(training.train, cfg, run_dir, overwrite=overwrite), run_dir, cfg.train.steps)
+
+
+def _train_resume(run_dir: Path) -> None:
+    from anatomy_cli.training import run as training
+    from anatomy_cli.training.checkpoint import load_run_config
+
+    cfg = load_run_config(run_dir)
+    status = runs.run_status(run_dir)
+    if status not in (runs.INTERRUPTED, runs.RUNNING):  # before any progress bar; resume() checks again under
+        # the lock, where a run another live process is training is RunBusy (exit 3)
+        raise runs.RunError(f"{run_dir} is {status or 'not a finished or interrupted run'}; only interrupted runs "
+                            f"can be resumed")
+    if runs.run_status(run_dir) == runs.INTERRUPTED and not training.has_checkpoint(run_dir):
+        err_console.print(f"{run_dir} was killed before it could save a checkpoint: training it again from step 0")
+    _run_train(functools.partial(training.resume, run_dir), run_dir, cfg.train.steps)
+
+
+def _run_train(fn, run_dir: Path, total: int) -> None:
+    on_interrupt(lambda: resume_hint(run_dir))  # a second signal may land anywhere from here on
+    with StopFlag() as stop, train_progress() as bar:
+        task = bar.add_task("train", total=total, losses="")
+
+        def on_progress(p: dict) -> None:
+            bar.update(task, completed=p["step"], losses=f"train {p['train_loss']:.3f}  val {p['val_loss']:.3f}")
+
+        summary = fn(progress=on_progress, stop=stop)
+    status = summary["status"]
+    if status == runs.INTERRUPTED:
+        err_console.print(f"interrupted at step {summary['steps_done']}; {resume_hint(run_dir)}", highlight=False)
+        raise typer.Exit(EXIT_INTERRUPTED)
+    render_summary(summary, run_dir)
+    if status != runs.COMPLETED:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def resume_hint(run_dir: Path) -> str | None:
+    """'resume with: anatomy train --resume RUN' while the run can be resumed (interrupted, or still
+    'running' under this very process, which is about to exit); None before it exists or once done."""
+    try:
+        summary = runs.read_summary(run_dir) or {}
+    except runs.RunError:
+        return None
+    if summary.get("status") not in (runs.INTERRUPTED, runs.RUNNING):
+        return None
+    return f"resume with: anatomy train --resume {shlex.quote(str(run_dir))}"
+
+
+def render_summary(s: dict, run_dir: Path) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"{run_dir}", show_header=False)
+    for key in ("status", "label", "params", "best_val_loss", "best_step", "final_val_loss", "bits_per_char",
+                "tokens_seen", "tokens_per_s", "wall_s", "device", "error"):
+        value = s.get(key)
+        if value is None:
+            continue
+        table.add_row(key, f"{value:,.4f}" if isinstance(value, float) else f"{value:,}" if isinstance(value, int)
+                      else str(value))
+    console.print(table)
+
+
+# ----------------------------------------------------------------------------------- sample
+
+
+@app.command()
+@handle_errors
+def sample(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory written by train or ablate.")],
+    prefix: Annotated[str, typer.Option(help="Text to continue.")] = "## ",
+    temp: Annotated[float, typer.Option(help="Temperature; 0 = greedy.")] = 0.8,
+    max_new: Annotated[int, typer.Option(help="Characters to generate.")] = 500,
+    top_k: Annotated[Optional[int], typer.Option(help="Sample only from the k most likely characters.")] = None,
+    seed: Annotated[int, typer.Option(min=SEED_MIN, max=SEED_MAX, help="Sampling seed.")] = 0,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Recompute the whole context every step.")] = False,
+    weights: Annotated[str, typer.Option(help="best | last")] = "best",
+    window: Annotated[Optional[int], typer.Option(help="Context window (default ctx_len; RoPE may go beyond).")] = None,
+    threads: Annotated[int, typer.Option(min=1, max=4096, help="CPU threads. One sequence is a chain of small "
+                                         "matmuls that gain little from threads and stall when a core is busy "
+                                         "(benchmarks/RESULTS.md).")] = 1,
+):
+    """Stream text from a trained run: prefill the prefix, then one character per step via the KV cache."""
+    if weights not in ("best", "last"):
+        raise ConfigError(f"--weights must be best or last, got {weights!r}")
+    if max_new < 0:
+        raise ConfigError(f"--max-new must be >= 0, got {max_new}")
+    import torch
+
+    from anatomy_cli.model.generate import check_options, generate, window_bytes
+    from anatomy_cli.training.checkpoint import load_run
+    from anatomy_cli.training.devices import require_memory
+
+    torch.set_num_threads(threads)  # batch-1 decode is small matmuls: more threads wait on each other
+    cfg, vocab, model = load_run(run_dir, weights)
+    window = check_options(cfg.model, temp, top_k, window)
+    # the KV cache and position tables of the window, before generate allocates them
+    require_memory(window_bytes(cfg.model, window), next(model.parameters()).device, f"--window {window}")
+    ids = vocab.encode(prefix)
+    sys.stdout.write(prefix)
+    for i in generate(model, ids, max_new, temp, top_k, seed, use_cache=not no_cache, window=window):
+        sys.stdout.write(vocab.chars[i])
+        sys.stdout.flush()
+    sys.stdout.write("\n")

@@ -1,0 +1,142 @@
+"""More commands on the main app: check (the CI regression gate) and export (to Hugging Face)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from anatomy_cli.cli.app import (
+    EXIT_FAILED,
+    JsonOut,
+    RunsDir,
+    app,
+    console,
+    err_console,
+    handle_errors,
+    safe_dir,
+    styled,
+)
+from anatomy_cli.cli.render import SweepDisplay
+from anatomy_cli.spec.config import ConfigError
+from anatomy_cli.sweep.plan import experiments_dir, load_plan
+
+CI_SPEC = "ci-regression.toml"
+
+
+@app.command()
+@handle_errors
+def check(
+    spec: Annotated[Optional[Path], typer.Argument(help=f"Spec to run (default experiments/{CI_SPEC}).")] = None,
+    baseline: Annotated[Path, typer.Option(help="Baseline JSON file.")] = Path("experiments/ci-baseline.json"),
+    tolerance: Annotated[Optional[float], typer.Option(
+        min=0, help="Allowed move of best val loss, up or down (default: per config, from the measured seed "
+        "spread).")] = None,
+    runs_dir: RunsDir = Path("runs"),
+    from_runs: Annotated[Optional[Path], typer.Option(
+        "--from-runs", help="Compare finished runs in this sweep directory instead of running the spec.")] = None,
+    workers: Annotated[Optional[int], typer.Option(min=1, help="Parallel processes.")] = None,
+    update: Annotated[bool, typer.Option(
+        "--update", help="Rewrite the baseline deliberately (runs --update-seeds seeds).")] = False,
+    update_seeds: Annotated[int, typer.Option(min=2, help="Seeds measured for --update (spread -> tolerance).")] = 4,
+    json_out: JsonOut = False,
+):
+    """Regression gate: run the CI spec and compare each config's best val loss to the baseline."""
+    from anatomy_cli.report import gate
+
+    if tolerance is not None and not math.isfinite(tolerance):
+        raise ConfigError(f"--tolerance must be a finite number >= 0, got {tolerance}")
+    s, plan = load_plan(spec or experiments_dir() / CI_SPEC, seeds=update_seeds if update else None)
+    if update:
+        return _update(s, plan, baseline, runs_dir, workers, update_seeds)
+    base = gate.load_baseline(baseline) if baseline.exists() else None
+    if base is None:
+        raise gate.BaselineError(f"baseline not found: {baseline} (create it with --update)")
+    sweep_dir = from_runs or _run_spec(s, plan, runs_dir, workers)
+    rows = gate.compare(base, gate.collect(sweep_dir), tolerance)
+    warnings = gate.environment_warnings(base, *_environment(), rows)
+    if json_out:
+        console.print_json(json.dumps({"passed": gate.passed(rows), "rows": rows, "warnings": warnings,
+                                       "failures": gate.failure_lines(rows)}))
+        raise typer.Exit(0 if gate.passed(rows) else EXIT_FAILED)
+    for line in warnings:
+        err_console.print(styled("warning:", "bold yellow", f" {line}"), highlight=False, soft_wrap=True)
+    console.print(check_table(rows, baseline))
+    if not gate.passed(rows):
+        bad = ", ".join(f"{r['config']} ({r['verdict'].lower()})" for r in rows if r["verdict"] != gate.OK)
+        console.print(styled("regression gate failed:", "bold red", f" {bad}"), highlight=False)
+        for line in gate.failure_lines(rows):
+            console.print(f"  {line}", highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_FAILED)
+    console.print(styled("regression gate passed", "bold green", f" ({len(rows)} configs)"))
+
+
+def _environment() -> tuple[str, str, str | None]:
+    """(torch version, machine, CPU capability) as `check --update` records them in a baseline."""
+    import torch
+
+    from anatomy_cli.training.devices import cpu_capability, hardware
+
+    return torch.__version__, hardware(torch.device("cpu")), cpu_capability()
+
+
+def _run_spec(s, plan, runs_dir: Path, workers: int | None) -> Path:
+    from anatomy_cli.sweep.plan import default_workers, execute
+
+    sweep_dir = safe_dir(runs_dir) / s.name
+    display = SweepDisplay(len(plan))
+    with display.progress:  # SIGTERM/SIGHUP unwind like Ctrl-C (handle_errors): exit 130, workers end, lock freed
+        execute(plan, sweep_dir, workers or default_workers(len(plan)), display, sweep_name=s.name)
+    return sweep_dir
+
+
+def _update(s, plan, baseline: Path, runs_dir: Path, workers: int | None, seeds: int) -> None:
+    from anatomy_cli.report import gate
+    from anatomy_cli.store.runs import atomic_write_json
+
+    sweep_dir = _run_spec(s, plan, runs_dir, workers)
+    results = gate.collect(sweep_dir)
+    data = gate.build_baseline(results, s.base.seed, s.name, *_environment())
+    baseline.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(baseline, data)
+    console.print(styled("baseline rewritten", "bold yellow", f": {baseline} ({len(data['configs'])} configs, {seeds} "
+                         f"seeds each; commit it with a message saying why the numbers moved)"), highlight=False)
+
+
+def check_table(rows: list[dict], baseline: Path) -> Table:
+    table = Table(title=f"regression gate vs {baseline}")
+    for col in ("config", "baseline", "now", "delta", "allowed", "identical", "verdict"):
+        table.add_column(col, justify="left" if col in ("config", "verdict") else "right")
+    for r in rows:
+        style = "green" if r["verdict"] == "ok" else "bold red"
+        fmt = lambda v, sign="": "-" if v is None else f"{v:{sign}.4f}"  # noqa: E731
+        same = {True: "yes", False: "no"}.get(r.get("identical"), "-")
+        table.add_row(r["config"], fmt(r["baseline"]), fmt(r["now"]), fmt(r["delta"], "+"), fmt(r["allowed"]),
+                      same, styled(r["verdict"], style))
+    return table
+
+
+@app.command()
+@handle_errors
+def export(
+    run_dir: Annotated[Path, typer.Argument(help="A LLaMA-shaped run (rmsnorm, pre, rope, swiglu; any n_kv_head).")],
+    to: Annotated[str, typer.Option("--to", help="Target format (only 'hf').")] = "hf",
+    out_dir: Annotated[Path, typer.Argument(
+        help="Output folder for config.json + model.safetensors.")] = Path("export"),
+    weights: Annotated[str, typer.Option(help="best | last")] = "best",
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing export.")] = False,
+):
+    """Export a run as a Hugging Face LlamaForCausalLM folder (loads with from_pretrained, offline)."""
+    if to != "hf":
+        raise ConfigError(f"--to {to!r} is not supported; only 'hf'")
+    if weights not in ("best", "last"):
+        raise ConfigError(f"--weights must be best or last, got {weights!r}")
+    from anatomy_cli.exams.export import export_hf
+
+    info = export_hf(run_dir, out_dir, weights, overwrite=overwrite)
+    console.print(f"exported {info['label']} ({info['params']:,} params) -> {info['out_dir']}: "
+                  f"{', '.join(Path(f).name for f in info['files'])}", highlight=False)

@@ -1,0 +1,18 @@
+"""Run folders -> frames -> effects -> the verdict -> report files and results blocks (no torch).
+
+  frames     run directories -> a runs frame and a long curves frame
+  effects    paired gains per component, judged as one family (stats); report_frames
+  stats      the one rule every call follows, and the paired statistics it rests on
+  verdict    the answer a report leads with: each component's worth, ranked
+  speed      speed effects from a timing pass's record
+  scale      effects across model sizes: trends
+  sections   the report's words and tables in reading order
+  textable   plain-text tables that fit a terminal (the verdict, the component table)
+  figures    the report's figures (matplotlib's object API, no pyplot)
+  page       a report as data, rendered to markdown and to one self-contained HTML file
+  write      write_report: every report file
+  results    a study's results file, and the README/docs numbers rendered from it
+  gate       the CI regression gate: best val loss per config against a committed baseline
+
+Imports: sweep (the verdict's cost of more seeds), store, spec; never torch.
+"""

@@ -1,0 +1,248 @@
+"""Runs frame -> effects: each component's gain, paired by seed within a group, judged by stats.py's rule (no torch).
+
+  component_effects  runs frame -> add-one / remove-one gain of each component, paired by seed,
+                     judged as one family by stats.py's rule (adjusted interval, threshold, call)
+  effects_by_eval    the same pairs at every evaluation step (effects over training)
+  seed_gains         each seed's gain per flip (the scale trends' input)
+  report_frames      runs, curves, loss and speed effects (speed from a timing pass when there is one)
+
+How an effect is measured. Runs are compared only inside a group that shares the study and every
+config value except the settings its components switch and the seed, and only pairs with the same
+seed are differenced (same data order, same init stream), as the gain of having the component
+(positive = it helps):
+  add-one f     gain = loss(reference end)  - loss(reference + f)
+  remove-one f  gain = loss(all-on end - f) - loss(all-on end)
+For speed-like metrics (frames.RELATIVE_METRICS) the gain is a relative change in percent instead
+(stats.gain). Only pairs whose two runs completed count; the rest are tallied in `excluded` (a
+diverged run is a result to report, not a number to average).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from anatomy_cli.report import speed as speed_mod
+from anatomy_cli.report import stats
+from anatomy_cli.report import verdict as vd
+from anatomy_cli.report.frames import HIGHER_IS_BETTER, LOSS_METRIC, RELATIVE_METRICS, SPEED_METRIC, load_runs
+from anatomy_cli.spec import components as comp
+from anatomy_cli.store.runs import (
+    COMPLETED,
+)
+
+EFFECT_COLUMNS = ["metric", "flip", "direction", "against", "group", "n_pairs", "excluded", "unit", "gain",
+                  "adj_low", "adj_high", "threshold", "threshold_basis", "call", "raw_low", "raw_high", "sd",
+                  "p_value", "p_holm", "adj_level", "family", "note"]
+
+
+# ------------------------------------------------------------------------------- effects
+
+
+def component_effects(runs_df: pd.DataFrame, metric: str = "best_val_loss",
+                      min_effect: float | None = None) -> pd.DataFrame:
+    """Add-one and remove-one effect of each flip on `metric`, paired by seed, judged (EFFECT_COLUMNS).
+
+    `gain` is what having the component is worth (positive = it helps; gain_of), in the metric's
+    units (unit 'abs') or, for RELATIVE_METRICS such as tokens_per_s, in percent (unit '%'). Every
+    effect of the metric is one family for stats.judge: adj_low/adj_high the simultaneous interval
+    the call is made from, raw_low/raw_high the uncorrected 95% one, p_holm Holm's p. The threshold
+    is `min_effect`, else the metric's noise floor (threshold). `excluded` counts pairs skipped
+    because a run did not complete (or lacks the metric).
+    """
+    rows = _effect_rows(runs_df, metric)
+    th = (min_effect, stats.GIVEN) if min_effect is not None else (threshold(runs_df, metric), stats.FLOOR)
+    return effects_frame(rows, {metric: th})
+
+
+def _effect_rows(runs_df: pd.DataFrame, metric: str) -> list[dict]:
+    if metric not in runs_df.columns:
+        raise ValueError(f"unknown metric {metric!r}: not a column of the runs frame")
+    runs = runs_df[runs_df["role"] != ""]
+    rows = []
+    for group, members in groups(runs):
+        rows += _group_effects(members, group, metric)
+    return rows
+
+
+def groups(runs: pd.DataFrame):
+    """(label, runs) per study and shared settings. A component whose on state is a range (gqa: any
+    n_kv_head < n_head) may appear with several values in hand-made runs (a sweep refuses an
+    n_kv_head axis); each value then gets its own group, sharing the runs without it."""
+    keys = runs["design"] + "|" + runs["settings"]
+    names = comp.group_names(keys, runs["size"])
+    for key, members in runs.groupby(keys, sort=True):
+        split = [(c, col) for c, col in _ranged(key.split("|")[0].split("+")) if col in members.columns]
+        values = sorted(members.loc[members[split[0][0]], split[0][1]].unique()) if split else []
+        if len(values) <= 1:
+            yield names[key], members
+            continue
+        name, col = split[0]
+        for value in values:
+            keep = ~members[name] | (members[col] == value)
+            yield ", ".join(filter(None, [names[key], f"{col}={value}"])), members[keep]
+
+
+def _ranged(design: list[str]) -> list[tuple[str, str]]:
+    """(component, runs-frame column) for the design's components whose on state is a relation."""
+    return [(c.name, key.removeprefix("model.")) for c in (comp.BY_NAME.get(n) for n in design) if c
+            for key, v in c.on.items() if isinstance(v, comp.Follows) and v.less]
+
+
+def _pairings(members: pd.DataFrame):
+    """(flip, direction, against, reference runs, variant runs) of one group, both indexed by seed."""
+    # One run per role and seed: a config run twice (two sweeps) counts once, the first by id.
+    members = members.sort_values("run_id").drop_duplicates(["role", "seed"])
+    by_role = {role: sub.set_index("seed") for role, sub in members.groupby("role")}
+    design = members["design"].iloc[0].split("+")
+    if len(design) == 2:  # with two components, "A alone" is also "all-on minus B"
+        for a, b in (design, design[::-1]):
+            if f"+{a}" in by_role:
+                by_role.setdefault(f"-{b}", by_role[f"+{a}"])
+    ends = comp.end_names(design)
+    ends = ("2017", "LLaMA") if ends == ("2017", "llama") else ends
+    for flip in design:
+        for direction, ref, var, end in (("add-one", "reference", f"+{flip}", ends[0]),
+                                         ("remove-one", "all-on", f"-{flip}", ends[1])):
+            if ref in by_role and var in by_role:
+                yield flip, direction, f"{end} end", by_role[ref], by_role[var]
+
+
+def _group_effects(members: pd.DataFrame, group: str, metric: str) -> list[dict]:
+    rows = []
+    for flip, direction, against, ref, var in _pairings(members):
+        row = _paired(ref, var, metric, direction)
+        if row:
+            rows.append({"flip": flip, "direction": direction, "against": against, "group": group, **row})
+    return rows
+
+
+EVAL_EFFECT_COLUMNS = ["flip", "direction", "against", "group", "step", "tokens", "n_pairs", "gain",
+                       "raw_low", "raw_high"]
+
+
+def effects_by_eval(runs_df: pd.DataFrame, curves_df: pd.DataFrame) -> pd.DataFrame:
+    """The paired val-loss gain of each flip at every evaluation step (EVAL_EFFECT_COLUMNS).
+
+    Same pairs as component_effects on best_val_loss (same seed, both runs completed), but the
+    gain is in val loss at one step, with the raw 95% t interval over seeds at that step (no call
+    is made from it): whether an effect is a head start that fades or a lasting gain.
+    """
+    val = curves_df[curves_df["split"] == "val"]
+    curves = {rid: sub.drop_duplicates("step").set_index("step") for rid, sub in val.groupby("run_id")}
+    rows = []
+    for group, members in groups(runs_df[runs_df["role"] != ""]):
+        for flip, direction, against, ref, var in _pairings(members):
+            gains = []
+            for seed in ref.index.intersection(var.index).sort_values():
+                r, v = ref.loc[seed], var.loc[seed]
+                if r["status"] == COMPLETED and v["status"] == COMPLETED and r.run_id in curves and v.run_id in curves:
+                    gains.append(gain_of(curves[r.run_id]["loss"], curves[v.run_id]["loss"], LOSS_METRIC,
+                                         direction).dropna().rename(seed))
+            if not gains:
+                continue
+            table = pd.concat(gains, axis=1)
+            tokens = curves[ref.iloc[0].run_id]["tokens"] if ref.iloc[0].run_id in curves else None
+            for step, values in table.iterrows():
+                values = values.to_numpy(float)
+                st = stats.paired(values[np.isfinite(values)])
+                rows.append({"flip": flip, "direction": direction, "against": against, "group": group,
+                             "step": int(step), "tokens": float(tokens.get(step, math.nan)) if tokens is not None
+                             else math.nan, **{k: st[k] for k in ("n_pairs", "gain", "raw_low", "raw_high")}})
+    return pd.DataFrame(rows, columns=EVAL_EFFECT_COLUMNS)
+
+
+def gain_of(end, variant, metric: str, direction: str):
+    """stats.gain for `metric` (relative for RELATIVE_METRICS, higher is better for tokens/s)."""
+    return stats.gain(end, variant, direction == "add-one", metric in RELATIVE_METRICS, metric in HIGHER_IS_BETTER)
+
+
+def _pair_gains(ref: pd.DataFrame, var: pd.DataFrame, metric: str, direction: str):
+    """(the seeds both have, the gain at each, whether both runs completed with a finite gain)."""
+    seeds = ref.index.intersection(var.index).sort_values()
+    ref, var = ref.loc[seeds], var.loc[seeds]
+    done = ((ref["status"] == COMPLETED) & (var["status"] == COMPLETED)).to_numpy()
+    r = ref[metric].to_numpy(dtype=float, na_value=np.nan)
+    v = var[metric].to_numpy(dtype=float, na_value=np.nan)
+    gain = gain_of(r, v, metric, direction)
+    return seeds, gain, done & np.isfinite(gain)
+
+
+def _paired(ref: pd.DataFrame, var: pd.DataFrame, metric: str, direction: str) -> dict | None:
+    seeds, gain, ok = _pair_gains(ref, var, metric, direction)
+    if seeds.empty:
+        return None
+    return {"metric": metric, "excluded": int((~ok).sum()), "unit": "%" if metric in RELATIVE_METRICS else "abs",
+            "note": "", **stats.paired(gain[ok])}
+
+
+SEED_GAIN_COLUMNS = ["group", "size", "flip", "direction", "against", "seed", "gain"]
+
+
+def seed_gains(runs_df: pd.DataFrame, metric: str = "best_val_loss") -> pd.DataFrame:
+    """Every completed pair's gain, one row per seed (SEED_GAIN_COLUMNS): the numbers each effect of
+    component_effects is the mean of, with the group's size (scale.py fits trends across sizes to them)."""
+    rows = []
+    for group, members in groups(runs_df[runs_df["role"] != ""]):
+        for flip, direction, against, ref, var in _pairings(members):
+            seeds, gain, ok = _pair_gains(ref, var, metric, direction)
+            rows += [{"group": group, "size": members["size"].iloc[0], "flip": flip, "direction": direction,
+                      "against": against, "seed": int(seed), "gain": float(g)}
+                     for seed, g, k in zip(seeds, gain, ok) if k]
+    return pd.DataFrame(rows, columns=SEED_GAIN_COLUMNS)
+
+
+def effects_frame(rows: list[dict], thresholds: dict[str, tuple[float, str]]) -> pd.DataFrame:
+    """Rows -> EFFECT_COLUMNS: each metric's effects judged as one family (stats.judge) against its
+    (threshold, basis)."""
+    judged = []
+    for metric in dict.fromkeys(r["metric"] for r in rows):
+        value, basis = thresholds.get(metric, (math.nan, stats.FLOOR))
+        judged += [r | {"threshold_basis": basis}
+                   for r in stats.judge([r for r in rows if r["metric"] == metric], value)]
+    for r in judged:
+        if r["call"] == stats.NOISE and (r["adj_low"] > 0 or r["adj_high"] < 0):
+            r["note"] = "; ".join(filter(None, ["the interval excludes 0, but the gain is within the threshold",
+                                                r["note"]]))
+    df = pd.DataFrame(judged, columns=EFFECT_COLUMNS)
+    order = {"flip": {f: i for i, f in enumerate(comp.BUILTIN_NAMES)}}  # built-ins in table order, then others
+    df = df.sort_values(["metric", "direction", "flip", "group"], kind="stable",
+                        key=lambda s: s.map(lambda f: order[s.name].get(f, len(order[s.name])))
+                        if s.name in order else s)
+    return df.reset_index(drop=True)
+
+
+def threshold(runs_df: pd.DataFrame, metric: str) -> float:
+    """The smallest effect that matters by default: the noise floor, the seed-to-seed sd of the
+    reference end's `metric` (the all-on end's where there is no reference end), in percent of its
+    mean for RELATIVE_METRICS; NaN with fewer than two seeds."""
+    floor = vd.noise_floor(runs_df, metric)
+    sd, _, mean = floor.get("reference") or floor.get("all-on") or (math.nan, 0, math.nan)
+    return 100.0 * sd / mean if metric in RELATIVE_METRICS else sd
+OVERLAP_NOTE = "from training runs that may have shared the CPU: not a fair timing"
+
+
+def report_frames(root: Path, min_effect: float | None = None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(runs, curves, effects) of every run under root; effects hold loss and speed, told apart by `metric`,
+    each metric judged as one family (stats.py's rule).
+
+    Loss effects' threshold: `min_effect` (nats/char), else the noise floor. Speed effects come from
+    root/timing.json when a timing pass wrote one (`anatomy ablate --time`; threshold: the reference
+    end's round-to-round spread), else from the training runs' tokens/s, each row noted as not a fair
+    timing (threshold: the reference end's seed-to-seed spread).
+    """
+    runs, curves = load_runs(Path(root))
+    record = speed_mod.read_timing(Path(root))
+    if record is not None:
+        speed, speed_th = speed_mod.timing_effects(record), speed_mod.threshold(record)
+    else:
+        speed, speed_th = _effect_rows(runs, SPEED_METRIC), threshold(runs, SPEED_METRIC)
+        for row in speed:
+            row["note"] = "; ".join(filter(None, [OVERLAP_NOTE, row["note"]]))
+    loss_th = (min_effect, stats.GIVEN) if min_effect is not None else (threshold(runs, LOSS_METRIC), stats.FLOOR)
+    effects = effects_frame(_effect_rows(runs, LOSS_METRIC) + speed, {LOSS_METRIC: loss_th,
+                                                                        SPEED_METRIC: (speed_th, stats.FLOOR)})
+    return runs, curves, effects

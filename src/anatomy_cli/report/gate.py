@@ -1,0 +1,191 @@
+"""The CI regression gate: best val loss per config against a committed baseline (no torch).
+
+Baseline file (JSON): per config slug, the best val loss of the gate seed measured on the reference
+machine, plus every seed's value. The default tolerance comes from that measured spread, not a
+guess: TOLERANCE_SIGMAS x the pooled seed-to-seed standard deviation (pooled over all configs,
+which share one noise level; a per-config std from 4 seeds is itself too noisy), never below
+MIN_TOLERANCE. The gate is two-sided: a config REGRESSED when now > baseline + tolerance, and
+IMPROVED when now < baseline - tolerance. Both are moves larger than reseeding explains, and an
+unexplained fall is as suspect as a rise (attention that sees the next character makes loss fall
+by nats): an improvement passes only once it is recorded deliberately with `anatomy check --update`.
+On the same machine and torch the gate seed reproduces its numbers exactly, so the table also says
+whether each number is identical, and `environment_warnings` names a baseline from elsewhere:
+another torch, another machine, or the same CPU model name with another vector instruction set
+(cpu_capability: AVX2, AVX512, ...), whose kernels round differently.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import platform
+import statistics
+from pathlib import Path
+
+from anatomy_cli.spec.errors import InputError
+from anatomy_cli.store import runs
+
+ENVIRONMENT = ("torch_version", "machine", "cpu_capability")  # baseline fields that say where it was measured
+TOLERANCE_SIGMAS = 2.0
+MIN_TOLERANCE = 0.005
+
+OK, REGRESSED, IMPROVED, MISSING = "ok", "REGRESSED", "IMPROVED", "MISSING"
+VERDICTS = {  # verdict -> what a failure of that kind asks of whoever reads it
+    OK: None,
+    REGRESSED: "best val loss rose past the tolerance",
+    IMPROVED: "best val loss fell past the tolerance: a real improvement must be recorded deliberately "
+              "with `anatomy check --update` (or it is a leak, e.g. attention seeing the next character)",
+    MISSING: "no completed run with the gate seed",
+}
+
+
+class BaselineError(InputError):
+    """A missing or malformed baseline file."""
+
+
+def collect(sweep_dir: Path) -> dict[str, dict[int, float | None]]:
+    """{slug: {seed: best val loss or None when the run did not complete}}."""
+    sweep_dir = Path(sweep_dir)
+    if not sweep_dir.is_dir():
+        raise runs.RunError(f"runs directory not found: {sweep_dir}")
+    out: dict[str, dict[int, float | None]] = {}
+    for run_dir in runs.find_runs(sweep_dir):
+        summary = runs.read_summary(run_dir) or {}
+        config = runs.read_config(run_dir)
+        name, seed = config.get("name"), config.get("seed")
+        if not isinstance(name, str) or not _is_int(seed):
+            raise runs.RunError(f"{run_dir / runs.CONFIG}: needs a string 'name' and an integer 'seed'")
+        slug = name.rsplit("/", 1)[-1]  # sweeps name runs '<spec>/<slug>'
+        ok = summary.get("status") == runs.COMPLETED
+        out.setdefault(slug, {})[seed] = summary.get("best_val_loss") if ok else None
+    if not out:
+        raise runs.RunError(f"no runs under {sweep_dir} (no run directory with a {runs.CONFIG})")
+    return out
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def build_baseline(results: dict[str, dict[int, float | None]], gate_seed: int, spec_name: str,
+                   torch_version: str, hardware: str, cpu_capability: str | None = None) -> dict:
+    configs, variances = {}, []
+    for slug, by_seed in sorted(results.items()):
+        values = [v for v in by_seed.values() if v is not None]
+        if by_seed.get(gate_seed) is None or len(values) < 2:
+            raise BaselineError(f"{slug}: need the gate seed {gate_seed} and >= 2 completed seeds to measure spread")
+        variances.append(statistics.variance(values))
+        configs[slug] = {
+            "best_val_loss": by_seed[gate_seed],
+            "seed_values": {str(s): v for s, v in sorted(by_seed.items())},
+            "seed_std": statistics.stdev(values),
+        }
+    pooled = math.sqrt(sum(variances) / len(variances))
+    for entry in configs.values():
+        entry["tolerance"] = max(MIN_TOLERANCE, TOLERANCE_SIGMAS * pooled)
+    n_seeds = len(next(iter(results.values())))
+    return {
+        "spec": spec_name,
+        "gate_seed": gate_seed,
+        "pooled_seed_std": pooled,
+        "derivation": f"best_val_loss is the gate seed's; tolerance = max({MIN_TOLERANCE}, {TOLERANCE_SIGMAS} x the "
+                      f"pooled std of best_val_loss over {n_seeds} seeds x {len(configs)} configs "
+                      f"= {TOLERANCE_SIGMAS} x {pooled:.4f})",
+        "torch_version": torch_version,
+        "machine": hardware,
+        "cpu_capability": cpu_capability,
+        "platform": platform.platform(),
+        "measured_on": dt.date.today().isoformat(),
+        "configs": configs,
+    }
+
+
+def load_baseline(path: Path) -> dict:
+    """The baseline file, every field compare() and the warnings read checked: BaselineError names the first bad one."""
+    try:
+        data = runs.read_json(path)
+    except runs.RunError as err:
+        raise BaselineError(f"baseline {path}: {err}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("configs"), dict):
+        raise BaselineError(f"baseline {path} has no 'configs' table")
+    if not data["configs"]:
+        raise BaselineError(f"baseline {path} has an empty 'configs' table: nothing to gate")
+    if "gate_seed" in data and not _is_int(data["gate_seed"]):
+        raise BaselineError(f"baseline {path}: gate_seed must be an integer, got {data['gate_seed']!r}")
+    for key in ENVIRONMENT:
+        if data.get(key) is not None and not isinstance(data[key], str):
+            raise BaselineError(f"baseline {path}: {key} must be a string, got {data[key]!r}")
+    for slug, entry in data["configs"].items():
+        if not isinstance(entry, dict) or not _is_number(entry.get("best_val_loss")):
+            raise BaselineError(f"baseline {path}: config {slug!r} lacks a finite numeric best_val_loss")
+        tol = entry.get("tolerance", MIN_TOLERANCE)
+        if not _is_number(tol) or tol < 0:
+            raise BaselineError(f"baseline {path}: config {slug!r} has tolerance {tol!r}, not a finite number >= 0")
+    return data
+
+
+def compare(baseline: dict, results: dict[str, dict[int, float | None]], tolerance: float | None = None) -> list[dict]:
+    """One row per baseline config: baseline, now, delta, allowed, verdict (VERDICTS)."""
+    seed = baseline.get("gate_seed")
+    rows = []
+    for slug, entry in baseline["configs"].items():
+        now = results.get(slug, {}).get(seed) if seed is not None else next(iter(results.get(slug, {}).values()), None)
+        allowed = tolerance if tolerance is not None else float(entry.get("tolerance", MIN_TOLERANCE))
+        base = float(entry["best_val_loss"])
+        if now is None or not math.isfinite(now):
+            rows.append({"config": slug, "baseline": base, "now": None, "delta": None, "allowed": allowed,
+                         "verdict": MISSING})
+            continue
+        delta = now - base
+        verdict = REGRESSED if delta > allowed else IMPROVED if delta < -allowed else OK
+        rows.append({"config": slug, "baseline": base, "now": now, "delta": delta, "allowed": allowed,
+                     "identical": now == base, "verdict": verdict})
+    return rows
+
+
+def passed(rows: list[dict]) -> bool:
+    return all(r["verdict"] == OK for r in rows)
+
+
+def failure_lines(rows: list[dict]) -> list[str]:
+    """What each kind of failure means and what to do about it, one line per kind present."""
+    lines = []
+    for verdict, advice in VERDICTS.items():
+        names = [r["config"] for r in rows if r["verdict"] == verdict]
+        if names and advice:
+            lines.append(f"{verdict.lower()}: {', '.join(names)}: {advice}")
+    return lines
+
+
+def environment_warnings(baseline: dict, torch_version: str, machine: str, cpu_capability: str | None,
+                         rows: list[dict] | None = None) -> list[str]:
+    """Lines naming each way this environment differs from the one the baseline was recorded in.
+
+    The CPU capability is named with the machine: one model name ('AMD EPYC') can run AVX2 on one
+    host and AVX512 on another. A baseline that does not record one (written before it was) cannot
+    rule that out, which is worth a line once the numbers are not identical (`rows`: compare()'s).
+    """
+    out = []
+    then_cap = baseline.get("cpu_capability")
+    cap = f" (CPU capability {cpu_capability})" if cpu_capability else ""
+    then_machine = baseline.get("machine")
+    if baseline.get("torch_version") not in (None, torch_version):
+        out.append(f"baseline recorded with torch {baseline['torch_version']!r}, this is {torch_version!r}: "
+                   f"numbers will not be identical and may move by more than seed noise")
+    if then_machine is not None and then_machine != machine:
+        then_cap_text = f"CPU capability {then_cap}" if then_cap else "no CPU capability recorded"
+        out.append(f"baseline recorded with machine {then_machine!r} ({then_cap_text}), this is {machine!r}{cap}: "
+                   f"numbers will not be identical and may move by more than seed noise")
+    elif then_cap is not None and then_cap != cpu_capability:
+        out.append(f"baseline recorded on {machine!r} with CPU capability {then_cap}, this one runs "
+                   f"{cpu_capability}: the same CPU name with another instruction set rounds floats differently; "
+                   f"numbers will not be identical and may move by more than seed noise")
+    elif then_cap is None and then_machine is not None and any(r.get("identical") is False for r in rows or ()):
+        out.append(f"numbers are not identical on {machine!r}{cap}; the baseline does not record its CPU capability, "
+                   f"so a different instruction set behind the same CPU name cannot be ruled out (AVX2 and AVX512 "
+                   f"kernels round differently)")
+    return out

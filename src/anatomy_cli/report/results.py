@@ -1,0 +1,373 @@
+"""A study's results as one small file, and the README's numbers rendered from it (no torch).
+
+  write_results   the file `anatomy report RUNS_DIR --results PATH` writes (pandas only there)
+  render          one marked block or inline value, from a results document (plain dicts)
+  update          every marked block of a text, rewritten from its study's results file
+  main            python -m anatomy_cli.report.results [--check] [FILE ...]: rewrite, or list what drifted
+                  (default: README.md and docs/*.md)
+
+Marked blocks. A README names a study's file (experiments/results/<study>.json beside it) and
+what to show; the text between the markers is the tool's, never typed by hand:
+  <!-- results five-flips directions -->   ...table...   <!-- /results -->
+  gain <!-- results five-flips gain rope add-one -->+0.445<!-- /results --> nats
+Kinds: verdict, directions, ends, rule, moves, scale, parts (blocks); gain FLIP DIRECTION [STEP], interval
+FLIP DIRECTION, call FLIP DIRECTION, trend FLIP DIRECTION (the call across sizes) (inline).
+
+The file (FORMAT, VERSION 1): study, runs {total, completed}, seeds, budget, ends {role: {name,
+mean, sd, seeds, best_step, last_step, final}}, effects [{metric, unit, flip, direction, against,
+group, n_pairs, gain, adj_low, adj_high, adj_level, family, threshold, threshold_basis, call,
+raw_low, raw_high, p_holm}],
+eval_gains [{flip, direction, group, steps, tokens, gain}] (val-loss gain at every evaluation);
+configs [{role, params, active_params, state_bytes_4k, positions}] (what each config costs);
+with sizes, scale {budget, sizes, effects, trends} (scale.Scale.record's rows). No curves, no paths. Readers ignore keys they do not know; VERSION changes only when a key's meaning
+does, and a reader refuses a newer version by name.
+"""  # noqa: E501 (the docstring is docs/layout.md's text)
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+from anatomy_cli.spec.errors import InputError
+
+FORMAT, VERSION = "anatomy-results", 1
+RESULTS_DIR = Path("experiments") / "results"
+MARK = re.compile(r"<!-- results (?P<study>[\w.-]+) (?P<what>[^>]*?) -->(?P<body>.*?)<!-- /results -->", re.DOTALL)
+EFFECT_KEYS = ("metric", "unit", "flip", "direction", "against", "group", "n_pairs", "gain", "adj_low", "adj_high",
+               "adj_level", "family", "threshold", "threshold_basis", "call", "raw_low", "raw_high", "p_holm")
+BLOCKS = ("verdict", "directions", "ends", "rule", "moves", "scale", "parts")
+
+
+class ResultsError(InputError):
+    """A results file or a marked block that cannot be read or rendered."""
+
+
+# --------------------------------------------------------------------------- writing (from report frames)
+
+
+def build(root: Path, frames) -> dict:
+    """The results document of the runs under root (frames: report.report_frames(root))."""
+    from anatomy_cli.report import effects as effects_mod
+    from anatomy_cli.report import frames as frames_mod
+    from anatomy_cli.report import scale, sections
+    from anatomy_cli.report import verdict as vd
+
+    runs, curves, effects = frames
+    ref, top = sections.end_names(runs)
+    floor = vd.noise_floor(runs)
+    ends = {role: {"name": name, "mean": _num(floor[role][2]), "sd": _num(floor[role][0]), "seeds": floor[role][1],
+                   **_fit(runs, role)}
+            for role, name in (("reference", ref), ("all-on", top)) if role in floor}
+    ev = effects_mod.effects_by_eval(runs, curves)
+    eval_gains = [{"flip": f, "direction": d, "group": g, "steps": [int(x) for x in cell["step"]],
+                   "tokens": [_num(x, 0) for x in cell["tokens"]], "gain": [_num(x, 4) for x in cell["gain"]]}
+                  for (f, d, g), cell in ev.groupby(["flip", "direction", "group"], sort=False)]
+    across = scale.scale_frames(runs, curves, effects)
+    scaled = {} if across is None else {"scale": {k: [{c: _plain(v) for c, v in r.items()} for r in rows]
+                                                  if isinstance(rows, list) else rows
+                                                  for k, rows in across.record().items()}}
+    return {"format": FORMAT, "version": VERSION, "study": Path(root).name,
+            "runs": {"total": len(runs), "completed": int((runs["status"] == "completed").sum())},
+            "seeds": sorted(int(s) for s in runs["seed"].dropna().unique()),
+            "budget": {k: _num(v) if isinstance(v, float) else v for k, v in vd.budget(runs).items()},
+            "ends": ends,
+            "effects": [{k: _plain(r[k]) for k in EFFECT_KEYS} for r in frames_mod.records(effects)],
+            "eval_gains": eval_gains, "configs": _configs(runs), **scaled}
+
+
+def _fit(runs, role: str) -> dict:
+    """Where an end's runs (verdict.end_runs, as its mean and sd) reached their best val loss and
+    where they ended: median best step, last step, mean val loss at the last evaluation."""
+    from anatomy_cli.report.verdict import end_runs
+
+    best = end_runs(runs, role)
+    if best.empty or best["best_step"].isna().all():
+        return {}
+    last = json.loads(best["settings"].iloc[0]).get("train.steps")  # completed: trained to its steps
+    return {"best_step": int(best["best_step"].median()), "last_step": last,
+            "final": _num(best["final_val_loss"].mean())}
+
+
+def _configs(runs) -> list[dict]:
+    """What each config of the study costs, by role: parameters (total, active per token) and its
+    decode state at report.LONG_POSITIONS positions (batch 1, fp32)."""
+    from anatomy_cli.report import frames as frames_mod
+
+    keys = ("params", "active_params", "state_bytes_4k")
+    rows = runs[(runs["role"] != "") & (runs["status"] == "completed")]
+    return [{"role": role, "positions": frames_mod.LONG_POSITIONS,
+             **{k: None if k not in sub or sub[k].isna().all() else int(sub[k].median()) for k in keys}}
+            for role, sub in rows.groupby("role", sort=True)]
+
+
+def write_results(path: Path, root: Path, frames) -> Path:
+    from anatomy_cli.store.runs import atomic_write_text
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(build(root, frames), indent=1, allow_nan=False) + "\n")
+    return path
+
+
+def _num(x, digits: int = 6):
+    return None if x is None or not math.isfinite(float(x)) else round(float(x), digits)
+
+
+def _plain(v):
+    return _num(v) if isinstance(v, float) else v
+
+
+# --------------------------------------------------------------------------- reading and rendering
+
+
+def load(path: Path) -> dict:
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ResultsError(f"cannot read results file {path}: {err}") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise ResultsError(f"{path} is not an anatomy results file")
+    if doc.get("version", 0) > VERSION:
+        raise ResultsError(f"{path} is results version {doc['version']}; this anatomy reads up to {VERSION}")
+    return doc
+
+
+def render(doc: dict, what: str) -> str:
+    """One marked block (a BLOCKS kind: markdown between newlines) or an inline value."""
+    kind, *args = what.split()
+    if kind in BLOCKS:
+        return "\n" + globals()[f"_{kind}"](doc, *args) + "\n"
+    if kind in ("gain", "interval", "call", "trend"):
+        return _inline(doc, kind, *args)
+    raise ResultsError(f"unknown results block {kind!r}; choose from {', '.join(BLOCKS)}, gain, interval, call, trend")
+
+
+def _loss(doc: dict) -> list[dict]:
+    return [e for e in doc["effects"] if e["metric"] == "best_val_loss"]
+
+
+def _g(x, digits: int = 3) -> str:
+    return "n/a" if x is None else f"{x:+.{digits}f}".replace("-", "−")
+
+
+def _interval(e: dict, digits: int = 3) -> str:
+    return "—" if e["adj_low"] is None else f"[{_g(e['adj_low'], digits)}, {_g(e['adj_high'], digits)}]"
+
+
+def _end(doc: dict, role: str) -> str:
+    return doc["ends"].get(role, {}).get("name", role)
+
+
+def _change(doc: dict, e: dict) -> str:
+    return (f"added to {_end(doc, 'reference')}" if e["direction"] == "add-one"
+            else f"removed from {_end(doc, 'all-on')}") + (f" [{e['group']}]" if e["group"] else "")
+
+
+def _verdict(doc: dict) -> str:
+    rows = sorted(_loss(doc), key=lambda e: -math.inf if e["gain"] is None else -e["gain"])
+    lines = ["| rank | component | change | gain | interval | call |", "|---:|---|---|---:|---|---|"]
+    lines += [f"| {i} | {e['flip']} | {_change(doc, e)} | {_g(e['gain'])} | {_interval(e)} | {e['call']} |"
+              for i, e in enumerate(rows, 1)]
+    return "\n".join(lines)
+
+
+def _directions(doc: dict) -> str:
+    effects = _loss(doc)
+    dirs = [d for d in ("add-one", "remove-one") if any(e["direction"] == d for e in effects)]
+    heads = {"add-one": f"added to the {_end(doc, 'reference')} end",
+             "remove-one": f"removed from the {_end(doc, 'all-on')} end"}
+    by = {(e["flip"], e["direction"], e["group"]): e for e in effects}
+    flips = list(dict.fromkeys((e["flip"], e["group"]) for e in sorted(effects, key=lambda e: -(e["gain"] or 0))))
+    lines = ["| component | " + " | ".join(heads[d] for d in dirs) + " |", "|---|" + "---|" * len(dirs)]
+    for flip, group in flips:
+        cells = [by.get((flip, d, group)) for d in dirs]
+        name = flip + (f" [{group}]" if group else "")
+        lines.append(f"| {name} | " + " | ".join("" if e is None else f"{_g(e['gain'])} {_interval(e)} {e['call']}"
+                                                  for e in cells) + " |")
+    return "\n".join(lines)
+
+
+def _ends(doc: dict) -> str:
+    b, parts = doc["budget"], []
+    for role in ("reference", "all-on"):
+        e = doc["ends"].get(role)
+        if e:
+            sd = f", seed-to-seed sd {e['sd']:.3f}" if e["sd"] is not None else ""
+            parts.append(f"the {e['name']} end reaches {e['mean']:.3f}{sd}{_path(e)}")
+    tokens = f" ({b['tokens']:,} tokens)" if b.get("tokens") else ""
+    n = len(doc["seeds"])
+    return (f"Best val loss (nats/char), {f'mean over {n} seeds' if n != 1 else 'one seed'}: " + "; ".join(parts)
+            + f"; budget {b.get('steps', '?'):,} steps{tokens}; {doc['runs']['completed']} of {doc['runs']['total']}"
+            f" runs completed.")
+
+
+def _path(e: dict) -> str:
+    """' at step S' and what came after it (files written before these keys existed: '')."""
+    if e.get("best_step") is None or not e.get("last_step") or e.get("final") is None:
+        return ""
+    from anatomy_cli.report.frames import run_flags
+
+    best, last, median = e["best_step"], e["last_step"], "median " if e["seeds"] > 1 else ""
+    improving, overfit = run_flags(best, last, last)  # a completed run's last evaluation is its last step
+    if improving:
+        return f" at {median}step {best:,}, still improving at its last evaluation"
+    if overfit:
+        return f" at {median}step {best:,}, then overfits: {e['final']:.3f} at step {last:,}"
+    return f" at {median}step {best:,} ({e['final']:.3f} at step {last:,})"
+
+
+def _rule(doc: dict) -> str:
+    e = next((e for e in _loss(doc) if e["family"]), None)
+    if e is None:
+        return "No intervals: every effect has fewer than two seeds."
+    th = "unknown" if e["threshold"] is None else f"±{e['threshold']:.3f} nats/char"
+    basis = "the reference end's seed-to-seed sd" if e["threshold_basis"] == "noise floor" else "given by --min-effect"
+    return (f"Intervals are simultaneous {100 * e['adj_level']:.4g}% intervals (Bonferroni over the {e['family']} "
+            f"effects); a call needs the interval to exclude 0 and the gain to lie beyond {th} ({basis}); "
+            f"negligible: the interval lies inside it.")
+
+
+def _moves(doc: dict, *_: str) -> str:
+    lines = []
+    rows = [r for r in doc["eval_gains"] if r["group"] == (doc["eval_gains"][0]["group"] if doc["eval_gains"] else "")]
+    for direction, word in (("add-one", "added"), ("remove-one", "removed")):
+        mine = [r for r in rows if r["direction"] == direction]
+        steps = sorted({s for r in mine for s in r["steps"] if s > 0})
+        for step in dict.fromkeys([steps[0], steps[len(steps) // 2], steps[-1]] if steps else []):
+            at = sorted(((r["gain"][r["steps"].index(step)], r["flip"]) for r in mine if step in r["steps"]),
+                        key=lambda t: -t[0])
+            lines.append(f"- {word}, step {step}: " + " > ".join(f"{f} {_g(g)}" for g, f in at))
+    return "\n".join(lines)
+
+
+def _parts(doc: dict) -> str:
+    """Each added part: its quality gain and call, its speed change and call (with a timing pass),
+    its parameters (total, active) and its decode state at long context, against the reference end."""
+    cost = {c["role"]: c for c in doc.get("configs", [])}
+    ref = cost.get("reference", {})
+    speed = {e["flip"]: e for e in doc["effects"] if e["metric"] == "tokens_per_s" and e["direction"] == "add-one"}
+    lines = ["| part | gain in best val loss | speed (tokens/s) | params (active) | decode state at "
+             f"{ref.get('positions', 4096):,} positions |", "|---|---|---|---|---|"]
+    for e in sorted((e for e in _loss(doc) if e["direction"] == "add-one"), key=lambda e: -(e["gain"] or 0)):
+        c, s = cost.get(f"+{e['flip']}", {}), speed.get(e["flip"])  # report._role: "+flip" is add-one
+        fast = "not timed" if s is None else f"{_g(s['gain'], 1)} % {_interval(s, 1)} {s['call']}"
+        size = "—" if c.get("params") is None else f"{c['params']:,} ({c['active_params']:,})"
+        state = "—" if c.get("state_bytes_4k") is None else _mib(c["state_bytes_4k"], ref.get("state_bytes_4k"))
+        lines.append(f"| {e['flip']} | {_g(e['gain'])} {_interval(e)} {e['call']} | {fast} | {size} | {state} |")
+    if ref:
+        lines.append(f"| ({_end(doc, 'reference')} end) | | | {ref['params']:,} ({ref['active_params']:,}) | "
+                     f"{_mib(ref['state_bytes_4k'], None)} |")
+    return "\n".join(lines)
+
+
+def _mib(n: int, ref: int | None) -> str:
+    ratio = "" if not ref else f", {n / ref:.2f}x"
+    return f"{n / 2**20:.2f} MiB{ratio}"
+
+
+def _scale(doc: dict) -> str:
+    """Each component's gain at each size and its call across sizes (a study with sizes)."""
+    if "scale" not in doc:
+        raise ResultsError(f"{doc['study']}: no scale results (the study has fewer than two sizes)")
+    sc = doc["scale"]
+    names = list(dict.fromkeys(s["size"] for s in sc["sizes"]))
+    params = {s["size"]: s["non_embedding_params"] for s in sc["sizes"]}
+    cells = {(e["series"], e["flip"], e["direction"], e["size"]): e for e in sc["effects"]}
+    lines = ["| component | change | " + " | ".join(f"{n} ({params[n]:,})" for n in names)
+             + " | slope per 10x | call |",
+             "|---|---|" + "---:|" * len(names) + "---:|---|"]
+    for t in sc["trends"]:
+        row = [cells.get((t["series"], t["flip"], t["direction"], n)) for n in names]
+        slope = "n/a" if t["slope"] is None else _g(t["slope"]) + (
+            f" [{_g(t['slope_adj_low'])}, {_g(t['slope_adj_high'])}]" if t.get("slope_adj_low") is not None else "")
+        lines.append(f"| {t['flip']} | {_change(doc, t | {'group': t['series']})} | "
+                     + " | ".join("" if e is None else f"{_g(e['gain'])} {_interval(e)}" for e in row)
+                     + f" | {slope} | {t['call']} |")
+    return "\n".join(lines)
+
+
+def _inline(doc: dict, kind: str, flip: str = "", direction: str = "", step: str = "") -> str:
+    if kind == "trend":
+        t = next((t for t in doc.get("scale", {}).get("trends", [])
+                  if t["flip"] == flip and t["direction"] == direction), None)
+        if t is None:
+            raise ResultsError(f"{doc['study']}: no trend across sizes for {flip} {direction}")
+        return t["call"]
+    if step:
+        row = next((r for r in doc["eval_gains"] if r["flip"] == flip and r["direction"] == direction), None)
+        if row is None or int(step) not in row["steps"]:
+            raise ResultsError(f"{doc['study']}: no evaluation gain for {flip} {direction} at step {step}")
+        return _g(row["gain"][row["steps"].index(int(step))])
+    e = next((e for e in _loss(doc) if e["flip"] == flip and e["direction"] == direction), None)
+    if e is None:
+        raise ResultsError(f"{doc['study']}: no effect {flip} {direction}")
+    return {"gain": _g(e["gain"]), "interval": _interval(e), "call": e["call"]}[kind]
+
+
+# --------------------------------------------------------------------------- documents
+
+
+def update(text: str, folder: Path) -> str:
+    """text with every marked block rendered from folder/experiments/results/<study>.json."""
+    cache: dict[str, dict] = {}
+
+    def one(m: re.Match) -> str:
+        study = m["study"]
+        path = Path(folder) / RESULTS_DIR / f"{study}.json"
+        if study not in cache:
+            cache[study] = load(path)
+        try:
+            body = render(cache[study], m["what"])
+        except (KeyError, TypeError, IndexError, ValueError) as err:  # a file missing a key or badly typed
+            raise ResultsError(f"{path} cannot render '{m['what']}': {err.__class__.__name__}: {err}") from None
+        return f"<!-- results {study} {m['what']} -->{body}<!-- /results -->"
+
+    return MARK.sub(one, text)
+
+
+def drifted(text: str, folder: Path) -> list[str]:
+    """The marked blocks whose text differs from what their results file renders ('study what')."""
+    fresh = update(text, folder)
+    return [f"{a['study']} {a['what']}" for a, b in zip(MARK.finditer(text), MARK.finditer(fresh)) if a[0] != b[0]]
+
+
+def main(argv: list[str]) -> int:
+    check = "--check" in argv
+    paths = [Path(a) for a in argv if a != "--check"] or [Path("README.md"), *sorted(Path("docs").glob("*.md"))]
+    bad = 0
+    for path in paths:  # a file missing, unreadable or rendering nothing: one line, exit 2
+        try:
+            text = path.read_text(encoding="utf-8")
+            bad += _one_file(path, text, check)
+        except (OSError, UnicodeDecodeError, ResultsError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+    return 1 if bad else 0
+
+
+def root_of(path: Path) -> Path:
+    """The folder whose experiments/results/ a document's blocks read: the nearest of its own folder
+    and those above it that has one (docs/x.md reads the repository's), else its own."""
+    here = path.resolve().parent
+    return next((d for d in (here, *here.parents) if (d / RESULTS_DIR).is_dir()), path.parent)
+
+
+def _one_file(path: Path, text: str, check: bool) -> int:
+    """--check: the number of drifted blocks (each named on stderr); else rewrite them, 0."""
+    if check:
+        blocks = drifted(text, root_of(path))
+        for block in blocks:
+            print(f"{path}: block '{block}' differs from its results file", file=sys.stderr)
+        return len(blocks)
+    new = update(text, root_of(path))
+    if new != text:
+        path.write_text(new, encoding="utf-8")
+        print(f"{path}: rewritten from {RESULTS_DIR}/")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,225 @@
+"""Effects across model sizes: does a component's gain grow, hold, shrink or reverse sign as the
+model grows? Read from a study with a size ladder ([[sizes]]); no torch.
+
+  size_table    one row per size: its non-embedding parameters, budget, and flags (still improving,
+                overfit) that change what its effects mean
+  by_size       each component's effect at each size: the report's judged effects, placed on the ladder
+  trends        per component and direction: the slope of its gain against log10 parameters over
+                seeds, with its simultaneous interval over the study's trends, and its call
+  scale_call    the rule on one component's numbers
+  scale_frames  the three frames from the report's frames
+
+The rule. x = log10 of a size's non-embedding parameters (ModelConfig.non_embedding_params: every
+parameter but the token table, the head and the position table) of the size's reference end, the
+number scale-plan prints for the size (a sized study without a reference end: the median over the
+size's runs, whose configs differ by a few percent). For each component and direction:
+  per seed that has a completed pair at every size, the OLS slope of its gains on x (nats/char per
+  tenfold parameters); the trend is the mean slope over seeds, and the trends of the study are one
+  family judged by stats.judge, the rule of every call in the report: each gets a simultaneous
+  Bonferroni interval (slope_adj_low/high, level 1 - 0.05/m over the m trends; slope_low/high keep
+  the raw 95% one) and a Holm p as a detail. A trend counts when its simultaneous interval excludes
+  0 and the fitted change across the ladder (slope x decades spanned) is larger than the smallest
+  effect that matters (the verdict's threshold): the same two parts as every call of the report, so
+  no trend is called from an interval that holds 0, nor left uncalled beside one that does not.
+  reverses sign   it helps at one size and hurts at another (the verdict's calls at each size)
+  grows/shrinks   a trend that counts: grows when the fitted |gain| is larger at the largest size
+                  than at the smallest, shrinks otherwise
+  within noise at every size   no size's call is helps or hurts, and no trend counts
+  holds           it helps (or hurts) at some size, never the opposite, and no trend counts
+  too few seeds   fewer than MIN_PAIRS seeds with every size, or fewer than two sizes: no call
+Why per-seed slopes and not one pooled fit: the seed is what replicates. A seed's runs at every size
+share its data order and its draws, so its effects at two sizes can move together; a pooled fit of
+sizes x seeds points would take them for independent and understate the slope's interval, while a
+slope per seed differences away what a seed shares across sizes and leaves independent slopes, whose
+t interval is exact for normal slopes. The cost: seeds missing a size are left out of the trend.
+
+Flags, per size (its completed runs): "still improving" when a run's best val loss is at its last
+evaluation (more steps would lower it, and may reorder effects), "overfit" when a run's best came
+before half its steps (the corpus is being memorised; what is compared is partly memory).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from anatomy_cli.report import stats
+from anatomy_cli.report.frames import run_flags
+
+HOLDS, GROWS, SHRINKS, REVERSES, NOISE_ALL = "holds", "grows", "shrinks", "reverses sign", "within noise at every size"
+CALLS = (HOLDS, GROWS, SHRINKS, REVERSES, NOISE_ALL, stats.TOO_FEW)
+STILL_IMPROVING, OVERFIT = "still improving", "overfit"
+
+SIZE_COLUMNS = ["series", "size", "non_embedding_params", "params", "steps", "tokens", "tokens_per_param", "runs",
+                "still_improving", "overfit", "flags"]
+BY_SIZE_COLUMNS = ["series", "flip", "direction", "against", "size", "non_embedding_params", "steps", "tokens",
+                   "n_pairs", "gain", "adj_low", "adj_high", "call", "flags"]
+TREND_COLUMNS = ["series", "flip", "direction", "against", "sizes", "n_seeds", "slope", "slope_adj_low",
+                 "slope_adj_high", "adj_level", "slope_low", "slope_high", "p_value", "p_holm", "fit_smallest",
+                 "fit_largest", "change", "threshold", "call"]
+
+
+def scale_call(size_calls: list[str], n_seeds: int, n_sizes: int, slope_adj: tuple[float, float],
+               fit: tuple[float, float], threshold: float) -> str:
+    """The call of one component and direction (the rule above). size_calls: its verdict call at each
+    size; slope_adj: the slope's simultaneous interval; fit: the fitted mean gain at the smallest and
+    the largest size; threshold: the smallest effect that matters (NaN: the interval alone decides)."""
+    if n_sizes < 2 or n_seeds < stats.MIN_PAIRS:
+        return stats.TOO_FEW
+    if stats.HELPS in size_calls and stats.HURTS in size_calls:
+        return REVERSES
+    change = fit[1] - fit[0]
+    th = threshold if math.isfinite(threshold) else 0.0
+    low, high = slope_adj
+    if (low > 0 or high < 0) and abs(change) > th:  # NaN bounds compare false: no trend
+        return GROWS if abs(fit[1]) > abs(fit[0]) else SHRINKS
+    if stats.HELPS not in size_calls and stats.HURTS not in size_calls:
+        return NOISE_ALL
+    return HOLDS
+
+
+def series_of(group: str, size: str) -> str:
+    """What a group holds besides its size ('size M, lr=0.001' -> 'lr=0.001'): the sizes of one series
+    differ in nothing else, so their effects form one line."""
+    return ", ".join(p for p in group.split(", ") if p != f"size {size}")
+
+
+def size_table(runs: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
+    """SIZE_COLUMNS, one row per series and size, smallest first: parameters (its reference end's,
+    else the median over its runs), steps, tokens per run and per non-embedding parameter, and its
+    flags (counts of completed runs)."""
+    last = curves[curves["split"] == "val"].groupby("run_id")["step"].max()
+    sized = runs[runs["size"] != ""]
+    rows = []
+    for (group, size), members in sized.assign(group=_group_labels(sized)).groupby(["group", "size"], sort=False):
+        settings = json.loads(members["settings"].iloc[0])
+        steps = settings.get("train.steps")
+        tokens = steps * settings.get("train.batch_size", 0) * settings.get("model.ctx_len", 0) if steps else None
+        done = members[members["status"] == "completed"]
+        best = done["best_step"].astype(float)
+        improving, overfit = (int(flag.sum()) for flag in run_flags(
+            best, done["run_id"].map(last).astype(float), steps or math.nan))
+        basis = members[members["role"] == "reference"]  # the size's reference end, as scale-plan
+        basis = basis if len(basis) else members  # a sized list design: the median over its runs
+        n = float(basis["non_embedding_params"].median())
+        flags = [f"{STILL_IMPROVING} ({improving} of {len(done)} runs)" if improving else "",
+                 f"{OVERFIT} ({overfit} of {len(done)} runs)" if overfit else ""]
+        rows.append({"series": series_of(group, size), "size": size, "non_embedding_params": int(n),
+                     "params": int(basis["params"].median()) if basis["params"].notna().any() else None,
+                     "steps": steps, "tokens": tokens, "tokens_per_param": tokens / n if tokens and n else None,
+                     "runs": len(done), "still_improving": improving, "overfit": overfit,
+                     "flags": "; ".join(filter(None, flags))})
+    df = pd.DataFrame(rows, columns=SIZE_COLUMNS)
+    return df.sort_values(["series", "non_embedding_params"], kind="stable").reset_index(drop=True)
+
+
+def _group_labels(runs: pd.DataFrame) -> pd.Series:
+    """Each run's group label, as the report names its effects' groups."""
+    from anatomy_cli.report import effects as effects_mod
+
+    out = pd.Series("", index=runs.index, dtype=object)
+    for group, members in effects_mod.groups(runs):
+        out[members.index] = group
+    return out
+
+
+def by_size(loss_effects: pd.DataFrame, gains: pd.DataFrame, sizes: pd.DataFrame) -> pd.DataFrame:
+    """BY_SIZE_COLUMNS: the report's judged loss effects of the sized groups, each on its size's row."""
+    where = gains[gains["size"] != ""].drop_duplicates("group").set_index("group")["size"]
+    eff = loss_effects[loss_effects["group"].isin(where.index)].copy()
+    eff["size"] = eff["group"].map(where)
+    eff["series"] = [series_of(g, s) for g, s in zip(eff["group"], eff["size"])]
+    merged = eff.merge(sizes[["series", "size", "non_embedding_params", "steps", "tokens", "flags"]],
+                       on=["series", "size"], how="left")
+    merged = merged.sort_values(["series", "flip", "direction", "non_embedding_params"], kind="stable")
+    return merged[BY_SIZE_COLUMNS].reset_index(drop=True)
+
+
+def trends(gains: pd.DataFrame, effects_by_size: pd.DataFrame, threshold: float) -> pd.DataFrame:
+    """TREND_COLUMNS: per series, component and direction, the per-seed slopes of gain on log10 N
+    (gains: report.seed_gains rows with series and non_embedding_params), judged together as one
+    family (stats.judge: simultaneous intervals, Holm p), and the call (scale_call) with the verdict's
+    calls at each size (effects_by_size)."""
+    rows, slopes = [], []
+    for (series, flip, direction), cell in gains.groupby(["series", "flip", "direction"], sort=False):
+        table = cell.pivot_table(index="seed", columns="size", values="gain", aggfunc="first")
+        complete = table.dropna()
+        x = np.log10(cell.groupby("size")["non_embedding_params"].first()[complete.columns].to_numpy(float))
+        n_sizes = len(set(x.tolist()))
+        fits = [np.polyfit(x, g, 1) for g in complete.to_numpy(float)] if n_sizes >= 2 else []
+        st = stats.paired([b for b, _ in fits])
+        mean_a = float(np.mean([a for _, a in fits])) if fits else math.nan
+        fit = (mean_a + st["gain"] * x.min(), mean_a + st["gain"] * x.max()) if fits else (math.nan, math.nan)
+        calls = effects_by_size.loc[(effects_by_size["series"] == series) & (effects_by_size["flip"] == flip)
+                                    & (effects_by_size["direction"] == direction), "call"].tolist()
+        rows.append({"series": series, "flip": flip, "direction": direction, "against": cell["against"].iloc[0],
+                     "sizes": n_sizes, "n_seeds": len(fits), "slope": st["gain"], "slope_low": st["raw_low"],
+                     "slope_high": st["raw_high"], "p_value": st["p_value"], "fit_smallest": fit[0],
+                     "fit_largest": fit[1], "change": fit[1] - fit[0], "threshold": threshold, "calls": calls})
+        slopes.append(st)
+    for r, judged in zip(rows, stats.judge(slopes, math.nan)):
+        r |= {"slope_adj_low": judged["adj_low"], "slope_adj_high": judged["adj_high"],
+              "adj_level": judged["adj_level"], "p_holm": judged["p_holm"]}
+    df = pd.DataFrame(rows, columns=[*TREND_COLUMNS, "calls"])
+    df["call"] = [scale_call(r.calls, r.n_seeds, r.sizes, (r.slope_adj_low, r.slope_adj_high),
+                             (r.fit_smallest, r.fit_largest), threshold) for r in df.itertuples()]
+    return df[TREND_COLUMNS]
+
+
+@dataclass(frozen=True)
+class Scale:
+    """A sized study's numbers for the report: size_table, by_size and trends frames, and the
+    budget rule ({"budget": "same-steps" | "tokens-per-param", "tokens_per_param"?})."""
+
+    sizes: pd.DataFrame
+    by_size: pd.DataFrame
+    trends: pd.DataFrame
+    budget: dict
+
+    def record(self) -> dict:
+        """The report JSON's `scale` key (NaN -> null)."""
+        from anatomy_cli.report.frames import records
+
+        return {"budget": self.budget, "sizes": records(self.sizes), "effects": records(self.by_size),
+                "trends": records(self.trends)}
+
+
+def by_size_csv(s: Scale) -> pd.DataFrame:
+    """effects-by-size.csv: each effect at each size (BY_SIZE_COLUMNS) with its component's trend
+    and call across sizes beside it (slope, its simultaneous and raw intervals, p_holm, scale_call)."""
+    trend = s.trends[["series", "flip", "direction", "slope", "slope_adj_low", "slope_adj_high", "slope_low",
+                      "slope_high", "p_holm", "call"]]
+    return s.by_size.merge(trend.rename(columns={"call": "scale_call"}), on=["series", "flip", "direction"], how="left")
+
+
+def scale_frames(runs: pd.DataFrame, curves: pd.DataFrame, effects: pd.DataFrame,
+                 metric: str = "best_val_loss") -> Scale | None:
+    """The sized groups under the report's runs, judged (Scale); None without two sizes."""
+    from anatomy_cli.report import effects as effects_mod
+
+    if "size" not in runs or runs.loc[runs["role"] != "", "size"].replace("", np.nan).nunique() < 2:
+        return None
+    sizes = size_table(runs, curves)
+    gains = effects_mod.seed_gains(runs, metric)
+    gains = gains[gains["size"] != ""].copy()
+    gains["series"] = [series_of(g, s) for g, s in zip(gains["group"], gains["size"])]
+    gains = gains.merge(sizes[["series", "size", "non_embedding_params"]], on=["series", "size"], how="left")
+    loss = effects[effects["metric"] == metric]
+    placed = by_size(loss, gains, sizes)
+    threshold = float(loss["threshold"].iloc[0]) if len(loss) else math.nan
+    return Scale(sizes, placed, trends(gains, placed, threshold), budget_rule(runs))
+
+
+def budget_rule(runs: pd.DataFrame) -> dict:
+    """The size ladder's budget rule as sweep.json records it: {"budget", "tokens_per_param"?}."""
+    from anatomy_cli.report import frames
+
+    for sweep_dir in dict.fromkeys(Path(p).parent for p in runs.loc[runs["size"] != "", "path"]):
+        for size in frames.sweep_sizes(sweep_dir):
+            return {k: size[k] for k in ("budget", "tokens_per_param") if k in size}
+    return {}

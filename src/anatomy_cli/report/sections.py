@@ -1,0 +1,425 @@
+"""The report's words and tables, in reading order, as document.py blocks (no torch).
+
+  Parts          what the sections are made from (frames already judged by stats.py's rule)
+  lead           the opening paragraph: the runs, and the question the report answers
+  sections       verdict, curves, effects over training, routing (a mixture of experts), speed, runs,
+                 effect details, samples
+  verdict_blocks / verdict_table   one family's ranked gains with their intervals and calls; reusable
+                 for any set of judged effects (a section per model size, say)
+  ranking_moves  the ranking early, midway and at the end of training
+  scale_blocks / scale_lines   effects across model sizes (a study with [[sizes]]: scale.py's calls)
+
+Every number a section shows is a gain (positive = having the component helps) with the interval
+its call is made from; raw 95% intervals and Holm p-values appear only under Effect details.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from anatomy_cli.report import scale as scale_mod
+from anatomy_cli.report import speed as speed_mod
+from anatomy_cli.report import stats, textable
+from anatomy_cli.report import verdict as vd
+from anatomy_cli.report.frames import CTX_PREFIX, RUN_COLUMNS, SAMPLE_CHARS
+from anatomy_cli.spec import components as comp
+from anatomy_cli.store.runs import SAMPLES
+
+RUN_TABLE = ["run_id", "label", "seed", "status", "params", "active_params", "best_val_loss", "best_step",
+             "final_val_loss", "overfit_gap", "bits_per_char", "tokens_per_s", "step_time_ms",
+             "max_grad_norm", "loss_spikes", "diverged_at"]
+DETAIL_TABLE = ["flip", "direction", "against", "group", "n_pairs", "excluded", "gain", "adj_low", "adj_high",
+                "call", "raw_low", "raw_high", "p_value", "p_holm", "note"]
+FLOAT_FORMATS = {"tokens_per_s": "{:,.0f}", "step_time_ms": "{:.1f}", "wall_s": "{:.1f}",
+                 "max_grad_norm": "{:.3g}", "p_value": "{:.3g}", "p_holm": "{:.3g}"}
+GAIN_COLUMNS = ("gain", "adj_low", "adj_high", "raw_low", "raw_high")
+LOSS_FORMATS = {c: "{:+.4f}" for c in GAIN_COLUMNS}
+PCT_FORMATS = {c: "{:+.1f}" for c in GAIN_COLUMNS}
+
+
+@dataclass(frozen=True)
+class Parts:
+    root: Path
+    runs: pd.DataFrame
+    effects: pd.DataFrame
+    verdict: pd.DataFrame  # loss effects, ranked (verdict.verdict_frame)
+    speed: pd.DataFrame  # speed effects, ranked
+    eval_effects: pd.DataFrame
+    images: dict[str, Path]
+    components: dict[str, comp.Component]
+    scale: scale_mod.Scale | None = None  # a study with two sizes or more
+
+
+def lead(p: Parts) -> str:
+    text = f"Runs under `{p.root}`: {len(p.runs)} runs ({status_counts(p.runs)})."
+    if p.verdict.empty:
+        return text
+    ref, top = end_names(p.runs)
+    flips = ", ".join(dict.fromkeys(p.verdict["flip"]))
+    where = {"add-one": f"added to the {ref} end", "remove-one": f"removed from the {top} end"}
+    how = " and ".join(w for d, w in where.items() if d in set(p.verdict["direction"]))
+    return text + f" The question: what is each of {flips} worth in best val loss, {how}, at this training budget?"
+
+
+def sections(p: Parts) -> list[tuple[str, list]]:
+    """The report in reading order: the answer first, speed after the quality sections."""
+    loss = p.effects[p.effects["metric"] == "best_val_loss"]
+    ctx = [c for c in p.runs.columns if c.startswith(CTX_PREFIX)]
+    curves = [("img", p.images["curves.png"])] + ([("img", p.images["grad-norm.png"])]
+                                                  if "grad-norm.png" in p.images else [])
+    across = [("Effects across scale", scale_blocks(p))] if p.scale is not None else []
+    return [
+        ("Verdict", verdict_blocks(p) + [("img", p.images["forest.png"])] + component_blocks(p)),
+        *across,
+        ("Curves", [("p", ("One panel per component: the runs with it flipped (its colour) against the end they "
+                           "are compared with (grey); mean over seeds."))] + curves),
+        ("Effects over training", eval_blocks(p.eval_effects) + [("img", p.images["effects-over-training.png"])]),
+        *([("Routing", [("p", ROUTING_NOTE), ("img", p.images["expert-load.png"])])] if "expert-load.png" in p.images
+          else []),
+        ("Speed", speed_blocks(p)),
+        ("Runs", [("p", f"{len(p.runs)} runs: {status_counts(p.runs)}."),
+                  ("table", display(by_components(p.runs), RUN_TABLE + ctx), True)]),
+        ("Effect details", [("p", DETAIL_NOTE), ("table", display(loss, detail_columns(loss), LOSS_FORMATS), False)]),
+        ("Samples", [("p", "One per config (its lowest seed), from the best weights."), ("samples", samples(p.runs))]),
+    ]
+
+
+ROUTING_NOTE = ("Each mixture of experts (its lowest seed): the share of every layer's routed tokens that each "
+                "expert received on the fixed validation windows with the best weights, experts ordered by load "
+                "within a layer. Dashed: the uniform share 1/E. Bars far above the line mean a router that "
+                "collapsed onto a few experts; the rest then barely train.")
+DETAIL_NOTE = ("gain = best val loss without the component minus with it, paired by seed (add-one: the end with "
+               "every component off against it plus the component; remove-one: the end with every component on "
+               "against it minus the component); positive = the component helps. adj_low/adj_high: the "
+               "simultaneous interval the call is made from; raw_low/raw_high: the uncorrected 95% t interval; "
+               "p_value: the paired t-test's; p_holm: after Holm-Bonferroni over every effect of the table.")
+
+
+def end_names(runs: pd.DataFrame) -> tuple[str, str]:
+    studied = runs.loc[runs["role"] != "", "design"]
+    names = comp.end_names(studied.iloc[0].split("+")) if len(studied) else ("reference", "all-on")
+    return ("2017", "LLaMA") if names == ("2017", "llama") else names
+
+
+def verdict_blocks(p: Parts) -> list:
+    if p.verdict.empty:
+        return [("p", "No paired runs yet: the verdict needs an end and at least one variant with a shared seed.")]
+    ref, top = end_names(p.runs)
+    bud = vd.budget(p.runs)
+    blocks = [("p", f"What each component is worth: its gain in best val loss, loss without it minus loss with it "
+                    f"(nats/char; positive = the component helps), largest first; "
+                    f"{directions_text(p.verdict, ref, top)}."),
+              ("table", verdict_table(p.verdict), False),
+              ("list", [vd.rule_line(p.verdict, "nats/char", f"the {ref} end's seed-to-seed sd of best val loss"),
+                        budget_line(bud, ref, top) if p.scale is None else f"**Budget**: {budget_text(p.scale)}",
+                        noise_line(vd.noise_floor(p.runs), ref, top)])]
+    if p.scale is not None:
+        blocks += [("p", "Across sizes (the call across sizes; Effects across scale has the rule):"),
+                   ("list", scale_lines(p.scale))]
+    if (p.verdict["n_pairs"] < vd.SEEDS_WANTED).any():
+        cmd, est = vd.more_seeds(p.root, p.runs)
+        one = (p.verdict["n_pairs"] <= 1).all()
+        say = ("One seed: each effect is a point estimate, no interval." if one
+               else "Fewer than 3 seeds for some configs.")
+        blocks += [("p", f"{say} To add seeds to {vd.SEEDS_WANTED} (finished runs are skipped)"
+                         f"{vd.estimate_text(est)}:"),
+                   ("code", cmd)]
+    return blocks
+
+
+def component_blocks(p: Parts) -> list:
+    """Each component of the verdict by name, what it is and where it comes from."""
+    rows = []
+    for name in dict.fromkeys(p.verdict["flip"]):
+        c = p.components.get(name) or comp.BY_NAME.get(name)
+        if c is not None:
+            source = f" ({c.source})" if c.source else ""
+            rows.append(f"**{name}**: {c.about}{source}; {c.describe('off')} -> {c.describe('on')}.")
+    return [("p", "The components:"), ("list", rows)] if rows else []
+
+
+def verdict_table(verdict: pd.DataFrame, fmt: str = "{:+.3f}") -> pd.DataFrame:
+    """A judged family as display strings: rank, component, change, gain, interval, call, seeds."""
+    rows = []
+    for r in verdict.itertuples():
+        rows.append({"rank": str(r.rank), "component": r.flip, "change": change(r.direction, r.group),
+                     "gain": fmt.format(r.gain) if math.isfinite(r.gain) else "",
+                     "interval": (f"[{fmt.format(r.adj_low)}, {fmt.format(r.adj_high)}]" if math.isfinite(r.adj_low)
+                                  else "-"),
+                     "seeds": str(r.n_pairs), "call": r.call})
+    return pd.DataFrame(rows, columns=["rank", "component", "change", "gain", "interval", "call", "seeds"])
+
+
+def verdict_text(verdict: pd.DataFrame, runs: pd.DataFrame, root: Path, max_width: int | None,
+                 across: scale_mod.Scale | None = None) -> str:
+    """The verdict for a terminal or a pipe: plain text fitted to max_width (None: no limit); with
+    sizes, a line per component with its call across sizes."""
+    if verdict.empty:
+        return "verdict: no paired runs yet (an end and a variant with a shared seed)."
+    ref, top = end_names(runs)
+    shown = verdict_table(verdict)
+    body = textable.table(list(shown.columns), shown.values.tolist(), max_width,
+                          fit=[("drop", "seeds"), ("drop", "rank"), ("cut", "change", 7), ("cut", "component", 6)],
+                          right={"rank", "gain", "seeds"})
+    head = ("verdict: gain in best val loss (nats/char; > 0 = the component helps), largest first; "
+            + directions_text(verdict, ref, top))
+    rule = vd.rule_line(verdict, "nats/char", f"the {ref} end's seed-to-seed sd", short=True)
+    out = [textable.wrap(head, max_width), "", body, "", textable.wrap(rule, max_width)]
+    if across is not None:
+        out += ["", "Across sizes (gain at the smallest -> the largest size):"]
+        out += [textable.wrap(line, max_width) for line in scale_lines(across, bold=False)]
+    if (verdict["n_pairs"] < vd.SEEDS_WANTED).any():
+        cmd, est = vd.more_seeds(root, runs)
+        out += [textable.wrap(f"To add seeds to {vd.SEEDS_WANTED}{vd.estimate_text(est)}:", max_width), f"  {cmd}"]
+    return "\n".join(out)
+
+
+def speed_text(record: dict, max_width: int | None) -> str:
+    """A timing pass's speed effects for a terminal, judged by the one rule (threshold: the reference
+    end's round-to-round spread)."""
+    from anatomy_cli.report import effects as effects_mod
+
+    judged = effects_mod.effects_frame(speed_mod.timing_effects(record),
+                                       {"tokens_per_s": (speed_mod.threshold(record), stats.FLOOR)})
+    head = textable.wrap(speed_mod.summary_line(record) + ". Gain = % tokens/s with the component vs without; "
+                         "> 0 = faster.", max_width)
+    if judged.empty:
+        return head + "\nNo component effects in this design (no end with its variants): tokens/s per config are " \
+                      "in timing.json."
+    shown = verdict_table(vd.verdict_frame(judged), "{:+.1f}%")
+    body = textable.table(list(shown.columns), shown.values.tolist(), max_width,
+                          fit=[("drop", "seeds"), ("drop", "rank"), ("cut", "change", 7), ("cut", "component", 6)],
+                          right={"rank", "gain", "seeds"})
+    rule = vd.rule_line(judged, "%", "the reference end's round-to-round sd", seeds="rounds", short=True)
+    return "\n".join([head, "", body.replace("seeds", "rounds", 1), "", textable.wrap(rule, max_width)])
+
+
+def directions_text(verdict: pd.DataFrame, ref: str, top: str) -> str:
+    said = {"add-one": f"added = to the {ref} end", "remove-one": f"removed = from the {top} end"}
+    return ", ".join(said[d] for d in said if d in set(verdict["direction"]))
+
+
+def change(direction: str, group: str = "") -> str:
+    """'added' | 'removed' (the paragraph above a table says to and from which end), and the group."""
+    return ("added" if direction == "add-one" else "removed") + (f" [{group}]" if group else "")
+
+
+def budget_line(bud: dict, ref_name: str, top_name: str) -> str:
+    if "steps" not in bud:
+        return "**Budget**: unknown."
+    text = (f"**Budget**: this holds for {bud['steps']:,} training steps"
+            + (f" ({bud['tokens']:,} tokens: batch {bud['batch_size']} x ctx {bud['ctx_len']})" if "tokens" in bud
+               else "")
+            + ".")
+    if "reference" in bud and "all-on" in bud:
+        text += (f" There the {ref_name} end reaches {bud['reference']:.3f} and the {top_name} end "
+                 f"{bud['all-on']:.3f} ({bud['reference'] - bud['all-on']:+.3f} apart).")
+    if bud.get("still_improving"):
+        text += (f" The {ref_name} end was still improving at its last evaluation, so a longer budget can "
+                 f"shrink or reorder effects: see Effects over training.")
+    return text
+
+
+def noise_line(floor: dict, ref_name: str, top_name: str) -> str:
+    parts = [f"{name} end sd {sd:.4f} over {n} seeds" for role, name in (("reference", ref_name), ("all-on", top_name))
+             if role in floor for sd, n, _ in [floor[role]] if math.isfinite(sd)]
+    if not parts:
+        return "**Noise floor**: unknown with one seed per config (seed-to-seed spread of the ends' best val loss)."
+    return f"**Noise floor** (seed-to-seed sd of best val loss): {'; '.join(parts)}."
+
+
+def speed_blocks(p: Parts) -> list:
+    record = speed_mod.read_timing(p.root)
+    if record is None:
+        cmd = vd.ablate_command(p.root, "--time")
+        return [("p", "Not measured fairly here: the training runs' tokens/s shared the CPU with whichever runs "
+                      "overlapped them (effects.csv keeps them, noted). For a fair timing, each config timed for a "
+                      "few steps in one idle worker, interleaved in rounds:"), ("code", cmd)]
+    head = (speed_mod.summary_line(record) + ". Gain = 100 x (tokens/s with the component / without - 1), paired "
+            "within a round; positive = faster. The same rule as the verdict, with the reference end's "
+            "round-to-round spread of tokens/s as the smallest effect that matters.")
+    rule = vd.rule_line(p.speed, "%", "the reference end's round-to-round sd of tokens/s", seeds="rounds")
+    return [("p", head), ("table", verdict_table(p.speed, "{:+.1f}%"), False), ("list", [rule]),
+            ("img", p.images["speed.png"])]
+
+
+def eval_blocks(eval_effects: pd.DataFrame) -> list:
+    text = ("Each component's paired gain in val loss at every evaluation (positive = helps; band: the raw 95% "
+            "interval at that evaluation, no call is made from it): a head start that fades comes back to zero, a "
+            "lasting gain stays apart.")
+    moves = ranking_moves(eval_effects) if len(eval_effects) else []
+    return [("p", text)] + ([("p", "Ranking by gain (nats/char) early, midway and at the end:"), ("list", moves)]
+                            if moves else [])
+
+
+def ranking_moves(eval_effects: pd.DataFrame) -> list[str]:
+    """'added, step 50: prenorm +0.272 > rope +0.246 > ...' at the first evaluation after step 0, the
+    middle one and the last, per direction (the first group's effects)."""
+    ev = eval_effects[(eval_effects["step"] > 0) & (eval_effects["group"] == eval_effects["group"].iloc[0])]
+    out = []
+    for direction, word in (("add-one", "added"), ("remove-one", "removed")):
+        d = ev[ev["direction"] == direction]
+        steps = sorted(d["step"].unique())
+        for step in dict.fromkeys([steps[0], steps[len(steps) // 2], steps[-1]] if steps else []):
+            at = d[d["step"] == step].sort_values("gain", ascending=False)
+            out.append(f"{word}, step {step}: " + " > ".join(f"{r.flip} {r.gain:+.3f}" for r in at.itertuples()))
+    return out
+
+
+def component_columns(runs: pd.DataFrame) -> list[str]:
+    """The runs frame's per-component on/off columns: the built-ins, then spec components."""
+    return [c for c in runs.columns if c in comp.BY_NAME or (c not in RUN_COLUMNS and not c.startswith(CTX_PREFIX))]
+
+
+def by_components(runs: pd.DataFrame) -> pd.DataFrame:
+    """Runs ordered by how many components they have on (the reference end first), then label."""
+    n_on = runs[component_columns(runs)].sum(axis=1)
+    return runs.assign(_n=n_on).sort_values(["_n", "label", "seed", "run_id"])
+
+
+def status_counts(runs: pd.DataFrame) -> str:
+    return ", ".join(f"{n} {status}" for status, n in runs["status"].value_counts().items())
+
+
+def detail_columns(effects: pd.DataFrame) -> list[str]:
+    # The group column only says something when there is more than one group.
+    return [c for c in DETAIL_TABLE if c != "group" or (effects["group"] != "").any()]
+
+
+def display(df: pd.DataFrame, columns: list[str], formats: dict | None = None) -> pd.DataFrame:
+    """The same table as strings, formatted once for both markdown and HTML."""
+    formats = FLOAT_FORMATS | (formats or {})
+    return pd.DataFrame({c: [_cell(v, c, formats) for v in df[c].astype(object)] for c in columns},
+                        columns=columns)
+
+
+def _cell(value: Any, column: str, formats: dict) -> str:
+    if value is None or (not isinstance(value, str) and pd.isna(value)):
+        return ""
+    if isinstance(value, (bool, np.bool_)):
+        return "yes" if value else "no"
+    if isinstance(value, (int, np.integer)):
+        return f"{value:,}" if column in ("params", "active_params") else str(value)
+    if isinstance(value, (float, np.floating)):
+        return formats.get(column, "{:.4f}").format(value)
+    return str(value)
+
+
+def samples(runs: pd.DataFrame) -> list[tuple[str, str]]:
+    """(heading, text) for one run per config (its lowest seed) with a samples.txt, reference end first."""
+    out = []
+    for run in by_components(runs).drop_duplicates(["label", "settings"]).itertuples():
+        path = Path(run.path) / SAMPLES
+        if path.is_file():
+            text = path.read_text(encoding="utf-8", errors="replace")
+            text = text[:SAMPLE_CHARS] + ("\n[...]" if len(text) > SAMPLE_CHARS else "")
+            out.append((f"{run.label} · seed {run.seed} · {run.run_id}", text))
+    return out
+
+
+# --------------------------------------------------------------------------- effects across scale
+
+
+def scale_blocks(p: Parts) -> list:
+    """Each component's gain at each size, the call across sizes, the sizes with their flags, the rule."""
+    s = p.scale
+    names = list(dict.fromkeys(s.sizes["size"]))
+    intro = (f"The same design at {len(names)} sizes ({', '.join(names)}), each paired on its own seeds: a run's size "
+             f"is part of its group, so no effect is differenced across sizes. Gains as in the verdict (nats/char; "
+             f"> 0 = the component helps) with the interval its call is made from, against each size's non-embedding "
+             f"parameters (every parameter but the token table, the LM head and the position table). "
+             f"**Budget**: {budget_text(s)}")
+    return [("p", intro), ("table", size_display(s.sizes), False),
+            ("p", "Each component's gain [interval] at each size, the fitted change in gain per tenfold "
+                  "non-embedding parameters [its simultaneous interval over seeds] and the call across sizes:"),
+            ("table", trend_display(s), False),
+            ("list", [SCALE_RULE.format(**rule_numbers(s)), FLAGS_NOTE]), ("img", p.images["scale.png"])]
+
+
+SCALE_RULE = ("**The rule across sizes**: for each component and direction, each seed's gains at the sizes are "
+              "fitted by a line in log10 parameters (OLS); the trend is the mean slope over the seeds that have every "
+              "size ({seeds}), with its simultaneous {level} t interval over seeds (Bonferroni over the {m} trends, as "
+              "every interval of this report). A trend counts when that interval excludes 0 and the fitted change "
+              "across the ladder is larger than {threshold}. **reverses "
+              "sign**: it helps at one size and hurts at another; **grows** / **shrinks**: a trend that counts, the "
+              "fitted |gain| larger / smaller at the largest size than at the smallest; **holds**: it helps (or hurts) "
+              "at some size, never the opposite, and no trend counts; **within noise at every size**: no size helps "
+              "or hurts, and no trend counts; fewer than 3 seeds with every size: too few seeds.")
+FLAGS_NOTE = ("**Flags**: still improving = a run's best val loss is at its last evaluation (more steps would lower "
+              "it, and may reorder the effects); overfit = a run's best came before half its steps (it is memorising "
+              "the corpus, so part of what is compared is memory).")
+
+
+def rule_numbers(s: scale_mod.Scale) -> dict:
+    th = float(s.trends["threshold"].iloc[0]) if len(s.trends) else math.nan
+    seeds = sorted(set(s.trends["n_seeds"]))
+    levels = s.trends["adj_level"].dropna()
+    return {"seeds": "/".join(map(str, seeds)) or "none", "m": int(s.trends["p_value"].notna().sum()),
+            "level": f"{100 * levels.iloc[0]:.4g}%" if len(levels) else "",
+            "threshold": f"±{th:.3f} nats/char (the verdict's threshold)" if math.isfinite(th) else "0"}
+
+
+def budget_text(s: scale_mod.Scale) -> str:
+    sizes = s.sizes.drop_duplicates("size")
+    first, last = sizes.iloc[0], sizes.iloc[-1]
+    if s.budget.get("budget") == "tokens-per-param":
+        r = s.budget.get("tokens_per_param")
+        return (f"{r:g} training tokens per non-embedding parameter N (Chinchilla-style): steps = ceil({r:g} x N / "
+                f"(batch x ctx)), from {_int(first['steps'])} steps at {first['size']} to {_int(last['steps'])} at "
+                f"{last['size']}.")
+    return (f"the same {_int(first['steps'])} steps at every size, so tokens per non-embedding parameter fall from "
+            f"{first['tokens_per_param']:.3g} at {first['size']} to {last['tokens_per_param']:.3g} at {last['size']}.")
+
+
+def _int(v) -> str:
+    return "?" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{int(v):,}"
+
+
+def size_display(sizes: pd.DataFrame) -> pd.DataFrame:
+    rows = [{"size": r.size + (f" [{r.series}]" if r.series else ""), "non-emb. params": _int(r.non_embedding_params),
+             "params": _int(r.params), "steps": _int(r.steps), "tokens": _int(r.tokens),
+             "tokens/param": f"{r.tokens_per_param:.3g}" if r.tokens_per_param else "", "runs": str(r.runs),
+             "flags": r.flags or "-"} for r in sizes.itertuples()]
+    return pd.DataFrame(rows, columns=["size", "non-emb. params", "params", "steps", "tokens", "tokens/param",
+                                       "runs", "flags"])
+
+
+def trend_display(s: scale_mod.Scale) -> pd.DataFrame:
+    """Component, change, the gain [interval] at each size, the slope per tenfold parameters [its
+    simultaneous interval], call (Holm p and raw intervals: effects-by-size.csv)."""
+    names = list(dict.fromkeys(s.sizes["size"]))
+    cells = {(r.series, r.flip, r.direction, r.size): r for r in s.by_size.itertuples()}
+    rows = []
+    for t in s.trends.itertuples():
+        row = {"component": t.flip, "change": change(t.direction, t.series)}
+        for name in names:
+            e = cells.get((t.series, t.flip, t.direction, name))
+            row[name] = "" if e is None else f"{e.gain:+.3f} " + (f"[{e.adj_low:+.3f}, {e.adj_high:+.3f}]"
+                                                                   if math.isfinite(e.adj_low) else "")
+        row["slope per 10x"] = (f"{t.slope:+.3f} [{t.slope_adj_low:+.3f}, {t.slope_adj_high:+.3f}]"
+                                if math.isfinite(t.slope_adj_low) else f"{t.slope:+.3f}" if math.isfinite(t.slope)
+                                else "")
+        row["call"] = t.call
+        rows.append(row)
+    return pd.DataFrame(rows, columns=["component", "change", *names, "slope per 10x", "call"])
+
+
+def scale_lines(s: scale_mod.Scale, bold: bool = True) -> list[str]:
+    """'**rope**: added grows (+0.120 at S -> +0.310 at L); removed holds (...)', one line per component."""
+    out = []
+    for flip, trends in s.trends.groupby("flip", sort=False):
+        said = []
+        for t in trends.itertuples():
+            cells = s.by_size[(s.by_size["flip"] == flip) & (s.by_size["direction"] == t.direction)
+                              & (s.by_size["series"] == t.series)]
+            ends = (f" ({cells['gain'].iloc[0]:+.3f} at {cells['size'].iloc[0]} -> {cells['gain'].iloc[-1]:+.3f} at "
+                    f"{cells['size'].iloc[-1]})" if len(cells) else "")
+            said.append(f"{change(t.direction, t.series)} {t.call}{ends}")
+        out.append(f"{'**' * bold}{flip}{'**' * bold}: " + "; ".join(said))
+    return out

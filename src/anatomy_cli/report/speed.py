@@ -1,0 +1,76 @@
+"""Speed effects from a timing pass's record (sweep/timing.py writes it): the analysis half (no torch).
+
+  read_timing      sweep_dir/timing.json, or None
+  timing_effects   timing record -> effect rows (stats.paired) for tokens_per_s, as gains
+  threshold        the reference end's round-to-round spread of tokens/s, in %
+  summary_line     one line: rounds, steps, what was timed
+
+A component's speed effect is paired within a round, where both configs met the same machine state:
+gain_r = 100 * (tokens/s with the component / tokens/s without it - 1), judged over rounds by the
+report's one rule (stats.py), with the reference end's round-to-round spread as threshold.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from anatomy_cli.report import stats
+from anatomy_cli.store import runs
+
+METRIC = "tokens_per_s"
+NOTE_RE = r"timing pass: [^;]*"  # the note every timing effect carries
+
+
+def read_timing(sweep_dir: Path) -> dict | None:
+    path = Path(sweep_dir) / runs.TIMING
+    return runs.read_json(path) if path.is_file() else None
+
+
+def timing_effects(record: dict) -> list[dict]:
+    """Speed effect rows of a timing record, each variant against its end paired within rounds, as a
+    gain: 100 * (tokens/s with the component / without - 1) %, positive = faster (stats.gain)."""
+    by_role = {(c.get("group", ""), c["role"], c["flip"]): c["slug"] for c in record["configs"]}
+    ends = record.get("ends") or ["reference", "all-on"]
+    ends = ["LLaMA" if e == "llama" else e for e in ends]
+    rows = []
+    for (group, role, flip), slug in by_role.items():
+        if role not in ("add-one", "remove-one"):
+            continue
+        ref = by_role.get((group, "reference" if role == "add-one" else "all-on", None))
+        if ref is None:
+            continue
+        pairs = np.array([(r[ref], r[slug]) for r in record["rounds_data"] if slug in r and ref in r and r[ref] > 0
+                          and r[slug] > 0], dtype=float).reshape(-1, 2)
+        gains = stats.gain(pairs[:, 0], pairs[:, 1], role == "add-one", relative=True, higher_is_better=True)
+        gains = gains[np.isfinite(gains)]
+        rows.append({"metric": METRIC, "flip": flip, "direction": role, "against": f"{ends[role == 'remove-one']} end",
+                     "group": group, "excluded": len(record["rounds_data"]) - len(gains), "unit": "%",
+                     "note": (f"timing pass: {len(gains)} rounds x {record['steps']} steps, "
+                              f"{record['threads']} thread(s), paired within rounds"), **stats.paired(gains)})
+    return rows
+
+
+def threshold(record: dict) -> float:
+    """The speed effects' smallest effect that matters: the reference end's round-to-round sd of
+    tokens/s in percent of its mean (its noise floor, as the seed-to-seed sd is for loss)."""
+    ref = next((c["slug"] for c in record["configs"] if c["role"] == "reference"),
+               next((c["slug"] for c in record["configs"] if c["role"] == "all-on"), None))
+    tps = np.array([r[ref] for r in record["rounds_data"] if ref in r], dtype=float)
+    return float(100.0 * tps.std(ddof=1) / tps.mean()) if len(tps) > 1 else math.nan
+
+
+def summary_line(record: dict) -> str:
+    tps = [v for r in record["rounds_data"] for v in r.values()]
+    return (f"timing pass: {len(record['configs'])} configs x {len(record['rounds_data'])} rounds x "
+            f"{record['steps']} timed steps (after {record['warmup']} untimed), one config at a time in one "
+            f"worker process with {record['threads']} thread(s); tokens/s from {min(tps):,.0f} to {max(tps):,.0f}"
+            if tps else "timing pass: no rounds")
+
+
+def fmt_gain(row: dict) -> str:
+    """'+12.3% [+8.1, +16.5]' (the adjusted interval) or '+12.3%' without one."""
+    lo, hi = row.get("adj_low", math.nan), row.get("adj_high", math.nan)
+    return f"{row['gain']:+.1f}% [{lo:+.1f}, {hi:+.1f}]" if math.isfinite(lo) else f"{row['gain']:+.1f}%"

@@ -1,0 +1,155 @@
+"""The answer a report leads with: each component's worth, ranked, and what it holds for (no torch).
+
+  verdict_frame   judged loss effects -> one row per component and direction, ranked by gain
+  noise_floor     the seed-to-seed spread of each end's best val loss (the default smallest effect
+                  that matters: stats.py states the rule)
+  budget          the training budget the verdict holds for, and how far apart the two ends are
+  more_seeds      the exact `anatomy ablate` command that adds seeds, with its estimated time
+  rule_line       the rule of stats.py in one sentence, with a family's numbers
+
+Sign convention (everywhere: report, CLI, CSV/JSON, README): the gain is the loss reduction of
+having the component, in nats/char: loss(without) - loss(with), so positive = the component helps,
+whichever end it was added to or removed from (report.gain_of), and one ranking reads both.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from anatomy_cli.report import stats
+from anatomy_cli.report.frames import run_flags
+from anatomy_cli.store import runs as runs_mod
+
+SEEDS_WANTED = 3
+VERDICT_COLUMNS = ["rank", "flip", "direction", "against", "group", "n_pairs", "gain", "adj_low", "adj_high",
+                   "threshold", "threshold_basis", "call", "raw_low", "raw_high", "p_holm", "adj_level", "family"]
+
+
+def verdict_frame(loss_effects: pd.DataFrame) -> pd.DataFrame:
+    """Loss effects (component_effects rows, already judged) -> VERDICT_COLUMNS, largest gain first."""
+    df = loss_effects.sort_values("gain", ascending=False, na_position="last", kind="stable").reset_index(drop=True)
+    df["rank"] = np.arange(1, len(df) + 1)
+    return df[VERDICT_COLUMNS]
+
+
+def end_runs(runs: pd.DataFrame, role: str) -> pd.DataFrame:
+    """The completed runs of one end ('reference' | 'all-on'): the config of that role with the most
+    seeds (empty when the end has none)."""
+    done = runs[(runs["role"] == role) & (runs["status"] == runs_mod.COMPLETED)]
+    return max((g for _, g in done.groupby(["design", "settings"])), key=len) if len(done) else done
+
+
+def noise_floor(runs: pd.DataFrame, metric: str = "best_val_loss") -> dict[str, tuple[float, int, float]]:
+    """{'reference' | 'all-on': (sd of `metric` over seeds, seeds, mean)} for each end that has runs
+    (end_runs); the sd is NaN with one seed."""
+    out = {}
+    for role in ("reference", "all-on"):
+        best = end_runs(runs, role)
+        if best.empty:
+            continue
+        values = best.drop_duplicates("seed")[metric].to_numpy(float, na_value=np.nan)
+        values = values[np.isfinite(values)]
+        if len(values):
+            out[role] = (float(np.std(values, ddof=1)) if len(values) > 1 else math.nan, len(values),
+                         float(values.mean()))
+    return out
+
+
+def budget(runs: pd.DataFrame) -> dict:
+    """steps, batch, ctx, tokens of the reference-end runs; each end's mean best val loss; whether
+    the reference end was still improving at its last evaluation."""
+    out: dict = {}
+    for role in ("reference", "all-on"):
+        done = runs[(runs["role"] == role) & (runs["status"] == runs_mod.COMPLETED)]
+        if len(done):
+            out[role] = float(done["best_val_loss"].mean())
+            out[f"{role}_best_step"] = int(done["best_step"].min())
+    ref = runs[runs["role"].isin(["reference", "all-on"])]
+    if len(ref):
+        settings = json.loads(ref.iloc[0]["settings"])
+        steps, batch, ctx = (settings.get(k) for k in ("train.steps", "train.batch_size", "model.ctx_len"))
+        out |= {"steps": steps, "batch_size": batch, "ctx_len": ctx}
+        if None not in (steps, batch, ctx):
+            out["tokens"] = steps * batch * ctx
+        if "reference_best_step" in out and steps:
+            out["still_improving"] = bool(run_flags(out["reference_best_step"], steps, steps)[0])
+    return out
+
+
+def ablate_command(root: Path, *extra: str) -> str:
+    """The `anatomy ablate` command that made the sweep at root (sweep.json's invocation: spec, --flip,
+    --steps) with `extra` options, writing to the same directory."""
+    root = Path(root)
+    how = (runs_mod.read_design(root) or {}).get("invocation") or {}
+    spec = how.get("spec")
+    if spec is None and not how:
+        guess = Path("experiments") / f"{root.name}.toml"
+        spec = str(guess) if guess.is_file() else "SPEC"
+    parts = ["anatomy", "ablate"] + ([str(spec)] if spec else [])
+    if how.get("flip"):
+        parts += ["--flip", str(how["flip"])]
+    if how.get("steps"):
+        parts += ["--steps", str(how["steps"])]
+    return " ".join([*parts, *extra, "--runs-dir", str(root.parent)])
+
+
+def more_seeds(root: Path, runs: pd.DataFrame, wanted: int = SEEDS_WANTED) -> tuple[str, tuple[float, int] | None]:
+    """(the command that brings every config to `wanted` seeds, (estimated seconds, workers) or None).
+
+    Completed runs are skipped by the sweep, so the command trains only the new seeds. The estimate
+    comes from the finished runs' measured times (_estimate).
+    """
+    return ablate_command(root, "--seeds", str(wanted)), _estimate(Path(root), runs, wanted)
+
+
+def estimate_text(est: tuple[float, int] | None) -> str:
+    if est is None:
+        return ""
+    s, workers = est
+    when = f"{s:.0f} s" if s < 90 else f"{s / 60:.1f} min"
+    return f" (est. {when} with {workers} worker{'s' * (workers > 1)})"
+
+
+def rule_line(judged: pd.DataFrame, unit: str, floor_text: str, seeds: str = "seeds", short: bool = False) -> str:
+    """The rule (stats.py) in one sentence, with this family's numbers: level, m, threshold and its basis."""
+    if judged.empty or not (judged["family"] > 0).any():
+        return f"The rule: no intervals yet (a call needs {stats.MIN_PAIRS} {seeds} or more)."
+    m, level = int(judged["family"].iloc[0]), float(judged["adj_level"].iloc[0])
+    th, basis = float(judged["threshold"].iloc[0]), judged["threshold_basis"].iloc[0]
+    where = floor_text if basis == stats.FLOOR else "given by --min-effect"
+    size = (f"±{th:.1f}%" if unit == "%" else f"±{th:.3f} {unit}") if math.isfinite(th) else None
+    if short:
+        practical = f"|gain| > {size.lstrip('±')} ({where})" if size else "nothing more (no noise floor yet)"
+        return (f"Intervals: simultaneous {100 * level:.4g}% over the {m} effects; a call needs the interval to "
+                f"exclude 0 and {practical}; fewer than {stats.MIN_PAIRS} {seeds}: no call.")
+    practical = (f"its gain is larger than the smallest effect that matters, {size} ({where})" if size else
+                 "(the smallest effect that matters is unknown with one seed of the reference end: the interval alone "
+                 "decides)")
+    return (f"**The rule**: each interval is a simultaneous {100 * level:.4g}% interval over {seeds} (Bonferroni over "
+            f"the {m} effects tested together, so all hold at once with 95% confidence). A component helps or hurts "
+            f"when its interval excludes 0 and {practical}; negligible: the interval lies inside {size or '±0'}; "
+            f"within noise: undecided; fewer than {stats.MIN_PAIRS} {seeds}: too few for a call. Raw 95% intervals "
+            f"and Holm p-values: Effect details.")
+
+
+def _estimate(root: Path, runs: pd.DataFrame, wanted: int) -> tuple[float, int] | None:
+    """The new seeds' wall time: each config's finished runs as measured here (their wall_s), plus the
+    per-run and start-up times of this machine's calibration when one is cached; None without them."""
+    from anatomy_cli.sweep.calibrate import cached_overheads, plan_seconds
+    from anatomy_cli.sweep.plan import default_workers
+
+    new = []
+    run_s, startup_s = cached_overheads()
+    for _, config_runs in runs[runs["role"] != ""].groupby(["design", "settings", "role"]):
+        missing = wanted - config_runs["seed"].nunique()
+        wall = config_runs.loc[config_runs["status"] == runs_mod.COMPLETED, "wall_s"].median()
+        if missing > 0 and not math.isfinite(wall):
+            return None
+        new += [wall + run_s] * max(0, missing)
+    workers = default_workers(len(new)) if new else 1
+    return plan_seconds(new, workers, startup_s), workers

@@ -1,0 +1,119 @@
+"""Write the comparison report: report.md/.html, CSV, JSON and figures, from the frames and effects (no torch).
+
+  write_report       the files: report.md/.html (words: sections.py, verdict.py), CSV, JSON, figures
+                     (figures.py), rendered by page.py
+
+Library code: returns data or writes files, never prints or exits; problems raise RunError or
+ValueError with a one-line message. Figures use matplotlib's object API (no pyplot global state).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from anatomy_cli.report import figures, scale
+from anatomy_cli.report import page as document
+from anatomy_cli.report import speed as speed_mod
+from anatomy_cli.report import verdict as vd
+from anatomy_cli.report.effects import _pairings, effects_by_eval, groups, report_frames
+from anatomy_cli.report.frames import LOSS_METRIC, SPEED_METRIC, components_of, records
+from anatomy_cli.store.runs import (
+    atomic_write_text,
+    read_summary,
+)
+
+FORMATS = ("md", "html", "csv", "json")
+
+
+def write_report(root: Path, out_dir: Path | None = None, formats: tuple[str, ...] = FORMATS,
+                 frames: tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame] | None = None) -> dict[str, Path]:
+    """Write the report files into out_dir (default <root>/report/); returns {file name: path}.
+
+    Always the figures (forest.png, curves.png, effects-over-training.png; speed.png with a timing
+    pass; grad-norm.png for a stability study; scale.png for a study at two sizes or more;
+    expert-load.png when a run is a mixture of experts); 'csv' adds runs.csv, effects.csv (loss and
+    speed, told apart by `metric`), eval-effects.csv and, with sizes, effects-by-size.csv; 'md'
+    report.md, 'html' a self-contained report.html, 'json' report.json ({"root", "runs", "effects",
+    "verdict", "eval_effects"}, and "scale" with sizes: scale.Scale.record; NaN -> null). `frames`,
+    from report_frames(root), spares reading the runs again.
+    """
+    from anatomy_cli.report import sections
+
+    unknown = sorted(set(formats) - set(FORMATS))
+    if unknown:
+        raise ValueError(f"unknown report format(s) {', '.join(unknown)}; choose from {', '.join(FORMATS)}")
+    runs, curves, effects = frames if frames is not None else report_frames(root)
+    out = Path(out_dir) if out_dir is not None else Path(root) / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    loss, speed = effects[effects["metric"] == LOSS_METRIC], effects[effects["metric"] == SPEED_METRIC]
+    verdict, speed_verdict = vd.verdict_frame(loss), vd.verdict_frame(speed)
+    eval_effects = effects_by_eval(runs, curves)
+    panels = curve_panels(runs)
+    paths = {"forest.png": figures.plot_forest(verdict, out / "forest.png"),
+             "curves.png": figures.plot_curves(curves, panels, out / "curves.png"),
+             "effects-over-training.png": figures.plot_eval_effects(eval_effects, out / "effects-over-training.png")}
+    if speed_mod.read_timing(Path(root)) is not None:
+        paths["speed.png"] = figures.plot_forest(speed_verdict, out / "speed.png", unit="%")
+    if _stability_study(Path(root), runs):
+        paths["grad-norm.png"] = figures.plot_curves(curves, panels, out / "grad-norm.png", value="grad_norm")
+    across = scale.scale_frames(runs, curves, effects)
+    if across is not None:
+        paths["scale.png"] = figures.plot_scale(across.by_size, across.trends, out / "scale.png")
+    loads = expert_loads(runs)
+    if loads:
+        paths["expert-load.png"] = figures.plot_expert_load(loads, out / "expert-load.png")
+    texts = {}
+    if "csv" in formats:
+        texts |= {"runs.csv": runs.to_csv(index=False), "effects.csv": effects.to_csv(index=False),
+                  "eval-effects.csv": eval_effects.to_csv(index=False)}
+        if across is not None:
+            texts["effects-by-size.csv"] = scale.by_size_csv(across).to_csv(index=False)
+    if "json" in formats:
+        doc = {"root": str(root), "runs": records(runs), "effects": records(effects), "verdict": records(verdict),
+               "eval_effects": records(eval_effects), **({"scale": across.record()} if across is not None else {})}
+        texts["report.json"] = json.dumps(doc, indent=2, allow_nan=False) + "\n"
+    if "md" in formats or "html" in formats:
+        parts = sections.Parts(Path(root), runs, effects, verdict, speed_verdict, eval_effects, paths,
+                               components_of(runs), across)
+        lead, body = sections.lead(parts), sections.sections(parts)
+        if "md" in formats:
+            texts["report.md"] = document.markdown("anatomy report", lead, body)
+        if "html" in formats:
+            texts["report.html"] = document.html_page("anatomy report", lead, body)
+    for name, text in texts.items():
+        atomic_write_text(out / name, text)
+        paths[name] = out / name
+    return paths
+
+
+def curve_panels(runs: pd.DataFrame) -> list[dict]:
+    """One small-multiple panel per component and direction (and group): its runs and its end's."""
+    panels = []
+    for group, members in groups(runs[runs["role"] != ""]):
+        for flip, direction, against, ref, var in _pairings(members):
+            sign = "+" if direction == "add-one" else "−"
+            panels.append({"flip": flip, "direction": direction, "ref_name": against, "var_name": f"{sign}{flip}",
+                           "title": f"{sign}{flip} vs {against}" + (f" [{group}]" if group else ""),
+                           "ref": list(ref["run_id"]), "var": list(var["run_id"])})
+    return panels
+
+
+def expert_loads(runs: pd.DataFrame) -> list[tuple[str, list[list[float]]]]:
+    """(title, [layer][expert] shares) of each mixture-of-experts config's lowest seed with a recorded load."""
+    from anatomy_cli.report.sections import by_components
+
+    out = []
+    for run in by_components(runs).drop_duplicates(["label", "settings"]).itertuples():
+        load = (read_summary(Path(run.path)) or {}).get("expert_load")
+        if load:
+            out.append((f"{run.label} · seed {run.seed}", load))
+    return out
+
+
+def _stability_study(root: Path, runs: pd.DataFrame) -> bool:
+    """Show gradient norms where stability is the question: a diverged run, loss spikes, or the name says so."""
+    return bool((runs["status"] == "diverged").any() or (runs["loss_spikes"].fillna(0) > 0).any()
+                or "stability" in root.name)

@@ -1,0 +1,9 @@
+"""What a run and a study are, as validated data (no torch): the boundary every input crosses once.
+
+  errors       InputError, the one base class of bad input
+  config       pydantic specs: ModelConfig, TrainConfig, DataConfig, RunConfig, AblationSpec; --set
+  components   the component table (every part anatomy can switch, one row each) and the roles a
+               run's settings give it in a design
+
+Imports: nothing of anatomy_cli outside spec/.
+"""

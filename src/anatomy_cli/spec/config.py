@@ -1,0 +1,724 @@
+"""Pydantic specs for models, training, data, runs and ablation sweeps (no torch import).
+
+Validated once at the boundary (TOML or CLI options), then read as plain attributes. Every model
+is frozen and rejects unknown keys, so a typo in a spec is an error, not a silently ignored knob.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal, NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+
+from anatomy_cli.spec.errors import InputError
+
+NormType = Literal["layernorm", "rmsnorm"]
+NormPos = Literal["post", "pre"]
+PosType = Literal["learned", "rope", "nope"]  # nope: no position signal (Kazemnejad et al. 2023)
+FfnType = Literal["gelu", "swiglu"]
+AttnType = Literal["softmax", "mla"]  # mla: multi-head latent attention (DeepSeek-V2), model/mla.py
+# The article's "break it" exercises (issue 4): deliberately wrong RoPE wirings, labelled as such.
+RopeVariant = Literal["standard", "q_only", "k_interleaved"]
+
+
+# Gated DeltaNet's chunk width in training (model/gdn.py): changes the arithmetic order, not the
+# function; 16 gave the fastest train step on the 2-core CPU at ctx 64 (paired against 32 and 64).
+GDN_CHUNK = 16
+
+# Upper bound of every size: past it torch's int32 indexing overflows (a C++ error, not a message);
+# sizes below it that still cannot fit in memory are refused by ModelConfig.train_bytes's estimate.
+MAX_SIZE = 2**31 - 1
+
+
+class ConfigError(InputError):
+    """A spec or option that does not validate; the message is one line per problem."""
+
+
+class _Frozen(BaseModel):
+    # allow_inf_nan=False: `lr = inf` or `rope_base = nan` is a typo or an attack, never a setting.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+# The mark of a field added after runs already existed (every field not in the first set of the
+# run-id hash): at its default, which must reproduce the earlier model exactly, the field stays out
+# of the hash (runs.config_hash), so a finished run keeps its id and a rerun skips it. Set on the
+# field itself: `name: type = new(default, **bounds)`. tests/test_run_ids.py fails for a new field
+# without it, and pins the ids of every shipped spec.
+NEW = {"hash": "omit-at-default"}
+# The mark of a field that never changes a run's results (when to checkpoint): out of the hash at any value.
+NO_RESULT = {"hash": "omit"}
+ANY = "any value"  # hash_neutral's entry for a NO_RESULT field
+
+
+def new(default: Any, **bounds: Any) -> Any:
+    """Field(default, **bounds) with the NEW mark: `qk_norm: bool = new(False)`."""
+    return Field(default=default, json_schema_extra=NEW, **bounds)
+
+
+def no_result(default: Any, **bounds: Any) -> Any:
+    """Field(default, **bounds) with the NO_RESULT mark: `checkpoint_every: int | None = no_result(None)`."""
+    return Field(default=default, json_schema_extra=NO_RESULT, **bounds)
+
+
+@functools.cache
+def hash_neutral(cls: type[BaseModel] | None = None) -> dict[str, Any]:
+    """{section: {field: default}} of the NEW-marked fields of RunConfig (or of `cls`), read from the
+    config classes: the fields runs.config_hash leaves out while they hold their default (ANY for the
+    NO_RESULT-marked ones, left out at every value)."""
+    out: dict[str, Any] = {}
+    for name, info in (cls or RunConfig).model_fields.items():
+        if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
+            out[name] = hash_neutral(info.annotation)
+        elif info.json_schema_extra == NEW:
+            out[name] = info.default
+        elif info.json_schema_extra == NO_RESULT:
+            out[name] = ANY
+    return {k: v for k, v in out.items() if v != {}}
+
+
+# Every seed torch.manual_seed accepts; past these it raises an overflow deep inside a run.
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+Seed = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)]
+MAX_SEEDS = 1000  # a seed count beyond this is a typo (each seed is a full set of runs)
+
+
+def ceil_to(n: int, multiple: int) -> int:
+    return multiple * math.ceil(n / multiple)
+
+
+def check_pattern(field: str, pattern: str, letters: str, n_layer: int) -> None:
+    """A layer pattern is a string of `letters`, one per layer, repeated over the stack; its length
+    must divide n_layer (Gemma 3's 5 local : 1 global is "LLLLLG" over 6k layers). ValueError if not."""
+    bad = sorted(set(pattern) - set(letters))
+    if not pattern or bad:
+        raise ValueError(f"{field}={pattern!r}: use only the letters {', '.join(letters)} (one per layer)")
+    if n_layer % len(pattern):
+        raise ValueError(f"{field}={pattern!r} has {len(pattern)} letters, which must divide "
+                         f"n_layer={n_layer}")
+
+
+def repeat_pattern(pattern: str, n_layer: int) -> str:
+    """('LLG', 6) -> 'LLGLLG': a (checked) layer pattern spelled out for every layer."""
+    return pattern * (n_layer // len(pattern))
+
+
+class MlaDims(NamedTuple):
+    """Resolved MLA sizes (ModelConfig.mla_dims), named as in HF's DeepseekV3Config."""
+
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    qk_nope_head_dim: int
+    v_head_dim: int
+
+
+MLA_SIZES: tuple[str, ...] = MlaDims._fields
+
+
+class ModelConfig(_Frozen):
+    """Sizes and the component switches (see components.py). Defaults are the 2017 Transformer's parts.
+
+    The switches after rope_variant are post-LLaMA parts, each off by default (off = today's model
+    exactly): qk_norm (RMSNorm of each head's Q and K, Qwen3 / Gemma 3; OLMo 2 norms the whole Q and
+    K projections instead), tie_embeddings (head = token embedding, GPT-2 / Gemma), parallel_block
+    (attention and FFN side by side, GPT-J / PaLM), logit_softcap (c * tanh(logits / c), Gemma 2) and
+    window (sliding-window attention, Mistral / Gemma 2-3). pos_type="nope" is NoPE (no positions at all).
+    moe swaps every FFN for a routed mixture of experts of the same type (DeepSeek V3, Qwen3-MoE).
+    """
+
+    vocab_size: int | None = Field(default=None, gt=0, le=MAX_SIZE)  # None: taken from the data at train time
+    d_model: int = Field(default=128, gt=0, le=MAX_SIZE)
+    n_layer: int = Field(default=4, gt=0, le=MAX_SIZE)
+    n_head: int = Field(default=4, gt=0, le=MAX_SIZE)
+    n_kv_head: int = Field(default=4, gt=0, le=MAX_SIZE)
+    ctx_len: int = Field(default=128, gt=0, le=MAX_SIZE)
+    norm_type: NormType = "layernorm"
+    norm_pos: NormPos = "post"
+    pos_type: PosType = "learned"
+    ffn_type: FfnType = "gelu"
+    rope_base: float = Field(default=10000.0, gt=0)
+    norm_eps: float = Field(default=1e-5, gt=0)
+    rope_variant: RopeVariant = "standard"
+    qk_norm: bool = new(False)  # RMSNorm over head_dim on Q and K before RoPE (qknorm)
+    tie_embeddings: bool = new(False)  # the LM head shares the embedding matrix (tied)
+    parallel_block: bool = new(False)  # attention and FFN read one normed input (parallel)
+    logit_softcap: float = new(0.0, ge=0)  # c * tanh(logits / c); 0 = off (softcap)
+    # Gated DeltaNet hybrid (gdn, model/gdn.py): "" = attention everywhere; else one letter per layer,
+    # D Gated DeltaNet, A softmax attention, repeated over the stack ("DDDA": Qwen3-Next's 3 : 1).
+    # The head sizes default from the attention's (see gdn_shape); gdn_conv is the short conv's kernel.
+    gdn_pattern: str = new("", max_length=1024)
+    gdn_heads: int | None = new(None, gt=0, le=MAX_SIZE)  # value heads; None: n_head
+    gdn_key_heads: int | None = new(None, gt=0, le=MAX_SIZE)  # None: gdn_heads / 2 when even
+    gdn_head_dim: int | None = new(None, gt=0, le=MAX_SIZE)  # d_k = d_v; None: head_dim
+    gdn_conv: int = new(4, gt=0, le=64)
+    # Sliding-window attention (swa): a local layer's query sees its `window` latest positions,
+    # itself included (Mistral's sliding_window; transformers' mask keeps kv > q - window). 0 = off:
+    # every layer global, and window_pattern is not used. window_pattern: one letter per layer,
+    # L local, G global, repeated over the stack ("L": Mistral; "LLLLLG": Gemma 3; "LG": Gemma 2).
+    window: int = new(0, ge=0, le=MAX_SIZE)
+    window_pattern: str = new("L", max_length=1024)
+    # Mixture of experts (moe, model/moe.py): every block's FFN becomes moe_experts copies of the
+    # ffn_type FFN, each token routed to its moe_top_k best. Expert hidden size: moe_hidden, or by
+    # default the dense hidden split over the active experts (moe_expert_hidden), so active FFN
+    # parameters per token equal the dense FFN's. moe_shared adds one always-on expert of that size,
+    # gated by sigmoid(w . x) as in Qwen2-MoE / Qwen3-Next.
+    moe: bool = new(False)
+    moe_experts: int = new(8, ge=2, le=MAX_SIZE)
+    moe_top_k: int = new(2, ge=1, le=MAX_SIZE)
+    moe_hidden: int | None = new(None, gt=0, le=MAX_SIZE)  # None: see moe_expert_hidden
+    moe_shared: bool = new(False)
+    # Multi-head latent attention (mla). Its five sizes keep HF DeepseekV3Config's names; None (the
+    # default) derives each from d_model and head_dim (see mla_dims), and they are mla-only settings.
+    attn_type: AttnType = new("softmax")
+    q_lora_rank: int | None = new(None, gt=0, le=MAX_SIZE)
+    kv_lora_rank: int | None = new(None, gt=0, le=MAX_SIZE)
+    qk_rope_head_dim: int | None = new(None, gt=0, le=MAX_SIZE)
+    qk_nope_head_dim: int | None = new(None, gt=0, le=MAX_SIZE)
+    v_head_dim: int | None = new(None, gt=0, le=MAX_SIZE)
+
+    @model_validator(mode="after")
+    def _check_shapes(self) -> ModelConfig:
+        if self.d_model % self.n_head:
+            raise ValueError(f"n_head={self.n_head} must divide d_model={self.d_model}")
+        if self.n_head % self.n_kv_head:
+            raise ValueError(f"n_kv_head={self.n_kv_head} must divide n_head={self.n_head}")
+        if self.pos_type == "rope" and self.head_dim % 2:
+            raise ValueError(f"RoPE needs an even head_dim, got d_model/n_head={self.head_dim}")
+        if self.rope_variant != "standard" and self.pos_type != "rope":
+            raise ValueError(f"rope_variant={self.rope_variant!r} needs pos_type='rope'")
+        if self.gdn_pattern:
+            check_pattern("gdn_pattern", self.gdn_pattern, "DA", self.n_layer)
+            if "D" not in self.gdn_pattern:
+                raise ValueError(f"gdn_pattern={self.gdn_pattern!r} has no D ('' is attention everywhere)")
+        k_heads, v_heads, _ = self.gdn_shape
+        if v_heads % k_heads:
+            raise ValueError(f"gdn_key_heads={k_heads} must divide gdn_heads={v_heads}")
+        check_pattern("window_pattern", self.window_pattern, "LG", self.n_layer)
+        if self.window > self.ctx_len:
+            raise ValueError(f"window={self.window} is larger than ctx_len={self.ctx_len}: it would never "
+                             f"bind in training (window=0 is global attention)")
+        if self.moe_top_k > self.moe_experts:
+            raise ValueError(f"moe_top_k={self.moe_top_k} must not exceed moe_experts={self.moe_experts}")
+        if self.moe and self.moe_expert_hidden < 1:
+            raise ValueError(f"the dense hidden size {self.ffn_hidden} split over {self.moe_active_experts} active "
+                             f"experts leaves none per expert; set model.moe_hidden")
+        self._check_mla()
+        return self
+
+    def _check_mla(self) -> None:
+        given = [f for f in MLA_SIZES if getattr(self, f) is not None]
+        if self.attn_type != "mla":
+            if given:
+                raise ValueError(f"{given[0]} is an mla setting: it needs attn_type='mla'")
+            return
+        if self.qk_norm:
+            raise ValueError("qk_norm does not combine with attn_type='mla' (the latent RMSNorms of Q and KV "
+                             "take its place, DeepSeek-V2)")
+        m = self.mla_dims
+        for f in ("q_lora_rank", "kv_lora_rank"):
+            if getattr(m, f) > self.d_model:
+                raise ValueError(f"{f}={getattr(m, f)} must not exceed d_model={self.d_model} (a low-rank "
+                                 f"compression of the d_model input)")
+        if self.pos_type == "rope" and m.qk_rope_head_dim % 2:
+            raise ValueError(f"RoPE needs an even qk_rope_head_dim, got {m.qk_rope_head_dim}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+    @property
+    def gdn_shape(self) -> tuple[int, int, int]:
+        """(key heads, value heads, head dim) of a Gated DeltaNet layer. By default the value side is
+        the attention's (n_head heads of head_dim) and the key side half of it, as in Qwen3-Next's
+        16 key : 32 value heads of 128: the in and out projections then hold 4 d^2 weights, MHA's
+        count, and b, a, the conv, the gates and the norm add 2 Hv d + 2 d K + 2 Hv + hd."""
+        v_heads = self.gdn_heads or self.n_head
+        k_heads = self.gdn_key_heads or (v_heads // 2 if v_heads % 2 == 0 else v_heads)
+        return k_heads, v_heads, self.gdn_head_dim or self.head_dim
+
+    @property
+    def mla_dims(self) -> MlaDims:
+        """The MLA sizes, each the field when given, else derived for the default study's shape.
+
+        DeepSeek-V3 (d 7168, 128 heads of 128): kv_lora_rank 512 = 4 heads' worth, qk_rope_head_dim
+        64 = head/2, q_lora_rank 1536 ~ d/5. At anatomy's 4 heads, 4 heads' worth of latent would be
+        no compression at all, so the latent is d/2 (64 at d 128 = 2 heads): the cache holds
+        d/2 + hd/2 = 80 values per token per layer, against MHA's 256, GQA-2's 128 and MQA's 64, and
+        the attention's parameters stay within 3% of MHA's. q_lora_rank d/2 likewise; the rope part is
+        half a head (rounded down to even, at least 2), the nope and V parts a whole head.
+        """
+        hd = self.head_dim
+        derived = {"q_lora_rank": max(1, self.d_model // 2), "kv_lora_rank": max(1, self.d_model // 2),
+                   "qk_rope_head_dim": max(2, hd // 4 * 2), "qk_nope_head_dim": hd, "v_head_dim": hd}
+        return MlaDims(**{f: getattr(self, f) or derived[f] for f in MLA_SIZES})
+
+    @property
+    def ffn_hidden(self) -> int:
+        """GELU: 4d. SwiGLU: 2/3 of that (three matrices instead of two), rounded up to 32."""
+        if self.ffn_type == "gelu":
+            return 4 * self.d_model
+        return ceil_to(int(2 / 3 * 4 * self.d_model), 32)
+
+    @property
+    def layer_kinds(self) -> tuple[str, ...]:
+        """What layer i's token mixer is, as data: one kind per layer (model/mixers.py maps a kind to
+        its module, mixer_params to its parameters, state_bytes to its decode state).
+
+        "attn": global causal softmax attention (MHA/GQA/MQA by n_kv_head), or "mla" in its place
+        (attn_type='mla', model/mla.py); "gdn": Gated DeltaNet where gdn_pattern says D; "local":
+        softmax attention within a sliding window where window_pattern says L (swa; a window leaves
+        mla layers global). A part that changes what a layer is adds its kind here, decided by its
+        own fields (a layer pattern, see repeat_pattern), and one entry in each of those three tables.
+        """
+        kinds = ["mla" if self.attn_type == "mla" else "attn"] * self.n_layer
+        if self.gdn_pattern:
+            pattern = repeat_pattern(self.gdn_pattern, self.n_layer)
+            kinds = ["gdn" if letter == "D" else kind for letter, kind in zip(pattern, kinds)]
+        if self.window:  # swa: softmax attention turns local where the pattern says L
+            pattern = repeat_pattern(self.window_pattern, self.n_layer)
+            kinds = ["local" if letter == "L" and kind == "attn" else kind
+                     for letter, kind in zip(pattern, kinds)]
+        return tuple(kinds)
+
+    def num_params(self) -> int:
+        """Total parameter count from the sizes alone (no torch); tests pin it to LM.num_params()."""
+        return self._params(active=False)
+
+    def active_params(self) -> int:
+        """Parameters one token's forward uses: the total for a dense model (a routed FFN counts
+        only what a token is sent to, see ffn_params). FLOPs per token follow this count."""
+        return self._params(active=True)
+
+    def non_embedding_params(self, active: bool = False) -> int:
+        """Every parameter but the token table, the LM head and the position table: the blocks and the
+        final norm, Kaplan et al. (2020)'s N, what grows with width and depth (and needs no vocab).
+        Size ladders are placed, and token-per-parameter budgets computed, by this count."""
+        layers = sum(self.layer_params(kind, active) for kind in self.layer_kinds)
+        return layers + (self.norm_params if self.norm_pos == "pre" else 0)
+
+    def _params(self, active: bool) -> int:
+        if self.vocab_size is None:
+            raise ConfigError("model.vocab_size is not set")
+        embeddings = (1 if self.tie_embeddings else 2) * self.vocab_size * self.d_model  # token table (+head)
+        return embeddings + self.position_params + self.non_embedding_params(active)
+
+    def layer_params(self, kind: str, active: bool = False) -> int:
+        """One block: its token mixer of `kind`, its channel mixer and its norms (one when parallel)."""
+        norms = (1 if self.parallel_block else 2) * self.norm_params
+        return self.mixer_params(kind) + self.ffn_params(active) + norms
+
+    def mixer_params(self, kind: str) -> int:
+        """One token mixer of `kind` (see layer_kinds): each kind's exact term."""
+        if kind in ("attn", "local"):  # a window changes which keys a query sees, not the weights
+            d, hd = self.d_model, self.head_dim
+            qkv_out = d * (self.n_head + 2 * self.n_kv_head) * hd + self.n_head * hd * d
+            qk_norm = 2 * hd if self.qk_norm else 0  # one RMSNorm weight for Q, one for K, shared by heads
+            return qkv_out + qk_norm
+        if kind == "gdn":  # model/gdn.py: in_proj (q|k|v|z), ba, conv, dt_bias + A_log, gated norm, out
+            Hk, Hv, hd = self.gdn_shape
+            conv_dim, value = 2 * Hk * hd + Hv * hd, Hv * hd
+            d = self.d_model
+            return d * (conv_dim + value + 2 * Hv) + conv_dim * self.gdn_conv + 2 * Hv + hd + value * d
+        if kind == "mla":  # down, norm, up for Q and for KV (kv_down also makes the rope key); out
+            d, H, m = self.d_model, self.n_head, self.mla_dims
+            q = d * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * H * (m.qk_nope_head_dim + m.qk_rope_head_dim)
+            kv = d * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
+            kv += m.kv_lora_rank * H * (m.qk_nope_head_dim + m.v_head_dim)
+            return q + kv + H * m.v_head_dim * d
+        raise ValueError(f"no parameter formula for layer kind {kind!r}")
+
+    def ffn_params(self, active: bool = False) -> int:
+        """One channel mixer (model/ffn.py); active: the part one token uses (all of a dense FFN).
+
+        A mixture of experts (moe.py): E experts, the router (E x d) and the shared expert with its
+        gate (d); a token uses its k experts, and all of router, shared expert and gate."""
+        if not self.moe:
+            return self.dense_ffn_params(self.ffn_hidden)
+        expert, E, k = self.dense_ffn_params(self.moe_expert_hidden), self.moe_experts, self.moe_top_k
+        always = E * self.d_model + ((expert + self.d_model) if self.moe_shared else 0)  # router, shared + gate
+        return (k if active else E) * expert + always
+
+    def dense_ffn_params(self, hidden: int) -> int:
+        """One dense FFN of this hidden size: GELU up/down, or SwiGLU gate/up/down."""
+        return (3 if self.ffn_type == "swiglu" else 2) * self.d_model * hidden
+
+    @property
+    def moe_active_experts(self) -> int:
+        """Experts a token passes through: its top k, plus the shared one."""
+        return self.moe_top_k + (1 if self.moe_shared else 0)
+
+    @property
+    def moe_expert_hidden(self) -> int:
+        """One expert's hidden size: moe_hidden, else ffn_hidden // active experts (8 experts, top-2:
+        half the dense hidden each, so a token's active FFN matches the dense one)."""
+        return self.moe_hidden or self.ffn_hidden // self.moe_active_experts
+
+    @property
+    def active_hidden(self) -> int:
+        """FFN hidden units a token passes through: ffn_hidden, or an expert's times the active experts."""
+        return self.moe_expert_hidden * self.moe_active_experts if self.moe else self.ffn_hidden
+
+    @property
+    def norm_params(self) -> int:
+        return self.d_model * (2 if self.norm_type == "layernorm" else 1)
+
+    @property
+    def max_positions(self) -> int | None:
+        """The longest sequence the model has positions for: a learned table ends at ctx_len; RoPE
+        and NoPE have nothing that ends (None = unbounded; how well they do past ctx_len is eval's)."""
+        return self.ctx_len if self.pos_type == "learned" else None
+
+    @property
+    def position_params(self) -> int:
+        return self.ctx_len * self.d_model if self.pos_type == "learned" else 0  # RoPE, NoPE: none
+
+    def state_bytes(self, kind: str, batch: int, max_len: int, bytes_per_elem: int) -> int:
+        """Decode-state bytes of one layer of `kind` for `max_len` positions (tests pin it to the
+        tensors new_state allocates). attn: K and V of every position, 2 B G T hd. local: of the
+        window - 1 latest only (the query itself is the window's last key), whatever max_len. gdn:
+        whatever max_len, the conv's last K-1 inputs and the memory [Hv, hd, hd], kept in fp32 at least."""
+        kept = {"attn": max_len, "local": self.window - 1}
+        if kind in kept:
+            return 2 * batch * self.n_kv_head * kept[kind] * self.head_dim * bytes_per_elem
+        if kind == "gdn":
+            Hk, Hv, hd = self.gdn_shape
+            conv = (self.gdn_conv - 1) * (2 * Hk + Hv) * hd * bytes_per_elem
+            return batch * (conv + Hv * hd * hd * max(bytes_per_elem, 4))
+        if kind == "mla":  # the latent and the shared rope key, nothing per head: B T (r + p)
+            m = self.mla_dims
+            return batch * max_len * (m.kv_lora_rank + m.qk_rope_head_dim) * bytes_per_elem
+        raise ValueError(f"no decode-state formula for layer kind {kind!r}")
+
+    def cache_bytes(self, batch: int, max_len: int, bytes_per_elem: int) -> int:
+        """The whole decode cache (every layer's state) for max_len positions, from the sizes alone."""
+        return sum(self.state_bytes(kind, batch, max_len, bytes_per_elem) for kind in self.layer_kinds)
+
+    def context_flops(self, kind: str) -> int:
+        """Training FLOPs per token of a mixer beyond its weight matmuls: attention's scores and
+        weighted sum over ctx_len keys, 6 ctx d (the 2 n_ctx d_attn of Kaplan et al. 2020, x3); a
+        local layer's query reads window keys at most.
+        gdn, per value head and chunk width C: the three C-wide products (k.k, q.k, scores.u), the
+        triangular solve (C/2 rows of d_k + d_v) and the memory's read, correction and write."""
+        keys = {"attn": self.ctx_len, "local": self.window}
+        if kind in keys:
+            return 6 * keys[kind] * self.d_model
+        if kind == "gdn":
+            _, Hv, hd = self.gdn_shape
+            C = min(GDN_CHUNK, self.ctx_len)
+            return 6 * Hv * (3 * C * hd + C * hd + 3 * hd * hd)
+        if kind == "mla":  # the same, at Q.K's width H (n + p) and A.V's H v instead of d and d
+            m = self.mla_dims
+            return 3 * self.ctx_len * self.n_head * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
+        raise ValueError(f"no FLOP formula for layer kind {kind!r}")
+
+    def train_bytes(self, batch_size: int) -> int:
+        """Rough fp32 bytes of one training step, to refuse before allocating what cannot fit.
+
+        16 B per parameter (weights, grads, AdamW's two moments) plus what backward keeps per token:
+        per layer ~16 d + 3 active_hidden floats and n_head x ctx_len attention probabilities, and the
+        logits three times over (logits, softmax, their grad).
+        """
+        per_token = self.n_layer * (16 * self.d_model + 3 * self.active_hidden + self.n_head * self.ctx_len)
+        per_token += 3 * self.vocab_size
+        return 16 * self.num_params() + 4 * batch_size * self.ctx_len * per_token
+
+    def flops_per_token(self) -> int:
+        """Training FLOPs per token: 6 per active matmul weight (fwd + bwd) plus each mixer's
+        context term (Kaplan 2020). Lookups are free: the position table, and the token table unless
+        it is also the (tied) head, whose matmul is done either way.
+        """
+        matmul = self.active_params() - self.position_params
+        matmul -= 0 if self.tie_embeddings else self.vocab_size * self.d_model
+        return 6 * matmul + sum(self.context_flops(kind) for kind in self.layer_kinds)
+
+
+class TrainConfig(_Frozen):
+    steps: int = Field(default=2000, gt=0)
+    batch_size: int = Field(default=32, gt=0, le=MAX_SIZE)
+    lr: float = Field(default=3e-4, gt=0)
+    min_lr_frac: float = Field(default=0.1, ge=0, le=1)
+    schedule: Literal["constant", "cosine"] = "cosine"
+    warmup: int = Field(default=100, ge=0)
+    weight_decay: float = Field(default=0.1, ge=0)
+    beta1: float = Field(default=0.9, ge=0, lt=1)
+    beta2: float = Field(default=0.95, ge=0, lt=1)
+    grad_clip: float = Field(default=1.0, ge=0)  # 0 disables clipping (the norm is still logged)
+    # PaLM's auxiliary z-loss (Chowdhery et al. 2022 used 1e-4): + z_loss * mean(logsumexp(logits)^2)
+    # on the training loss only; 0 = off. Keeps log Z near 0 so the softmax stays well-conditioned.
+    z_loss: float = new(0.0, ge=0)
+    # Load-balancing loss coefficient of a mixture of experts (model.moe; Switch / Qwen3-MoE's
+    # router_aux_loss_coef, 0.001): + moe_aux_loss * E * sum_e f_e P_e on the training loss only.
+    moe_aux_loss: float = new(0.001, ge=0)
+    eval_interval: int = Field(default=100, gt=0)
+    eval_batches: int = Field(default=8, gt=0, le=MAX_SIZE)
+    log_interval: int = Field(default=10, gt=0)  # train-loss/grad-norm lines are flushed this often
+    diverge_factor: float = Field(default=3.0, gt=1)  # loss above factor x initial loss = diverged
+    device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
+    dtype: Literal["float32", "bfloat16"] = "float32"  # bfloat16 = autocast; weights stay fp32
+    compile: bool = False
+    # torch.compile mode: "reduce-overhead" captures CUDA graphs (small models on a GPU are launch-bound)
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune"] = "default"
+    threads: int | None = Field(default=None, gt=0, le=4096)  # torch intra-op threads; None = torch default
+    # Checkpoints (resume.pt) every N steps and/or every M minutes; with neither, at every evaluation.
+    # A killed run resumes from the last one. They never change results, so they never change a run id.
+    checkpoint_every: int | None = no_result(None, gt=0)
+    checkpoint_minutes: float | None = no_result(None, gt=0)
+    sample_prefix: str = "## "
+    sample_temp: float = Field(default=0.8, ge=0)
+    sample_len: int = Field(default=300, ge=0)
+
+
+class DataConfig(_Frozen):
+    # A UTF-8 text file, a directory of .md/.txt files, a directory written by `anatomy prepare`,
+    # or None for the embedded default corpus. Relative paths resolve against the spec's folder.
+    source: str | None = Field(default=None, min_length=1)  # "" would read the working directory
+    val_frac: float = Field(default=0.1, gt=0, lt=1)
+
+
+class RunConfig(_Frozen):
+    name: str = "run"
+    seed: Seed = 1337
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()
+    data: DataConfig = DataConfig()
+
+
+class NamedConfig(_Frozen):
+    """One entry of a `list` design: a name plus dotted overrides of the base run."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$", max_length=64)
+    set: dict[str, Any] = {}
+
+
+class ComponentSpec(_Frozen):
+    """A spec's own component ([components.NAME]); checked against the model/train/data fields by
+    components.from_spec. `off` left out means "whatever the spec's base has"."""
+
+    about: str = ""
+    source: str = ""
+    on: dict[str, Any]
+    off: dict[str, Any] | None = None
+
+
+COMPONENT_NAME = r"^[a-z][a-z0-9_]{0,31}$"
+
+
+class SizeSpec(_Frozen):
+    """One rung of a size ladder (`[[sizes]]`): model settings (and, where it must differ, train
+    settings) laid over the base. The study's whole design runs at every size (AblationSpec.sizes).
+    A size that sets n_head but not n_kv_head keeps the base's ratio of query to K/V heads (an MHA
+    base stays MHA); a component that switches n_kv_head (gqa) still sets its own."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9.+-]*$", max_length=32)
+    model: dict[str, Any] = {}
+    train: dict[str, Any] = {}
+
+    def resolved(self, base: RunConfig) -> tuple[ModelConfig, TrainConfig]:
+        """The base's model and train sections with this size's settings; ConfigError naming the size."""
+        for section, cls, given in (("model", ModelConfig, self.model), ("train", TrainConfig, self.train)):
+            unknown = [k for k in given if k not in cls.model_fields]
+            if unknown:
+                raise ConfigError(f"sizes.{self.name}.{section}.{unknown[0]}: unknown key (not a {section} field)")
+        dumped = base.model_dump(mode="json")
+        model = {**dumped["model"], **self.model}
+        if "n_head" in self.model and "n_kv_head" not in self.model:
+            ratio = base.model.n_head // base.model.n_kv_head  # validated: n_kv_head divides n_head
+            if isinstance(model["n_head"], int) and model["n_head"] % ratio == 0:
+                model["n_kv_head"] = model["n_head"] // ratio
+            else:
+                raise ConfigError(f"sizes.{self.name}.model: n_head={model['n_head']!r} keeps no whole ratio to the "
+                                  f"base's {base.model.n_head}:{base.model.n_kv_head} query:K/V heads; set n_kv_head")
+        return (validate(ModelConfig, model, f"sizes.{self.name}.model."),
+                validate(TrainConfig, {**dumped["train"], **self.train}, f"sizes.{self.name}.train."))
+
+
+class AblationSpec(_Frozen):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$", max_length=64)
+    base: RunConfig = RunConfig()
+    seeds: Annotated[list[Seed], Field(max_length=MAX_SEEDS)] | Annotated[int, Field(le=MAX_SEEDS)] = 1
+    design: Literal["one-at-a-time", "factorial", "list"] = "one-at-a-time"
+    # The design's components (built-in or declared below); default: the five 2017 -> LLaMA parts
+    # plus every component the spec declares.
+    flips: list[str] | None = None
+    components: dict[str, ComponentSpec] = {}
+    # one-at-a-time: add each flip to the reference end, remove each from the all-on end, or both
+    directions: list[Literal["add-one", "remove-one"]] = ["add-one", "remove-one"]
+    gqa_kv_head: int | None = Field(default=None, gt=0)  # n_kv_head the gqa flip uses
+    configs: list[NamedConfig] = []  # the `list` design's entries
+    axes: dict[str, list[Any]] = {}  # dotted key -> values, crossed with the design
+    # A size ladder: the design runs at every size, each size paired on its own seeds (sweep.expand).
+    # budget: every size trains base.train.steps ("same-steps"), or tokens_per_param tokens per
+    # non-embedding parameter (Chinchilla-style, "tokens-per-param"; sweep.size_steps).
+    sizes: Annotated[list[SizeSpec], Field(max_length=64)] = []
+    budget: Literal["same-steps", "tokens-per-param"] = "same-steps"
+    tokens_per_param: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _check_design(self) -> AblationSpec:
+        if isinstance(self.seeds, int) and self.seeds < 1:
+            raise ValueError("seeds must be a positive count or a non-empty list")
+        if isinstance(self.seeds, list) and (not self.seeds or len(set(self.seeds)) != len(self.seeds)):
+            raise ValueError("seeds must be a non-empty list of distinct integers")
+        if self.flips is not None and (not self.flips or len(set(self.flips)) != len(self.flips)):
+            raise ValueError("flips must be a non-empty list without repeats")
+        if not self.directions or len(set(self.directions)) != len(self.directions):
+            raise ValueError("directions must be a non-empty list without repeats")
+        for name in self.components:
+            if not re.match(COMPONENT_NAME, name):
+                raise ValueError(f"components.{name}: a name is lower-case letters, digits and _ (<= 32)")
+        if self.design == "list" and not self.configs:
+            raise ValueError("design 'list' needs at least one [[configs]] entry")
+        if self.design != "list" and self.configs:
+            raise ValueError(f"[[configs]] entries are only used by design 'list', not {self.design!r}")
+        for key, values in self.axes.items():
+            if not values:
+                raise ValueError(f"axes.{key} must list at least one value")
+        self._check_sizes()
+        return self
+
+    def _check_sizes(self) -> None:
+        names = [s.name for s in self.sizes]
+        twice = next((n for n in names if names.count(n) > 1), None)
+        if twice:
+            raise ValueError(f"sizes: the name {twice!r} is used by two sizes")
+        if self.budget == "tokens-per-param" and (not self.sizes or self.tokens_per_param is None):
+            raise ValueError("budget 'tokens-per-param' needs [[sizes]] and tokens_per_param (e.g. 20)")
+        if self.budget != "tokens-per-param" and self.tokens_per_param is not None:
+            raise ValueError("tokens_per_param is only used by budget = 'tokens-per-param'")
+        seen: dict[str, str] = {}
+        for size in self.sizes:
+            if "steps" in size.train:
+                raise ValueError(f"sizes.{size.name}.train.steps: the budget rule sets every size's steps "
+                                 f"(budget = 'same-steps': base.train.steps; 'tokens-per-param': computed)")
+            model, train = size.resolved(self.base)
+            key = model.model_dump_json() + train.model_dump_json()
+            if key in seen:
+                raise ValueError(f"sizes.{size.name}: the same settings as sizes.{seen[key]} (a size that repeats "
+                                 f"another)")
+            seen[key] = size.name
+
+    @property
+    def seed_list(self) -> list[int]:
+        if isinstance(self.seeds, int):
+            return [self.base.seed + i for i in range(self.seeds)]
+        return list(self.seeds)
+
+
+# --------------------------------------------------------------------------------- helpers
+
+
+def format_validation_error(err: ValidationError, prefix: str = "") -> str:
+    """'model.n_head: n_head=3 must divide d_model=128' style lines, one per problem."""
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-after"))
+        loc = f"{prefix}{loc}" if loc else prefix.rstrip(".")
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        lines.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(lines)
+
+
+SECTIONS: dict[str, type[_Frozen]] = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig}
+
+
+def validate_field(key: str, value: Any, name: str | None = None) -> Any:
+    """One setting ('train.device') checked against its field's own type and bounds alone (cross-field
+    checks need the whole config); returns the value as the config holds it (JSON form). An error
+    names `name`: the option or spec key the user wrote ('--device', 'components.x.on.train.device')."""
+    section, _, fld = key.partition(".")
+    info = SECTIONS[section].model_fields[fld]
+    # The FieldInfo carries the bounds (none for a bool or a Literal); the section's config says
+    # whether inf/nan are numbers (they are not, for every section).
+    allow = SECTIONS[section].model_config.get("allow_inf_nan", True)
+    adapter = TypeAdapter(Annotated[info.annotation, info], config=ConfigDict(allow_inf_nan=allow))
+    try:
+        return adapter.dump_python(adapter.validate_python(value), mode="json")
+    except ValidationError as err:
+        raise ConfigError(f"{name or key}: {err.errors()[0]['msg']}") from None
+
+
+def validate(cls: type[_Frozen], data: dict, prefix: str = "") -> Any:
+    try:
+        return cls.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, prefix)) from None
+
+
+def load_toml(path: Path) -> dict:
+    try:
+        return tomllib.loads(Path(path).read_text(encoding="utf-8-sig"))  # -sig: a BOM (Windows editors) is not TOML
+    except FileNotFoundError:
+        raise ConfigError(f"spec not found: {path}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"spec is a directory, not a TOML file: {path}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"spec is not UTF-8 text: {path}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path}: invalid TOML: {err}") from None
+
+
+def parse_value(text: str) -> Any:
+    """CLI override values: TOML scalars/arrays when they parse as such, else the raw string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def set_dotted(data: dict, key: str, value: Any) -> dict:
+    """Return a copy of nested `data` with `key` ('model.pos_type') set to `value`."""
+    head, _, rest = key.partition(".")
+    out = dict(data)
+    if rest:
+        sub = out.get(head, {})
+        if not isinstance(sub, dict):
+            raise ConfigError(f"{key}: {head} is not a section")
+        out[head] = set_dotted(sub, rest, value)
+    else:
+        out[head] = value
+    return out
+
+
+def apply_overrides(data: dict, overrides: list[str] | dict[str, Any]) -> dict:
+    """Apply `--set key=value` strings (or a {key: value} dict) to a nested config dict."""
+    items = overrides.items() if isinstance(overrides, dict) else [_split_override(o) for o in overrides]
+    for key, value in items:
+        data = set_dotted(data, key, value)
+    return data
+
+
+def _split_override(text: str) -> tuple[str, Any]:
+    key, eq, value = text.partition("=")
+    if not eq or not key.strip():
+        raise ConfigError(f"--set expects key=value (e.g. model.pos_type=rope), got {text!r}")
+    if key.count(".") > 8:  # no spec is this deep; set_dotted would recurse until Python gives up
+        raise ConfigError(f"--set key {key[:60]!r}... is nested deeper than any spec section")
+    return key.strip(), parse_value(value.strip())
+
+
+def resolve_source(data: dict, base_dir: Path, section: str = "data") -> dict:
+    """Make a relative data.source (or base.data.source) relative to the spec file's folder."""
+    node = data
+    for part in section.split("."):
+        node = node.get(part, {}) if isinstance(node, dict) else {}
+    src = node.get("source") if isinstance(node, dict) else None
+    if isinstance(src, str) and not Path(src).is_absolute() and not Path(src).exists():
+        candidate = base_dir / src
+        if candidate.exists():
+            data = set_dotted(data, f"{section}.source", str(candidate.resolve()))
+    return data
+
+
+def load_run_config(spec: Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    data: dict = {}
+    if spec is not None:
+        data = resolve_source(load_toml(spec), Path(spec).parent)
+    data = apply_overrides(data, overrides or [])
+    return validate(RunConfig, data)

@@ -1,0 +1,418 @@
+"""The on-disk schema of a run (no torch): paths, atomic writes, status, and reading runs back.
+
+A run directory holds, in the order they are written:
+  config.json       the resolved RunConfig (vocab_size filled in), written before training
+  metrics.jsonl     one JSON object per line: every step has step, train_loss, grad_norm, lr,
+                    tokens (train_loss is the cross-entropy; with train.z_loss > 0 each step
+                    also has z_loss, the term added to it; a mixture-of-experts model's steps have
+                    moe_aux_loss, its load-balancing loss before train.moe_aux_loss scales it);
+                    evaluation steps add val_loss, elapsed_s
+  vocab.json        the character vocabulary (a JSON list of characters, index = id)
+  best.safetensors  weights at the best val loss;  last.safetensors  weights at the end (of a
+                    finished or stopped run; removed when it resumes)
+  resume.pt         the latest checkpoint while the run is unfinished (at every evaluation, or as
+                    train.checkpoint_every / checkpoint_minutes say, and when stopped): weights,
+                    the best weights when older, optimizer, batch order, RNG and counters in one
+                    file replaced atomically; read only through torch.load(weights_only=True);
+                    removed once the run completes or diverges (trainer.py)
+  samples.txt       text generated from a fixed prefix, temperature and seed
+  summary.json      written last, atomically (schema: summary.RunSummary): status ('completed',
+                    'diverged', 'failed', 'interrupted', 'running'), losses, params (total) and
+                    active_params (per token), tokens, speed, hardware, cpu_capability,
+                    corpus_sha256 (the fingerprint of the training text; resume refuses another),
+                    for a prepared folder corpus_files (its files' fingerprint: prepared.py), and
+                    for a mixture of experts expert_load ([layer][expert] fractions of routed
+                    tokens, see train.expert_load)
+  .lock             held by the process training the run (lockfile.DirLock); a 'running'
+                    summary names that owner, and is read as 'interrupted' once the owner is dead
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from anatomy_cli.spec.config import ANY, hash_neutral
+from anatomy_cli.spec.errors import InputError
+from anatomy_cli.store import lockfile
+from anatomy_cli.store.summary import RunSummary
+
+CONFIG = "config.json"
+METRICS = "metrics.jsonl"
+SUMMARY = "summary.json"
+VOCAB = "vocab.json"
+BEST = "best.safetensors"
+LAST = "last.safetensors"
+RESUME = "resume.pt"
+SAMPLES = "samples.txt"
+TIMING = "timing.json"  # in a sweep directory, by `ablate --time`: the timing pass's rounds
+EVAL = "eval.json"  # optional, by `anatomy eval`: {"val_loss_by_ctx": {"128": 1.52, "512": null}, ...}
+RUN_FILES = (CONFIG, METRICS, VOCAB, BEST, LAST, RESUME, SAMPLES, SUMMARY)
+SWEEP = "sweep.json"  # in a sweep directory: the components its runs were planned with
+
+COMPLETED = "completed"
+DIVERGED = "diverged"
+FAILED = "failed"
+INTERRUPTED = "interrupted"
+RUNNING = "running"
+# Final states: a sweep skips a run in one of these (a diverged run is a result, not an error).
+DONE_STATES = (COMPLETED, DIVERGED)
+
+# Fields of metrics.jsonl that measure time, not learning; determinism compares the rest.
+TIMING_KEYS = ("elapsed_s",)
+
+
+class RunError(InputError):
+    """A run directory that is missing, incomplete or corrupt."""
+
+
+def umask() -> int:
+    """The process umask, read without changing it where Linux allows (os.umask() alone must set one)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    old = os.umask(0o022)  # elsewhere: set and restore at once (a brief race with other threads)
+    os.umask(old)
+    return old
+
+
+def normal_mode(target: int | str | Path, directory: bool = False) -> None:
+    """Give a mkstemp file (0600) or mkdtemp folder (0700) the mode open()/mkdir() would: 0666/0777 minus umask."""
+    mode = (0o777 if directory else 0o666) & ~umask()
+    if isinstance(target, int):
+        os.fchmod(target, mode)
+    else:
+        os.chmod(target, mode)
+
+
+@contextlib.contextmanager
+def writing(path: Path):
+    """Whatever fails while writing `path` inside this block is an OSError naming it: a bare write()
+    error names no file, safetensors says "os error 28" in its own words, and torch.save a full
+    disk as "unexpected pos" (a RuntimeError) or not at all, so the CLI could not say which file or
+    why. A failure of another kind on a full filesystem is reported as the full disk it is."""
+    try:
+        yield
+    except OSError as err:
+        if err.filename is None or str(err.filename).endswith(".tmp"):  # name the file, not its temp copy
+            err.filename = str(path)
+        raise
+    except Exception as err:
+        if not _disk_full(Path(path), err):
+            raise
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from err
+
+
+def _disk_full(path: Path, err: Exception) -> bool:
+    if "os error 28" in str(err) or os.strerror(errno.ENOSPC) in str(err):
+        return True
+    try:
+        return os.statvfs(path.parent).f_bavail == 0
+    except (OSError, AttributeError):  # no statvfs (Windows) or no folder
+        return False
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write via a temp file in the same folder, fsync, then rename: readers never see half a file,
+    and a write that fails (a full disk, an interrupt) leaves the old file as it was and no temp."""
+    path = Path(path)
+    with writing(path):
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            normal_mode(fd)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def append_text(path: Path, text: str, durable: bool = False) -> None:
+    """Append to a log (metrics.jsonl), fsynced when `durable`; a failed write names the file (a torn
+    last line is skipped when read back: read_metrics)."""
+    with writing(path), open(path, "a", encoding="utf-8") as f:
+        f.write(text)
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RunError(f"missing {Path(path).name} in {Path(path).parent}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise RunError(f"corrupt {Path(path).name} in {Path(path).parent}: {err}") from None
+
+
+def drop_temp_files(run_dir: Path) -> None:
+    """Remove the temp files of atomic writes that a killed process left in a run folder (at most one each)."""
+    for name in RUN_FILES:
+        for tmp in Path(run_dir).glob(f".{name}.*.tmp"):
+            tmp.unlink(missing_ok=True)
+
+
+def json_line(row: dict) -> str:
+    """One metrics.jsonl line; a diverged loss is written as NaN/Infinity (Python's json reads them)."""
+    return json.dumps(row, allow_nan=True) + "\n"
+
+
+# Fields a reader may do arithmetic on: a value of another type is a corrupt file, not a crash later.
+METRIC_INTS = ("step", "tokens")
+METRIC_FLOATS = ("train_loss", "val_loss", "grad_norm", "lr", "elapsed_s", "z_loss", "moe_aux_loss")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_float(v: Any) -> bool:  # NaN and Infinity count: a diverged loss is written as one
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def field_problem(row: dict, ints: tuple[str, ...], floats: tuple[str, ...]) -> str | None:
+    """'val_loss is "abc", not a number' for the first field of the wrong type (None is allowed)."""
+    for keys, ok, kind in ((ints, _is_int, "an integer"), (floats, _is_float, "a number")):
+        for key in keys:
+            value = row.get(key)
+            if value is not None and not ok(value):
+                return f"{key} is {json.dumps(value)[:40]}, not {kind}"
+    return None
+
+
+def read_config(run_dir: Path) -> dict:
+    """config.json as a dict whose sections are dicts (its values are validated by RunConfig where used)."""
+    path = Path(run_dir) / CONFIG
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise RunError(f"corrupt {CONFIG} in {run_dir}: not a JSON object")
+    for section in ("model", "train", "data"):
+        if not isinstance(data.get(section, {}), dict):
+            raise RunError(f"corrupt {CONFIG} in {run_dir}: '{section}' is not a table")
+    return data
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    """Every line of metrics.jsonl; a torn last line from a crash is ignored, any other bad line is a RunError."""
+    path = Path(run_dir) / METRICS
+    if not path.exists():
+        return []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise RunError(f"corrupt {METRICS} in {run_dir}: not UTF-8 text") from None
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if number == len(lines):
+                break  # torn by a crash mid-write
+            raise RunError(f"corrupt {METRICS} in {run_dir}: line {number} is not JSON") from None
+        problem = "not a JSON object" if not isinstance(row, dict) else (
+            "no step" if "step" not in row else field_problem(row, METRIC_INTS, METRIC_FLOATS))
+        if problem:
+            raise RunError(f"corrupt {METRICS} in {run_dir}: line {number}: {problem}")
+        rows.append(row)
+    return rows
+
+
+def read_summary(run_dir: Path) -> dict | None:
+    """summary.json as its JSON object (None before one is written), validated by summary.RunSummary:
+    a non-object or a field of the wrong type is a RunError; fields of a newer version pass through."""
+    path = Path(run_dir) / SUMMARY
+    if not path.exists():
+        return None
+    data = read_json(path)
+    problem = RunSummary.check(data)
+    if problem:
+        raise RunError(f"corrupt {SUMMARY} in {run_dir}: {problem}")
+    return data
+
+
+def read_ctx_losses(path: Path) -> dict[int, float | None]:
+    """eval.json's val_loss_by_ctx as {context length: loss, None where it could not be measured}."""
+    data = read_json(path)
+    by_ctx = data.get("val_loss_by_ctx", {}) if isinstance(data, dict) else None
+    if not isinstance(by_ctx, dict):
+        raise RunError(f"corrupt {Path(path).name} in {Path(path).parent}: val_loss_by_ctx is not a table")
+    out = {}
+    for n, loss in by_ctx.items():
+        if not n.isdigit() or (loss is not None and not _is_float(loss)):
+            raise RunError(f"corrupt {Path(path).name} in {Path(path).parent}: val_loss_by_ctx[{n!r}] = "
+                           f"{json.dumps(loss)[:40]}; expected a context length and a number or null")
+        out[int(n)] = loss
+    return out
+
+
+def read_design(sweep_dir: Path) -> dict | None:
+    """sweep.json of a sweep directory ({"components": [record, ...]}), or None when there is none."""
+    path = Path(sweep_dir) / SWEEP
+    if not path.is_file():
+        return None
+    data = read_json(path)
+    if not isinstance(data, dict) or not isinstance(data.get("components"), list):
+        raise RunError(f"corrupt {SWEEP} in {Path(sweep_dir)}: no components list")
+    return data
+
+
+def run_status(run_dir: Path) -> str | None:
+    """The summary's status; 'running' only while its owner lives (a killed run is 'interrupted')."""
+    try:
+        summary = read_summary(run_dir)
+    except RunError:
+        return None
+    return status_of(summary) if isinstance(summary, dict) else None
+
+
+def status_of(summary: dict) -> str | None:
+    """A summary's status, with 'running' only while its owner lives (a killed run: 'interrupted')."""
+    status = summary.get("status")
+    if status == RUNNING and not lockfile.alive(summary.get("owner")):
+        return INTERRUPTED
+    return status
+
+
+class RunBusy(lockfile.Locked):
+    """Another live process is training this run directory."""
+
+
+class RunLock(lockfile.DirLock):
+    """run_dir/.lock, held by whoever trains the run (train, resume, a sweep's worker)."""
+
+    error = RunBusy
+
+    def __init__(self, run_dir: Path):
+        super().__init__(run_dir, "run directory")
+
+
+def check_replace(run_dir: Path, overwrite: bool) -> None:
+    """Refuse to train into a folder of other runs (a sweep or runs directory: its report would
+    break), and into any non-empty folder (a finished run, other files) unless overwrite."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return
+    if next(run_dir.glob(f"*/{CONFIG}"), None) or next(run_dir.glob(f"*/*/{CONFIG}"), None):
+        raise RunError(f"{run_dir} holds other runs (a sweep or runs directory); train into a new directory")
+    entries = [p for p in run_dir.iterdir() if not p.name.startswith(lockfile.LOCK)]
+    if not entries or overwrite:
+        return
+    if is_run_dir(run_dir):
+        status = run_status(run_dir) or "unfinished"
+        hint = f" or resume it with --resume {run_dir}" if status == INTERRUPTED else ""
+        raise RunError(f"{run_dir} already holds a {status} run; pass --overwrite to replace it{hint}")
+    raise RunError(f"{run_dir} is not empty; pass --overwrite to train into it anyway")
+
+
+def is_run_dir(path: Path) -> bool:
+    return (Path(path) / CONFIG).is_file()
+
+
+def find_runs(root: Path) -> list[Path]:
+    """All run directories under root (root itself may be one), sorted by path. A run directory
+    inside another one is refused: a run folder holds one run (train and ablate refuse to make one)."""
+    root = Path(root)
+    if is_run_dir(root):
+        return [root]
+    found = sorted(p.parent for p in root.rglob(CONFIG) if "report" not in p.parent.relative_to(root).parts)
+    for run_dir in found:
+        outer = enclosing_run(run_dir, below=root)
+        if outer is not None:
+            raise RunError(f"{run_dir} is inside the run directory {outer}: a run folder holds one run; move it out")
+    return found
+
+
+def enclosing_run(path: Path, below: Path | None = None) -> Path | None:
+    """The run directory that holds `path` (path itself excluded; only folders under `below`)."""
+    path = Path(path)
+    for parent in path.parents:
+        if below is not None and parent == Path(below) or parent == parent.parent:
+            return None
+        if is_run_dir(parent):
+            return parent
+    return None
+
+
+def check_placement(path: Path, what: str, option: str) -> None:
+    """Refuse to put a run, a sweep or a prepared corpus (`what`, placed by `option`) inside a run
+    directory, and a run or a sweep inside a sweep's folder (one with sweep.json): the outer report
+    would read it as one of its own. (Training into a run directory is check_replace's question.)"""
+    resolved = Path(path).resolve()
+    if what != "run" and is_run_dir(resolved):
+        raise RunError(f"{path} is a run directory, not a {what} directory; choose another {option}")
+    outer = enclosing_run(resolved)
+    if outer is not None:
+        raise RunError(f"{path} is inside the run directory {outer}: a run folder holds one run; choose another "
+                       f"{option}")
+    sweep = next((p for p in resolved.parents if (p / SWEEP).is_file()), None)
+    if sweep is not None and what in ("run", "sweep"):
+        raise RunError(f"{path} is inside the sweep directory {sweep}, whose report would count the {what} as its "
+                       f"own; choose another {option}")
+
+
+SLUG_RE = re.compile(r"[^A-Za-z0-9_.+=-]+")
+
+
+def slugify(text: str) -> str:
+    """A path-safe piece of a run id: no separators, no '..', never empty."""
+    slug = SLUG_RE.sub("-", text).strip("-.") or "run"
+    return slug[:80]
+
+
+def config_hash(config: dict) -> str:
+    """A short hash of a resolved config; fields marked config.NEW are left out at their default, those
+    marked config.NO_RESULT at any value."""
+    blob = json.dumps(_without(config, hash_neutral()), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:8]
+
+
+def _without(config: dict, neutral: dict) -> dict:
+    out = {}
+    for key, value in config.items():
+        rule = neutral.get(key, _KEEP)
+        if isinstance(rule, dict) and isinstance(value, dict):
+            out[key] = _without(value, rule)
+        elif rule is _KEEP or isinstance(rule, dict) or (rule != ANY and value != rule):
+            out[key] = value
+    return out
+
+
+_KEEP = object()
+
+
+def run_id(slug: str, seed: int, config: dict) -> str:
+    """Readable slug + seed + short hash of the resolved config: stable across calls."""
+    return f"{slugify(slug)}-s{seed}-{config_hash(config)}"
+
+
+def safe_child(root: Path, name: str) -> Path:
+    """root/name, refusing names that would escape root."""
+    root = Path(root).resolve()
+    child = (root / name).resolve()
+    if child.parent != root:
+        raise RunError(f"run name {name!r} would escape {root}")
+    return child

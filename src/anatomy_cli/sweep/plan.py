@@ -1,0 +1,485 @@
+"""Ablation sweeps: expand(spec) -> [PlannedRun] (pure, no torch), then execute the plan.
+
+Designs (components from components.py, built-in or declared in the spec):
+  one-at-a-time  the reference end (every component off; "2017" for the five), each flip added
+                 alone to it, the all-on end ("llama"), each flip removed alone
+  factorial      every combination of the chosen flips (others keep the base's values)
+  list           named configs given as dotted overrides of the base
+Extra `axes` are crossed with the design; every config is validated before any run starts.
+Execution skips runs already completed (or diverged: that is a result), continues interrupted
+ones from their checkpoint, reruns the rest from scratch, and holds a lock so two sweeps never
+share a directory.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from anatomy_cli.spec import components
+from anatomy_cli.spec.components import Component, Design
+from anatomy_cli.spec.config import (
+    AblationSpec,
+    ConfigError,
+    ModelConfig,
+    RunConfig,
+    TrainConfig,
+    apply_overrides,
+    load_toml,
+    resolve_source,
+    validate,
+    validate_field,
+)
+from anatomy_cli.store import runs
+from anatomy_cli.store.lockfile import DirLock, Locked
+from anatomy_cli.sweep.jobs import Event, Job, Stop, execute_local
+
+DEFAULT_SPEC = "demo.toml"
+MAX_PLAN_RUNS = 10_000  # expanding more runs than this only fills memory before a sweep that never ends
+
+
+def experiments_dir() -> Path:
+    """./experiments when run from a checkout, else the copy packaged with anatomy."""
+    from importlib import resources
+
+    local = Path("experiments")
+    if (local / DEFAULT_SPEC).is_file():
+        return local
+    packaged = resources.files("anatomy_cli") / "_experiments"
+    if packaged.is_dir():
+        return Path(str(packaged))
+    return Path(__file__).resolve().parents[3] / "experiments"
+
+
+def load_spec(path: Path | None) -> AblationSpec:
+    """The spec file, parsed and validated field by field (its plan is checked by load_plan)."""
+    path = path or experiments_dir() / DEFAULT_SPEC
+    data = resolve_source(load_toml(path), Path(path).parent, "base.data")
+    return validate(AblationSpec, resolve_spec_sources(data, Path(path).parent))
+
+
+def resolve_spec_sources(data: dict, base_dir: Path) -> dict:
+    """A relative data.source in a component's settings, a [[configs]] entry or an axis resolves
+    against the spec's folder, as base.data.source does."""
+    if not isinstance(data, dict):
+        return data
+    tables = [c.get(k) for c in (data.get("components") or {}).values() if isinstance(c, dict) for k in ("on", "off")]
+    tables += [c.get("set") for c in data.get("configs") or [] if isinstance(c, dict)]
+    for table in tables:
+        if isinstance(table, dict) and "data.source" in table:
+            table["data.source"] = _resolved(table["data.source"], base_dir)
+    axes = data.get("axes")
+    if isinstance(axes, dict) and isinstance(axes.get("data.source"), list):
+        axes["data.source"] = [_resolved(v, base_dir) for v in axes["data.source"]]
+    return data
+
+
+def _resolved(source, base_dir: Path):
+    if isinstance(source, str) and not Path(source).is_absolute() and not Path(source).exists() \
+            and (base_dir / source).exists():
+        return str((base_dir / source).resolve())
+    return source
+
+
+def load_plan(path: Path | None, flips: str | None = None, seeds: int | None = None, steps: int | None = None,
+              **train) -> tuple[AblationSpec, list[PlannedRun]]:
+    """The one way a spec is read: parsed, its base.train fields overridden (`train`, None = keep),
+    its components and every planned config validated, and its plan size checked before the plan
+    is built. `anatomy components SPEC`, `ablate` (also --dry-run and --time) and `check` all
+    read specs through here, so a spec one of them accepts, all accept."""
+    spec = load_spec(path)
+    sets = {f"base.train.{k}": validate_field(f"train.{k}", v, f"--{k}") for k, v in train.items() if v is not None}
+    if sets:
+        spec = validate(AblationSpec, apply_overrides(spec.model_dump(mode="json"), sets))
+    return spec, expand(spec, parse_flips(flips, spec_table(spec)), seeds, steps)
+
+
+def check_data(plan) -> dict[str | None, int]:
+    """Read each distinct corpus once before any run starts: vocabulary size per source."""
+    return {source: facts["vocab"] for source, facts in corpus_facts(plan).items()}
+
+
+def corpus_facts(plan) -> dict[str | None, dict]:
+    """{source: {"vocab", "train_tokens"}} of each distinct corpus of the plan, each read once."""
+    from anatomy_cli.data.load import load_corpus
+
+    facts = {}
+    for p in plan:
+        d = p.config.data
+        if d.source not in facts:
+            corpus = load_corpus(d.source, d.val_frac, p.config.model.ctx_len)
+            facts[d.source] = {"vocab": len(corpus.vocab), "train_tokens": len(corpus.train)}
+    return facts
+
+
+class SweepLocked(Locked):
+    """Another live process holds the sweep directory."""
+
+
+@dataclass(frozen=True)
+class PlannedSize:
+    """One size of a ladder as planned: its name, the dotted settings it lays over the base (steps
+    included when the budget computes them) and the budget rule, as sweep.json records it."""
+
+    name: str
+    settings: tuple[tuple[str, object], ...]
+    budget: str
+    tokens_per_param: float | None = None
+
+    def record(self) -> dict:
+        return {"name": self.name, "settings": dict(self.settings), "budget": self.budget,
+                **({"tokens_per_param": self.tokens_per_param} if self.tokens_per_param is not None else {})}
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    run_id: str
+    slug: str  # e.g. '2017', '2017+rope', 'llama', 'llama-rope', with axis values appended ('S_2017': size S)
+    role: str  # 'reference', 'add-one', 'all-on', 'remove-one', 'factorial', 'list'
+    flip: str | None  # the flipped component for add-one / remove-one
+    config: RunConfig
+    design: Design | None = None  # the study's components (None for a list design)
+    size: PlannedSize | None = None  # its rung of the spec's [[sizes]] (None: the spec has none)
+
+
+def spec_table(spec: AblationSpec) -> dict[str, Component]:
+    """The built-in components plus the spec's own, by name."""
+    return components.table(spec.components, f"spec {spec.name}", spec.gqa_kv_head)
+
+
+def parse_flips(text: str | None, known: Iterable[str] = components.BUILTIN_NAMES) -> list[str] | None:
+    """'rope,swiglu' -> ['rope', 'swiglu']; unknown names are a ConfigError naming them."""
+    if text is None:
+        return None
+    known = list(known)
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise ConfigError(f"unknown --flip name(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(known)}")
+    return list(dict.fromkeys(names))
+
+
+def design_of(spec: AblationSpec, flips: list[str] | None = None) -> Design:
+    """The study's components and which of them get runs of their own.
+
+    The components are the spec's flips (default: the five plus the spec's own) and any --flip
+    names; runs of their own (add-one, remove-one, factorial) go to --flip's names when given. The
+    five 2017 -> LLaMA parts travel together: a study that flips any of them has all five at its
+    ends, so `flips = ["rope"]` still compares against the 2017 and LLaMA ends.
+    """
+    table = spec_table(spec)
+    names = spec.flips if spec.flips is not None else [*components.FIVE, *spec.components]
+    unknown = [n for n in [*names, *(flips or [])] if n not in table]
+    if unknown:
+        raise ConfigError(f"flips: unknown component(s) {', '.join(dict.fromkeys(unknown))}; "
+                          f"choose from {', '.join(table)} (or declare one under [components.NAME])")
+    members = list(dict.fromkeys([*names, *(flips or [])]))
+    if set(members) & set(components.FIVE):
+        members = list(dict.fromkeys([*components.FIVE, *members]))
+    design = Design(tuple(table[n] for n in members), tuple(flips or names))
+    components.check_conflicts(design.components)
+    return design
+
+
+def axis_key(key: str) -> str:
+    """Bare names are model or train fields ('n_layer' -> 'model.n_layer')."""
+    if "." in key:
+        return key
+    if key in ModelConfig.model_fields:
+        return f"model.{key}"
+    if key in TrainConfig.model_fields:
+        return f"train.{key}"
+    raise ConfigError(f"axes.{key}: not a model or train field (use a dotted key such as train.warmup)")
+
+
+Point = tuple[str, str, "str | None", dict[str, bool]]  # slug, role, flip, intended state per component
+
+
+def design_points(spec: AblationSpec, design: Design) -> list[Point]:
+    """(slug, role, flip, states) for each config of the design, before axes and seeds."""
+    names, varied = design.names, design.varied
+    if spec.design == "factorial":
+        points = []
+        for mask in itertools.product((False, True), repeat=len(varied)):
+            on = [f for f, m in zip(varied, mask) if m]
+            points.append(("+".join(on) or "none", "factorial", None, dict(zip(varied, mask))))
+        return points
+    ref, top = design.ends
+    points = [(ref, "reference", None, {n: False for n in names})]
+    if "add-one" in spec.directions:
+        points += [(f"{ref}+{f}", "add-one", f, {n: n == f for n in names}) for f in varied]
+    if "remove-one" in spec.directions:
+        points.append((top, "all-on", None, {n: True for n in names}))
+        points += [(f"{top}-{f}", "remove-one", f, {n: n != f for n in names}) for f in varied]
+    return points
+
+
+def expand(spec: AblationSpec, flips: list[str] | None = None, seeds: int | None = None,
+           steps: int | None = None) -> list[PlannedRun]:
+    """The full plan; raises ConfigError listing every invalid config before anything runs.
+
+    Component settings are resolved against the base with its size's and axis values (so gqa
+    follows an n_head axis or a size's n_head), then axes apply on top; every run's actual component
+    states are checked against its intended role, so an axis or base setting that contradicts the
+    role is an error, never a silently mislabelled run (a size may not set what a component
+    switches: plan_sizes). With [[sizes]] the whole design runs at every size, its slugs starting
+    with the size's name.
+    """
+    design = design_of(spec, flips) if spec.design != "list" else None
+    base = spec.base.model_dump(mode="json")
+    if steps is not None:
+        if spec.budget == "tokens-per-param":
+            raise ConfigError(f"--steps sets one budget for every size, but spec {spec.name} computes each size's "
+                              f"steps (budget 'tokens-per-param'); change its tokens_per_param instead")
+        base["train"]["steps"] = steps
+    axes = {axis_key(k): v for k, v in spec.axes.items()}
+    check_plan_size(spec, design, seeds)  # before anything is built: 2^24 factorial points would fill memory
+    seed_list = [spec.base.seed + i for i in range(seeds)] if seeds else spec.seed_list
+    points = design_points(spec, design) if design else [(c.name, "list", None, {}) for c in spec.configs]
+    sets = {c.name: dict(c.set) for c in spec.configs}
+    plan, errors, seen = [], [], set()
+    for rung, (slug, role, flip, want), values in itertools.product(plan_sizes(spec, design, axes) or [None], points,
+                                                                    itertools.product(*axes.values())):
+        axis_over = dict(zip(axes, values))
+        full_slug = "_".join(([rung.name] if rung else []) + [slug]
+                             + [f"{k.split('.')[-1]}={v}" for k, v in axis_over.items()])
+        start = apply_overrides(base, {**(dict(rung.settings) if rung else {}), **sets.get(slug, {}), **axis_over})
+        flat = components.flatten(start)
+        settings = {k: v for c in (design.components if design else ()) if c.name in want
+                    for k, v in c.settings(want[c.name], flat).items()}
+        for seed in seed_list:
+            data = apply_overrides(start, {**settings, **axis_over, "seed": seed, "name": f"{spec.name}/{full_slug}"})
+            try:
+                cfg = validate(RunConfig, data)
+            except ConfigError as err:
+                errors.append(f"{full_slug} (seed {seed}): {err}")
+                continue
+            wrong = role_errors(cfg, design, want, axis_over, role)
+            if wrong:
+                errors.append(f"{full_slug}: {wrong}")
+                break  # the same for every seed
+            dumped = cfg.model_dump(mode="json")
+            rid = runs.run_id(full_slug, seed, dumped)
+            # A design plans each config once (with two components, A alone is all-on minus B);
+            # a list design's entries are runs of their own even when their settings agree.
+            same = runs.config_hash({k: v for k, v in dumped.items() if k != "name"}) if design else rid
+            if same not in seen:
+                seen.add(same)
+                plan.append(PlannedRun(rid, full_slug, role, flip, cfg, design, rung))
+    if errors:
+        more = f"; and {len(errors) - 4} more" if len(errors) > 4 else ""
+        raise ConfigError(f"invalid configs in the plan ({len(errors)}): " + "; ".join(errors[:4]) + more)
+    return plan
+
+
+def plan_factors(spec: AblationSpec, design: Design | None, seeds: int | None = None) -> dict[str, int]:
+    """The plan's dimensions, counted without building anything: design points (2^k for a factorial
+    of k components; 1 + k and 1 + k one-at-a-time per direction), axis values, seeds. The product
+    bounds the runs (a design point met twice is planned once)."""
+    k = len(design.varied) if design else 0
+    if design is None:
+        points = len(spec.configs)
+    elif spec.design == "factorial":
+        points = 2**k
+    else:
+        points = 1 + ("add-one" in spec.directions) * k + ("remove-one" in spec.directions) * (1 + k)
+    return {"configs": points, "axis values": math.prod(len(v) for v in spec.axes.values()),
+            "seeds": seeds or len(spec.seed_list), **({"sizes": len(spec.sizes)} if spec.sizes else {})}
+
+
+def check_plan_size(spec: AblationSpec, design: Design | None, seeds: int | None = None) -> int:
+    factors = plan_factors(spec, design, seeds)
+    size = math.prod(factors.values())
+    if size > MAX_PLAN_RUNS:
+        shown = " x ".join(f"{n:,} {what}" for what, n in factors.items())
+        raise ConfigError(f"the plan has {size:,} runs ({shown}); more than {MAX_PLAN_RUNS:,} is taken for a typo")
+    return size
+
+
+def plan_sizes(spec: AblationSpec, design: Design | None, axes: dict[str, list]) -> list[PlannedSize]:
+    """The spec's sizes as dotted settings laid over the base before the components are: every key
+    any size sets, at each size's resolved value (SizeSpec.resolved: n_kv_head keeps the base's
+    ratio), so a run's settings name exactly one size; steps computed under 'tokens-per-param'.
+
+    A key a size sets that a component of the study switches, or that an axis also sets, is refused:
+    which of the two holds would be an accident (a size that contradicts a role).
+    """
+    switched = {k: c.name for c in (design.components if design else ()) for k in c.keys}
+    keys = {f"{section}.{k}": None for size in spec.sizes for section in ("model", "train")
+            for k in getattr(size, section)}
+    for size in spec.sizes:
+        for key in (f"{section}.{k}" for section in ("model", "train") for k in getattr(size, section)):
+            if key in switched:
+                raise ConfigError(f"sizes.{size.name}.{key}: component {switched[key]} of this study switches "
+                                  f"it, so a size cannot set it")
+            if key in axes:
+                raise ConfigError(f"sizes.{size.name}.{key}: also an axis (axes.{key.split('.')[-1]}); a size and "
+                                  f"an axis cannot both set it")
+    if "model.n_head" in keys:
+        keys["model.n_kv_head"] = None
+    out = []
+    for size in spec.sizes:
+        resolved = dict(zip(("model", "train"), (c.model_dump(mode="json") for c in size.resolved(spec.base))))
+        over = {key: resolved[key.split(".")[0]][key.split(".")[1]] for key in keys}
+        if spec.budget == "tokens-per-param":
+            over["train.steps"] = size_steps(spec, size)
+        out.append(PlannedSize(size.name, tuple(over.items()), spec.budget, spec.tokens_per_param))
+    return out
+
+
+def size_steps(spec: AblationSpec, size) -> int:
+    """Budget 'tokens-per-param' (Chinchilla-style, Hoffmann et al. 2022: ~20 tokens per parameter):
+    steps = ceil(tokens_per_param x N / (batch x ctx)), N the size's non-embedding parameters with
+    the base's components, so every run of a size shares one budget and stays paired."""
+    model, train = size.resolved(spec.base)
+    tokens = spec.tokens_per_param * model.non_embedding_params()
+    return max(1, math.ceil(tokens / (train.batch_size * model.ctx_len)))
+
+
+def role_errors(cfg: RunConfig, design: Design | None, want: dict[str, bool], axis_over: dict, role: str) -> str:
+    """'' when every component is in its intended state, else what contradicts the role and why."""
+    flat = components.flat_config(cfg)
+    problems = []
+    for c in design.components if design else ():
+        if c.name not in want or c.state(flat) == want[c.name]:
+            continue
+        shown = ", ".join(f"{k}={flat.get(k)!r}" for k in c.keys)
+        by_axis = [k for k in c.keys if k in axis_over]
+        cause = (f"set by axes.{by_axis[0].removeprefix('model.')}" if by_axis
+                 else "the base's value" if c.off is None and not want[c.name]
+                 else f"its {'on' if want[c.name] else 'off'} setting {c.describe('on' if want[c.name] else 'off')} "
+                      f"does not hold here")
+        problems.append(f"planned ({role}) with {c.name} {'on' if want[c.name] else 'off'}, but {shown} ({cause}) "
+                        f"makes it {'off' if want[c.name] else 'on'}")
+    return "; ".join(problems)
+
+
+def plan_estimate(plan: list[PlannedRun], workers: int, vocab: dict) -> tuple[dict[str, float], float]:
+    """({run id: estimated seconds}, start-up seconds per worker) from this machine's calibration
+    (calibrate.py: measured step, evaluation and per-run times of each shape class, cached)."""
+    from anatomy_cli.sweep import calibrate
+
+    threads = max(1, (os.cpu_count() or 1) // max(1, workers))  # what each run of the sweep trains with
+    sized = {p.run_id: p.config.model_copy(update={"model": p.config.model.model_copy(
+        update={"vocab_size": vocab[p.config.data.source]})}) for p in plan}
+    keys = {rid: calibrate.shape_key(cfg, cfg.model.vocab_size, threads) for rid, cfg in sized.items()}
+    reps: dict[str, RunConfig] = {}
+    for rid, key in keys.items():
+        reps.setdefault(key, sized[rid])
+    cals = calibrate.calibrations(reps, threads)
+    per_run = {rid: calibrate.run_seconds(cfg, cals[keys[rid]], cfg.model.flops_per_token()
+                                          / reps[keys[rid]].model.flops_per_token()) for rid, cfg in sized.items()}
+    return per_run, max((c["startup_s"] for c in cals.values()), default=0.0)
+
+
+# ----------------------------------------------------------------------------------- execution
+
+
+class SweepLock(DirLock):
+    """sweep_dir/.lock names its live owner; the protocol (atomic take, race-free stale takeover)
+    is lockfile.DirLock's."""
+
+    error = SweepLocked
+
+    def __init__(self, sweep_dir: Path):
+        super().__init__(sweep_dir, "sweep directory")
+
+
+def stack_size(choice: str, device_type: str) -> int:
+    """--stack auto | off | N -> the most seeds one stacked model holds (1: every run alone).
+    auto: STACK_AUTO[device_type], what was measured faster on that kind of device."""
+    if choice == "off":
+        return 1
+    if choice == "auto":
+        return STACK_AUTO.get(device_type, 1)
+    if choice.isdigit() and int(choice) >= 1:
+        return int(choice)
+    raise ConfigError(f"--stack must be auto, off or a number of seeds per model (1 or more), got {choice!r}")
+
+
+# `--stack auto` per device type: seeds per stacked model where stacking measured faster, 1 where
+# it measured slower or was not measured (benchmarks/RESULTS.md, "bench_stack"; cpu: 0.91x the speed
+# of runs alone, 3 interleaved rounds on an idle 2-core machine; cuda and mps: not measured yet).
+STACK_AUTO = {"cpu": 1, "cuda": 1, "mps": 1}
+
+
+def default_workers(n_runs: int) -> int:
+    """Parallel processes: one per core up to the number of runs (measured: benchmarks/RESULTS.md)."""
+    return max(1, min(os.cpu_count() or 1, n_runs))
+
+
+def record_design(sweep_dir: Path, design: Design | None, invocation: dict | None = None,
+                  sizes: Iterable[PlannedSize] = ()) -> None:
+    """Add the design's components (and sizes) to sweep_dir/sweep.json, which the report reads to
+    tell roles (and which size a run is).
+
+    A sweep directory may hold several invocations (other --flip choices, more seeds): the file keeps
+    the union of their components and sizes. A spec component or a size redefined under the same
+    name is refused, since runs already written were planned with the old definition.
+    """
+    path = Path(sweep_dir) / runs.SWEEP
+    old = runs.read_design(sweep_dir) or {"components": []}
+    rows = {r["name"]: r for r in old["components"]}
+    for c in design.components if design else ():
+        row = components.record(c)
+        if c.origin != "built-in" and c.name in rows and rows[c.name] != row:
+            raise ConfigError(f"{path}: component {c.name} was defined differently by an earlier sweep in this "
+                              f"directory; rename it or use another spec name")
+        rows.setdefault(c.name, row)
+    rungs = {r["name"]: r for r in old.get("sizes", [])}
+    for size in sizes:
+        if rungs.setdefault(size.name, size.record()) != size.record():
+            raise ConfigError(f"{path}: size {size.name} was defined differently by an earlier sweep in this "
+                              f"directory; rename it or use another spec name")
+    keep = {k: v for k, v in old.items() if k not in ("components", "sizes")}
+    extra = {"invocation": invocation} if invocation is not None else keep
+    runs.atomic_write_json(path, {"components": list(rows.values()), **extra,
+                                  **({"sizes": list(rungs.values())} if rungs else {})})
+
+
+def pending_runs(plan: list[PlannedRun], sweep_dir: Path) -> list[PlannedRun]:
+    return [p for p in plan if runs.run_status(Path(sweep_dir) / p.run_id) not in runs.DONE_STATES]
+
+
+def execute(plan: list[PlannedRun], sweep_dir: Path, workers: int = 1, on_event: Event | None = None,
+            sweep_name: str | None = None, executor: str = "local", address: str | None = None,
+            invocation: dict | None = None, stop: Stop | None = None, stack: int = 1) -> list[dict]:
+    """Run every pending run of the plan into sweep_dir/<run_id>; return all summaries.
+
+    executor 'local' runs in this process (workers=1) or a process pool; 'dask' submits each run
+    to an existing dask.distributed cluster at `address` (see dask_exec.py). `invocation` (spec,
+    flip, steps: how the CLI was called) goes into sweep.json, so a report can say the command
+    that adds seeds.
+    When stop() turns true (local executor) the runs in flight save and end 'interrupted', no new
+    run starts, and this returns after every worker has exited, with the lock released: a rerun
+    resumes the sweep.
+    stack > 1 (local executor): runs that differ only by seed train as one stacked model, up to
+    `stack` per model (jobs.group_jobs); every run keeps its own folder.
+    """
+    sweep_dir = Path(sweep_dir)
+    runs.check_placement(sweep_dir, "sweep", "--runs-dir")  # runs inside a run: its report would see the outer one
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    emit = on_event or (lambda e: None)
+    with SweepLock(sweep_dir):
+        design = next((p.design for p in plan if p.design), None)
+        sizes = list(dict.fromkeys(p.size for p in plan if p.size))
+        if design is not None or sizes:
+            record_design(sweep_dir, design, invocation, sizes)
+        todo = pending_runs(plan, sweep_dir)
+        emit({"event": "plan", "total": len(plan), "todo": len(todo), "skipped": len(plan) - len(todo)})
+        threads = max(1, (os.cpu_count() or 1) // max(1, workers))
+        todo_jobs = [Job(p.run_id, p.config.model_dump(mode="json"), str(sweep_dir / p.run_id), threads,
+                         {"sweep": sweep_name, "role": p.role, "flip": p.flip}) for p in todo]
+        if executor == "dask":
+            from anatomy_cli.sweep.dask_exec import execute_dask
+
+            execute_dask(todo_jobs, address, emit)
+        else:
+            execute_local(todo_jobs, workers, emit, stop, stack)
+    return [runs.read_summary(sweep_dir / p.run_id) or {} for p in plan]
+
+

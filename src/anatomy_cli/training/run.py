@@ -1,0 +1,281 @@
+"""One training run's lifecycle: RunConfig + run directory -> config.json, metrics.jsonl, weights,
+summary.json; resuming an interrupted run. The step loop is trainer.Trainer's; the summary's schema
+is summary.RunSummary. Progress goes to a callback; this module never prints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from anatomy_cli.data.corpus import Corpus
+from anatomy_cli.data.load import load_corpus
+from anatomy_cli.model.generate import generate
+from anatomy_cli.spec import components
+from anatomy_cli.spec.config import ConfigError, RunConfig
+from anatomy_cli.store import runs
+from anatomy_cli.store.lockfile import identity
+from anatomy_cli.store.summary import RunSummary
+from anatomy_cli.training.checkpoint import load_run_config, load_weights, save_weights
+from anatomy_cli.training.devices import (
+    available_bytes,
+    cpu_capability,
+    hardware,
+    matmul_precision,
+    peak_memory,
+    resolve_device,
+    sdpa_kernel,
+)
+from anatomy_cli.training.trainer import Progress, Trainer
+
+
+def resolve_config(cfg: RunConfig, corpus: Corpus) -> RunConfig:
+    """Fill model.vocab_size from the data (or check it matches)."""
+    n = len(corpus.vocab)
+    if cfg.model.vocab_size not in (None, n):
+        raise ConfigError(f"model.vocab_size={cfg.model.vocab_size} but the corpus has {n} distinct characters")
+    return cfg.model_copy(update={"model": cfg.model.model_copy(update={"vocab_size": n})})
+
+
+def write_samples(tr: Trainer) -> str:
+    t = tr.cfg.train
+    if t.sample_len == 0 or tr.log.best_step < 0:
+        return ""
+    load_weights(tr.model, tr.run_dir / runs.BEST)
+    tr.model.eval()
+    vocab = tr.corpus.vocab
+    prefix = "".join(c for c in t.sample_prefix if c in vocab.index) or vocab.chars[0]
+    ids = list(generate(tr.model, vocab.encode(prefix), t.sample_len, t.sample_temp, seed=tr.cfg.seed))
+    text = prefix + vocab.decode(ids)
+    header = f"# prefix={prefix!r} temp={t.sample_temp} seed={tr.cfg.seed} weights=best\n"
+    runs.atomic_write_text(tr.run_dir / runs.SAMPLES, header + text + "\n")
+    return text
+
+
+@torch.no_grad()
+def expert_load(tr: Trainer) -> list[list[float]] | None:
+    """Per MoE layer, the fraction of routed slots each expert got (each row sums to 1; a balanced
+    router gives 1/E; none can pass 1/k, as a token picks k different experts), over the fixed
+    validation windows with the best weights (best.safetensors): the router the run's result comes
+    from, so a collapse late in training shows (a tally over training would average it away). None
+    for a dense model or a run without best weights."""
+    if not tr.cfg.model.moe or tr.log.best_step < 0:
+        return None
+    load_weights(tr.model, tr.run_dir / runs.BEST)
+    tr.model.eval()
+    counts = 0
+    for x, y in tr.val:
+        with tr.autocast:
+            counts = counts + tr.fwd(x, y, aux=True)[2]["expert_counts"]  # [L, E]
+    return (counts / counts.sum(dim=-1, keepdim=True)).tolist()
+
+
+def check_fits(cfg: RunConfig, device: torch.device, copies: int = 1) -> None:
+    """Refuse, with the estimate, a model whose training step cannot fit (instead of an allocator crash).
+    copies: runs trained as one stack (stacked.py), each with its own weights, state and batch."""
+    t = cfg.train
+    val_windows = 8 * t.batch_size * t.eval_batches * (cfg.model.ctx_len + 1)  # int64, held for the whole run
+    need, have = copies * cfg.model.train_bytes(t.batch_size) + val_windows, available_bytes(device)
+    if have is not None and need > have:
+        m = cfg.model
+        # the base sizes, then every other size the spec moved off its default (moe_experts, ...)
+        sizes = {"d_model": m.d_model, "n_layer": m.n_layer, "ctx_len": m.ctx_len}
+        sizes |= {k: v for k, v in m if type(v) is int and k != "vocab_size" and v != type(m).model_fields[k].default}
+        sizes |= {"batch_size": t.batch_size, "eval_batches": t.eval_batches}
+        raise ConfigError(f"run too large for this machine: {', '.join(f'{k}={v}' for k, v in sizes.items())} "
+                          f"need about {need / 2**30:,.1f} GiB "
+                          f"for one training step ({m.num_params():,} parameters); {have / 2**30:,.1f} GiB is "
+                          f"available on {device}")
+
+
+def summarize(tr: Trainer, status: str, diverged_at: int | None, carried: dict,
+              load: list[list[float]] | None = None) -> RunSummary:
+    t, steps, log = tr.cfg.train, tr.step, tr.log
+    tokens = log.tokens(steps)
+    best = log.best if math.isfinite(log.best) else None
+    return RunSummary(
+        status=status,
+        **carried,
+        label=components.label(tr.cfg),
+        components=list(components.on_names(tr.cfg)),
+        seed=tr.cfg.seed,
+        params=tr.model.num_params(),
+        active_params=tr.cfg.model.active_params(),  # per token: a mixture's unrouted experts left out
+        best_val_loss=best,
+        best_step=log.best_step if best is not None else None,
+        final_val_loss=log.last_val if math.isfinite(log.last_val) else None,
+        bits_per_char=best / math.log(2) if best is not None else None,
+        steps_done=steps,
+        tokens_seen=tokens,
+        tokens_per_s=tokens / tr.train_time if tr.train_time > 0 else None,
+        step_time_ms=1000 * tr.train_time / steps if steps else None,
+        wall_s=round(tr.elapsed, 3),
+        peak_mem_bytes=peak_memory(tr.device),
+        device=str(tr.device),
+        hardware=hardware(tr.device),
+        cpu_capability=cpu_capability(),
+        threads=torch.get_num_threads(),
+        torch_version=torch.__version__,
+        dtype=t.dtype,
+        matmul_precision=matmul_precision(tr.device, t.dtype),  # what "float32" really ran at
+        sdpa_kernel=sdpa_kernel(tr.cfg.model, t.batch_size, tr.device, t.dtype),
+        compiled=t.compile,
+        diverged_at=diverged_at,
+        error=f"diverged at step {diverged_at}" if diverged_at is not None else None,
+        **({"expert_load": load} if load else {}),  # a mixture of experts only
+    )
+
+
+def train(cfg: RunConfig, run_dir: Path, progress: Progress | None = None,
+          stop: Callable[[], bool] | None = None, extra_summary: dict | None = None,
+          overwrite: bool = True) -> dict:
+    """Train one run from scratch into run_dir (emptied of a previous attempt first).
+
+    Holds run_dir/.lock throughout (RunBusy if a live process trains it). overwrite=False refuses a
+    folder that is not empty; a folder of other runs is always refused (runs.check_replace).
+    """
+    corpus = load_corpus(cfg.data.source, cfg.data.val_frac, cfg.model.ctx_len)
+    cfg = resolve_config(cfg, corpus)
+    check_fits(cfg, resolve_device(cfg.train.device))
+    run_dir = Path(run_dir)
+    runs.check_replace(run_dir, overwrite)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with runs.RunLock(run_dir):
+        runs.check_replace(run_dir, overwrite)  # again, now that no one else can write here
+        return _from_scratch(cfg, run_dir, corpus, progress, stop, RunSummary(**(extra_summary or {})).carried())
+
+
+def _from_scratch(cfg: RunConfig, run_dir: Path, corpus: Corpus, progress, stop, carried: dict) -> dict:
+    carried = prepare_fresh(cfg, run_dir, corpus, carried)
+    with recorded(run_dir, carried):
+        return _finish(Trainer(cfg, run_dir, corpus, progress), stop, carried)
+
+
+def prepare_fresh(cfg: RunConfig, run_dir: Path, corpus: Corpus, carried: dict) -> dict:
+    """Empty run_dir of a previous attempt, write config.json (first) and vocab.json; the carried
+    summary fields with this run's id and corpus fingerprint."""
+    for name in runs.RUN_FILES:
+        if name != runs.CONFIG:
+            (run_dir / name).unlink(missing_ok=True)
+    runs.drop_temp_files(run_dir)
+    runs.atomic_write_json(run_dir / runs.CONFIG, cfg.model_dump(mode="json"))  # first
+    corpus.vocab.save(run_dir / runs.VOCAB)
+    return {**carried, "run_id": run_dir.name, **corpus_identity(corpus)}
+
+
+def resume(run_dir: Path, progress: Progress | None = None, stop: Callable[[], bool] | None = None) -> dict:
+    """Continue an interrupted run; metrics equal an uninterrupted run's.
+
+    'Interrupted' includes a run whose process died (SIGKILL, power loss, out of memory): its
+    summary still says 'running' but names a dead owner. With a checkpoint (resume.pt: written at
+    every evaluation by default, and when a run is stopped) training continues from its step;
+    without one (killed before the first) the run starts again from step 0 with its recorded config
+    and seed, which gives the same metrics an uninterrupted run would. Either way the corpus must be
+    the one the run started on.
+    """
+    run_dir = Path(run_dir)
+    cfg = load_run_config(run_dir)
+    with runs.RunLock(run_dir):
+        corpus, carried = resume_preamble(run_dir, cfg)
+        if not has_checkpoint(run_dir):
+            return _from_scratch(cfg, run_dir, corpus, progress, stop, carried)
+        tr = Trainer(cfg, run_dir, corpus, progress)
+        tr.restore()  # a bad checkpoint raises here and leaves the run as it was
+        drop_stale(run_dir)
+        with recorded(run_dir, carried):
+            return _finish(tr, stop, carried)
+
+
+def resume_preamble(run_dir: Path, cfg: RunConfig, corpus: Corpus | None = None) -> tuple[Corpus, dict]:
+    """Whether an interrupted run may go on, checked under its lock (a finished rival is seen
+    finished): one error line for a run that is not interrupted, or whose corpus changed since it
+    started. Returns the corpus (cfg's, read only once the status passed, when none is given: a
+    stack reads its one corpus first) and the summary fields the resumed run carries, with its id
+    and corpus fingerprint. resume() and stacked.train_group both start with it."""
+    status = runs.run_status(run_dir)
+    if status != runs.INTERRUPTED:
+        raise runs.RunError(f"{run_dir} is {status or 'not a run'}; only interrupted runs can be resumed")
+    before = RunSummary.model_validate(runs.read_summary(run_dir) or {})
+    if corpus is None:
+        corpus = load_corpus(cfg.data.source, cfg.data.val_frac, cfg.model.ctx_len)
+    check_corpus(run_dir, cfg, before, corpus)
+    return corpus, {**before.carried(), "run_id": run_dir.name, **corpus_identity(corpus)}
+
+
+def drop_stale(run_dir: Path) -> None:
+    """Once a checkpoint is restored: the last weights (of where the run stopped) are stale from
+    here on, and a killed write's temp files go."""
+    (run_dir / runs.LAST).unlink(missing_ok=True)
+    runs.drop_temp_files(run_dir)
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    """Whether resume() continues from a saved step (else it trains again from step 0)."""
+    return (Path(run_dir) / runs.RESUME).is_file()
+
+
+def corpus_identity(corpus: Corpus) -> dict:
+    """What a summary records of its corpus: the sha256 of its text and, for a prepared folder, its
+    files' fingerprint (prepared.py), so a resume can tell other data from the same."""
+    files = corpus.meta.get("fingerprint")
+    return {"corpus_sha256": corpus.meta.get("sha256")} | ({"corpus_files": files} if files else {})
+
+
+def check_corpus(run_dir: Path, cfg: RunConfig, before: RunSummary, corpus: Corpus) -> None:
+    """Refuse to continue a run on other data than it started on (fingerprints, else vocabulary size)."""
+    from anatomy_cli.data.prepared import changed_file
+
+    was, now = before.corpus_sha256, corpus.meta.get("sha256")
+    if was and now and was != now:
+        raise runs.RunError(f"{run_dir}: the corpus changed since the run started (sha256 {was[:12]}... is now "
+                            f"{now[:12]}...); resuming would train on other data")
+    name = changed_file(before.corpus_files, corpus.meta.get("fingerprint"))
+    if name is not None:
+        raise runs.RunError(f"{run_dir}: {name} of the prepared corpus {cfg.data.source} changed since the run "
+                            f"started; resuming would train on other data")
+    if len(corpus.vocab) != cfg.model.vocab_size:
+        raise runs.RunError(f"{run_dir}: the corpus changed since the run started (vocabulary size differs)")
+
+
+@contextlib.contextmanager
+def recorded(run_dir: Path, carried: dict):
+    """While training, the summary says 'running', owned by this process (runs.run_status checks that
+    it lives). Whatever ends training early leaves the run 'failed' (an exception: out of memory, a
+    bug) or 'interrupted' (a second Ctrl-C, SystemExit) with the error, never 'running'."""
+    running = RunSummary(status=runs.RUNNING, owner=identity(), **carried)
+    runs.atomic_write_json(run_dir / runs.SUMMARY, running.record())
+    try:
+        yield
+    except BaseException as err:
+        status = runs.FAILED if isinstance(err, Exception) else runs.INTERRUPTED
+        error = f"{err.__class__.__name__}: {err}".rstrip(": ")
+        with contextlib.suppress(OSError, runs.RunError):
+            # a run that finished before the error (a stacked member that diverged) keeps its summary
+            if (runs.read_summary(run_dir) or {}).get("status") == runs.RUNNING:
+                runs.atomic_write_json(run_dir / runs.SUMMARY,
+                                       RunSummary(status=status, **carried, error=error).record())
+        raise
+
+
+def _finish(tr: Trainer, stop, carried: dict) -> dict:
+    status, diverged_at = tr.run(stop)  # a stopped run has saved its checkpoint
+    return finalize(tr, status, diverged_at, carried)
+
+
+def finalize(tr, status: str, diverged_at: int | None, carried: dict) -> dict:
+    """Last weights, samples, and summary.json (last) of a run that has stopped training; tr is a
+    Trainer or a stacked member (stacked.Member), which hold the same attributes."""
+    save_weights(tr.model, tr.run_dir / runs.LAST)
+    if status == runs.COMPLETED:
+        write_samples(tr)
+    load = expert_load(tr) if status != runs.INTERRUPTED else None  # a resumed run measures it at its end
+    tr.log.close()
+    summary = summarize(tr, status, diverged_at, carried, load).record()
+    runs.atomic_write_json(tr.run_dir / runs.SUMMARY, summary)  # last
+    if status != runs.INTERRUPTED:  # only now: a kill before the summary still resumes from the checkpoint
+        (tr.run_dir / runs.RESUME).unlink(missing_ok=True)
+    return summary

@@ -1,0 +1,166 @@
+"""The package's layout holds: a few rooms at the top, imports one way between them, no circles, and
+docs/layout.md says what the package's own docstrings say.
+
+Every import of anatomy_cli is read from the source (inside functions too: an import hidden in a
+function to dodge a circle is a circle), so nothing here depends on what a test happened to import.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import anatomy_cli
+
+PKG = Path(anatomy_cli.__file__).parent
+ROOT = PKG.parents[1]
+# Top to bottom: a subpackage may import those below it, never one above it or beside it.
+ORDER = ["cli", "report", "sweep", "exams", "training", ("model", "data"), "store", "spec"]
+RANK = {name: len(ORDER) - i for i, names in enumerate(ORDER) for name in ((names,) if isinstance(names, str)
+                                                                            else names)}
+SUBPACKAGES = sorted(RANK)
+TORCH_FREE = ("spec", "store", "report")  # --help, --dry-run and report stay instant
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+
+
+def imports(name: str) -> list[tuple[str, int, bool]]:
+    """(imported module, line, at module level) for every anatomy_cli import in a module."""
+    path = MODULES[name]
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    top = {id(node) for node in tree.body}
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+        elif isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        else:
+            continue
+        out += [(t, node.lineno, id(node) in top) for t in targets if t.startswith("anatomy_cli.") and t in MODULES]
+    return out
+
+
+def room(name: str) -> str | None:
+    """The subpackage a module lives in (None: the package's own __init__/__main__)."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in RANK) else None
+
+
+def test_at_most_ten_entries_at_the_top():
+    entries = sorted(p.name for p in PKG.iterdir() if p.name != "__pycache__" and not p.name.startswith("."))
+    rooms = [e for e in entries if e not in ("__init__.py",)]
+    assert len(rooms) <= 10, rooms
+    assert {e for e in entries if (PKG / e).is_dir()} == set(SUBPACKAGES)
+
+
+def test_no_import_runs_against_the_direction():
+    bad = []
+    for name in MODULES:
+        here = room(name)
+        for target, line, _ in imports(name):
+            there = room(target)
+            if here and there and here != there and RANK[here] <= RANK[there]:
+                bad.append(f"{name}:{line} imports {target} ({here} may not import {there})")
+    assert not bad, "\n".join(bad)
+
+
+def find_circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle of the graph, or None (depth-first search, iterative)."""
+    state: dict[str, int] = {}
+    for start in graph:
+        if state.get(start):
+            continue
+        stack = [(start, iter(sorted(graph[start])))]
+        path = [start]
+        state[start] = 1
+        while stack:
+            node, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                state[node] = 2
+                stack.pop()
+                path.pop()
+            elif state.get(child) == 1:
+                return path[path.index(child):] + [child]
+            elif not state.get(child):
+                state[child] = 1
+                path.append(child)
+                stack.append((child, iter(sorted(graph.get(child, ())))))
+    return None
+
+
+def test_no_import_circle_between_modules_inside_functions_included():
+    graph = {name: {t for t, _, _ in imports(name) if t != name} for name in MODULES}
+    # a package's __init__ is imported with each of its modules: only its own imports count, as edges
+    circle = find_circle(graph)
+    assert circle is None, " -> ".join(circle)
+
+
+def test_the_circle_check_finds_a_circle():
+    assert find_circle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_circle({"a": {"b"}, "b": set()}) is None
+
+
+@pytest.mark.parametrize("package", SUBPACKAGES)
+def test_each_subpackage_imports_alone_and_says_what_lives_there(package):
+    module = importlib.import_module(f"anatomy_cli.{package}")
+    doc = module.__doc__ or ""
+    assert "Imports:" in doc, f"anatomy_cli/{package}/__init__.py must say what it may import"
+    heads = [re.split(r"\s{2,}", line.strip())[0] for line in doc.splitlines() if re.match(r"^  \S", line)]
+    listed = {word.strip() for head in heads for word in head.split("/")}
+    own = {p.stem for p in (PKG / package).glob("*.py") if p.stem != "__init__"}
+    assert own <= listed | {"__init__"}, f"{package}: modules its docstring does not name: {sorted(own - listed)}"
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("package", TORCH_FREE)
+def test_light_rooms_never_import_torch(package):
+    names = [n for n in MODULES if room(n) == package]
+    code = f"import sys; import {', '.join(names)}; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False", f"importing anatomy_cli.{package} imported torch"
+
+
+def test_docs_layout_page_lists_each_subpackage_as_its_docstring_says():
+    """docs/layout.md holds each subpackage's docstring between markers, so the page cannot drift:
+    `python -m anatomy_cli.report.results docs/layout.md` is not it; tests/test_layout.py checks it
+    against the code, and python tests/test_layout.py rewrites it."""
+    page = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8")
+    assert page == layout_page(page), ("docs/layout.md differs from the package's docstrings: "
+                                       "python tests/test_layout.py")
+
+
+MARK = re.compile(r"(<!-- layout (?P<pkg>\w+) -->\n)(?P<body>.*?)(<!-- /layout -->)", re.DOTALL)
+
+
+def layout_page(page: str) -> str:
+    """The page with every `<!-- layout PKG -->` block rewritten from anatomy_cli/PKG's docstring."""
+    def block(m: re.Match) -> str:
+        doc = importlib.import_module(f"anatomy_cli.{m['pkg']}").__doc__.strip("\n")
+        return f"{m.group(1)}```\nanatomy_cli/{m['pkg']}/\n{doc}\n```\n{m.group(4)}"
+    found = {m["pkg"] for m in MARK.finditer(page)}
+    assert found == set(SUBPACKAGES), f"docs/layout.md blocks: missing {sorted(set(SUBPACKAGES) - found)}"
+    return MARK.sub(block, page)
+
+
+if __name__ == "__main__":  # rewrite docs/layout.md's blocks from the docstrings
+    path = ROOT / "docs" / "layout.md"
+    path.write_text(layout_page(path.read_text(encoding="utf-8")), encoding="utf-8")
