@@ -30,6 +30,7 @@ from anatomy_cli.report import stats
 from anatomy_cli.report import verdict as vd
 from anatomy_cli.report.frames import HIGHER_IS_BETTER, LOSS_METRIC, RELATIVE_METRICS, SPEED_METRIC, load_runs
 from anatomy_cli.spec import components as comp
+from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, REFERENCE, REMOVE_ONE, shown
 from anatomy_cli.store.runs import (
     COMPLETED,
 )
@@ -103,10 +104,10 @@ def _pairings(members: pd.DataFrame):
             if f"+{a}" in by_role:
                 by_role.setdefault(f"-{b}", by_role[f"+{a}"])
     ends = comp.end_names(design)
-    ends = ("2017", "LLaMA") if ends == ("2017", "llama") else ends
+    ends = tuple(map(shown, ends))
     for flip in design:
-        for direction, ref, var, end in (("add-one", "reference", f"+{flip}", ends[0]),
-                                         ("remove-one", "all-on", f"-{flip}", ends[1])):
+        for direction, ref, var, end in ((ADD_ONE, REFERENCE, f"+{flip}", ends[0]),
+                                         (REMOVE_ONE, ALL_ON, f"-{flip}", ends[1])):
             if ref in by_role and var in by_role:
                 yield flip, direction, f"{end} end", by_role[ref], by_role[var]
 
@@ -157,7 +158,7 @@ def effects_by_eval(runs_df: pd.DataFrame, curves_df: pd.DataFrame) -> pd.DataFr
 
 def gain_of(end, variant, metric: str, direction: str):
     """stats.gain for `metric` (relative for RELATIVE_METRICS, higher is better for tokens/s)."""
-    return stats.gain(end, variant, direction == "add-one", metric in RELATIVE_METRICS, metric in HIGHER_IS_BETTER)
+    return stats.gain(end, variant, direction == ADD_ONE, metric in RELATIVE_METRICS, metric in HIGHER_IS_BETTER)
 
 
 def _pair_gains(ref: pd.DataFrame, var: pd.DataFrame, metric: str, direction: str):
@@ -220,7 +221,7 @@ def threshold(runs_df: pd.DataFrame, metric: str) -> float:
     reference end's `metric` (the all-on end's where there is no reference end), in percent of its
     mean for RELATIVE_METRICS; NaN with fewer than two seeds."""
     floor = vd.noise_floor(runs_df, metric)
-    sd, _, mean = floor.get("reference") or floor.get("all-on") or (math.nan, 0, math.nan)
+    sd, _, mean = floor.get(REFERENCE) or floor.get(ALL_ON) or (math.nan, 0, math.nan)
     return 100.0 * sd / mean if metric in RELATIVE_METRICS else sd
 OVERLAP_NOTE = "from training runs that may have shared the CPU: not a fair timing"
 

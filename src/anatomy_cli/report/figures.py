@@ -31,6 +31,7 @@ from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
 
 from anatomy_cli.report import stats
 from anatomy_cli.spec import components as comp
+from anatomy_cli.spec.roles import ADD_ONE
 from anatomy_cli.store.runs import atomic_write_bytes
 
 END_COLOUR = "#555555"  # the end a variant is compared with
@@ -249,8 +250,8 @@ def plot_eval_effects(eval_effects: pd.DataFrame, path: Path) -> Path:
         for (direction, group), cell in rows.groupby(["direction", "group"], sort=False):
             cell = cell[cell["step"] > 0].sort_values("step")  # step 0: untrained, no effect yet
             x = cell["tokens"].to_numpy(float) if cell["tokens"].notna().all() else cell["step"].to_numpy(float)
-            style = "-" if direction == "add-one" else "--"
-            name = ("added" if direction == "add-one" else "removed") + (f" [{group}]" if group else "")
+            style = "-" if direction == ADD_ONE else "--"
+            name = ("added" if direction == ADD_ONE else "removed") + (f" [{group}]" if group else "")
             ax.plot(x, cell["gain"].to_numpy(float), style, color=c, linewidth=1.6, label=name)
             lo, hi = cell["raw_low"].to_numpy(float), cell["raw_high"].to_numpy(float)
             if np.isfinite(lo).any():
@@ -301,14 +302,14 @@ def scale_figure(by_size: pd.DataFrame, trends: pd.DataFrame) -> Figure:
         said = []
         for (series, direction), cell in by_size[by_size["flip"] == flip].groupby(["series", "direction"], sort=False):
             cell = cell.sort_values("non_embedding_params")
-            x = cell["non_embedding_params"].to_numpy(float) * 10 ** (-0.02 if direction == "add-one" else 0.02)
-            word = "added" if direction == "add-one" else "removed"
+            x = cell["non_embedding_params"].to_numpy(float) * 10 ** (-0.02 if direction == ADD_ONE else 0.02)
+            word = "added" if direction == ADD_ONE else "removed"
             lo, hi = cell["adj_low"].to_numpy(float), cell["adj_high"].to_numpy(float)
             gain = cell["gain"].to_numpy(float)
             ax.errorbar(x, gain,
                         yerr=[np.where(np.isfinite(lo), gain - lo, 0), np.where(np.isfinite(hi), hi - gain, 0)],
-                        fmt="o-" if direction == "add-one" else "s--", color=c, linewidth=1.5, markersize=5, capsize=3,
-                        markerfacecolor=c if direction == "add-one" else "white",
+                        fmt="o-" if direction == ADD_ONE else "s--", color=c, linewidth=1.5, markersize=5, capsize=3,
+                        markerfacecolor=c if direction == ADD_ONE else "white",
                         label=word + (f" [{series}]" if series else ""))
             trend = trends[(trends["flip"] == flip) & (trends["direction"] == direction) & (trends["series"] == series)]
             if len(trend):

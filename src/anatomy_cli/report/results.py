@@ -32,6 +32,7 @@ import sys
 from pathlib import Path
 
 from anatomy_cli.spec.errors import InputError
+from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, REFERENCE, REMOVE_ONE
 
 FORMAT, VERSION = "anatomy-results", 1
 RESULTS_DIR = Path("experiments") / "results"
@@ -60,7 +61,7 @@ def build(root: Path, frames) -> dict:
     floor = vd.noise_floor(runs)
     ends = {role: {"name": name, "mean": _num(floor[role][2]), "sd": _num(floor[role][0]), "seeds": floor[role][1],
                    **_fit(runs, role)}
-            for role, name in (("reference", ref), ("all-on", top)) if role in floor}
+            for role, name in ((REFERENCE, ref), (ALL_ON, top)) if role in floor}
     ev = effects_mod.effects_by_eval(runs, curves)
     eval_gains = [{"flip": f, "direction": d, "group": g, "steps": [int(x) for x in cell["step"]],
                    "tokens": [_num(x, 0) for x in cell["tokens"]], "gain": [_num(x, 4) for x in cell["gain"]]}
@@ -162,8 +163,8 @@ def _end(doc: dict, role: str) -> str:
 
 
 def _change(doc: dict, e: dict) -> str:
-    return (f"added to {_end(doc, 'reference')}" if e["direction"] == "add-one"
-            else f"removed from {_end(doc, 'all-on')}") + (f" [{e['group']}]" if e["group"] else "")
+    return (f"added to {_end(doc, REFERENCE)}" if e["direction"] == ADD_ONE
+            else f"removed from {_end(doc, ALL_ON)}") + (f" [{e['group']}]" if e["group"] else "")
 
 
 def _verdict(doc: dict) -> str:
@@ -176,9 +177,9 @@ def _verdict(doc: dict) -> str:
 
 def _directions(doc: dict) -> str:
     effects = _loss(doc)
-    dirs = [d for d in ("add-one", "remove-one") if any(e["direction"] == d for e in effects)]
-    heads = {"add-one": f"added to the {_end(doc, 'reference')} end",
-             "remove-one": f"removed from the {_end(doc, 'all-on')} end"}
+    dirs = [d for d in (ADD_ONE, REMOVE_ONE) if any(e["direction"] == d for e in effects)]
+    heads = {ADD_ONE: f"added to the {_end(doc, REFERENCE)} end",
+             REMOVE_ONE: f"removed from the {_end(doc, ALL_ON)} end"}
     by = {(e["flip"], e["direction"], e["group"]): e for e in effects}
     flips = list(dict.fromkeys((e["flip"], e["group"]) for e in sorted(effects, key=lambda e: -(e["gain"] or 0))))
     lines = ["| component | " + " | ".join(heads[d] for d in dirs) + " |", "|---|" + "---|" * len(dirs)]
@@ -192,7 +193,7 @@ def _directions(doc: dict) -> str:
 
 def _ends(doc: dict) -> str:
     b, parts = doc["budget"], []
-    for role in ("reference", "all-on"):
+    for role in (REFERENCE, ALL_ON):
         e = doc["ends"].get(role)
         if e:
             sd = f", seed-to-seed sd {e['sd']:.3f}" if e["sd"] is not None else ""
@@ -233,7 +234,7 @@ def _rule(doc: dict) -> str:
 def _moves(doc: dict, *_: str) -> str:
     lines = []
     rows = [r for r in doc["eval_gains"] if r["group"] == (doc["eval_gains"][0]["group"] if doc["eval_gains"] else "")]
-    for direction, word in (("add-one", "added"), ("remove-one", "removed")):
+    for direction, word in ((ADD_ONE, "added"), (REMOVE_ONE, "removed")):
         mine = [r for r in rows if r["direction"] == direction]
         steps = sorted({s for r in mine for s in r["steps"] if s > 0})
         for step in dict.fromkeys([steps[0], steps[len(steps) // 2], steps[-1]] if steps else []):
@@ -247,18 +248,18 @@ def _parts(doc: dict) -> str:
     """Each added part: its quality gain and call, its speed change and call (with a timing pass),
     its parameters (total, active) and its decode state at long context, against the reference end."""
     cost = {c["role"]: c for c in doc.get("configs", [])}
-    ref = cost.get("reference", {})
-    speed = {e["flip"]: e for e in doc["effects"] if e["metric"] == "tokens_per_s" and e["direction"] == "add-one"}
+    ref = cost.get(REFERENCE, {})
+    speed = {e["flip"]: e for e in doc["effects"] if e["metric"] == "tokens_per_s" and e["direction"] == ADD_ONE}
     lines = ["| part | gain in best val loss | speed (tokens/s) | params (active) | decode state at "
              f"{ref.get('positions', 4096):,} positions |", "|---|---|---|---|---|"]
-    for e in sorted((e for e in _loss(doc) if e["direction"] == "add-one"), key=lambda e: -(e["gain"] or 0)):
+    for e in sorted((e for e in _loss(doc) if e["direction"] == ADD_ONE), key=lambda e: -(e["gain"] or 0)):
         c, s = cost.get(f"+{e['flip']}", {}), speed.get(e["flip"])  # report._role: "+flip" is add-one
         fast = "not timed" if s is None else f"{_g(s['gain'], 1)} % {_interval(s, 1)} {s['call']}"
         size = "—" if c.get("params") is None else f"{c['params']:,} ({c['active_params']:,})"
         state = "—" if c.get("state_bytes_4k") is None else _mib(c["state_bytes_4k"], ref.get("state_bytes_4k"))
         lines.append(f"| {e['flip']} | {_g(e['gain'])} {_interval(e)} {e['call']} | {fast} | {size} | {state} |")
     if ref:
-        lines.append(f"| ({_end(doc, 'reference')} end) | | | {ref['params']:,} ({ref['active_params']:,}) | "
+        lines.append(f"| ({_end(doc, REFERENCE)} end) | | | {ref['params']:,} ({ref['active_params']:,}) | "
                      f"{_mib(ref['state_bytes_4k'], None)} |")
     return "\n".join(lines)
 

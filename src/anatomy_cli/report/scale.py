@@ -50,6 +50,7 @@ import pandas as pd
 
 from anatomy_cli.report import stats
 from anatomy_cli.report.frames import run_flags
+from anatomy_cli.spec.roles import REFERENCE
 
 HOLDS, GROWS, SHRINKS, REVERSES, NOISE_ALL = "holds", "grows", "shrinks", "reverses sign", "within noise at every size"
 CALLS = (HOLDS, GROWS, SHRINKS, REVERSES, NOISE_ALL, stats.TOO_FEW)
@@ -104,7 +105,7 @@ def size_table(runs: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
         best = done["best_step"].astype(float)
         improving, overfit = (int(flag.sum()) for flag in run_flags(
             best, done["run_id"].map(last).astype(float), steps or math.nan))
-        basis = members[members["role"] == "reference"]  # the size's reference end, as scale-plan
+        basis = members[members["role"] == REFERENCE]  # the size's reference end, as scale-plan
         basis = basis if len(basis) else members  # a sized list design: the median over its runs
         n = float(basis["non_embedding_params"].median())
         flags = [f"{STILL_IMPROVING} ({improving} of {len(done)} runs)" if improving else "",

@@ -29,6 +29,7 @@ from anatomy_cli.report import stats, textable
 from anatomy_cli.report import verdict as vd
 from anatomy_cli.report.frames import CTX_PREFIX, RUN_COLUMNS, SAMPLE_CHARS
 from anatomy_cli.spec import components as comp
+from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, REFERENCE, REMOVE_ONE, shown
 from anatomy_cli.store.runs import SAMPLES
 
 RUN_TABLE = ["run_id", "label", "seed", "status", "params", "active_params", "best_val_loss", "best_step",
@@ -62,7 +63,7 @@ def lead(p: Parts) -> str:
         return text
     ref, top = end_names(p.runs)
     flips = ", ".join(dict.fromkeys(p.verdict["flip"]))
-    where = {"add-one": f"added to the {ref} end", "remove-one": f"removed from the {top} end"}
+    where = {ADD_ONE: f"added to the {ref} end", REMOVE_ONE: f"removed from the {top} end"}
     how = " and ".join(w for d, w in where.items() if d in set(p.verdict["direction"]))
     return text + f" The question: what is each of {flips} worth in best val loss, {how}, at this training budget?"
 
@@ -103,8 +104,8 @@ DETAIL_NOTE = ("gain = best val loss without the component minus with it, paired
 
 def end_names(runs: pd.DataFrame) -> tuple[str, str]:
     studied = runs.loc[runs["role"] != "", "design"]
-    names = comp.end_names(studied.iloc[0].split("+")) if len(studied) else ("reference", "all-on")
-    return ("2017", "LLaMA") if names == ("2017", "llama") else names
+    names = comp.end_names(studied.iloc[0].split("+")) if len(studied) else (REFERENCE, ALL_ON)
+    return tuple(map(shown, names))
 
 
 def verdict_blocks(p: Parts) -> list:
@@ -201,13 +202,13 @@ def speed_text(record: dict, max_width: int | None) -> str:
 
 
 def directions_text(verdict: pd.DataFrame, ref: str, top: str) -> str:
-    said = {"add-one": f"added = to the {ref} end", "remove-one": f"removed = from the {top} end"}
+    said = {ADD_ONE: f"added = to the {ref} end", REMOVE_ONE: f"removed = from the {top} end"}
     return ", ".join(said[d] for d in said if d in set(verdict["direction"]))
 
 
 def change(direction: str, group: str = "") -> str:
     """'added' | 'removed' (the paragraph above a table says to and from which end), and the group."""
-    return ("added" if direction == "add-one" else "removed") + (f" [{group}]" if group else "")
+    return ("added" if direction == ADD_ONE else "removed") + (f" [{group}]" if group else "")
 
 
 def budget_line(bud: dict, ref_name: str, top_name: str) -> str:
@@ -217,7 +218,7 @@ def budget_line(bud: dict, ref_name: str, top_name: str) -> str:
             + (f" ({bud['tokens']:,} tokens: batch {bud['batch_size']} x ctx {bud['ctx_len']})" if "tokens" in bud
                else "")
             + ".")
-    if "reference" in bud and "all-on" in bud:
+    if REFERENCE in bud and ALL_ON in bud:
         text += (f" There the {ref_name} end reaches {bud['reference']:.3f} and the {top_name} end "
                  f"{bud['all-on']:.3f} ({bud['reference'] - bud['all-on']:+.3f} apart).")
     if bud.get("still_improving"):
@@ -227,7 +228,7 @@ def budget_line(bud: dict, ref_name: str, top_name: str) -> str:
 
 
 def noise_line(floor: dict, ref_name: str, top_name: str) -> str:
-    parts = [f"{name} end sd {sd:.4f} over {n} seeds" for role, name in (("reference", ref_name), ("all-on", top_name))
+    parts = [f"{name} end sd {sd:.4f} over {n} seeds" for role, name in ((REFERENCE, ref_name), (ALL_ON, top_name))
              if role in floor for sd, n, _ in [floor[role]] if math.isfinite(sd)]
     if not parts:
         return "**Noise floor**: unknown with one seed per config (seed-to-seed spread of the ends' best val loss)."
@@ -263,7 +264,7 @@ def ranking_moves(eval_effects: pd.DataFrame) -> list[str]:
     middle one and the last, per direction (the first group's effects)."""
     ev = eval_effects[(eval_effects["step"] > 0) & (eval_effects["group"] == eval_effects["group"].iloc[0])]
     out = []
-    for direction, word in (("add-one", "added"), ("remove-one", "removed")):
+    for direction, word in ((ADD_ONE, "added"), (REMOVE_ONE, "removed")):
         d = ev[ev["direction"] == direction]
         steps = sorted(d["step"].unique())
         for step in dict.fromkeys([steps[0], steps[len(steps) // 2], steps[-1]] if steps else []):

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from anatomy_cli.report import stats
+from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, REFERENCE, REMOVE_ONE, shown
 from anatomy_cli.store import runs
 
 METRIC = "tokens_per_s"
@@ -33,18 +34,18 @@ def timing_effects(record: dict) -> list[dict]:
     """Speed effect rows of a timing record, each variant against its end paired within rounds, as a
     gain: 100 * (tokens/s with the component / without - 1) %, positive = faster (stats.gain)."""
     by_role = {(c.get("group", ""), c["role"], c["flip"]): c["slug"] for c in record["configs"]}
-    ends = record.get("ends") or ["reference", "all-on"]
-    ends = ["LLaMA" if e == "llama" else e for e in ends]
+    ends = record.get("ends") or [REFERENCE, ALL_ON]
+    ends = [shown(e) for e in ends]
     rows = []
     for (group, role, flip), slug in by_role.items():
-        if role not in ("add-one", "remove-one"):
+        if role not in (ADD_ONE, REMOVE_ONE):
             continue
-        ref = by_role.get((group, "reference" if role == "add-one" else "all-on", None))
+        ref = by_role.get((group, REFERENCE if role == ADD_ONE else ALL_ON, None))
         if ref is None:
             continue
         pairs = np.array([(r[ref], r[slug]) for r in record["rounds_data"] if slug in r and ref in r and r[ref] > 0
                           and r[slug] > 0], dtype=float).reshape(-1, 2)
-        gains = stats.gain(pairs[:, 0], pairs[:, 1], role == "add-one", relative=True, higher_is_better=True)
+        gains = stats.gain(pairs[:, 0], pairs[:, 1], role == ADD_ONE, relative=True, higher_is_better=True)
         gains = gains[np.isfinite(gains)]
         rows.append({"metric": METRIC, "flip": flip, "direction": role, "against": f"{ends[role == 'remove-one']} end",
                      "group": group, "excluded": len(record["rounds_data"]) - len(gains), "unit": "%",
@@ -56,8 +57,8 @@ def timing_effects(record: dict) -> list[dict]:
 def threshold(record: dict) -> float:
     """The speed effects' smallest effect that matters: the reference end's round-to-round sd of
     tokens/s in percent of its mean (its noise floor, as the seed-to-seed sd is for loss)."""
-    ref = next((c["slug"] for c in record["configs"] if c["role"] == "reference"),
-               next((c["slug"] for c in record["configs"] if c["role"] == "all-on"), None))
+    ref = next((c["slug"] for c in record["configs"] if c["role"] == REFERENCE),
+               next((c["slug"] for c in record["configs"] if c["role"] == ALL_ON), None))
     tps = np.array([r[ref] for r in record["rounds_data"] if ref in r], dtype=float)
     return float(100.0 * tps.std(ddof=1) / tps.mean()) if len(tps) > 1 else math.nan
 

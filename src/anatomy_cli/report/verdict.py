@@ -23,6 +23,7 @@ import pandas as pd
 
 from anatomy_cli.report import stats
 from anatomy_cli.report.frames import run_flags
+from anatomy_cli.spec.roles import ALL_ON, REFERENCE
 from anatomy_cli.store import runs as runs_mod
 
 SEEDS_WANTED = 3
@@ -48,7 +49,7 @@ def noise_floor(runs: pd.DataFrame, metric: str = "best_val_loss") -> dict[str, 
     """{'reference' | 'all-on': (sd of `metric` over seeds, seeds, mean)} for each end that has runs
     (end_runs); the sd is NaN with one seed."""
     out = {}
-    for role in ("reference", "all-on"):
+    for role in (REFERENCE, ALL_ON):
         best = end_runs(runs, role)
         if best.empty:
             continue
@@ -64,12 +65,12 @@ def budget(runs: pd.DataFrame) -> dict:
     """steps, batch, ctx, tokens of the reference-end runs; each end's mean best val loss; whether
     the reference end was still improving at its last evaluation."""
     out: dict = {}
-    for role in ("reference", "all-on"):
+    for role in (REFERENCE, ALL_ON):
         done = runs[(runs["role"] == role) & (runs["status"] == runs_mod.COMPLETED)]
         if len(done):
             out[role] = float(done["best_val_loss"].mean())
             out[f"{role}_best_step"] = int(done["best_step"].min())
-    ref = runs[runs["role"].isin(["reference", "all-on"])]
+    ref = runs[runs["role"].isin([REFERENCE, ALL_ON])]
     if len(ref):
         settings = json.loads(ref.iloc[0]["settings"])
         steps, batch, ctx = (settings.get(k) for k in ("train.steps", "train.batch_size", "model.ctx_len"))

@@ -20,6 +20,7 @@ from anatomy_cli.report import speed as speed_mod
 from anatomy_cli.report import verdict as vd
 from anatomy_cli.report.effects import _pairings, effects_by_eval, groups, report_frames
 from anatomy_cli.report.frames import LOSS_METRIC, SPEED_METRIC, components_of, records
+from anatomy_cli.spec.roles import ADD_ONE
 from anatomy_cli.store.runs import (
     atomic_write_text,
     read_summary,
@@ -94,7 +95,7 @@ def curve_panels(runs: pd.DataFrame) -> list[dict]:
     panels = []
     for group, members in groups(runs[runs["role"] != ""]):
         for flip, direction, against, ref, var in _pairings(members):
-            sign = "+" if direction == "add-one" else "−"
+            sign = "+" if direction == ADD_ONE else "−"
             panels.append({"flip": flip, "direction": direction, "ref_name": against, "var_name": f"{sign}{flip}",
                            "title": f"{sign}{flip} vs {against}" + (f" [{group}]" if group else ""),
                            "ref": list(ref["run_id"]), "var": list(var["run_id"])})

@@ -4,6 +4,7 @@
   config       pydantic specs: ModelConfig, TrainConfig, DataConfig, RunConfig, AblationSpec; --set
   components   the component table (every part anatomy can switch, one row each) and the roles a
                run's settings give it in a design
+  roles        the words runs and effects are named by: reference / all-on, add-one / remove-one
 
 Imports: nothing of anatomy_cli outside spec/.
 """

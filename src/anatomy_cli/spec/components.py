@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from anatomy_cli.spec.config import SECTIONS, ConfigError, ModelConfig, validate_field
+from anatomy_cli.spec.roles import ALL_ON, REFERENCE
 
 
 @dataclass(frozen=True)
@@ -291,7 +292,7 @@ def check_conflicts(design: Iterable[Component]) -> None:
 
 def end_names(names: Iterable[str]) -> tuple[str, str]:
     """('2017', 'llama') for the five parts of the article's question, else ('reference', 'all-on')."""
-    return ("2017", "llama") if set(names) == set(FIVE) else ("reference", "all-on")
+    return ("2017", "llama") if set(names) == set(FIVE) else (REFERENCE, ALL_ON)
 
 
 def record(c: Component) -> dict[str, Any]:
@@ -358,11 +359,11 @@ def role(states: dict[str, bool | None], names: list[str]) -> str:
         return ""
     on = [n for n in names if states[n]]
     if not on:
-        return "reference"
+        return REFERENCE
     if len(on) == 1:  # before all-on: with one component, its add-one run is also the all-on end
         return f"+{on[0]}"
     if len(on) == len(names):
-        return "all-on"
+        return ALL_ON
     if len(on) == len(names) - 1:
         return f"-{next(n for n in names if n not in on)}"
     return ""

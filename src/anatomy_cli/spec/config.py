@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from anatomy_cli.spec.errors import InputError
+from anatomy_cli.spec.roles import ADD_ONE, REMOVE_ONE, Direction
 
 NormType = Literal["layernorm", "rmsnorm"]
 NormPos = Literal["post", "pre"]
@@ -547,7 +548,7 @@ class AblationSpec(_Frozen):
     flips: list[str] | None = None
     components: dict[str, ComponentSpec] = {}
     # one-at-a-time: add each flip to the reference end, remove each from the all-on end, or both
-    directions: list[Literal["add-one", "remove-one"]] = ["add-one", "remove-one"]
+    directions: list[Direction] = [ADD_ONE, REMOVE_ONE]
     gqa_kv_head: int | None = Field(default=None, gt=0)  # n_kv_head the gqa flip uses
     configs: list[NamedConfig] = []  # the `list` design's entries
     axes: dict[str, list[Any]] = {}  # dotted key -> values, crossed with the design

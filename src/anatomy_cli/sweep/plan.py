@@ -34,6 +34,7 @@ from anatomy_cli.spec.config import (
     validate,
     validate_field,
 )
+from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, REFERENCE, REMOVE_ONE
 from anatomy_cli.store import runs
 from anatomy_cli.store.lockfile import DirLock, Locked
 from anatomy_cli.sweep.jobs import Event, Job, Stop, execute_local
@@ -209,12 +210,12 @@ def design_points(spec: AblationSpec, design: Design) -> list[Point]:
             points.append(("+".join(on) or "none", "factorial", None, dict(zip(varied, mask))))
         return points
     ref, top = design.ends
-    points = [(ref, "reference", None, {n: False for n in names})]
-    if "add-one" in spec.directions:
-        points += [(f"{ref}+{f}", "add-one", f, {n: n == f for n in names}) for f in varied]
-    if "remove-one" in spec.directions:
-        points.append((top, "all-on", None, {n: True for n in names}))
-        points += [(f"{top}-{f}", "remove-one", f, {n: n != f for n in names}) for f in varied]
+    points = [(ref, REFERENCE, None, {n: False for n in names})]
+    if ADD_ONE in spec.directions:
+        points += [(f"{ref}+{f}", ADD_ONE, f, {n: n == f for n in names}) for f in varied]
+    if REMOVE_ONE in spec.directions:
+        points.append((top, ALL_ON, None, {n: True for n in names}))
+        points += [(f"{top}-{f}", REMOVE_ONE, f, {n: n != f for n in names}) for f in varied]
     return points
 
 
@@ -286,7 +287,7 @@ def plan_factors(spec: AblationSpec, design: Design | None, seeds: int | None = 
     elif spec.design == "factorial":
         points = 2**k
     else:
-        points = 1 + ("add-one" in spec.directions) * k + ("remove-one" in spec.directions) * (1 + k)
+        points = 1 + (ADD_ONE in spec.directions) * k + (REMOVE_ONE in spec.directions) * (1 + k)
     return {"configs": points, "axis values": math.prod(len(v) for v in spec.axes.values()),
             "seeds": seeds or len(spec.seed_list), **({"sizes": len(spec.sizes)} if spec.sizes else {})}
 

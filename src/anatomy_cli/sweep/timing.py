@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, REFERENCE, REMOVE_ONE
 from anatomy_cli.store import runs
 
 # --------------------------------------------------------------------------- running (torch in the worker)
@@ -38,7 +39,7 @@ def time_plan(plan, steps: int = 20, rounds: int = 5, warmup: int = 3, threads: 
     configs = list(first.values())
     design = next((p.design for p in configs if p.design), None)
     record = {"steps": steps, "warmup": warmup, "rounds": rounds, "threads": threads,
-              "ends": list(design.ends) if design else ["reference", "all-on"],
+              "ends": list(design.ends) if design else [REFERENCE, ALL_ON],
               "configs": roles(configs, design), "rounds_data": []}
     jobs = [(p.slug, p.config.model_dump(mode="json")) for p in configs]
     with Worker() as worker:
@@ -70,7 +71,7 @@ def roles(configs, design) -> list[dict]:
         entries = [role] + ([f"-{next(n for n in names if n != role[1:])}"] if len(names) == 2 and role[:1] == "+"
                             else [])
         for r in entries:
-            kind = {"+": "add-one", "-": "remove-one"}.get(r[:1], r or "other")
+            kind = {"+": ADD_ONE, "-": REMOVE_ONE}.get(r[:1], r or "other")
             out.append({"slug": p.slug, "role": kind, "flip": r[1:] if r[:1] in "+-" and r else None,
                         "group": labels[f"|{key}"]})
     return out
