@@ -8,21 +8,6 @@ the compact id arrays without an int64 copy of the corpus, then moved to the mod
 
 from __future__ import annotations
 
-import codecs
-import contextlib
-import hashlib
-import itertools
-import json
-from array import array
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
-from importlib import resources
-from pathlib import Path
-
-from anatomy_cli.store.runs import atomic_write_json
-from anatomy_cli.spec.errors import InputError
-
-
 # ------------------------------------------------------------------------------- batches (torch)
 
 

@@ -33,9 +33,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from anatomy_cli.store.runs import atomic_write_json
 from anatomy_cli.spec.errors import InputError
-
+from anatomy_cli.store.runs import atomic_write_json
 
 META, VOCAB_FILE, TRAIN_BIN, VAL_BIN = "meta.json", "vocab.json", "train.bin", "val.bin"
 TEXT_SUFFIXES = (".md", ".txt")

@@ -7,31 +7,19 @@
 
 from __future__ import annotations
 
-import codecs
-import contextlib
-import hashlib
-import itertools
-import json
-from array import array
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 
-from anatomy_cli.store.runs import atomic_write_json
-from anatomy_cli.spec.errors import InputError
-from anatomy_cli.data.corpus import Corpus, DataError, META, Source, build, text_pieces
+from anatomy_cli.data import prepared, sources
+from anatomy_cli.data.corpus import META, Corpus, DataError, Source, build, text_pieces
 
 
 def open_source(source: str | Path | None, field: str | None = None, split: str | None = None) -> Source:
-    """A text source (file, folder of .md/.txt, the default) or a document source (documents.py)."""
-    from anatomy_cli.data import sources as documents  # imports this module: loaded only when a source is opened
-
-    if source is not None and documents.is_document_source(str(source)):
-        return documents.open_documents(str(source), field, split)
+    """A text source (file, folder of .md/.txt, the default) or a document source (sources.py)."""
+    if source is not None and sources.is_document_source(str(source)):
+        return sources.open_documents(str(source), field, split)
     pieces, description = text_pieces(source)
     if field is not None or split is not None:
-        raise DataError(f"--field and --split apply to document sources ({documents.KINDS}), "
+        raise DataError(f"--field and --split apply to document sources ({sources.KINDS}), "
                         f"not {description}")
     return Source(description, pieces=pieces)
 
@@ -42,9 +30,7 @@ def corpus_from_source(source: str | Path | None, val_frac: float = 0.1, min_len
     hf:NAME is refused: a run would download it while training, and a resume could see other data
     than the run started on; `anatomy prepare` fixes it once in a folder with a fingerprint.
     """
-    from anatomy_cli.data.sources import is_hf
-
-    if source is not None and is_hf(str(source)):
+    if source is not None and sources.is_hf(str(source)):
         raise DataError(f"{source} streams from the network, so training would download it (and a resume "
                         f"could see other data): prepare it once with `anatomy prepare {source} --out DIR`, "
                         f"then train on DIR")
@@ -54,7 +40,5 @@ def corpus_from_source(source: str | Path | None, val_frac: float = 0.1, min_len
 def load_corpus(source: str | None, val_frac: float = 0.1, ctx_len: int = 1) -> Corpus:
     """A prepared directory is loaded as is; anything else is read and split now."""
     if source is not None and (Path(source) / META).is_file():
-        from anatomy_cli.data.prepared import load_prepared  # imports this module
-
-        return load_prepared(Path(source), ctx_len)
+        return prepared.load_prepared(Path(source), ctx_len)
     return corpus_from_source(source, val_frac, ctx_len)

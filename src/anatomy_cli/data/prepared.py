@@ -20,6 +20,7 @@ from array import array
 from collections.abc import Callable
 from pathlib import Path
 
+from anatomy_cli.data.batches import as_numpy
 from anatomy_cli.data.corpus import (
     CHUNK_CHARS,
     ID_TYPES,
@@ -35,7 +36,6 @@ from anatomy_cli.data.corpus import (
     encode_source,
     id_typecode,
 )
-from anatomy_cli.data.batches import as_numpy
 from anatomy_cli.store.runs import atomic_write_json, normal_mode
 
 FULL_HASH_BYTES = 1 << 26  # a file up to 64 MiB is hashed whole; a larger one ...
