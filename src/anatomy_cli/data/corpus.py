@@ -88,6 +88,8 @@ def read_text_file(path: Path) -> str:
         raise DataError(f"corpus not found: {path}") from None
     except PermissionError:
         raise DataError(f"corpus not readable: {path}") from None
+    except OSError as err:  # a read error of the disk, a path that turned into a folder
+        raise DataError(f"cannot read {path} ({err.strerror or err.__class__.__name__})") from None
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -117,6 +119,9 @@ def iter_file_text(path: Path) -> Iterator[str]:
         raise DataError(f"corpus not found: {path}") from None
     except PermissionError:
         raise DataError(f"corpus not readable: {path}") from None
+    except OSError as err:
+        raise DataError(f"cannot read {path} at byte offset {offset:,} ({err.strerror or err.__class__.__name__})") \
+            from None
 
 
 def text_pieces(source: str | Path | None) -> tuple[Pieces, str]:
