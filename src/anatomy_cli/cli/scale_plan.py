@@ -33,17 +33,23 @@ def scale_plan(
     """Per size: parameters, tokens and FLOPs per run, estimated time here, corpus tokens per parameter.
 
     Warns when a size would overfit its corpus (a run makes more than 10 epochs over it) or take
-    longer than a day; the spec's budget rule (same-steps or tokens-per-param) sets each size's steps.
+    longer than a day, repeats another size's parameter count, or trains 0 steps; and when the ladder
+    can form no trend across sizes at all (one size, one parameter count, no size that trains). The
+    spec's budget rule (same-steps or tokens-per-param) sets each size's steps.
     """
+    from anatomy_cli.sweep.ladder import trend_warnings
     from anatomy_cli.sweep.plan import expand, load_spec
 
     s = load_spec(spec)
     plan = expand(s, None, seeds)
     payload, text = size_report(plan, workers, vocab, estimate)
+    ladder_warnings = trend_warnings(payload["sizes"])
     if json_out:
         console.print_json(json.dumps({"spec": s.name, "budget": s.budget, "tokens_per_param": s.tokens_per_param,
-                                       **payload}))
+                                       **payload, "warnings": ladder_warnings}))
         return
     console.print(f"{s.name}: budget {s.budget}" + (f" ({s.tokens_per_param:g} tokens per non-embedding parameter)"
                                                     if s.tokens_per_param else ""), highlight=False, markup=False)
     console.print(text, highlight=False, markup=False, soft_wrap=True)
+    for line in ladder_warnings:  # last, where the terminal leaves it
+        console.print(f"warning: {line}", highlight=False, markup=False, soft_wrap=True)

@@ -26,7 +26,13 @@ size's runs, whose configs differ by a few percent). For each component and dire
                   than at the smallest, shrinks otherwise
   within noise at every size   no size's call is helps or hurts, and no trend counts
   holds           it helps (or hurts) at some size, never the opposite, and no trend counts
-  too few seeds   fewer than MIN_PAIRS seeds with every size, or fewer than two sizes: no call
+  too few seeds   fewer than MIN_PAIRS seeds with every size, or fewer than two sizes: no call. Where
+                  the study has the seeds, the call names what is missing instead (trend_cause):
+                    one parameter count: no trend   the sizes with pairs share one parameter count
+                    size M diverged: no trend | size M still running | size M has no completed runs
+                        fewer than two sizes have a pair, and why (M: the first size without)
+                    2 seeds with every size: runs diverged at L (or: still running, unfinished)
+                        seeds lost at some size, and how
 Why per-seed slopes and not one pooled fit: the seed is what replicates. A seed's runs at every size
 share its data order and its draws, so its effects at two sizes can move together; a pooled fit of
 sizes x seeds points would take them for independent and understate the slope's interval, while a
@@ -50,10 +56,12 @@ import pandas as pd
 
 from anatomy_cli.report import stats
 from anatomy_cli.report.frames import run_flags
-from anatomy_cli.spec.roles import REFERENCE
+from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, REFERENCE
+from anatomy_cli.store import runs as runs_mod
 
 HOLDS, GROWS, SHRINKS, REVERSES, NOISE_ALL = "holds", "grows", "shrinks", "reverses sign", "within noise at every size"
-CALLS = (HOLDS, GROWS, SHRINKS, REVERSES, NOISE_ALL, stats.TOO_FEW)
+ONE_COUNT = "one parameter count: no trend"
+CALLS = (HOLDS, GROWS, SHRINKS, REVERSES, NOISE_ALL, stats.TOO_FEW, ONE_COUNT)  # + the named causes (trend_cause)
 STILL_IMPROVING, OVERFIT = "still improving", "overfit"
 
 SIZE_COLUMNS = ["series", "size", "non_embedding_params", "params", "steps", "tokens", "tokens_per_param", "runs",
@@ -66,12 +74,13 @@ TREND_COLUMNS = ["series", "flip", "direction", "against", "sizes", "n_seeds", "
 
 
 def scale_call(size_calls: list[str], n_seeds: int, n_sizes: int, slope_adj: tuple[float, float],
-               fit: tuple[float, float], threshold: float) -> str:
+               fit: tuple[float, float], threshold: float, cause: str = "") -> str:
     """The call of one component and direction (the rule above). size_calls: its verdict call at each
     size; slope_adj: the slope's simultaneous interval; fit: the fitted mean gain at the smallest and
-    the largest size; threshold: the smallest effect that matters (NaN: the interval alone decides)."""
+    the largest size; threshold: the smallest effect that matters (NaN: the interval alone decides);
+    cause: why there is no trend to call when the runs say (trend_cause; '': too few seeds)."""
     if n_sizes < 2 or n_seeds < stats.MIN_PAIRS:
-        return stats.TOO_FEW
+        return cause or stats.TOO_FEW
     if stats.HELPS in size_calls and stats.HURTS in size_calls:
         return REVERSES
     change = fit[1] - fit[0]
@@ -116,6 +125,8 @@ def size_table(runs: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
                      "runs": len(done), "still_improving": improving, "overfit": overfit,
                      "flags": "; ".join(filter(None, flags))})
     df = pd.DataFrame(rows, columns=SIZE_COLUMNS)
+    order = {name: i for i, name in enumerate(ladder_names(runs))}  # sizes that share a count: the ladder's order
+    df = df.sort_values("size", key=lambda s: s.map(lambda n: order.get(n, len(order))), kind="stable")
     return df.sort_values(["series", "non_embedding_params"], kind="stable").reset_index(drop=True)
 
 
@@ -135,17 +146,20 @@ def by_size(loss_effects: pd.DataFrame, gains: pd.DataFrame, sizes: pd.DataFrame
     eff = loss_effects[loss_effects["group"].isin(where.index)].copy()
     eff["size"] = eff["group"].map(where)
     eff["series"] = [series_of(g, s) for g, s in zip(eff["group"], eff["size"])]
-    merged = eff.merge(sizes[["series", "size", "non_embedding_params", "steps", "tokens", "flags"]],
-                       on=["series", "size"], how="left")
-    merged = merged.sort_values(["series", "flip", "direction", "non_embedding_params"], kind="stable")
+    placed = sizes[["series", "size", "non_embedding_params", "steps", "tokens", "flags"]].assign(
+        _rung=np.arange(len(sizes)))  # the size table's order: by parameters, then the ladder's
+    merged = eff.merge(placed, on=["series", "size"], how="left")
+    merged = merged.sort_values(["series", "flip", "direction", "_rung"], kind="stable")
     return merged[BY_SIZE_COLUMNS].reset_index(drop=True)
 
 
-def trends(gains: pd.DataFrame, effects_by_size: pd.DataFrame, threshold: float) -> pd.DataFrame:
+def trends(gains: pd.DataFrame, effects_by_size: pd.DataFrame, threshold: float,
+           runs: pd.DataFrame | None = None) -> pd.DataFrame:
     """TREND_COLUMNS: per series, component and direction, the per-seed slopes of gain on log10 N
     (gains: report.seed_gains rows with series and non_embedding_params), judged together as one
     family (stats.judge: simultaneous intervals, Holm p), and the call (scale_call) with the verdict's
-    calls at each size (effects_by_size)."""
+    calls at each size (effects_by_size). runs (the sized runs with series, as scale_frames gives
+    them): what a call without a trend names as its cause (trend_cause); None: too few seeds."""
     rows, slopes = [], []
     for (series, flip, direction), cell in gains.groupby(["series", "flip", "direction"], sort=False):
         table = cell.pivot_table(index="seed", columns="size", values="gain", aggfunc="first")
@@ -158,18 +172,100 @@ def trends(gains: pd.DataFrame, effects_by_size: pd.DataFrame, threshold: float)
         fit = (mean_a + st["gain"] * x.min(), mean_a + st["gain"] * x.max()) if fits else (math.nan, math.nan)
         calls = effects_by_size.loc[(effects_by_size["series"] == series) & (effects_by_size["flip"] == flip)
                                     & (effects_by_size["direction"] == direction), "call"].tolist()
+        cause = ("" if runs is None or (n_sizes >= 2 and len(fits) >= stats.MIN_PAIRS)
+                 else trend_cause(table, x, cell_runs(runs, series, flip, direction)))
         rows.append({"series": series, "flip": flip, "direction": direction, "against": cell["against"].iloc[0],
                      "sizes": n_sizes, "n_seeds": len(fits), "slope": st["gain"], "slope_low": st["raw_low"],
                      "slope_high": st["raw_high"], "p_value": st["p_value"], "fit_smallest": fit[0],
-                     "fit_largest": fit[1], "change": fit[1] - fit[0], "threshold": threshold, "calls": calls})
+                     "fit_largest": fit[1], "change": fit[1] - fit[0], "threshold": threshold, "calls": calls,
+                     "cause": cause})
         slopes.append(st)
     for r, judged in zip(rows, stats.judge(slopes, math.nan)):
         r |= {"slope_adj_low": judged["adj_low"], "slope_adj_high": judged["adj_high"],
               "adj_level": judged["adj_level"], "p_holm": judged["p_holm"]}
-    df = pd.DataFrame(rows, columns=[*TREND_COLUMNS, "calls"])
+    df = pd.DataFrame(rows, columns=[*TREND_COLUMNS, "calls", "cause"])
     df["call"] = [scale_call(r.calls, r.n_seeds, r.sizes, (r.slope_adj_low, r.slope_adj_high),
-                             (r.fit_smallest, r.fit_largest), threshold) for r in df.itertuples()]
+                             (r.fit_smallest, r.fit_largest), threshold, r.cause) for r in df.itertuples()]
     return df[TREND_COLUMNS]
+
+
+def cell_runs(runs: pd.DataFrame, series: str, flip: str, direction: str) -> pd.DataFrame:
+    """The runs one component's effects in one direction are paired from: its end's and its variant's,
+    at every size of the series."""
+    roles = (REFERENCE, f"+{flip}") if direction == ADD_ONE else (ALL_ON, f"-{flip}")
+    return runs[(runs["series"] == series) & runs["role"].isin(roles)]
+
+
+def trend_cause(table: pd.DataFrame, x: np.ndarray, runs: pd.DataFrame) -> str:
+    """Why one component has no trend to call, when the study has the seeds for one: '' (too few
+    seeds: fewer than MIN_PAIRS seeds among its runs) or the cause its runs show. table: gains by seed
+    and size (the sizes with a pair); x: log10 parameters of its complete sizes; runs: cell_runs."""
+    ladder = list(dict.fromkeys(runs.sort_values("non_embedding_params", kind="stable")["size"]))
+    with_pairs = [s for s in ladder if s in table.columns]
+    if len(ladder) < 2:
+        return "one size: no trend"
+    if len(with_pairs) < 2:
+        return size_cause(next(s for s in ladder if s not in table.columns), runs)
+    if len(set(x.tolist())) < 2:
+        return ONE_COUNT
+    if runs["seed"].nunique() < stats.MIN_PAIRS:
+        return ""
+    lost = {s: runs[(runs["size"] == s) & ~runs["seed"].isin(table[s].dropna().index)] for s in with_pairs}
+    lost = {s: r for s, r in lost.items() if len(r)}
+    n = len(table.dropna())
+    for status, word in ((runs_mod.RUNNING, "still running"), (runs_mod.DIVERGED, "diverged")):
+        where = [s for s, r in lost.items() if (r["status"] == status).any()]
+        if where:
+            return f"{n} seed{'s' * (n != 1)} with every size: runs {word} at {', '.join(where)}"
+    where = [s for s, r in lost.items() if (r["status"] != runs_mod.COMPLETED).any()]
+    return f"{n} seed{'s' * (n != 1)} with every size: runs unfinished at {', '.join(where)}" if where else ""
+
+
+def size_cause(size: str, runs: pd.DataFrame) -> str:
+    """Why a size has no pair: 'size M still running' | 'size M diverged: no trend' | 'size M has no
+    completed runs' | 'size M has no completed pairs' (runs: the cell's runs, every size)."""
+    status = runs.loc[runs["size"] == size, "status"]
+    if (status == runs_mod.RUNNING).any():
+        return f"size {size} still running"
+    if (status == runs_mod.DIVERGED).any():
+        return f"size {size} diverged: no trend"
+    if not (status == runs_mod.COMPLETED).any():
+        return f"size {size} has no completed runs"
+    return f"size {size} has no completed pairs"
+
+
+def ladder_notes(sizes: pd.DataFrame, runs: pd.DataFrame, ladder: list[str]) -> list[str]:
+    """What stands in the way of a trend, with its fix, for the section: sizes that share one parameter
+    count, sizes without completed runs (diverged, failed, still running), ladder sizes without runs."""
+    from anatomy_cli.report import verdict as vd
+
+    notes = []
+    for series, table in sizes.groupby("series", sort=False):
+        where = f" [{series}]" if series else ""
+        for n, same in table.groupby("non_embedding_params", sort=False):
+            if len(same) > 1:
+                names = " and ".join([", ".join(same["size"].iloc[:-1]), same["size"].iloc[-1]])
+                notes.append(f"Sizes {names}{where} share one non-embedding parameter count ({int(n):,}): no trend "
+                             f"can be fitted between them. Make sizes differ in width or depth (model.d_model, "
+                             f"model.n_layer), not only in what the count leaves out (model.ctx_len, the "
+                             f"vocabulary).")
+        for size in table.loc[table["runs"] == 0, "size"]:
+            members = runs[(runs["series"] == series) & (runs["size"] == size) & (runs["role"] != "")]
+            diverged = members[members["status"] == runs_mod.DIVERGED]
+            if (members["status"] == runs_mod.RUNNING).any():
+                text = f"Size {size}{where} has no completed runs yet: it is still running; report again when it ends."
+            elif len(diverged):
+                text = (f"Size {size}{where} has no completed runs: {vd.diverged_text(diverged)}. Its seeds are all "
+                        f"there, so more seeds would train nothing: {vd.divergence_fix(diverged, 'this size')} in its "
+                        f"[[sizes]] entry, then run the study again (a changed config trains anew).")
+            else:
+                counts = ", ".join(f"{k} {st}" for st, k in members["status"].value_counts().items())
+                text = (f"Size {size}{where} has no completed runs ({counts or 'none'}): each run's summary.json says "
+                        f"why; running the study again trains them again.")
+            notes.append(text)
+    have = set(sizes["size"])
+    notes += [f"Size {s} of the ladder has no runs yet." for s in ladder if s not in have]
+    return notes
 
 
 @dataclass(frozen=True)
@@ -181,6 +277,7 @@ class Scale:
     by_size: pd.DataFrame
     trends: pd.DataFrame
     budget: dict
+    notes: tuple[str, ...] = ()  # what stands in the way of a trend, and its fix (ladder_notes)
 
     def record(self) -> dict:
         """The report JSON's `scale` key (NaN -> null)."""
@@ -213,7 +310,22 @@ def scale_frames(runs: pd.DataFrame, curves: pd.DataFrame, effects: pd.DataFrame
     loss = effects[effects["metric"] == metric]
     placed = by_size(loss, gains, sizes)
     threshold = float(loss["threshold"].iloc[0]) if len(loss) else math.nan
-    return Scale(sizes, placed, trends(gains, placed, threshold), budget_rule(runs))
+    sized = runs[runs["size"] != ""]
+    sized = sized.assign(series=[series_of(g, s) for g, s in zip(_group_labels(sized), sized["size"])])
+    sized = sized.drop(columns="non_embedding_params").merge(sizes[["series", "size", "non_embedding_params"]],
+                                                             on=["series", "size"], how="left")
+    return Scale(sizes, placed, trends(gains, placed, threshold, sized), budget_rule(runs),
+                 tuple(ladder_notes(sizes, sized, ladder_names(runs))))
+
+
+def ladder_names(runs: pd.DataFrame) -> list[str]:
+    """The sizes the runs' sweep.json files name, in ladder order (runs or not)."""
+    from anatomy_cli.report import frames
+
+    names: dict[str, None] = {}
+    for sweep_dir in dict.fromkeys(Path(p).parent for p in runs.loc[runs["size"] != "", "path"]):
+        names |= dict.fromkeys(size["name"] for size in frames.sweep_sizes(sweep_dir))
+    return list(names)
 
 
 def budget_rule(runs: pd.DataFrame) -> dict:

@@ -123,14 +123,9 @@ def verdict_blocks(p: Parts) -> list:
     if p.scale is not None:
         blocks += [("p", "Across sizes (the call across sizes; Effects across scale has the rule):"),
                    ("list", scale_lines(p.scale))]
-    if (p.verdict["n_pairs"] < vd.SEEDS_WANTED).any():
-        cmd, est = vd.more_seeds(p.root, p.runs)
-        one = (p.verdict["n_pairs"] <= 1).all()
-        say = ("One seed: each effect is a point estimate, no interval." if one
-               else "Fewer than 3 seeds for some configs.")
-        blocks += [("p", f"{say} To add seeds to {vd.SEEDS_WANTED} (finished runs are skipped)"
-                         f"{vd.estimate_text(est)}:"),
-                   ("code", cmd)]
+    advice = vd.seeds_advice(p.root, p.runs, p.verdict)
+    if advice is not None:  # the cause the runs show; a command only where it trains something
+        blocks += [("p", advice.text)] + ([("code", advice.command)] if advice.command else [])
     return blocks
 
 
@@ -175,9 +170,9 @@ def verdict_text(verdict: pd.DataFrame, runs: pd.DataFrame, root: Path, max_widt
     if across is not None:
         out += ["", "Across sizes (gain at the smallest -> the largest size):"]
         out += [textable.wrap(line, max_width) for line in scale_lines(across, bold=False)]
-    if (verdict["n_pairs"] < vd.SEEDS_WANTED).any():
-        cmd, est = vd.more_seeds(root, runs)
-        out += [textable.wrap(f"To add seeds to {vd.SEEDS_WANTED}{vd.estimate_text(est)}:", max_width), f"  {cmd}"]
+    advice = vd.seeds_advice(root, runs, verdict)
+    if advice is not None:
+        out += [textable.wrap(advice.text, max_width)] + ([f"  {advice.command}"] if advice.command else [])
     return "\n".join(out)
 
 
@@ -336,7 +331,8 @@ def scale_blocks(p: Parts) -> list:
              f"> 0 = the component helps) with the interval its call is made from, against each size's non-embedding "
              f"parameters (every parameter but the token table, the LM head and the position table). "
              f"**Budget**: {budget_text(s)}")
-    return [("p", intro), ("table", size_display(s.sizes), False),
+    notes = [("p", "What stands in the way of a trend:"), ("list", list(s.notes))] if s.notes else []
+    return [("p", intro), *notes, ("table", size_display(s.sizes), False),
             ("p", "Each component's gain [interval] at each size, the fitted change in gain per tenfold "
                   "non-embedding parameters [its simultaneous interval over seeds] and the call across sizes:"),
             ("table", trend_display(s), False),
@@ -351,7 +347,11 @@ SCALE_RULE = ("**The rule across sizes**: for each component and direction, each
               "sign**: it helps at one size and hurts at another; **grows** / **shrinks**: a trend that counts, the "
               "fitted |gain| larger / smaller at the largest size than at the smallest; **holds**: it helps (or hurts) "
               "at some size, never the opposite, and no trend counts; **within noise at every size**: no size helps "
-              "or hurts, and no trend counts; fewer than 3 seeds with every size: too few seeds.")
+              "or hurts, and no trend counts; fewer than 3 seeds with every size: too few seeds. Where the study has "
+              "its seeds, the call names what is missing instead: **one parameter count: no trend** (the sizes "
+              "share one non-embedding parameter count), **size M diverged: no trend** / **still running** / **has "
+              "no completed runs** (fewer than two sizes have a pair), **2 seeds with every size: runs diverged at "
+              "L** (seeds lost at a size).")
 FLAGS_NOTE = ("**Flags**: still improving = a run's best val loss is at its last evaluation (more steps would lower "
               "it, and may reorder the effects); overfit = a run's best came before half its steps (it is memorising "
               "the corpus, so part of what is compared is memory).")
@@ -401,8 +401,9 @@ def trend_display(s: scale_mod.Scale) -> pd.DataFrame:
         row = {"component": t.flip, "change": change(t.direction, t.series)}
         for name in names:
             e = cells.get((t.series, t.flip, t.direction, name))
-            row[name] = "" if e is None else f"{e.gain:+.3f} " + (f"[{e.adj_low:+.3f}, {e.adj_high:+.3f}]"
-                                                                   if math.isfinite(e.adj_low) else "")
+            row[name] = ("" if e is None else "-" if not math.isfinite(e.gain)  # no completed pair at this size
+                         else f"{e.gain:+.3f} " + (f"[{e.adj_low:+.3f}, {e.adj_high:+.3f}]"
+                                                   if math.isfinite(e.adj_low) else ""))
         row["slope per 10x"] = (f"{t.slope:+.3f} [{t.slope_adj_low:+.3f}, {t.slope_adj_high:+.3f}]"
                                 if math.isfinite(t.slope_adj_low) else f"{t.slope:+.3f}" if math.isfinite(t.slope)
                                 else "")
@@ -418,9 +419,11 @@ def scale_lines(s: scale_mod.Scale, bold: bool = True) -> list[str]:
         said = []
         for t in trends.itertuples():
             cells = s.by_size[(s.by_size["flip"] == flip) & (s.by_size["direction"] == t.direction)
-                              & (s.by_size["series"] == t.series)]
-            ends = (f" ({cells['gain'].iloc[0]:+.3f} at {cells['size'].iloc[0]} -> {cells['gain'].iloc[-1]:+.3f} at "
-                    f"{cells['size'].iloc[-1]})" if len(cells) else "")
+                              & (s.by_size["series"] == t.series) & np.isfinite(s.by_size["gain"].astype(float))]
+            ends = ("" if not len(cells) else f" ({cells['gain'].iloc[0]:+.3f} at {cells['size'].iloc[0]} only)"
+                    if len(cells) == 1 else
+                    f" ({cells['gain'].iloc[0]:+.3f} at {cells['size'].iloc[0]} -> {cells['gain'].iloc[-1]:+.3f} at "
+                    f"{cells['size'].iloc[-1]})")
             said.append(f"{change(t.direction, t.series)} {t.call}{ends}")
         out.append(f"{'**' * bold}{flip}{'**' * bold}: " + "; ".join(said))
     return out

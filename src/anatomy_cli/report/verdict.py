@@ -5,6 +5,10 @@
                   that matters: stats.py states the rule)
   budget          the training budget the verdict holds for, and how far apart the two ends are
   more_seeds      the exact `anatomy ablate` command that adds seeds, with its estimated time
+  seeds_advice    what to do about effects with fewer than SEEDS_WANTED pairs, from what the runs say:
+                  add seeds (a command that trains them), train unfinished runs again, wait for a
+                  study still running, or change a config whose runs diverged; never a command that
+                  would train nothing
   rule_line       the rule of stats.py in one sentence, with a family's numbers
 
 Sign convention (everywhere: report, CLI, CSV/JSON, README): the gain is the loss reduction of
@@ -16,6 +20,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +30,7 @@ import pandas as pd
 from anatomy_cli.report import stats
 from anatomy_cli.report.frames import run_flags
 from anatomy_cli.spec.roles import ALL_ON, REFERENCE
+from anatomy_cli.store import lockfile
 from anatomy_cli.store import runs as runs_mod
 
 SEEDS_WANTED = 3
@@ -139,18 +146,133 @@ def rule_line(judged: pd.DataFrame, unit: str, floor_text: str, seeds: str = "se
 
 
 def _estimate(root: Path, runs: pd.DataFrame, wanted: int) -> tuple[float, int] | None:
-    """The new seeds' wall time: each config's finished runs as measured here (their wall_s), plus the
-    per-run and start-up times of this machine's calibration when one is cached; None without them."""
+    """The wall time of what `--seeds wanted` trains: each config's missing seeds and its unfinished runs
+    (failed, interrupted), each as its finished runs measured here (their wall_s), plus the per-run and
+    start-up times of this machine's calibration when one is cached; None without them."""
     from anatomy_cli.sweep.calibrate import cached_overheads, plan_seconds
     from anatomy_cli.sweep.plan import default_workers
 
     new = []
     run_s, startup_s = cached_overheads()
     for _, config_runs in runs[runs["role"] != ""].groupby(["design", "settings", "role"]):
-        missing = wanted - config_runs["seed"].nunique()
+        todo = _to_train(config_runs, wanted)
         wall = config_runs.loc[config_runs["status"] == runs_mod.COMPLETED, "wall_s"].median()
-        if missing > 0 and not math.isfinite(wall):
+        if todo > 0 and not math.isfinite(wall):
             return None
-        new += [wall + run_s] * max(0, missing)
+        new += [wall + run_s] * todo
     workers = default_workers(len(new)) if new else 1
     return plan_seconds(new, workers, startup_s), workers
+
+
+def _to_train(config_runs: pd.DataFrame, wanted: int) -> int:
+    """The runs of one config that `--seeds wanted` would train: its missing seeds, and its runs that
+    did not finish (the sweep skips completed and diverged runs, and one a live process trains)."""
+    unfinished = ~config_runs["status"].isin([*runs_mod.DONE_STATES, runs_mod.RUNNING])
+    return max(0, wanted - config_runs["seed"].nunique()) + int(unfinished.sum())
+
+
+# ----------------------------------------------------------------------------- fewer seeds than wanted
+
+
+@dataclass(frozen=True)
+class Advice:
+    """What the report says about effects with fewer than SEEDS_WANTED pairs: the cause and the
+    remedy in words, and the command that carries it out (None where no command would help)."""
+
+    text: str
+    command: str | None = None
+
+
+def seeds_advice(root: Path, runs: pd.DataFrame, judged: pd.DataFrame, wanted: int = SEEDS_WANTED) -> Advice | None:
+    """None when every effect of `judged` has `wanted` pairs; else the cause the runs show, in order:
+    the study is still running (live runs or a live sweep lock: report again later; a command would
+    meet the lock), seeds are missing (the `--seeds` command that adds them), runs did not finish
+    (the same command trains them again), runs diverged (a config to change: every seed is there, so
+    more seeds would train nothing), or the end and the variant share too few seeds."""
+    if judged.empty or not (judged["n_pairs"] < wanted).any():
+        return None
+    running = still_running(root, runs)
+    if running:
+        return Advice(f"The study is still running ({running}): some effects have fewer than {wanted} seeds for "
+                      f"now. Report again when it finishes (a command that adds seeds would meet the sweep's lock).")
+    studied = runs[runs["role"] != ""]
+    configs = [g for _, g in studied.groupby(["design", "settings", "role"])]
+    missing = sum(max(0, wanted - g["seed"].nunique()) for g in configs)
+    unfinished = studied[~studied["status"].isin([*runs_mod.DONE_STATES, runs_mod.RUNNING])]
+    diverged = studied[studied["status"] == runs_mod.DIVERGED]
+    cmd, est = more_seeds(root, runs, wanted)
+    also = f" Besides, {diverged_text(diverged)}." if len(diverged) else ""
+    if missing:
+        say = ("One seed: each effect is a point estimate, no interval." if (judged["n_pairs"] <= 1).all()
+               else f"Fewer than {wanted} seeds for some configs.")
+        return Advice(f"{say}{also} To add seeds to {wanted} (finished runs are skipped){estimate_text(est)}:", cmd)
+    if len(unfinished):
+        counts = ", ".join(f"{n} {status}" for status, n in unfinished["status"].value_counts().items())
+        return Advice(f"{len(unfinished)} run{'s' * (len(unfinished) > 1)} did not finish ({counts}): every config "
+                      f"has its {wanted} seeds, but some effects pair fewer.{also} To train them again (finished "
+                      f"runs are skipped){estimate_text(est)}:", cmd)
+    if len(diverged):
+        return Advice(f"Some effects have fewer than {wanted} pairs because {diverged_text(diverged)}. Every config "
+                      f"already has its {wanted} seeds, so adding seeds would train nothing (a diverged run is a "
+                      f"result the sweep keeps): {divergence_fix(diverged)}, then run the study again (a changed "
+                      f"config trains anew).")
+    return Advice(f"Some effects have fewer than {wanted} pairs although every config has {wanted} seeds: their end "
+                  f"and variant runs share fewer seeds (a pair needs the same seed at both).")
+
+
+def still_running(root: Path, runs: pd.DataFrame) -> str:
+    """'' when nothing trains the study now; else what does: '2 runs running', 'the sweep directory X
+    is in use by pid N' (a live lock of the report's folder or of a sweep folder its runs are in; this
+    process's own lock does not count)."""
+    said = []
+    n = int((runs["status"] == runs_mod.RUNNING).sum())  # 'running' only while its owner lives (status_of)
+    if n:
+        said.append(f"{n} run{'s' * (n > 1)} running")
+    me = os.getpid()
+    for folder in dict.fromkeys([Path(root), *(Path(p).parent for p in runs["path"])]):
+        try:
+            owner = lockfile.read_owner(folder / lockfile.LOCK)
+        except OSError:  # another user's lock: not ours to read, so not ours to call idle
+            said.append(f"the sweep directory {folder} is locked")
+            continue
+        if owner is not None and owner.get("pid") != me and lockfile.alive(owner):
+            said.append(f"the sweep directory {folder} is in use by {lockfile.describe(owner)}")
+    return "; ".join(said)
+
+
+def diverged_text(diverged: pd.DataFrame, limit: int = 4) -> str:
+    """'9 runs diverged at size M (at step 7 of 20; lr 0.001, warmup 2)', one clause per size (per
+    config without sizes), the first `limit` of them."""
+    def where(members: pd.DataFrame) -> str:
+        settings = [json.loads(s) for s in members["settings"]]
+        at = sorted({int(v) for v in pd.to_numeric(members["diverged_at"], errors="coerce").dropna()})
+        steps = sorted({s.get("train.steps") for s in settings if s.get("train.steps") is not None})
+        lrs = sorted({s.get("train.lr") for s in settings if s.get("train.lr") is not None})
+        warmups = sorted({s.get("train.warmup") for s in settings if s.get("train.warmup") is not None})
+        parts = [(f"at step{'s' * (len(at) > 1)} {'-'.join(map(str, dict.fromkeys([at[0], at[-1]])))}" if at else "")
+                 + (f" of {'/'.join(map(str, steps))}" if at and steps else ""),
+                 ", ".join(filter(None, [f"lr {'/'.join(f'{v:g}' for v in lrs)}" if lrs else "",
+                                         f"warmup {'/'.join(map(str, warmups))}" if warmups else ""]))]
+        return "; ".join(filter(None, parts))
+
+    sized = "size" in diverged and (diverged["size"] != "").any()
+    key = "size" if sized else "label"
+    clauses = []
+    for name, members in diverged.groupby(key, sort=False):
+        n = len(members)
+        place = f"at size {name}" if sized else f"({name})"
+        detail = where(members)
+        clauses.append(f"{n} run{'s' * (n > 1)} diverged {place}" + (f" ({detail})" if detail else ""))
+    more = len(clauses) - limit
+    return "; ".join(clauses[:limit]) + (f"; and {more} more" if more > 0 else "")
+
+
+def divergence_fix(diverged: pd.DataFrame, where: str = "those configs") -> str:
+    """What the diverged runs call for: a lower lr when they diverged within warmup (the peak lr is not
+    even reached), else a lower lr or a longer warmup."""
+    at = pd.to_numeric(diverged["diverged_at"], errors="coerce")
+    warmup = pd.Series([json.loads(s).get("train.warmup", math.nan) for s in diverged["settings"]],
+                       index=diverged.index, dtype=float)
+    early = at.notna().any() and bool((at[at.notna()] <= warmup[at.notna()]).all())
+    return (f"lower train.lr for {where} (its runs diverged within warmup)" if early
+            else f"lower train.lr or lengthen train.warmup for {where}")

@@ -16,6 +16,14 @@ Warnings, the rule:
                  find repeated tokens worth markedly less than new ones beyond about 4 epochs and
                  almost nothing beyond about 16. A bigger model memorises sooner: check best steps.
   over a day     the size's runs take more than a day on the workers.
+  same parameters as S   the size has the non-embedding parameter count of an earlier size S (they
+                 differ only in what the count leaves out: ctx_len, the vocabulary): a trend is fitted
+                 against that count, so the two give it no slope.
+  0 steps        a tokens-per-param budget that comes to under one step (rounded up to 1): the size
+                 learns nothing, and its effects are noise.
+And one for the ladder (trend_warnings, printed after the plan and in --json's warnings): a ladder
+that cannot form any trend across sizes: one size, no size that trains, or a single parameter count
+among the sizes that train.
 """
 
 from __future__ import annotations
@@ -61,11 +69,23 @@ def size_rows(plan, facts: dict, estimate: Estimate | None = None) -> list[dict]
             row["est_s"] = plan_seconds([estimate.per_run[p.run_id] for p in members], estimate.workers,
                                         estimate.startup_s)
         row["warnings"] = warnings(row)
+        size = members[0].size
+        if size is not None and size.budget == "tokens-per-param" and size.tokens_per_param and t.steps == 1:
+            raw = size.tokens_per_param * n / (t.batch_size * model.ctx_len)
+            if raw < 1:
+                row["warnings"].append(f"{ZERO_STEPS}: the budget gives {raw:.2g} steps of batch x ctx tokens "
+                                       f"({size.tokens_per_param:g} x {count(n)} parameters), rounded up to 1: the "
+                                       f"size learns nothing")
+        twin = next((r for r in rows if r["non_embedding_params"] == n), None)
+        if twin is not None:
+            row["warnings"].append(f"{SAME_PARAMS} as {twin['size'] or '(base)'}: {count(n)} non-embedding (no trend "
+                                   f"between them)")
         rows.append(row)
     return rows
 
 
-OVERFIT_RISK, OVER_A_DAY = "overfit risk", "over a day"
+OVERFIT_RISK, OVER_A_DAY, SAME_PARAMS, ZERO_STEPS = "overfit risk", "over a day", "same parameters", "0 steps"
+NO_TREND = "no trend across sizes"
 
 
 def warnings(row: dict) -> list[str]:
@@ -76,6 +96,32 @@ def warnings(row: dict) -> list[str]:
     if row["est_s"] is not None and row["est_s"] > DAY_S:
         out.append(f"{OVER_A_DAY}: {row['est_s'] / DAY_S:.1f} days")
     return out
+
+
+def trend_warnings(rows: list[dict]) -> list[str]:
+    """The ladder's own warning when it cannot form any trend across sizes (size_rows' rows): one size,
+    no size that trains (every budget under one step), or one parameter count among the sizes that
+    train; [] for a ladder that can."""
+    names = [r["size"] or "(base)" for r in rows]
+    trains = [r for r in rows if not any(w.startswith(ZERO_STEPS) for w in r["warnings"])]
+    counts = {r["non_embedding_params"] for r in trains}
+    if len(rows) < 2:
+        why = (f"one size ({', '.join(names)}); a trend needs two sizes or more with different non-embedding "
+               f"parameter counts ([[sizes]] entries)")
+    elif not trains:
+        why = ("no size trains (its budget rounds up from under one step to 1); raise tokens_per_param or the "
+               "sizes' parameters")
+    elif len(trains) < 2:
+        why = (f"only {trains[0]['size']} trains (the other sizes' budgets round up from under one step to 1); "
+               f"raise tokens_per_param")
+    elif len(counts) < 2:
+        which = "every size" if len(trains) == len(rows) else "every size that trains"
+        why = (f"{which} has {count(counts.pop())} non-embedding parameters ({', '.join(r['size'] for r in trains)}); "
+               f"make the sizes differ in width or depth (d_model, n_layer), not only in what the count leaves out "
+               f"(ctx_len, the vocabulary)")
+    else:
+        return []
+    return [f"{NO_TREND}: {why}"]
 
 
 def count(n: float | None) -> str:
