@@ -60,10 +60,15 @@ def prepare(
 
     Streams: memory does not grow with the corpus. Documents are joined with a blank line.
     """
+    from anatomy_cli.data.corpus import META, TRAIN_BIN, VAL_BIN, VOCAB_FILE
     from anatomy_cli.data.load import open_source
     from anatomy_cli.data.prepared import prepare as write_prepared
 
-    runs.check_placement(out, "prepared corpus", "--out")
+    # Not in a run or a sweep; an existing folder only if it is a prepared corpus or holds nothing else (its
+    # meta.json would turn a folder of text a run trains on into a prepared corpus).
+    runs.refuse_inside_runs(out, "--out", "prepared corpus directory")
+    runs.refuse_foreign(out, "--out", "prepared corpus", lambda folder: (folder / META).is_file(),
+                        (TRAIN_BIN, VAL_BIN, VOCAB_FILE, META).__contains__, only=True)
     src = open_source(source, field, split)
     with StopFlag(graceful=False), PrepareProgress() as progress:  # SIGTERM/SIGHUP unwind: temp files removed
         meta = write_prepared(src, out, val_frac, ctx_len, max_chars, progress)
@@ -164,7 +169,7 @@ def train(
         resolve_device(device, "--device")
     run_dir = out or safe_dir(runs_dir) / "train" / runs.run_id(f"{cfg.name}-{label(cfg)}", cfg.seed,
                                                                   cfg.model_dump(mode="json"))
-    runs.check_placement(run_dir, "run", "--out" if out else "--runs-dir")
+    runs.refuse_inside_runs(run_dir, "--out" if out else "--runs-dir", "run directory", itself="run")
     from anatomy_cli.training import run as training
 
     _run_train(functools.partial(training.train, cfg, run_dir, overwrite=overwrite), run_dir, cfg.train.steps)

@@ -97,7 +97,8 @@ def ablate(
 
         resolve_device(device, "--device")
     sweep_dir = safe_dir(runs_dir) / s.name
-    runs.check_placement(sweep_dir, "sweep", "--runs-dir")  # before the plan is shown (execute checks again)
+    # before the plan is shown (execute checks again)
+    runs.refuse_inside_runs(sweep_dir, "--runs-dir", "sweep directory", itself="sweep")
     if json_out:
         console.print_json(json.dumps(plan_json(s, plan, sweep_dir)))
         return
@@ -222,9 +223,9 @@ def report(
         "--tensorboard", help="Also back-fill TensorBoard event files for runs that have none, from metrics.jsonl "
         "(needs the tb extra).")] = False,
     min_effect: MinEffect = None,
-    results: Annotated[Optional[Path], typer.Option(
-        "--results", help="Also write the study's small results file (effects, calls, ends, budget: what the README's "
-        "numbers are rendered from) to this path.")] = None,
+    results: Annotated[Optional[Path], typer.Option(  # path_type=str: as typed, so a trailing '/' (a folder) shows
+        "--results", path_type=str, help="Also write the study's small results file (effects, calls, ends, budget: "
+        "what the README's numbers are rendered from) to this path.")] = None,
 ):
     """Turn run directories into comparison tables, component effects with CIs, and figures."""
     from anatomy_cli.report import effects as effects_mod
@@ -241,13 +242,14 @@ def report(
         raise ConfigError(f"unknown --format {', '.join(bad)}; choose from {', '.join(write.FORMATS)}")
     if not runs_dir.exists():
         raise runs.RunError(f"runs directory not found: {runs_dir}")
+    check_report_paths(runs_dir, out, results)  # before anything is written (issue #30)
     frames = effects_mod.report_frames(runs_dir, min_effect)  # read once: shown here and written below
     frame, _, effects = frames
     events = tb_events.backfill(runs_dir) if tensorboard else None
     if results is not None:
         from anatomy_cli.report.results import write_results
 
-        write_results(results, runs_dir, frames)
+        write_results(Path(results), runs_dir, frames)
     if json_out:
         paths = write.write_report(runs_dir, out, formats, frames)
         console.print_json(json.dumps({"runs": frames_mod.records(frame), "effects": frames_mod.records(effects),
@@ -262,6 +264,28 @@ def report(
     if events is not None:
         console.print(f"tensorboard: event files written for {events['written']} runs ({events['skipped']} had their "
                       f"own); view with: tensorboard --logdir {runs_dir}", highlight=False)
+
+
+def check_report_paths(root: Path, out: Path | None, results: str | Path | None) -> None:
+    """Where `report ROOT` may write: its folder (--out) not in a run or a sweep unless it is ROOT/report,
+    its own, and not a folder of someone's files named as its own; --results not in a run or a sweep
+    (ROOT/report aside), nor a folder, nor an existing file other than a results file, nor one of the
+    report's own files in its folder (it would be written over)."""
+    from anatomy_cli.report import write
+    from anatomy_cli.report.results import is_results
+
+    own = root / "report"
+    folder = out if out is not None else own
+    runs.refuse_inside_runs(folder, "--out", "report folder", own=own)
+    runs.refuse_foreign(folder, "--out", "report folder", write.is_report, write.FILES.__contains__)
+    if results is None:
+        return
+    path = Path(results)
+    runs.refuse_inside_runs(path, "--results", "results file", own=own)
+    runs.refuse_replacing(path, "--results", "results file", is_results, given=str(results))
+    if path.name in write.FILES and path.resolve().parent == folder.resolve():
+        raise runs.RunError(f"{results} is the report's own {path.name}, which the report would write over; choose "
+                            f"another --results")
 
 
 # Published reference size (README): the counts `anatomy components` reports changes against.

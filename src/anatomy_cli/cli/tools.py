@@ -23,6 +23,7 @@ from anatomy_cli.cli.app import (
 )
 from anatomy_cli.cli.render import SweepDisplay
 from anatomy_cli.spec.config import ConfigError
+from anatomy_cli.store import runs
 from anatomy_cli.sweep.plan import experiments_dir, load_plan
 
 CI_SPEC = "ci-regression.toml"
@@ -51,7 +52,9 @@ def check(
     if tolerance is not None and not math.isfinite(tolerance):
         raise ConfigError(f"--tolerance must be a finite number >= 0, got {tolerance}")
     s, plan = load_plan(spec or experiments_dir() / CI_SPEC, seeds=update_seeds if update else None)
-    if update:
+    if update:  # where the baseline goes, checked before the runs it is measured from train
+        runs.refuse_inside_runs(baseline, "--baseline", "baseline file")
+        runs.refuse_replacing(baseline, "--baseline", "baseline file", is_baseline)
         return _update(s, plan, baseline, runs_dir, workers, update_seeds)
     base = gate.load_baseline(baseline) if baseline.exists() else None
     if base is None:
@@ -75,6 +78,16 @@ def check(
     console.print(styled("regression gate passed", "bold green", f" ({len(rows)} configs)"))
 
 
+def is_baseline(path: Path) -> bool:
+    """A baseline file (a JSON object with a 'configs' table): the only file `check --update` replaces."""
+    return isinstance((runs.json_object(path) or {}).get("configs"), dict)
+
+
+def is_export(folder: Path) -> bool:
+    """A folder `export` wrote (a Llama config.json): the only kind whose files --overwrite replaces."""
+    return (runs.json_object(Path(folder) / runs.CONFIG) or {}).get("architectures") == ["LlamaForCausalLM"]
+
+
 def _environment() -> tuple[str, str, str | None]:
     """(torch version, machine, CPU capability) as `check --update` records them in a baseline."""
     import torch
@@ -96,13 +109,12 @@ def _run_spec(s, plan, runs_dir: Path, workers: int | None) -> Path:
 
 def _update(s, plan, baseline: Path, runs_dir: Path, workers: int | None, seeds: int) -> None:
     from anatomy_cli.report import gate
-    from anatomy_cli.store.runs import atomic_write_json
 
     sweep_dir = _run_spec(s, plan, runs_dir, workers)
     results = gate.collect(sweep_dir)
     data = gate.build_baseline(results, s.base.seed, s.name, *_environment())
     baseline.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(baseline, data)
+    runs.atomic_write_json(baseline, data)
     console.print(styled("baseline rewritten", "bold yellow", f": {baseline} ({len(data['configs'])} configs, {seeds} "
                          f"seeds each; commit it with a message saying why the numbers moved)"), highlight=False)
 
@@ -135,8 +147,11 @@ def export(
         raise ConfigError(f"--to {to!r} is not supported; only 'hf'")
     if weights not in ("best", "last"):
         raise ConfigError(f"--weights must be best or last, got {weights!r}")
-    from anatomy_cli.exams.export import export_hf
+    from anatomy_cli.exams.export import EXPORT_FILES, export_hf
 
+    # never into a run or a sweep, nor over files of the export's names that no export wrote, --overwrite or not
+    runs.refuse_inside_runs(out_dir, "output folder", "export folder")
+    runs.refuse_foreign(out_dir, "output folder", "export folder", is_export, EXPORT_FILES.__contains__)
     info = export_hf(run_dir, out_dir, weights, overwrite=overwrite)
     console.print(f"exported {info['label']} ({info['params']:,} params) -> {info['out_dir']}: "
                   f"{', '.join(Path(f).name for f in info['files'])}", highlight=False)

@@ -1,6 +1,7 @@
 """A study's results as one small file, and the README's numbers rendered from it (no torch).
 
   write_results   the file `anatomy report RUNS_DIR --results PATH` writes (pandas only there)
+  is_results      whether a file is one (the only kind of file --results replaces)
   render          one marked block or inline value, from a results document (plain dicts)
   update          every marked block of a text, rewritten from its study's results file
   main            python -m anatomy_cli.report.results [--check] [FILE ...]: rewrite, or list what drifted
@@ -102,6 +103,14 @@ def _configs(runs) -> list[dict]:
     return [{"role": role, "positions": frames_mod.LONG_POSITIONS,
              **{k: None if k not in sub or sub[k].isna().all() else int(sub[k].median()) for k in keys}}
             for role, sub in rows.groupby("role", sort=True)]
+
+
+def is_results(path: Path) -> bool:
+    """Whether path holds a results file (its "format" is FORMAT): the only file `report --results`
+    replaces (runs.refuse_replacing)."""
+    from anatomy_cli.store.runs import json_object
+
+    return (json_object(path) or {}).get("format") == FORMAT
 
 
 def write_results(path: Path, root: Path, frames) -> Path:

@@ -2,6 +2,7 @@
 
   write_report       the files: report.md/.html (words: sections.py, verdict.py), CSV, JSON, figures
                      (figures.py), rendered by page.py
+  FILES, is_report   the names it may write, and whether a folder is one it wrote
 
 Library code: returns data or writes files, never prints or exits; problems raise RunError or
 ValueError with a one-line message. Figures use matplotlib's object API (no pyplot global state).
@@ -27,6 +28,17 @@ from anatomy_cli.store.runs import (
 )
 
 FORMATS = ("md", "html", "csv", "json")
+# Every file write_report may write, forest.png (always, and first) leading: a folder is a report folder
+# when it holds forest.png, and `report --out` refuses to replace one of these files in any other folder.
+FIGURES = ("forest.png", "curves.png", "effects-over-training.png", "speed.png", "grad-norm.png", "scale.png",
+           "expert-load.png")
+FILES = FIGURES + ("runs.csv", "effects.csv", "eval-effects.csv", "effects-by-size.csv", "report.json", "report.md",
+                   "report.html")
+
+
+def is_report(folder: Path) -> bool:
+    """A folder write_report wrote (it always writes forest.png, and first)."""
+    return (Path(folder) / FIGURES[0]).is_file()
 
 
 def write_report(root: Path, out_dir: Path | None = None, formats: tuple[str, ...] = FORMATS,

@@ -36,6 +36,7 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -358,20 +359,125 @@ def enclosing_run(path: Path, below: Path | None = None) -> Path | None:
 
 
 def check_placement(path: Path, what: str, option: str) -> None:
-    """Refuse to put a run, a sweep or a prepared corpus (`what`, placed by `option`) inside a run
-    directory, and a run or a sweep inside a sweep's folder (one with sweep.json): the outer report
-    would read it as one of its own. (Training into a run directory is check_replace's question.)"""
-    resolved = Path(path).resolve()
-    if what != "run" and is_run_dir(resolved):
-        raise RunError(f"{path} is a run directory, not a {what} directory; choose another {option}")
-    outer = enclosing_run(resolved)
-    if outer is not None:
-        raise RunError(f"{path} is inside the run directory {outer}: a run folder holds one run; choose another "
-                       f"{option}")
-    sweep = next((p for p in resolved.parents if (p / SWEEP).is_file()), None)
-    if sweep is not None and what in ("run", "sweep"):
-        raise RunError(f"{path} is inside the sweep directory {sweep}, whose report would count the {what} as its "
-                       f"own; choose another {option}")
+    """Refuse to put a run, a sweep or a prepared corpus (`what`, placed by `option`) into or inside a run
+    folder or a sweep folder (refuse_inside_runs); a run may go where a run is (train replaces it: that is
+    check_replace's question) and a sweep where its sweep is (ablate resumes it)."""
+    refuse_inside_runs(path, option, f"{what} directory", itself=what if what in ("run", "sweep") else None)
+
+
+# ----------------------------------------------------------------- where a command may write (issue #30)
+# Every command that writes checks its paths here before it writes anything: refuse_inside_runs for
+# each path (the one rule on run and sweep folders), then refuse_replacing for a file it writes, or
+# refuse_foreign for a folder it writes files into. Each refusal is a RunError: one line, exit 2.
+
+# Beside config.json, what training writes into a run folder from its start (an exported Hugging Face
+# folder has a config.json and a vocab.json too, and none of these).
+RUN_MARKS = (METRICS, SUMMARY, RESUME, lockfile.LOCK)
+SMALL_JSON = 1 << 26  # bytes: a file this command may replace is a small JSON file; a larger one is not read
+
+
+def holds_run(folder: Path) -> bool:
+    """A run folder: a config.json with the metrics, summary, checkpoint or lock of training beside it."""
+    folder = Path(folder)
+    return (folder / CONFIG).is_file() and any((folder / name).exists() for name in RUN_MARKS)
+
+
+def holds_sweep(folder: Path) -> bool:
+    """A sweep folder: it holds sweep.json, timing.json or a sweep's .lock (one naming its owner as DirLock
+    does: other tools' lock files, pytest's among them, hold a bare pid), or (a list design writes no
+    sweep.json) runs whose summaries name it as their sweep."""
+    folder = Path(folder)
+    if holds_run(folder):
+        return False
+    if (folder / SWEEP).is_file() or (folder / TIMING).is_file():
+        return True
+    if "pid" in (json_object(folder / lockfile.LOCK) or {}):
+        return True
+    try:
+        children = list(folder.iterdir())
+    except OSError:  # no such folder, not a folder, not readable
+        return False
+    for child in children:
+        summary = json_object(child / SUMMARY) if holds_run(child) else None
+        if summary is not None:
+            return summary.get("sweep") == folder.name
+    return False
+
+
+def refuse_inside_runs(path: Path, option: str, what: str, own: Path | None = None,
+                       itself: str | None = None) -> None:
+    """The one rule on run and sweep folders for a command that writes `what` ('results file') at `path`
+    (given by `option`): not a run or sweep folder, nor anywhere inside one, whose files it would replace
+    or whose report would read it, unless path is `own` or inside it: the command's own output there
+    (report SWEEP's SWEEP/report). itself='run': path may be a run folder (train replaces one under
+    check_replace's rule); itself='sweep': a sweep folder (ablate resumes one). Symlinks are followed."""
+    target = Path(path).resolve()
+    if own is not None and (target == Path(own).resolve() or Path(own).resolve() in target.parents):
+        return
+    for folder in (target, *target.parents):
+        kind = "run" if holds_run(folder) else "sweep" if holds_sweep(folder) else None
+        if kind is None or (folder == target and kind == itself):
+            continue
+        if folder == target:
+            raise RunError(f"{path} is a {kind} directory, not {_a(what)}; choose another {option}")
+        if kind == "run":
+            raise RunError(f"{path} is inside the run directory {folder}: a run folder holds one run; choose another "
+                           f"{option}")
+        why = (f", whose report would count the {itself} as its own" if itself
+               else ": only its runs and its report write there")
+        raise RunError(f"{path} is inside the sweep directory {folder}{why}; choose another {option}")
+
+
+def refuse_replacing(path: Path, option: str, what: str, ours: Callable[[Path], bool],
+                     given: str | None = None) -> None:
+    """A command that writes one file (`what`, at `path` from `option`) replaces an existing file only
+    where ours(path) says it is one such a command wrote. A folder, or a path typed with a trailing '/'
+    (`given`: as typed), is refused, never written as a file of its name."""
+    path, shown = Path(path), given or str(path)
+    if shown.endswith(("/", os.sep)) or path.is_dir():
+        raise RunError(f"{shown} is a directory; {option} takes the path of the {what} itself")
+    if os.path.lexists(path) and not path.is_file():
+        raise RunError(f"{path} is not a regular file; {option} replaces only {_a(what)}")
+    if path.is_file() and not ours(path):
+        raise RunError(f"{path} exists and is not {_a(what)}; {option} replaces only {_a(what)}: choose another "
+                       f"path, or remove the file first")
+
+
+def refuse_foreign(folder: Path, option: str, what: str, ours: Callable[[Path], bool],
+                   writes: Callable[[str], bool], only: bool = False) -> None:
+    """A command that writes files (those writes(name) is true of) into a folder (`what`, from `option`)
+    writes into an existing folder only where ours(folder) says such a command wrote it, or where it
+    would replace nothing: the folder holds no file of those names (only=True: nothing else at all, as
+    a prepared corpus folder, which its meta.json would turn into one, must; hidden files aside)."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise RunError(f"not a directory (a file is in the way): {folder}")
+    if not folder.is_dir() or ours(folder):
+        return
+    for entry in sorted(folder.iterdir()):
+        if only and not writes(entry.name) and not entry.name.startswith("."):
+            raise RunError(f"{folder} is not {_a(what)} but holds {entry.name}; it is written only into a new or "
+                           f"empty folder or {_a(what)}: choose another {option}")
+        if not only and writes(entry.name):
+            raise RunError(f"{folder} is not {_a(what)} but holds {entry.name}, which writing one would replace; "
+                           f"choose another {option}")
+
+
+def json_object(path: Path) -> dict | None:
+    """A small JSON file's object; None for anything else (no such file, not a regular file, too large, not
+    JSON or not an object): what a command reads of a file to tell whether it wrote it."""
+    path = Path(path)
+    try:
+        if not path.is_file() or path.stat().st_size > SMALL_JSON:
+            return None
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _a(noun: str) -> str:
+    return f"{'an' if noun[:1] in 'aeiou' else 'a'} {noun}"
 
 
 SLUG_RE = re.compile(r"[^A-Za-z0-9_.+=-]+")
