@@ -28,11 +28,43 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from typer.core import TyperCommand, TyperGroup
 
 from anatomy_cli.spec.config import ConfigError
 from anatomy_cli.spec.errors import InputError
 
-app = typer.Typer(
+
+def _untyped_flags(params: list) -> list:
+    """A flag takes no value, so --help shows no type for it (typer's own help would print <bool>)."""
+    for param in params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    return params
+
+
+class Command(TyperCommand):
+    """Every command of the app: as typer's, with flags shown without a type in --help."""
+
+    def get_params(self, ctx):
+        return _untyped_flags(super().get_params(ctx))
+
+
+class Group(TyperGroup):
+    """The app itself: as typer's, with flags (--debug, --install-completion) shown without a type."""
+
+    def get_params(self, ctx):
+        return _untyped_flags(super().get_params(ctx))
+
+
+class App(typer.Typer):
+    """typer.Typer whose commands are `Command`s unless a command asks for another class."""
+
+    def command(self, name: str | None = None, *, cls: type[TyperCommand] | None = None, **kwargs):
+        return super().command(name, cls=cls or Command, **kwargs)
+
+
+app = App(
+    cls=Group,
     name="anatomy",
     help="Take a language model apart: train small char-level transformers and measure, one component "
     "at a time, how a 2017 Transformer becomes a LLaMA.\n\nExit codes: 0 ok, 1 regression/failed run, "
@@ -76,6 +108,32 @@ def styled(label: str, style: str, rest: str = ""):
 def fail(message: str, code: int = EXIT_INPUT) -> typer.Exit:
     err_console.print(styled("error:", "bold red", f" {message}"), highlight=False, soft_wrap=True)
     return typer.Exit(code)
+
+
+def warn(message: str) -> None:
+    """One line on stderr starting 'warning:': something worth knowing that is not a refusal."""
+    err_console.print(styled("warning:", "bold yellow", f" {message}"), highlight=False, soft_wrap=True)
+
+
+def warn_short_runs(configs) -> None:
+    """A warning for runs that end inside their warmup (TrainConfig.warmup_note): once per distinct
+    note, with how many of the runs it concerns when not all of them."""
+    configs = list(configs)
+    notes: dict[str, int] = {}
+    for cfg in configs:
+        note = cfg.train.warmup_note
+        if note:
+            notes[note] = notes.get(note, 0) + 1
+    for note, n in notes.items():
+        warn(note if n == len(configs) else f"{n} of {len(configs)} runs: {note}")
+
+
+def choose(value: str, option: str, choices: tuple[str, ...]) -> str:
+    """A choice option's value, or a one-line refusal naming the option and its choices."""
+    if value not in choices:
+        listed = " or ".join(choices) if len(choices) == 2 else ", ".join(choices)
+        raise ConfigError(f"{option} must be {'' if len(choices) == 2 else 'one of '}{listed}, got {value!r}")
+    return value
 
 
 def on_interrupt(hint: Callable[[], str | None]) -> None:

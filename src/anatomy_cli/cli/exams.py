@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from anatomy_cli.cli.app import JsonOut, app, console, err_console, handle_errors
+from anatomy_cli.cli.app import JsonOut, app, choose, console, err_console, handle_errors
 from anatomy_cli.exams import decode, kv_budget
 from anatomy_cli.exams import lengths as lengths_mod
 from anatomy_cli.exams import stability as stability_mod
@@ -25,8 +25,7 @@ Device = Annotated[str, typer.Option(help="auto | cpu | cuda | mps")]
 
 
 def _device(name: str):
-    if name not in DEVICES:
-        raise ConfigError(f"--device must be one of {', '.join(DEVICES)}, got {name!r}")
+    choose(name, "--device", DEVICES)
     from anatomy_cli.training.devices import resolve_device
 
     return resolve_device(name, "--device")

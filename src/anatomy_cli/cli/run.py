@@ -25,6 +25,7 @@ from anatomy_cli.cli.app import (
     on_interrupt,
     safe_dir,
     styled,
+    warn,
 )
 from anatomy_cli.spec.components import label
 from anatomy_cli.spec.config import SEED_MAX, SEED_MIN, ConfigError
@@ -170,6 +171,8 @@ def train(
     run_dir = out or safe_dir(runs_dir) / "train" / runs.run_id(f"{cfg.name}-{label(cfg)}", cfg.seed,
                                                                   cfg.model_dump(mode="json"))
     runs.refuse_inside_runs(run_dir, "--out" if out else "--runs-dir", "run directory", itself="run")
+    if cfg.train.warmup_note:  # after the refusals above: a warning never comes before an error of its command
+        warn(cfg.train.warmup_note)
     from anatomy_cli.training import run as training
 
     _run_train(functools.partial(training.train, cfg, run_dir, overwrite=overwrite), run_dir, cfg.train.steps)
@@ -245,7 +248,7 @@ def sample(
     temp: Annotated[float, typer.Option(help="Temperature; 0 = greedy.")] = 0.8,
     max_new: Annotated[int, typer.Option(help="Characters to generate.")] = 500,
     top_k: Annotated[Optional[int], typer.Option(help="Sample only from the k most likely characters.")] = None,
-    seed: Annotated[int, typer.Option(min=SEED_MIN, max=SEED_MAX, help="Sampling seed.")] = 0,
+    seed: Annotated[int, typer.Option(help="Sampling seed (any 64-bit integer).")] = 0,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Recompute the whole context every step.")] = False,
     weights: Annotated[str, typer.Option(help="best | last")] = "best",
     window: Annotated[Optional[int], typer.Option(help="Context window (default ctx_len; RoPE may go beyond).")] = None,
@@ -256,6 +259,8 @@ def sample(
     """Stream text from a trained run: prefill the prefix, then one character per step via the KV cache."""
     if weights not in ("best", "last"):
         raise ConfigError(f"--weights must be best or last, got {weights!r}")
+    if not SEED_MIN <= seed <= SEED_MAX:  # checked here: as an option range, --help printed all 20 digits
+        raise ConfigError(f"--seed must be a 64-bit integer, from -2**63 to 2**64-1; got {seed}")
     if max_new < 0:
         raise ConfigError(f"--max-new must be >= 0, got {max_new}")
     import torch

@@ -16,11 +16,13 @@ from anatomy_cli.cli.app import (
     RunsDir,
     StopFlag,
     app,
+    choose,
     console,
     err_console,
     handle_errors,
     on_interrupt,
     safe_dir,
+    warn_short_runs,
 )
 from anatomy_cli.cli.render import (
     LineDisplay,
@@ -87,8 +89,8 @@ def ablate(
 
     if steps is not None and steps <= 0:
         raise ConfigError(f"--steps must be > 0, got {steps}")
-    if executor not in ("local", "dask"):
-        raise ConfigError(f"--executor must be local or dask, got {executor!r}")
+    choose(executor, "--executor", EXECUTORS)
+    parse_stack(stack)
     if json_out and not dry_run:
         raise ConfigError("--json prints the plan: use it with --dry-run")
     s, plan = load_plan(spec, flip, seeds, steps, device=device, compile=compile or None, dtype=dtype)
@@ -100,6 +102,7 @@ def ablate(
     # before the plan is shown (execute checks again)
     runs.refuse_inside_runs(sweep_dir, "--runs-dir", "sweep directory", itself="sweep")
     if json_out:
+        warn_short_runs(p.config for p in plan)
         console.print_json(json.dumps(plan_json(s, plan, sweep_dir)))
         return
     vocab = check_data(plan)
@@ -108,6 +111,7 @@ def ablate(
     if time_pass and not dry_run:
         _time(plan, sweep_dir, n_workers, time_steps, time_rounds)
         return
+    warn_short_runs(p.config for p in plan)  # after every refusal: a warning never precedes an error
     from anatomy_cli.sweep.plan import pending_runs, plan_estimate
 
     estimate = plan_estimate(plan if dry_run else pending_runs(plan, sweep_dir), n_workers, vocab)
@@ -171,6 +175,17 @@ def _time(plan, sweep_dir: Path, workers: int, steps: int, rounds: int) -> None:
     console.print(f"timing: {path}", highlight=False, markup=False, soft_wrap=True)
     if runs.find_runs(sweep_dir):
         _write_report(sweep_dir, None, ("md", "html", "csv", "json"))
+
+
+EXECUTORS = ("local", "dask")
+
+
+def parse_stack(text: str) -> str:
+    """--stack as typed, refused in one line unless auto, off or a count of seeds in ASCII digits, 1 or
+    more ('²' is a digit to str.isdigit but not to int(), which raised)."""
+    if text in ("auto", "off") or (text.isascii() and text.isdigit() and int(text) >= 1):
+        return text
+    raise ConfigError(f"--stack must be auto, off or a number of seeds per model (1 or more), got {text!r}")
 
 
 def plan_stack(choice: str, plan, executor: str) -> int:

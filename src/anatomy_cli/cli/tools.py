@@ -20,6 +20,7 @@ from anatomy_cli.cli.app import (
     handle_errors,
     safe_dir,
     styled,
+    warn_short_runs,
 )
 from anatomy_cli.cli.render import SweepDisplay
 from anatomy_cli.spec.config import ConfigError
@@ -101,6 +102,7 @@ def _run_spec(s, plan, runs_dir: Path, workers: int | None) -> Path:
     from anatomy_cli.sweep.plan import default_workers, execute
 
     sweep_dir = safe_dir(runs_dir) / s.name
+    warn_short_runs(p.config for p in plan)
     display = SweepDisplay(len(plan))
     with display.progress:  # SIGTERM/SIGHUP unwind like Ctrl-C (handle_errors): exit 130, workers end, lock freed
         execute(plan, sweep_dir, workers or default_workers(len(plan)), display, sweep_name=s.name)

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import torch
 
-from anatomy_cli.spec.config import MAX_SIZE
+from anatomy_cli.spec.config import MAX_SIZE, MIN_CTX
 from anatomy_cli.spec.errors import InputError
 
 
@@ -42,9 +42,10 @@ def check_options(cfg, temp: float, top_k: int | None, window: int | None) -> in
         raise SampleError(f"--temp must be >= 0 and finite, got {temp}")
     if top_k is not None and top_k < 1:
         raise SampleError(f"--top-k must be >= 1, got {top_k}")
-    window = cfg.ctx_len if window is None else window
-    if not 2 <= window <= MAX_SIZE:
-        raise SampleError(f"--window must be between 2 and {MAX_SIZE}, got {window}")
+    if window is None:  # ModelConfig refuses a ctx_len below MIN_CTX: this default always fits
+        window = cfg.ctx_len
+    if not MIN_CTX <= window <= MAX_SIZE:
+        raise SampleError(f"--window must be between {MIN_CTX} and {MAX_SIZE}, got {window}")
     if cfg.max_positions is not None and window > cfg.max_positions:
         raise SampleError(f"--window {window}: the learned position table ends at ctx_len={cfg.max_positions} "
                           f"(RoPE or NoPE can go beyond)")

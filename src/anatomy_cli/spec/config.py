@@ -6,14 +6,16 @@ is frozen and rejects unknown keys, so a typo in a spec is an error, not a silen
 
 from __future__ import annotations
 
+import difflib
 import functools
 import math
 import re
 import tomllib
+import types
 from pathlib import Path
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from anatomy_cli.spec.errors import InputError
 from anatomy_cli.spec.roles import ADD_ONE, REMOVE_ONE, Direction
@@ -34,6 +36,9 @@ GDN_CHUNK = 16
 # Upper bound of every size: past it torch's int32 indexing overflows (a C++ error, not a message);
 # sizes below it that still cannot fit in memory are refused by ModelConfig.train_bytes's estimate.
 MAX_SIZE = 2**31 - 1
+# The shortest context a model can generate with: generation's context shift keeps the newest half of
+# its window (model/generate.py), so a window of 1 would keep nothing.
+MIN_CTX = 2
 
 
 class ConfigError(InputError):
@@ -181,6 +186,16 @@ class ModelConfig(_Frozen):
     qk_rope_head_dim: int | None = new(None, gt=0, le=MAX_SIZE)
     qk_nope_head_dim: int | None = new(None, gt=0, le=MAX_SIZE)
     v_head_dim: int | None = new(None, gt=0, le=MAX_SIZE)
+
+    @field_validator("ctx_len")
+    @classmethod
+    def _check_ctx_len(cls, ctx_len: int) -> int:
+        # generation (the samples every run writes at its end, `anatomy sample`) keeps the newest half of
+        # its window when the window fills (model/generate.py): a window of 1 keeps nothing
+        if ctx_len < MIN_CTX:
+            raise ValueError(f"ctx_len={ctx_len} is too short: generating text (the samples a run writes, "
+                             f"`anatomy sample`) needs a context of at least {MIN_CTX}")
+        return ctx_len
 
     @model_validator(mode="after")
     def _check_shapes(self) -> ModelConfig:
@@ -473,6 +488,17 @@ class TrainConfig(_Frozen):
     sample_temp: float = Field(default=0.8, ge=0)
     sample_len: int = Field(default=300, ge=0)
 
+    @property
+    def warmup_note(self) -> str | None:
+        """Why a run that ends inside its warmup is worth a word (None when it does not): a warning,
+        not a refusal, since short smoke runs (`--steps 1` on a spec with warmup 100) are on purpose."""
+        if self.steps >= self.warmup:
+            return None
+        peak = self.lr * self.steps / self.warmup  # lr_at(steps - 1): the last step's learning rate
+        return (f"train.steps={self.steps} ends inside train.warmup={self.warmup}: the learning rate peaks at "
+                f"{peak:.3g}, short of train.lr={self.lr:g}, and the {self.schedule} schedule never starts; set "
+                f"train.warmup below train.steps for a full schedule")
+
 
 class DataConfig(_Frozen):
     # A UTF-8 text file, a directory of .md/.txt files, a directory written by `anatomy prepare`,
@@ -524,7 +550,10 @@ class SizeSpec(_Frozen):
         for section, cls, given in (("model", ModelConfig, self.model), ("train", TrainConfig, self.train)):
             unknown = [k for k in given if k not in cls.model_fields]
             if unknown:
-                raise ConfigError(f"sizes.{self.name}.{section}.{unknown[0]}: unknown key (not a {section} field)")
+                close = difflib.get_close_matches(unknown[0], list(cls.model_fields), n=1)
+                hint = f"; did you mean sizes.{self.name}.{section}.{close[0]}?" if close else ""
+                raise ConfigError(f"sizes.{self.name}.{section}.{unknown[0]}: unknown key (not a {section} field)"
+                                  f"{hint}")
         dumped = base.model_dump(mode="json")
         model = {**dumped["model"], **self.model}
         if "n_head" in self.model and "n_kv_head" not in self.model:
@@ -613,17 +642,83 @@ class AblationSpec(_Frozen):
 # --------------------------------------------------------------------------------- helpers
 
 
-def format_validation_error(err: ValidationError, prefix: str = "") -> str:
-    """'model.n_head: n_head=3 must divide d_model=128' style lines, one per problem."""
+def format_validation_error(err: ValidationError, prefix: str = "", cls: type[BaseModel] | None = None) -> str:
+    """'model.n_head: n_head=3 must divide d_model=128' style lines, one per problem. With the class
+    validated (`cls`), an unknown key gets the closest known one: 'model.pos: unknown key; did you
+    mean model.pos_type?'."""
     lines = []
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-after"))
+        parts = tuple(p for p in e["loc"] if not str(p).startswith("function-after"))
+        loc = ".".join(str(p) for p in parts)
         loc = f"{prefix}{loc}" if loc else prefix.rstrip(".")
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            msg = "unknown key"
+            close = closest_key(cls, parts) if cls is not None else None
+            where = prefix if prefix.endswith(".") else ""  # 'config.json: ' is not part of a key
+            msg = "unknown key" + (f"; did you mean {where}{close}?" if close else "")
         lines.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(lines)
+
+
+def closest_key(cls: type[BaseModel], loc: tuple) -> str | None:
+    """The dotted key most like the unknown one at `loc` ('model.pos' -> 'model.pos_type'), among the
+    fields of the (nested) config class that holds it; None when none is close or the place holds no
+    fields (a dict of components, a list of sizes)."""
+    node: Any = cls
+    for part in loc[:-1]:
+        info = node.model_fields.get(part) if isinstance(part, str) else None
+        node = info.annotation if info is not None else None
+        if not (isinstance(node, type) and issubclass(node, BaseModel)):
+            return None
+    close = difflib.get_close_matches(str(loc[-1]), list(node.model_fields), n=1)
+    return ".".join([*map(str, loc[:-1]), close[0]]) if close else None
+
+
+def setting_keys() -> list[str]:
+    """Every dotted key of a run's config a `--set` can name: name, seed, model.d_model, ..."""
+    keys = []
+    for name in RunConfig.model_fields:
+        section = SECTIONS.get(name)
+        keys += [f"{name}.{f}" for f in section.model_fields] if section else [name]
+    return keys
+
+
+def describe_type(annotation: Any) -> str:
+    """A field's type in words: 'an integer', 'true or false', "one of 'learned', 'rope', 'nope'"."""
+    origin = get_origin(annotation)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in get_args(annotation))
+    if origin in (Union, types.UnionType):  # `int | None`: None is the default, never typed (TOML has no null)
+        return " or ".join(describe_type(a) for a in get_args(annotation) if a is not type(None))
+    words = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    return words.get(annotation, getattr(annotation, "__name__", str(annotation)))
+
+
+def check_setting(key: str, value: Any, raw: str, option: str = "--set") -> None:
+    """One `--set KEY=VALUE`, before it meets the config: KEY names a setting (else the closest one is
+    offered) and VALUE has its field's type, strictly (pydantic's strict mode: true is not the integer
+    1, 1.5 and "12" are not integers, "yes" and 1 are not booleans; an integer is a number). Bounds and
+    cross-field checks stay with the config's own validation, which names the key as a spec would."""
+    section = SECTIONS.get(key)
+    if section is not None:  # a whole section as a TOML table: each of its settings checked alike
+        if not isinstance(value, dict):
+            raise ConfigError(f"{option} {key}: a section, not a setting; set one of its keys, e.g. "
+                              f"{key}.{next(iter(section.model_fields))}=...")
+        for k, v in value.items():
+            check_setting(f"{key}.{k}", v, str(v), option)
+        return
+    head, _, fld = key.partition(".")
+    fields = SECTIONS[head].model_fields if head in SECTIONS else RunConfig.model_fields if not fld else {}
+    info = fields.get(fld or head)
+    if info is None:
+        close = difflib.get_close_matches(key, setting_keys(), n=1)
+        sections = ", ".join(f"{x}.KEY" for x in SECTIONS)
+        hint = f"; did you mean {close[0]}?" if close else f" (settings are name, seed, {sections})"
+        raise ConfigError(f"{option} {key}: unknown key{hint}")
+    try:
+        TypeAdapter(info.annotation, config=ConfigDict(strict=True)).validate_python(value)
+    except ValidationError:
+        raise ConfigError(f"{option} {key}: expected {describe_type(info.annotation)}, got {raw}") from None
 
 
 SECTIONS: dict[str, type[_Frozen]] = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig}
@@ -649,7 +744,7 @@ def validate(cls: type[_Frozen], data: dict, prefix: str = "") -> Any:
     try:
         return cls.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(format_validation_error(err, prefix)) from None
+        raise ConfigError(format_validation_error(err, prefix, cls)) from None
 
 
 def load_toml(path: Path) -> dict:
@@ -689,19 +784,28 @@ def set_dotted(data: dict, key: str, value: Any) -> dict:
 
 def apply_overrides(data: dict, overrides: list[str] | dict[str, Any]) -> dict:
     """Apply `--set key=value` strings (or a {key: value} dict) to a nested config dict."""
-    items = overrides.items() if isinstance(overrides, dict) else [_split_override(o) for o in overrides]
+    items = overrides.items() if isinstance(overrides, dict) else [_split_override(o)[:2] for o in overrides]
     for key, value in items:
         data = set_dotted(data, key, value)
     return data
 
 
-def _split_override(text: str) -> tuple[str, Any]:
+def _split_override(text: str) -> tuple[str, Any, str]:
+    """'model.ctx_len=64' -> (key, parsed value, the value as typed)."""
     key, eq, value = text.partition("=")
     if not eq or not key.strip():
         raise ConfigError(f"--set expects key=value (e.g. model.pos_type=rope), got {text!r}")
     if key.count(".") > 8:  # no spec is this deep; set_dotted would recurse until Python gives up
         raise ConfigError(f"--set key {key[:60]!r}... is nested deeper than any spec section")
-    return key.strip(), parse_value(value.strip())
+    return key.strip(), parse_value(value.strip()), value.strip()
+
+
+def refuse_ablation_spec(data: dict, spec: Path) -> None:
+    """A spec with an ablation's keys (base, design, seeds, sizes, ...) and none of a run's sections,
+    given where a run spec goes: one line saying which command runs it, not an unknown key per key."""
+    ablation = set(AblationSpec.model_fields) - set(RunConfig.model_fields)
+    if ablation & set(data) and not set(SECTIONS) & set(data):
+        raise ConfigError(f"{spec} is an ablation spec: run it with `anatomy ablate {spec}`")
 
 
 def resolve_source(data: dict, base_dir: Path, section: str = "data") -> dict:
@@ -720,6 +824,12 @@ def resolve_source(data: dict, base_dir: Path, section: str = "data") -> dict:
 def load_run_config(spec: Path | None = None, overrides: list[str] | None = None) -> RunConfig:
     data: dict = {}
     if spec is not None:
-        data = resolve_source(load_toml(spec), Path(spec).parent)
-    data = apply_overrides(data, overrides or [])
+        data = load_toml(spec)
+        refuse_ablation_spec(data, spec)
+        data = resolve_source(data, Path(spec).parent)
+    sets = [_split_override(o) for o in overrides or []]
+    for key, value, raw in sets:
+        check_setting(key, value, raw)
+    for key, value, _ in sets:
+        data = set_dotted(data, key, value)
     return validate(RunConfig, data)
