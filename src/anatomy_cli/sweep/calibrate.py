@@ -3,9 +3,10 @@
 A FLOP count alone says 1 s for a toy study that takes 27 s: small runs are dominated by what is
 not matrix multiplication (Python per step, evaluations, samples, checkpoints, start-up). So each
 shape class of a plan (model size, context, batch, vocab, threads, device, torch version) is timed
-once, in a spawned worker that trains exactly as a sweep's worker does (train.train into a scratch
-folder): one run of N steps with E evaluations, read from its own clock (the Trainer's train time
-covers the steps alone, its loop time the steps, evaluations and checkpoints):
+once, in a spawned worker (worker.Worker: it never outlives this process, however this one dies)
+that trains exactly as a sweep's worker does (train.train into a scratch folder): one run of N steps
+with E evaluations, read from its own clock (the Trainer's train time covers the steps alone, its
+loop time the steps, evaluations and checkpoints):
   step_s = train time / N,   eval_s = (loop time - train time) / E,
   run_s = the rest of the call less step 0's evaluation (build, samples, files),
 and startup_s is the worker's start (interpreter, torch import, corpus, and one short warm-up run
@@ -116,13 +117,15 @@ def calibrations(configs: dict[str, object], threads: int) -> dict[str, dict]:
 
 
 def _measure(configs: list, threads: int) -> list[dict]:
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
+    # worker.Worker, not a process pool: an interrupt ends the calibration at once, and the worker
+    # never outlives this process (a pool's worker orphaned by a SIGKILL finished its calibration,
+    # then waited for work forever on a queue it holds open itself, keeping the resource tracker up).
+    from anatomy_cli.sweep.worker import Worker
 
     jobs = [c.model_dump(mode="json") for c in configs]
     t0 = time.time()
-    with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as pool:
-        ready, out = pool.submit(measure_in_worker, jobs, threads).result()
+    with Worker() as worker:
+        ready, out = worker.call(measure_in_worker, jobs, threads)
     for cal in out:
         cal["startup_s"] = round(ready - t0, 3)
     return out

@@ -164,24 +164,37 @@ def record_failure(job: Job, err: Exception) -> dict:
 # the sweep's own stop event, which the parent sets when it is asked to stop; a worker whose parent
 # is gone (the sweep was SIGKILLed) stops too. Stopping means: finish the step, save, end
 # 'interrupted'. A worker killed outright still leaves a resumable run (runs.run_status).
+# The parent's death reaches a worker as PARENT_DIED from the kernel (worker.die_with_parent): a
+# signal of its own, not a STOP_SIGNAL, because the kernel may send it twice (once as the dying
+# parent's threads hand the worker on to each other, once when the last goes), which a STOP_SIGNAL
+# would count as "asked twice: abort". Its polling thread (worker.exit_with_parent) then exits the
+# worker once the run in progress has saved, or at once when it is idle.
 
 _WORKER: dict = {}
+PARENT_DIED = getattr(signal, "SIGUSR1", None)
 
 
-def _init_worker(stop_event, queue) -> None:
-    import os
+def _init_worker(stop_event, queue, parent: int) -> None:
     import threading
     import warnings
 
-    from anatomy_cli.sweep.worker import exit_with_parent
+    from anatomy_cli.sweep.worker import die_with_parent, exit_with_parent
 
-    _WORKER.update(stop_event=stop_event, queue=queue, parent=os.getppid(), signals=0, busy=threading.Lock())
+    # First, with the parent's pid as the parent knew it: read here (getppid), it would be 1 for a
+    # worker whose parent died while it started, which would then never notice, train its runs and
+    # wait for work forever. Before the handler below is in place, PARENT_DIED just ends the worker.
+    if PARENT_DIED is not None:
+        die_with_parent(parent, PARENT_DIED)
+    _WORKER.update(stop_event=stop_event, queue=queue, parent=parent, signals=0, orphaned=False,
+                   busy=threading.Lock())
     for sig in STOP_SIGNALS:
         signal.signal(sig, _worker_signal)
+    if PARENT_DIED is not None:
+        signal.signal(PARENT_DIED, _parent_died)
     warnings.simplefilter("ignore")  # library warnings are off, as in the CLI
     # An orphaned worker would wait for work forever (its siblings hold the queue open): once the
     # parent is gone and the run in progress has saved (_worker_stop sees it too), exit.
-    threading.Thread(target=exit_with_parent, args=(_WORKER["parent"], _WORKER["busy"]), daemon=True).start()
+    threading.Thread(target=exit_with_parent, args=(parent, _WORKER["busy"]), daemon=True).start()
 
 
 def _worker_signal(signum, frame) -> None:
@@ -190,10 +203,15 @@ def _worker_signal(signum, frame) -> None:
         raise KeyboardInterrupt
 
 
+def _parent_died(signum, frame) -> None:
+    _WORKER["orphaned"] = True  # however often it comes: stop (save), never abort
+
+
 def _worker_stop() -> bool:
     import os
 
-    return bool(_WORKER["signals"]) or _WORKER["stop_event"].is_set() or os.getppid() != _WORKER["parent"]
+    return (bool(_WORKER["signals"]) or _WORKER["orphaned"] or _WORKER["stop_event"].is_set()
+            or os.getppid() != _WORKER["parent"])
 
 
 def _worker(group: list[Job]) -> list[dict] | None:
@@ -205,6 +223,7 @@ def _worker(group: list[Job]) -> list[dict] | None:
 
 def _execute_parallel(groups: list[list[Job]], workers: int, emit: Event, stop: Stop) -> None:
     import multiprocessing as mp
+    import os
     import queue as queue_mod
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
     from concurrent.futures.process import BrokenProcessPool
@@ -214,7 +233,7 @@ def _execute_parallel(groups: list[list[Job]], workers: int, emit: Event, stop: 
     stop_event, q = ctx.Event(), ctx.Queue()
     lost: list[Job] = []  # runs whose worker died under them (killed: out of memory, SIGKILL)
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
-                             initargs=(stop_event, q)) as pool:
+                             initargs=(stop_event, q, os.getpid())) as pool:
         try:
             with signals_deferred():  # submit spawns the workers: never leave one half-started
                 futures = {pool.submit(_worker, group): group for group in groups}

@@ -5,17 +5,47 @@
 
 Leaving the block ends the process: politely when the block ends normally, at once (terminate)
 when it is left by an exception (Ctrl-C, SIGTERM, SIGHUP turned into KeyboardInterrupt by the
-CLI), so an interrupted caller never leaves a worker computing on. A worker whose caller died
-without unwinding (SIGKILL) notices and exits by itself (exit_with_parent). The worker ignores
-SIGINT and SIGHUP, which a terminal sends to the whole process group: its caller decides, and
-ends it. Library warnings are off in the worker, as in the CLI.
+CLI), so an interrupted caller never leaves a worker computing on. The worker ignores SIGINT and
+SIGHUP, which a terminal sends to the whole process group: its caller decides, and ends it.
+Library warnings are off in the worker, as in the CLI.
+
+No spawned process outlives its parent, however the parent dies (SIGKILL and the OOM killer
+included, which run no handler and no `finally`). Two guards, both armed in every spawned child:
+
+  die_with_parent   first thing our code does in the child: Linux's parent-death signal (prctl
+                    PR_SET_PDEATHSIG), sent by the kernel the moment the parent dies, then a check
+                    that the parent is still the pid that spawned it: a parent that died earlier
+                    (while the child was still importing, before it could ask) makes it exit at
+                    once. So a child orphaned at any moment ends by the end of its start-up.
+  exit_with_parent  a daemon thread that polls getppid() against that same pid (passed in by the
+                    parent, never read in the child, which may already be re-parented) and exits the
+                    process: the portable fallback (macOS has no prctl).
+
+The spawn paths, each armed this way:
+  Worker            the calibration (calibrate._measure: `scale-plan`, ablate's estimate) and
+                    `ablate --time`'s timing pass: parent-death SIGKILL (a call has nothing to save).
+  sweep workers     jobs._execute_parallel (`ablate`/`check --workers N`): parent-death SIGUSR1, which
+                    a sweep worker takes as a stop request (finish the step, save, end 'interrupted');
+                    exit_with_parent then exits it once its run has saved (its `busy` lock), or at
+                    once when idle. Not SIGTERM: the kernel may send the parent-death signal twice
+                    (once per thread of the dying parent the child is handed on to), and a second
+                    SIGTERM means "abort".
+  resource tracker  multiprocessing starts it from the parent for any spawn; it exits when every
+                    holder of its pipe's write end has: the parent and each spawned child hold one,
+                    so it ends with the last child (it was an orphaned child that kept it up).
+The parent-death signal follows the *thread* that started the child: every caller here starts and
+joins its children in one block of one thread (a pool spawns its workers in submit(), from the
+calling thread). `prepare` and the Dask executor start no process (the Dask executor connects to
+an existing cluster); torch's own compile workers watch their parent (our worker) themselves.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
+import sys
 import threading
 import time
 import warnings
@@ -45,6 +75,25 @@ def signals_deferred():
             signal.raise_signal(signum)
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(parent: int, sig: int = signal.SIGKILL) -> bool:
+    """First thing in a spawned child: ask the kernel to send `sig` once `parent` dies (Linux's
+    parent-death signal), then exit at once if it already has (the child was re-parented before the
+    request took effect). True where the kernel took the request; False elsewhere (macOS), where
+    exit_with_parent's polling is the only guard."""
+    armed = False
+    if sys.platform.startswith("linux"):
+        try:
+            armed = ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+        except (OSError, AttributeError):  # no glibc (musl, a static build): polling only
+            armed = False
+    if os.getppid() != parent:
+        os._exit(0)
+    return armed
+
+
 class WorkerDied(RuntimeError):
     """The worker process ended without answering (killed by a signal, out of memory)."""
 
@@ -60,6 +109,7 @@ def exit_with_parent(parent: int, busy: threading.Lock | None = None, every: flo
 
 
 def _main(conn, parent: int) -> None:
+    die_with_parent(parent)  # nothing of a call is worth saving: SIGKILL once the caller is gone
     for sig in (signal.SIGINT, getattr(signal, "SIGHUP", None)):
         if sig is not None:
             signal.signal(sig, signal.SIG_IGN)
