@@ -144,3 +144,13 @@ def test_sample_help_shows_no_twenty_digit_seed_range():
     result = invoke("sample", "--help")  # the range, when shown, wraps at any width: look at the type instead
     assert result.exit_code == 0 and re.search(r"--seed\s+<int>\s", result.output), result.output
     assert "int range> [-9223372036854775808" not in result.output
+
+
+def test_an_absurd_token_budget_is_refused_before_planning(tmp_path):
+    """tokens_per_param = 1e30 planned a step count past 2**64: refused when the spec is read, and a
+    size whose budget still needs more steps than a run can count is refused naming tokens_per_param."""
+    spec = write_spec(tmp_path, top={"design": "one-at-a-time", "flips": ["rope"], "budget": "tokens-per-param",
+                                     "tokens_per_param": 1e30, "sizes": [{"name": "S"}]})
+    result = CliRunner().invoke(app, ["ablate", str(spec), "--dry-run", "--runs-dir", str(tmp_path / "r")])
+    one_error_line(result, "tokens_per_param")
+    assert not (tmp_path / "r").exists()

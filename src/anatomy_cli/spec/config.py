@@ -454,7 +454,7 @@ class ModelConfig(_Frozen):
 
 
 class TrainConfig(_Frozen):
-    steps: int = Field(default=2000, gt=0)
+    steps: int = Field(default=2000, gt=0, le=MAX_SIZE)
     batch_size: int = Field(default=32, gt=0, le=MAX_SIZE)
     lr: float = Field(default=3e-4, gt=0)
     min_lr_frac: float = Field(default=0.1, ge=0, le=1)
@@ -586,7 +586,9 @@ class AblationSpec(_Frozen):
     # non-embedding parameter (Chinchilla-style, "tokens-per-param"; sweep.size_steps).
     sizes: Annotated[list[SizeSpec], Field(max_length=64)] = []
     budget: Literal["same-steps", "tokens-per-param"] = "same-steps"
-    tokens_per_param: float | None = Field(default=None, gt=0)
+    # Chinchilla-optimal is ~20; a million per parameter is already beyond any study here (1e30 planned
+    # a step count past 2^64).
+    tokens_per_param: float | None = Field(default=None, gt=0, le=1e6)
 
     @model_validator(mode="after")
     def _check_design(self) -> AblationSpec:

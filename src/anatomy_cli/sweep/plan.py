@@ -23,6 +23,7 @@ from pathlib import Path
 from anatomy_cli.spec import components
 from anatomy_cli.spec.components import Component, Design
 from anatomy_cli.spec.config import (
+    MAX_SIZE,
     AblationSpec,
     ConfigError,
     ModelConfig,
@@ -338,7 +339,11 @@ def size_steps(spec: AblationSpec, size) -> int:
     the base's components, so every run of a size shares one budget and stays paired."""
     model, train = size.resolved(spec.base)
     tokens = spec.tokens_per_param * model.non_embedding_params()
-    return max(1, math.ceil(tokens / (train.batch_size * model.ctx_len)))
+    steps = max(1, math.ceil(tokens / (train.batch_size * model.ctx_len)))
+    if steps > MAX_SIZE:
+        raise ConfigError(f"sizes.{size.name}: tokens_per_param={spec.tokens_per_param:g} asks for {steps:,} steps "
+                          f"(at most {MAX_SIZE:,}): lower tokens_per_param or the size")
+    return steps
 
 
 def role_errors(cfg: RunConfig, design: Design | None, want: dict[str, bool], axis_over: dict, role: str) -> str:
