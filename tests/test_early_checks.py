@@ -154,3 +154,18 @@ def test_an_absurd_token_budget_is_refused_before_planning(tmp_path):
     result = CliRunner().invoke(app, ["ablate", str(spec), "--dry-run", "--runs-dir", str(tmp_path / "r")])
     one_error_line(result, "tokens_per_param")
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.process  # ablate calibrates its estimate in a spawned worker
+def test_a_flip_subset_into_a_folder_with_more_runs_says_what_its_report_covers(tmp_path):
+    """ablate --flip rope into the folder of a wider study: the closing report reads the whole folder,
+    so the command says its verdict covers the earlier runs too."""
+    spec = write_spec(tmp_path, top={"design": "one-at-a-time", "flips": ["rope", "swiglu"]},
+                      train={"steps": 2, "eval_interval": 2})
+    base = ["ablate", str(spec), "--runs-dir", str(tmp_path / "r"), "--workers", "1"]
+    wide = CliRunner().invoke(app, base)
+    assert wide.exit_code == 0, wide.output
+    assert "note: the report covers" not in wide.output
+    narrow = CliRunner().invoke(app, [*base, "--flip", "rope"])
+    assert narrow.exit_code == 0, narrow.output
+    assert "note: the report covers every run" in " ".join(narrow.output.split())

@@ -149,6 +149,11 @@ def ablate(
                       + f" of {len(plan)} runs in {sweep_dir}; took {fmt_seconds(time.monotonic() - started)}",
                       highlight=False, soft_wrap=True)
     if not no_report:
+        others = len(runs.find_runs(sweep_dir)) - len({p.run_id for p in plan})
+        if others > 0:  # the report reads the folder: say its verdict covers more than this plan
+            err_console.print(f"note: the report covers every run in {sweep_dir}: this plan's {len(plan)} and "
+                              f"{others} more from earlier plans (for this plan alone, give --runs-dir another "
+                              f"folder)", highlight=False, soft_wrap=True)
         _write_report(sweep_dir, None, ("md", "html", "csv", "json"), min_effect=min_effect)
     if runs.FAILED in statuses or lost:
         raise typer.Exit(EXIT_FAILED)
