@@ -259,6 +259,7 @@ def test_stacked_sweep_resumes_after_sigint_and_after_sigkill(tmp_path):
     assert done.returncode == 0, done.stderr
     for d in sorted(sweep.glob("*/")):
         assert runs.read_summary(d).get("stacked") == (2 if len(saved) == 1 else None), saved
+        assert len(runs.read_summary(d)["resumed_at"]) == 2  # resumed after the SIGINT and after the SIGKILL
         alone = tmp_path / "alone" / d.name
         train(load_run_config(d), alone)
         assert_close_runs(d, alone)

@@ -190,7 +190,8 @@ def _train_resume(run_dir: Path) -> None:
                             f"can be resumed")
     if runs.run_status(run_dir) == runs.INTERRUPTED and not training.has_checkpoint(run_dir):
         err_console.print(f"{run_dir} was killed before it could save a checkpoint: training it again from step 0")
-    _run_train(functools.partial(training.resume, run_dir), run_dir, cfg.train.steps)
+    note = functools.partial(err_console.print, highlight=False)  # 'resuming RUN at step N of M (...)'
+    _run_train(functools.partial(training.resume, run_dir, note=note), run_dir, cfg.train.steps)
 
 
 def _run_train(fn, run_dir: Path, total: int) -> None:

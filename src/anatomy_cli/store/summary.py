@@ -69,6 +69,12 @@ class RunSummary(BaseModel):
     error: str | None = None
     corpus_sha256: str | None = _field(CARRIED)
     corpus_files: dict | None = _field(CARRIED)  # a prepared folder's files' fingerprint (prepared.py)
+    # Resumes (training.run.resume): the step each one continued from, in order (0: killed before its
+    # first checkpoint, trained again from the start). None: never resumed.
+    resumed_at: list[int] | None = _field(CARRIED)
+    # The working folder the run started in, recorded when data.source is relative: a resume reads the
+    # corpus relative to it, not to its own folder (config.json, and so the run id, keep the source as given).
+    started_in: str | None = _field(CARRIED)
     # A mixture of experts: [layer][expert] fractions of routed tokens (train.expert_load).
     expert_load: list[list[float]] | None = None
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -164,10 +165,26 @@ def prepare_fresh(cfg: RunConfig, run_dir: Path, corpus: Corpus, carried: dict) 
     runs.drop_temp_files(run_dir)
     runs.atomic_write_json(run_dir / runs.CONFIG, cfg.model_dump(mode="json"))  # first
     corpus.vocab.save(run_dir / runs.VOCAB)
-    return {**carried, "run_id": run_dir.name, **corpus_identity(corpus)}
+    return {**started_in(cfg), **carried, "run_id": run_dir.name, **corpus_identity(corpus)}
 
 
-def resume(run_dir: Path, progress: Progress | None = None, stop: Callable[[], bool] | None = None) -> dict:
+def started_in(cfg: RunConfig) -> dict:
+    """{'started_in': the working folder} for a run whose data.source is relative (else {}): where a
+    resume resolves it (data_source). config.json keeps the source as given: the run id hashes it."""
+    src = cfg.data.source
+    return {"started_in": str(Path.cwd())} if src is not None and not Path(src).is_absolute() else {}
+
+
+def data_source(cfg: RunConfig, summary: RunSummary) -> str | None:
+    """cfg's data.source, a relative one resolved against the folder the run started in (when recorded)."""
+    src = cfg.data.source
+    if src is None or Path(src).is_absolute() or summary.started_in is None:
+        return src
+    return str(Path(summary.started_in) / src)
+
+
+def resume(run_dir: Path, progress: Progress | None = None, stop: Callable[[], bool] | None = None,
+           note: Callable[[str], None] | None = None) -> dict:
     """Continue an interrupted run; metrics equal an uninterrupted run's.
 
     'Interrupted' includes a run whose process died (SIGKILL, power loss, out of memory): its
@@ -175,19 +192,31 @@ def resume(run_dir: Path, progress: Progress | None = None, stop: Callable[[], b
     every evaluation by default, and when a run is stopped) training continues from its step;
     without one (killed before the first) the run starts again from step 0 with its recorded config
     and seed, which gives the same metrics an uninterrupted run would. Either way the corpus must be
-    the one the run started on.
+    the one the run started on (a relative data.source is read from the folder the run started in).
+
+    note: hears one line, 'resuming RUN at step N of M (checkpoint written ...)', once the checkpoint
+    is restored; the summary's resumed_at gains the step (0 without a checkpoint).
     """
     run_dir = Path(run_dir)
     cfg = load_run_config(run_dir)
     with runs.RunLock(run_dir):
         corpus, carried = resume_preamble(run_dir, cfg)
         if not has_checkpoint(run_dir):
-            return _from_scratch(cfg, run_dir, corpus, progress, stop, carried)
+            return _from_scratch(cfg, run_dir, corpus, progress, stop, resumed_at(carried, 0))
+        written = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime((run_dir / runs.RESUME).stat().st_mtime))
         tr = Trainer(cfg, run_dir, corpus, progress)
         tr.restore()  # a bad checkpoint raises here and leaves the run as it was
         drop_stale(run_dir)
+        carried = resumed_at(carried, tr.step)
+        if note is not None:
+            note(f"resuming {run_dir.name} at step {tr.step} of {cfg.train.steps} (checkpoint written {written})")
         with recorded(run_dir, carried):
             return _finish(tr, stop, carried)
+
+
+def resumed_at(carried: dict, step: int) -> dict:
+    """carried with `step` appended to its resumed_at (the steps this run was resumed from)."""
+    return {**carried, "resumed_at": [*(carried.get("resumed_at") or []), step]}
 
 
 def resume_preamble(run_dir: Path, cfg: RunConfig, corpus: Corpus | None = None) -> tuple[Corpus, dict]:
@@ -201,7 +230,7 @@ def resume_preamble(run_dir: Path, cfg: RunConfig, corpus: Corpus | None = None)
         raise runs.RunError(f"{run_dir} is {status or 'not a run'}; only interrupted runs can be resumed")
     before = RunSummary.model_validate(runs.read_summary(run_dir) or {})
     if corpus is None:
-        corpus = load_corpus(cfg.data.source, cfg.data.val_frac, cfg.model.ctx_len)
+        corpus = load_corpus(data_source(cfg, before), cfg.data.val_frac, cfg.model.ctx_len)
     check_corpus(run_dir, cfg, before, corpus)
     return corpus, {**before.carried(), "run_id": run_dir.name, **corpus_identity(corpus)}
 

@@ -301,19 +301,24 @@ def train_group(cfgs: list[RunConfig], run_dirs: list[Path], progress: Progress 
     from anatomy_cli.training.checkpoint import load_run_config
     from anatomy_cli.training.run import (
         check_fits,
+        data_source,
         drop_stale,
         finalize,
         prepare_fresh,
         recorded,
         resolve_config,
         resume_preamble,
+        resumed_at,
     )
 
     run_dirs = [Path(d) for d in run_dirs]
     if resume:
         cfgs = [load_run_config(d) for d in run_dirs]
     c0 = cfgs[0]
-    corpus = load_corpus(c0.data.source, c0.data.val_frac, c0.model.ctx_len)
+    source = c0.data.source  # a resumed stack reads a relative source from the folder it started in
+    if resume:
+        source = data_source(c0, RunSummary(started_in=(runs.read_summary(run_dirs[0]) or {}).get("started_in")))
+    corpus = load_corpus(source, c0.data.val_frac, c0.model.ctx_len)
     cfgs = cfgs if resume else [resolve_config(c, corpus) for c in cfgs]
     check_fits(cfgs[0], resolve_device(c0.train.device), copies=len(cfgs))
     with contextlib.ExitStack() as held:
@@ -333,6 +338,7 @@ def train_group(cfgs: list[RunConfig], run_dirs: list[Path], progress: Progress 
             tr.restore()  # a bad checkpoint raises here and leaves the runs as they were
             for d in run_dirs:
                 drop_stale(d)
+                carried[d] = resumed_at(carried[d], tr.step)
         for d in run_dirs:
             held.enter_context(recorded(d, carried[d]))
         done: dict[Path, dict] = {}

@@ -4,6 +4,7 @@ Optional: needs the `tb` extra (`pip install 'anatomy-cli[tb]'`, i.e. the tensor
 Without it training runs exactly as before and `anatomy report --tensorboard` says what to install.
 
   for_run   a hook that Trainer calls with the metric lines of each flush (None without tensorboard)
+  resumed   on a resume from a checkpoint: one new event file, rewritten from the metric lines kept
   backfill  event files for existing runs from their metrics.jsonl (`anatomy report --tensorboard`)
 
 Tags (scalars, x = training step): loss/train, loss/val, grad_norm, lr, tokens_per_s (tokens
@@ -142,6 +143,27 @@ def for_run(run_dir: Path, config: dict) -> EventWriter | None:
     name = f"{PREFIX}{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}"
     writer = EventWriter(run_dir / name)
     writer.text("config", config_text(config))
+    writer.flush()
+    return writer
+
+
+def resumed(run_dir: Path, config: dict, rows: list[dict], elapsed: float) -> EventWriter | None:
+    """The hook of a run resumed from a checkpoint: every event file in run_dir replaced by one new
+    file holding the config and `rows` (metrics.jsonl up to the checkpoint's step), so TensorBoard,
+    which reads every file in the folder, shows each logged step once: points a killed attempt wrote
+    past the checkpoint are dropped (they come again), none written before it are lost. Wall times
+    are rebuilt from the lines' elapsed_s (`elapsed`: the checkpoint's, now). None without tensorboard.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir() or not available():
+        return None
+    for old in run_dir.glob(f"{PREFIX}*"):
+        old.unlink(missing_ok=True)
+    writer = for_run(run_dir, config)
+    start, at = time.time() - elapsed, 0.0
+    for row in rows:
+        at = float(row.get("elapsed_s") or at)
+        writer.rows([row], wall_time=start + at)
     writer.flush()
     return writer
 

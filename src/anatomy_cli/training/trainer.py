@@ -352,7 +352,8 @@ class RunLog:
 
     def resumed(self, state: ResumeState, weights: dict, best: dict | None) -> None:
         """Take the books of a checkpoint: best.safetensors back to its best weights (a later best may
-        have been written before a kill), and metric lines past its step dropped (they come again)."""
+        have been written before a kill), and metric lines past its step dropped (they come again), from
+        the TensorBoard events too."""
         self.best, self.best_step, self.ref_loss = state.best, state.best_step, state.ref_loss
         self.last_val, self.diverged_at = state.last_val, state.diverged_at
         if best is not None or state.best_step == state.step:
@@ -361,6 +362,8 @@ class RunLog:
             (self.run_dir / runs.BEST).unlink(missing_ok=True)
         rows = [r for r in runs.read_metrics(self.run_dir) if r["step"] <= state.step]
         runs.atomic_write_text(self.run_dir / runs.METRICS, "".join(runs.json_line(r) for r in rows))
+        if self.events is not None:  # one event file again, each kept line once (tensorboard.resumed)
+            self.events = tb_events.resumed(self.run_dir, self.cfg.model_dump(mode="json"), rows, state.elapsed)
 
     def close(self) -> None:
         if self.events is not None:
