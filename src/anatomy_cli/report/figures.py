@@ -110,7 +110,9 @@ def forest_figure(verdict: pd.DataFrame, unit: str = "nats/char") -> Figure:
         tick.set_color(colour(r.flip))
     ax.invert_yaxis()
     what = "speed gain (% tokens/s with it vs without)" if unit == "%" else f"gain in best val loss ({unit})"
-    ax.set_xlabel(f"{what}; > 0: the component helps; line: the adjusted interval the call is made from")
+    # Two lines, and wrapped at the figure's edge besides: long row labels leave the axes narrow and
+    # off-centre, and one line of this was cut at both ends (#30).
+    ax.set_xlabel(f"{what}; > 0: the component helps\nline: the adjusted interval the call is made from", wrap=True)
     ax.grid(axis="x", alpha=0.3)
     handles = [Line2D([], [], linestyle="none", marker=m, color="#333333", markersize=8, markeredgewidth=1.5,
                       markerfacecolor="#333333" if f else "white", label=call)

@@ -69,8 +69,9 @@ td{text-align:right}td.t{text-align:left}th{background:#f3f3f3;position:sticky;t
 .scroll td{white-space:nowrap}
 img{max-width:100%;height:auto}.fig{overflow-x:auto}.tw{overflow-x:auto;max-width:100%}
 td{white-space:nowrap}td.w{white-space:normal;min-width:18em}
-@media (max-width:760px){body{padding:0 .8em}.fig img{max-width:none;width:auto}}
-@media (max-width:600px){table{font-size:12px}td,th{padding:2px 4px}.c-rank,.c-seeds{display:none}}code{background:#f3f3f3;padding:0 .25em}
+@media (max-width:760px){body{padding:0 .8em}}
+@media (max-width:600px){table{font-size:12px}td,th{padding:2px 4px}.c-rank,.c-seeds{display:none}
+.tw td{white-space:normal}.tw td.c-run-id,.tw td.c-label{white-space:nowrap}}code{background:#f3f3f3;padding:0 .25em}
 pre{white-space:pre-wrap;background:#f7f7f7;padding:.6em;font-size:12px}pre.cmd{background:#eef3fb}
 .samples{display:grid;gap:1em;grid-template-columns:repeat(auto-fill,minmax(24em,1fr))}
 figcaption{font-weight:600}.lead{font-size:15px}"""  # noqa: E501 (CSS: one rule set per line)
@@ -113,7 +114,7 @@ def _html_block(block: tuple) -> str:
         return f'<div class="{"scroll" if len(block) > 2 and block[2] else "tw"}">{body}</div>'
     if kind == "img":
         data = base64.b64encode(Path(block[1]).read_bytes()).decode("ascii")
-        # A narrow screen scrolls the figure sideways at its own size, where its text is >= 10 px.
+        # A figure scales down to the screen's width (max-width: 100%); .fig scrolls if ever wider.
         return (f'<div class="fig"><img alt="{html.escape(Path(block[1]).stem)}" '
                 f'src="data:image/png;base64,{data}"></div>')
     if kind == "samples":

@@ -13,6 +13,7 @@ import textwrap
 
 GAP = "  "
 ELLIPSIS = "…"
+IDENTIFYING = frozenset({"name", "run id", "run_id", "role", "label", "call", "component", "size"})
 
 
 def width() -> int:
@@ -24,15 +25,20 @@ def table(headers: list[str], rows: list[list[str]], max_width: int | None = Non
           fit: list[tuple] = (), right: set[str] = frozenset()) -> str:
     cols = list(headers)
     widths = {h: max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)}
+    # the identifying columns are cut last, whatever the caller's order: the descriptive ones go first (#30)
+    fit = sorted(fit, key=lambda step: step[0] == "cut" and step[1] in IDENTIFYING)
     for step in fit:
         if max_width is None or _total(widths, cols) <= max_width:
             break
         if step[0] == "drop" and step[1] in cols and len(cols) > 1:
             cols.remove(step[1])
         elif step[0] == "cut" and step[1] in cols:
-            widths[step[1]] = max(step[2], widths[step[1]] - (_total(widths, cols) - max_width))
+            floor = max(step[2], max(len(w) for w in step[1].split()))  # a header wraps, never cut
+            widths[step[1]] = max(floor, widths[step[1]] - (_total(widths, cols) - max_width))
     index = {h: i for i, h in enumerate(headers)}
-    lines = [[h for h in cols], ["-" * widths[h] for h in cols]]
+    heads = [textwrap.wrap(h, widths[h]) or [""] for h in cols]
+    lines = [[(parts[k] if k < len(parts) else "") for parts in heads] for k in range(max(map(len, heads)))]
+    lines += [["-" * widths[h] for h in cols]]
     lines += [[r[index[h]] for h in cols] for r in rows]
     return "\n".join(GAP.join(_cell(v, widths[h], h in right) for v, h in zip(line, cols)).rstrip()
                      for line in lines)
