@@ -12,6 +12,9 @@ On the same machine and torch the gate seed reproduces its numbers exactly, so t
 whether each number is identical, and `environment_warnings` names a baseline from elsewhere:
 another torch, another machine, or the same CPU model name with another vector instruction set
 (cpu_capability: AVX2, AVX512, ...), whose kernels round differently.
+
+load_baseline checks the whole file (Baseline: every field `check --update` writes, each of its type;
+a loss, spread or tolerance a finite number >= 0; unknown fields kept) before the gate reads it.
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ import math
 import platform
 import statistics
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, ValidationError
 
 from anatomy_cli.spec.errors import InputError
 from anatomy_cli.store import runs
@@ -41,6 +47,31 @@ VERDICTS = {  # verdict -> what a failure of that kind asks of whoever reads it
 
 class BaselineError(InputError):
     """A missing or malformed baseline file."""
+
+
+NonNegative = Annotated[float, Field(ge=0)]  # finite: a FileModel takes no NaN or infinity
+
+
+class BaselineConfig(runs.FileModel):
+    best_val_loss: NonNegative  # the gate seed's
+    tolerance: NonNegative = None  # absent: MIN_TOLERANCE
+    seed_values: dict[str, NonNegative | None] = None  # {seed: best val loss, null: not completed}
+    seed_std: NonNegative = None
+
+
+class Baseline(runs.FileModel):
+    """The baseline file (build_baseline writes it): a field may be absent (older files), not mistyped."""
+
+    configs: dict[str, BaselineConfig]
+    gate_seed: int = None
+    spec: str = None
+    pooled_seed_std: NonNegative = None
+    derivation: str = None
+    torch_version: str | None = None
+    machine: str | None = None
+    cpu_capability: str | None = None
+    platform: str = None
+    measured_on: str = None
 
 
 def collect(sweep_dir: Path) -> dict[str, dict[int, float | None]]:
@@ -65,10 +96,6 @@ def collect(sweep_dir: Path) -> dict[str, dict[int, float | None]]:
 
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def build_baseline(results: dict[str, dict[int, float | None]], gate_seed: int, spec_name: str,
@@ -105,7 +132,8 @@ def build_baseline(results: dict[str, dict[int, float | None]], gate_seed: int, 
 
 
 def load_baseline(path: Path) -> dict:
-    """The baseline file, every field compare() and the warnings read checked: BaselineError names the first bad one."""
+    """The baseline file as written (a plain dict), checked whole against Baseline first: BaselineError
+    names the first bad field."""
     try:
         data = runs.read_json(path)
     except runs.RunError as err:
@@ -114,18 +142,26 @@ def load_baseline(path: Path) -> dict:
         raise BaselineError(f"baseline {path} has no 'configs' table")
     if not data["configs"]:
         raise BaselineError(f"baseline {path} has an empty 'configs' table: nothing to gate")
-    if "gate_seed" in data and not _is_int(data["gate_seed"]):
-        raise BaselineError(f"baseline {path}: gate_seed must be an integer, got {data['gate_seed']!r}")
-    for key in ENVIRONMENT:
-        if data.get(key) is not None and not isinstance(data[key], str):
-            raise BaselineError(f"baseline {path}: {key} must be a string, got {data[key]!r}")
-    for slug, entry in data["configs"].items():
-        if not isinstance(entry, dict) or not _is_number(entry.get("best_val_loss")):
-            raise BaselineError(f"baseline {path}: config {slug!r} lacks a finite numeric best_val_loss")
-        tol = entry.get("tolerance", MIN_TOLERANCE)
-        if not _is_number(tol) or tol < 0:
-            raise BaselineError(f"baseline {path}: config {slug!r} has tolerance {tol!r}, not a finite number >= 0")
+    try:
+        Baseline.model_validate(data)
+    except ValidationError as err:
+        raise BaselineError(f"baseline {path}: {_problem(err)}") from None
     return data
+
+
+def _problem(err: ValidationError) -> str:
+    """The first bad field, in the words the gate has always used for the fields it reads."""
+    e = err.errors(include_url=False)[0]
+    loc, value = e["loc"], e.get("input")
+    if len(loc) == 3 and loc[0] == "configs" and loc[2] == "best_val_loss" and e["type"] != "greater_than_equal":
+        return f"config {loc[1]!r} lacks a finite numeric best_val_loss"
+    if len(loc) == 3 and loc[0] == "configs" and loc[2] == "tolerance":
+        return f"config {loc[1]!r} has tolerance {value!r}, not a finite number >= 0"
+    if loc == ("gate_seed",):
+        return f"gate_seed must be an integer, got {value!r}"
+    if len(loc) == 1 and loc[0] in ENVIRONMENT:
+        return f"{loc[0]} must be a string, got {value!r}"
+    return runs.schema_problem(err, ("configs", "seed_values"))
 
 
 def compare(baseline: dict, results: dict[str, dict[int, float | None]], tolerance: float | None = None) -> list[dict]:

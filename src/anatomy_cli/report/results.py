@@ -2,6 +2,7 @@
 
   write_results   the file `anatomy report RUNS_DIR --results PATH` writes (pandas only there)
   is_results      whether a file is one (the only kind of file --results replaces)
+  load            a results file, checked whole against ResultsFile, as its plain dict
   render          one marked block or inline value, from a results document (plain dicts)
   update          every marked block of a text, rewritten from its study's results file
   main            python -m anatomy_cli.report.results [--check] [FILE ...]: rewrite, or list what drifted
@@ -21,7 +22,9 @@ raw_low, raw_high, p_holm}],
 eval_gains [{flip, direction, group, steps, tokens, gain}] (val-loss gain at every evaluation);
 configs [{role, params, active_params, state_bytes_4k, positions}] (what each config costs);
 with sizes, scale {budget, sizes, effects, trends} (scale.Scale.record's rows). No curves, no paths. Readers ignore keys they do not know; VERSION changes only when a key's meaning
-does, and a reader refuses a newer version by name.
+does, and a reader refuses a newer version by name. A reader checks every key it knows (ResultsFile):
+a key may be absent (files written before it existed; a block that needs it says so), but one that is
+present has its type, null only where the writer writes null, no NaN, no negative count.
 """  # noqa: E501 (the docstring is docs/layout.md's text)
 
 from __future__ import annotations
@@ -31,9 +34,13 @@ import math
 import re
 import sys
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, ValidationError, model_validator
 
 from anatomy_cli.spec.errors import InputError
 from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, REFERENCE, REMOVE_ONE
+from anatomy_cli.store.runs import FileModel, schema_problem
 
 FORMAT, VERSION = "anatomy-results", 1
 RESULTS_DIR = Path("experiments") / "results"
@@ -45,6 +52,168 @@ BLOCKS = ("verdict", "directions", "ends", "rule", "moves", "scale", "parts")
 
 class ResultsError(InputError):
     """A results file or a marked block that cannot be read or rendered."""
+
+
+# --------------------------------------------------------------------------- the file's schema
+# Every key may be absent (= None: not validated); present, it has its type. `| None`: null written
+# for a value that could not be measured. Count: an integer >= 0. Amount: a number >= 0 from a table
+# column (an integer, or a float where the column had gaps). Share: a probability or a level, 0 to 1.
+
+Count = Annotated[int, Field(ge=0)]
+Amount = Annotated[float, Field(ge=0)]
+Share = Annotated[float, Field(ge=0, le=1)]
+
+
+class RunCounts(FileModel):
+    total: Count = None
+    completed: Count = None
+
+
+class Budget(FileModel):  # verdict.budget
+    reference: Amount | None = None  # each end's mean best val loss
+    all_on: Amount | None = Field(None, alias="all-on")
+    reference_best_step: Count = None
+    all_on_best_step: Count = Field(None, alias="all-on_best_step")
+    steps: Count | None = None
+    batch_size: Count | None = None
+    ctx_len: Count | None = None
+    tokens: Count = None
+    still_improving: bool = None
+
+
+class End(FileModel):
+    name: str = None
+    mean: Amount | None = None
+    sd: Amount | None = None
+    seeds: Count = None
+    best_step: Count = None
+    last_step: Count | None = None
+    final: Amount | None = None
+
+
+class Effect(FileModel):  # EFFECT_KEYS
+    metric: str = None
+    unit: str | None = None
+    flip: str = None
+    direction: str = None
+    against: str | None = None
+    group: str = None
+    n_pairs: Amount = None
+    gain: float | None = None
+    adj_low: float | None = None
+    adj_high: float | None = None
+    adj_level: Share | None = None
+    family: Amount | None = None
+    threshold: Amount | None = None
+    threshold_basis: str | None = None
+    call: str = None
+    raw_low: float | None = None
+    raw_high: float | None = None
+    p_holm: Share | None = None
+
+
+class EvalGain(FileModel):
+    flip: str = None
+    direction: str = None
+    group: str = None
+    steps: list[Count] = None
+    tokens: list[Amount | None] = None
+    gain: list[float | None] = None
+
+    @model_validator(mode="after")
+    def _aligned(self) -> EvalGain:
+        if len({len(v) for v in (self.steps, self.tokens, self.gain) if v is not None}) > 1:
+            raise ValueError("steps, tokens and gain differ in length (one value of each per evaluation)")
+        return self
+
+
+class ConfigCost(FileModel):
+    role: str = None
+    params: Count | None = None
+    active_params: Count | None = None
+    state_bytes_4k: Count | None = None
+    positions: Count = None
+
+
+class ScaleBudget(FileModel):
+    budget: str = None
+    tokens_per_param: Amount = None
+
+
+class ScaleSize(FileModel):  # scale.SIZE_COLUMNS
+    series: str = None
+    size: str = None
+    non_embedding_params: Amount | None = None
+    params: Amount | None = None
+    steps: Amount | None = None
+    tokens: Amount | None = None
+    tokens_per_param: Amount | None = None
+    runs: Amount | None = None
+    still_improving: Amount | None = None
+    overfit: Amount | None = None
+    flags: str | None = None
+
+
+class ScaleEffect(FileModel):  # scale.BY_SIZE_COLUMNS
+    series: str = None
+    flip: str = None
+    direction: str = None
+    against: str | None = None
+    size: str = None
+    non_embedding_params: Amount | None = None
+    steps: Amount | None = None
+    tokens: Amount | None = None
+    n_pairs: Amount | None = None
+    gain: float | None = None
+    adj_low: float | None = None
+    adj_high: float | None = None
+    call: str | None = None
+    flags: str | None = None
+
+
+class Trend(FileModel):  # scale.TREND_COLUMNS
+    series: str = None
+    flip: str = None
+    direction: str = None
+    against: str | None = None
+    sizes: Amount | None = None
+    n_seeds: Amount | None = None
+    slope: float | None = None
+    slope_adj_low: float | None = None
+    slope_adj_high: float | None = None
+    adj_level: Share | None = None
+    slope_low: float | None = None
+    slope_high: float | None = None
+    p_value: Share | None = None
+    p_holm: Share | None = None
+    fit_smallest: float | None = None
+    fit_largest: float | None = None
+    change: float | None = None
+    threshold: Amount | None = None
+    call: str = None
+
+
+class Scale(FileModel):
+    budget: ScaleBudget = None
+    sizes: list[ScaleSize] = None
+    effects: list[ScaleEffect] = None
+    trends: list[Trend] = None
+
+
+class ResultsFile(FileModel):
+    """The results file (FORMAT, VERSION): load() checks a file against it and renders the plain dict."""
+
+    format: str = None
+    version: Annotated[int, Field(ge=1)] = None
+    study: str = None
+    runs: RunCounts = None
+    seeds: list[int] = None
+    budget: Budget = None
+    ends: dict[str, End] = None
+    effects: list[Effect] = None
+    eval_gains: list[EvalGain] = None
+    configs: list[ConfigCost] = None
+    scale: Scale = None
 
 
 # --------------------------------------------------------------------------- writing (from report frames)
@@ -134,15 +303,33 @@ def _plain(v):
 
 
 def load(path: Path) -> dict:
+    """A results file as its plain dict (what the renderers read), checked first: not one, a newer
+    version (refused by name before anything else, as its keys may mean something else), or a key
+    of the wrong type (ResultsFile) is a ResultsError naming the file and the key."""
+    shown = _shown(path)
     try:
         doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise ResultsError(f"cannot read results file {path}: {err}") from None
+    except (OSError, ValueError, RecursionError) as err:
+        raise ResultsError(f"cannot read results file {shown}: {err}") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise ResultsError(f"{path} is not an anatomy results file")
-    if doc.get("version", 0) > VERSION:
-        raise ResultsError(f"{path} is results version {doc['version']}; this anatomy reads up to {VERSION}")
+        got = f"its format is {json.dumps(doc.get('format'))[:40]}" if isinstance(doc, dict) else "not a JSON object"
+        raise ResultsError(f"{shown} is not an anatomy results file ({got}, not {json.dumps(FORMAT)})")
+    version = doc.get("version", VERSION)
+    if isinstance(version, int) and not isinstance(version, bool) and version > VERSION:
+        raise ResultsError(f"{shown} is results version {version}; this anatomy reads up to {VERSION}")
+    try:
+        ResultsFile.model_validate(doc)
+    except ValidationError as err:
+        raise ResultsError(f"{shown}: {schema_problem(err)}") from None
     return doc
+
+
+def _shown(path: Path) -> Path:
+    """path as a message names it: relative to the working folder when inside it."""
+    try:
+        return Path(path).resolve().relative_to(Path.cwd().resolve())
+    except (OSError, ValueError):
+        return Path(path)
 
 
 def render(doc: dict, what: str) -> str:
@@ -331,8 +518,8 @@ def update(text: str, folder: Path) -> str:
             cache[study] = load(path)
         try:
             body = render(cache[study], m["what"])
-        except (KeyError, TypeError, IndexError, ValueError) as err:  # a file missing a key or badly typed
-            raise ResultsError(f"{path} cannot render '{m['what']}': {err.__class__.__name__}: {err}") from None
+        except (KeyError, TypeError, IndexError, ValueError, AttributeError) as err:  # a file missing a key
+            raise ResultsError(f"{_shown(path)} cannot render '{m['what']}': {err.__class__.__name__}: {err}") from None
         return f"<!-- results {study} {m['what']} -->{body}<!-- /results -->"
 
     return MARK.sub(one, text)
@@ -365,8 +552,21 @@ def root_of(path: Path) -> Path:
     return next((d for d in (here, *here.parents) if (d / RESULTS_DIR).is_dir()), path.parent)
 
 
+OPENING = re.compile(r"<!-- results [\w.-]+ [^>]*?-->")
+
+
+def unclosed(text: str) -> list[int]:
+    """Line numbers of opening markers that no `<!-- /results -->` closes (left silently unrendered)."""
+    inside = {m.start() for m in MARK.finditer(text)}
+    return [text.count("\n", 0, m.start()) + 1 for m in OPENING.finditer(text) if m.start() not in inside]
+
+
 def _one_file(path: Path, text: str, check: bool) -> int:
-    """--check: the number of drifted blocks (each named on stderr); else rewrite them, 0."""
+    """--check: the number of drifted blocks (each named on stderr); else rewrite them, 0. A marker
+    left open is one line naming the file and line, before anything is rewritten."""
+    lines = unclosed(text)
+    if lines:
+        raise ResultsError(f"{path} line {lines[0]}: a results marker has no closing <!-- /results -->")
     if check:
         blocks = drifted(text, root_of(path))
         for block in blocks:

@@ -1,6 +1,6 @@
 """Speed effects from a timing pass's record (sweep/timing.py writes it): the analysis half (no torch).
 
-  read_timing      sweep_dir/timing.json, or None
+  read_timing      sweep_dir/timing.json checked whole (TimingRecord), or None without one
   timing_effects   timing record -> effect rows (stats.paired) for tokens_per_s, as gains
   threshold        the reference end's round-to-round spread of tokens/s, in %
   summary_line     one line: rounds, steps, what was timed
@@ -8,14 +8,21 @@
 A component's speed effect is paired within a round, where both configs met the same machine state:
 gain_r = 100 * (tokens/s with the component / tokens/s without it - 1), judged over rounds by the
 report's one rule (stats.py), with the reference end's round-to-round spread as threshold.
+
+The record (sweep/timing.py writes it): steps, warmup, rounds, threads, ends [reference name, all-on
+name], configs [{slug, role, flip, group}], rounds_data [{slug: tokens/s}]. A record that does not
+fit it is a RunError naming the field: the report stops there rather than go on without the timing
+pass it was asked to read (rerun `anatomy ablate --time` to write a new one).
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
+from pydantic import Field, ValidationError
 
 from anatomy_cli.report import stats
 from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, REFERENCE, REMOVE_ONE, shown
@@ -25,9 +32,38 @@ METRIC = "tokens_per_s"
 NOTE_RE = r"timing pass: [^;]*"  # the note every timing effect carries
 
 
+Count = Annotated[int, Field(ge=0)]
+
+
+class TimedConfig(runs.FileModel):
+    slug: str
+    role: str  # components.role's kind: reference, all-on, add-one, remove-one, other
+    flip: str | None  # the component an add-one / remove-one config flips; null for the ends
+    group: str = ""
+
+
+class TimingRecord(runs.FileModel):
+    steps: Count
+    warmup: Count
+    rounds: Count = None
+    threads: Annotated[int, Field(ge=1)]
+    ends: Annotated[list[str], Field(min_length=2, max_length=2)] = None
+    configs: list[TimedConfig]
+    rounds_data: list[dict[str, Annotated[float, Field(ge=0)]]]  # per round {slug: tokens/s}
+
+
 def read_timing(sweep_dir: Path) -> dict | None:
+    """The timing record as written (a plain dict), checked against TimingRecord; None without one."""
     path = Path(sweep_dir) / runs.TIMING
-    return runs.read_json(path) if path.is_file() else None
+    if not path.is_file():
+        return None
+    record = runs.read_json(path)
+    try:
+        TimingRecord.model_validate(record)
+    except ValidationError as err:
+        raise runs.RunError(f"corrupt {runs.TIMING} in {Path(sweep_dir)}: "
+                            f"{runs.schema_problem(err, ('rounds_data',))}") from None
+    return record
 
 
 def timing_effects(record: dict) -> list[dict]:

@@ -38,7 +38,9 @@ import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from anatomy_cli.spec.config import ANY, hash_neutral
 from anatomy_cli.spec.errors import InputError
@@ -166,6 +168,9 @@ def read_json(path: Path) -> Any:
         raise RunError(f"missing {Path(path).name} in {Path(path).parent}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise RunError(f"corrupt {Path(path).name} in {Path(path).parent}: {err}") from None
+    except (RecursionError, ValueError) as err:  # nesting past the recursion limit, a 5,000-digit integer
+        raise RunError(f"corrupt {Path(path).name} in {Path(path).parent}: {err.__class__.__name__}: "
+                       f"{str(err)[:200]}") from None
 
 
 def drop_temp_files(run_dir: Path) -> None:
@@ -255,19 +260,80 @@ def read_summary(run_dir: Path) -> dict | None:
     return data
 
 
+class FileModel(BaseModel):
+    """A file the tool wrote earlier and reads back (eval.json here; a sweep's timing.json, a CI baseline
+    and a results file in report/): checked whole before any of it is used, so a wrong type, a negative
+    count or a non-finite number is one line naming the file and the field (schema_problem), never a
+    crash later. Strict (a string is not a number, true is not an integer; an integer is a number), no
+    NaN or infinity, and keys a model does not know are kept (extra="allow": a newer writer's)."""
+
+    model_config = ConfigDict(extra="allow", strict=True, frozen=True, allow_inf_nan=False)
+
+
+def schema_problem(err: ValidationError, keyed: tuple[str, ...] = ()) -> str:
+    """'ends.reference.mean: Input should be a valid number': where a FileModel's first problem is, and
+    what it is; a key of a table named in `keyed` is shown as ['key'], an item of a list as [i]."""
+    e = err.errors(include_url=False)[0]
+    where, parent = "", None
+    for part in e["loc"]:
+        if part == "[key]":  # the table's key itself is at fault: the path already names it
+            continue
+        if isinstance(part, int):
+            where += f"[{part}]"
+        else:
+            where += f"[{part!r}]" if parent in keyed else f".{part}"
+            parent = part
+    what = {"model_type": "Input should be a valid dictionary"}.get(e["type"], e["msg"])
+    if e["type"] == "value_error":  # a validator's own words, without pydantic's 'Value error, '
+        what = str(e["ctx"]["error"])
+    return f"{where.lstrip('.')}: {what}" if where else ("not a JSON object" if e["type"] == "model_type" else what)
+
+
+def _ctx_length(key: str) -> str:
+    if not re.fullmatch(r"[1-9][0-9]*", key):
+        raise ValueError("not a context length (a whole number > 0)")
+    return key
+
+
+def _loss(value: float) -> float:
+    if value < 0:  # NaN passes: a length whose loss overflowed was measured, not corrupted
+        raise ValueError("a loss is never negative")
+    return value
+
+
+CtxLength = Annotated[str, AfterValidator(_ctx_length)]
+
+
+class EvalFile(FileModel):
+    """eval.json, as `anatomy eval` writes it (exams/lengths.py): the loss at each context length (null
+    where it could not be measured, with a note saying why) and the settings it was measured with."""
+
+    model_config = ConfigDict(allow_inf_nan=True)
+
+    val_loss_by_ctx: dict[CtxLength, Annotated[float, AfterValidator(_loss)] | None] = {}
+    notes: dict[CtxLength, str] = None
+    ctx_len: Annotated[int, Field(ge=1)] = None
+    pos_type: str = None
+    label: str = None
+    weights: str = None
+    batch_size: Annotated[int, Field(ge=1)] = None
+    batches: Annotated[int, Field(ge=1)] = None
+    dtype: str = None
+
+
 def read_ctx_losses(path: Path) -> dict[int, float | None]:
-    """eval.json's val_loss_by_ctx as {context length: loss, None where it could not be measured}."""
+    """eval.json's val_loss_by_ctx as {context length: loss, None where it could not be measured}, the
+    file checked whole (EvalFile) first."""
     data = read_json(path)
+    corrupt = f"corrupt {Path(path).name} in {Path(path).parent}"
     by_ctx = data.get("val_loss_by_ctx", {}) if isinstance(data, dict) else None
     if not isinstance(by_ctx, dict):
-        raise RunError(f"corrupt {Path(path).name} in {Path(path).parent}: val_loss_by_ctx is not a table")
-    out = {}
-    for n, loss in by_ctx.items():
-        if not n.isdigit() or (loss is not None and not _is_float(loss)):
-            raise RunError(f"corrupt {Path(path).name} in {Path(path).parent}: val_loss_by_ctx[{n!r}] = "
-                           f"{json.dumps(loss)[:40]}; expected a context length and a number or null")
-        out[int(n)] = loss
-    return out
+        raise RunError(f"{corrupt}: val_loss_by_ctx is not a table")
+    try:
+        EvalFile.model_validate(data)
+    except ValidationError as err:
+        raise RunError(f"{corrupt}: {schema_problem(err, ('val_loss_by_ctx', 'notes'))}") from None
+    return {int(n): loss for n, loss in by_ctx.items()}
 
 
 def read_design(sweep_dir: Path) -> dict | None:
