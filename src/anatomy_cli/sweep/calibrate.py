@@ -23,6 +23,11 @@ The cache is CACHE_DIR/calibration.json ($ANATOMY_CACHE, else $XDG_CACHE_HOME/an
 ~/.cache/anatomy). A calibration taken while the machine was busy (load average above its cores) is
 marked so and taken again when the machine is idle; busy() lets a plan say the machine is busy
 instead of hiding it in the estimate.
+
+The cache is read through Calibration (finite, non-negative times; the right keys and types): an
+entry that is not one, or a file that is not a JSON object, counts as absent, so that shape is
+measured again and the entry rewritten. A cache that cannot be written (a read-only folder,
+$ANATOMY_CACHE naming a file, a folder where the file is) leaves the measurement used but uncached.
 """
 
 from __future__ import annotations
@@ -33,9 +38,26 @@ import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, Field, StrictBool, StrictStr, ValidationError
 
 N, E = 30, 3  # steps and evaluations of a calibration run
 METHOD = 2  # in every cache key: a calibration taken another way is measured again
+
+Seconds = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
+
+
+class Calibration(BaseModel):
+    """One cached calibration: what run_seconds and plan_seconds read, checked (a string, NaN, inf or
+    negative time, or a missing one, makes the entry invalid: measured again, not trusted)."""
+
+    step_s: Seconds
+    eval_s: Seconds
+    run_s: Seconds
+    startup_s: Seconds
+    when: StrictStr = ""
+    busy: StrictBool = False
 
 
 def cache_path() -> Path:
@@ -83,13 +105,41 @@ def plan_seconds(runs: list[float], workers: int, startup_s: float) -> float:
     return max(loads) + startup_s
 
 
+def read_cache(path: Path | None = None) -> dict[str, dict]:
+    """{shape key: calibration} of the cache's valid entries; {} for a missing, unreadable or invalid file."""
+    try:
+        raw = json.loads((path or cache_path()).read_text())
+    except (OSError, ValueError, RecursionError):
+        return {}
+    if not isinstance(raw, dict):
+        return {}
+    cache = {}
+    for key, entry in raw.items():
+        try:
+            cache[key] = Calibration.model_validate(entry).model_dump()
+        except ValidationError:
+            continue  # absent: measured again when a plan needs it
+    return cache
+
+
+def _write_cache(path: Path, cache: dict[str, dict]) -> None:
+    """Write the cache atomically; when it cannot be written the measurements are used uncached."""
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(cache, indent=1))
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+
+
 def cached_overheads() -> tuple[float, float]:
     """(per-run seconds, start-up seconds) of the most recent cached calibration; (0, 0) without one."""
-    try:
-        cache = json.loads(cache_path().read_text())
-    except (OSError, ValueError):
-        return 0.0, 0.0
-    last = max(cache.values(), key=lambda c: c.get("when", ""), default=None)
+    cache = read_cache()
+    last = max(cache.values(), key=lambda c: c["when"], default=None)
     return (last["run_s"], last["startup_s"]) if last else (0.0, 0.0)
 
 
@@ -100,19 +150,13 @@ def calibrations(configs: dict[str, object], threads: int) -> dict[str, dict]:
     idle, so a busy spell costs one calibration per shape, not one per plan.
     """
     path = cache_path()
-    try:
-        cache = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cache = {}
+    cache = read_cache(path)
     idle = busy() is None
-    todo = {k: c for k, c in configs.items() if k not in cache or (idle and cache[k].get("busy"))}
+    todo = {k: c for k, c in configs.items() if k not in cache or (idle and cache[k]["busy"])}
     if todo:
         for key, cal in zip(todo, _measure(list(todo.values()), threads)):
             cache[key] = cal | {"busy": not idle}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(cache, indent=1))
-        os.replace(tmp, path)
+        _write_cache(path, cache)
     return {k: cache[k] for k in configs}
 
 
