@@ -14,6 +14,7 @@ multi-line error, a process left behind, a lock left, a check of the case's own)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -650,6 +651,109 @@ def cell(r: dict) -> str:
     extra = "; ".join(r["problems"] or [n for n in r["notes"]])
     first = r["first"].replace("|", "\\|").replace("`", "'")
     return f"**{r['verdict']}** {r['code']} {r['wall']}s `{first}`" + (f" ({extra})" if extra else "")
+
+
+# --------------------------------------------------------------------------- round four (issue #30)
+def unchanged(c: Ctx, path: Path, before: bytes, r):
+    if not path.exists() or path.read_bytes() != before:
+        c.notes.append(f"{path.name} changed")
+    return r
+
+
+@case("r4-1 report --results RUN/summary.json")
+def _(c: Ctx):
+    run = c.train_run("sweep/run", steps=2)
+    before = (run / "summary.json").read_bytes()
+    return unchanged(c, run / "summary.json", before, c.run("report", c.tmp / "sweep", "--format", "md",
+                                                            "--results", run / "summary.json"))
+
+
+@case("r4-1 report --results DIR/ (a folder, typed with /)")
+def _(c: Ctx):
+    c.train_run("sweep/run", steps=2)
+    r = c.run("report", c.tmp / "sweep", "--format", "md", "--results", f"{c.tmp / 'out'}/")
+    if (c.tmp / "out").is_file():
+        c.notes.append("wrote a file named out")
+    return r
+
+
+@case("r4-1 export --overwrite into another run")
+def _(c: Ctx):
+    src = c.train_run("src", "model.norm_type=rmsnorm", "model.norm_pos=pre", "model.pos_type=rope",
+                      "model.ffn_type=swiglu", steps=2)
+    other = c.train_run("other", steps=2)
+    before = (other / "config.json").read_bytes()
+    return unchanged(c, other / "config.json", before, c.run("export", src, other, "--overwrite"))
+
+
+def jsonl_case(name: str, body: bytes, needle: str):
+    def fn(c: Ctx):
+        (c.tmp / "d.jsonl").write_bytes(body)
+        r = c.run("prepare", c.tmp / "d.jsonl", "--out", c.tmp / "p")
+        if needle not in r.stderr:
+            c.notes.append(f"does not say {needle!r}")
+        if (c.tmp / "p").exists():
+            c.notes.append("--out written")
+        return r
+    case(name)(fn)
+
+
+jsonl_case("r4-2 JSON Lines: a lone surrogate", b'{"text": "ok"}\n{"text": "a\\ud800b"}\n', "line 2")
+jsonl_case("r4-2 JSON Lines: 100,000 nested arrays", b'{"text": "ok"}\n' + b"[" * 100000 + b"]" * 100000 + b"\n",
+           "line 2")
+jsonl_case("r4-2 JSON Lines: a non-UTF-8 byte on line 7",
+           b"".join(b'{"text": "line %d"}\n' % i for i in range(6)) + b'{"text": "caf\xe9"}\n', "line 7")
+
+
+@case("r4-5 scale-plan: two sizes of one parameter count", (0,))
+def _(c: Ctx):
+    spec = c.spec(flips=["rope"], top='seeds = 3', name="ladder")
+    spec.write_text(spec.read_text() + '[[sizes]]\nname = "S"\n[sizes.model]\nctx_len = 16\n'
+                    '[[sizes]]\nname = "M"\n[sizes.model]\nctx_len = 32\n', encoding="utf-8")
+    r = c.run("scale-plan", spec, "--no-estimate")
+    if "no trend" not in r.stdout + r.stderr:
+        c.notes.append("no word that no trend can form")
+    return r
+
+
+@case("r4-6 --set model.ctx_len=1: refused before training")
+def _(c: Ctx):
+    r = c.run("train", *c.sets("model.ctx_len=1"), "--out", "r")
+    if (c.tmp / "r" / "metrics.jsonl").exists():
+        c.notes.append("trained first")
+    return names_flag("ctx_len")(c, r)
+
+
+flag_case("r4-7 ablate --stack ² names --stack", "--stack",
+          lambda c: ["ablate", c.spec(flips=["rope"]), "--stack", "²", "--dry-run"])
+
+
+@case("r4-7 --set train.steps=true (a bool for an int)")
+def _(c: Ctx):
+    return names_flag("train.steps")(c, c.run("train", *c.sets("train.steps=true"), "--out", "r"))
+
+
+@case("r4-4 SIGKILL of scale-plan while it calibrates leaves no process", (-9,))
+def _(c: Ctx):
+    spec = c.spec(flips=["rope"], name="cal")
+    env_cache = c.tmp / "cache"
+    proc = subprocess.Popen(c.target.cli() + ["scale-plan", str(spec)], cwd=c.tmp,
+                            env={**c.target.env(), "ANATOMY_CACHE": str(env_cache)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+    def child() -> bool:
+        try:
+            return bool(Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split())
+        except OSError:
+            return False
+    wait_for(lambda: child() or proc.poll() is not None)
+    proc.kill()  # the parent alone, as the OOM killer does
+    proc.wait()
+    if not wait_for(lambda: not group_alive(proc.pid), timeout=30):
+        c.notes.append(f"left behind: {group_alive(proc.pid)}")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, "", "")
 
 
 def main() -> None:
