@@ -32,18 +32,67 @@ def plan_line(plan, sweep_dir: Path, workers: int, estimate: tuple[dict, float])
             f"worker{'s' * (workers > 1)}, from step times measured on this machine{note})")
 
 
-def plan_table(plan, sweep_dir: Path, workers: int, vocab: dict, estimate: tuple[dict, float]) -> Table:
+class FittedTable:
+    """A rich table that keeps its identifying columns (run id, role, label...) whole (#30).
+
+    At a width that holds the whole table it prints exactly the plain rich table. Narrower, it leaves
+    out the descriptive columns in `drop` order until the rest fits (a caption names them), and the
+    identifying columns never end in an ellipsis: where they alone are too wide they wrap instead.
+    """
+
+    def __init__(self, title: str, headers: list[str], rows: list[list[str]], right: frozenset = frozenset(),
+                 drop: tuple[str, ...] = ()):
+        self.title, self.headers, self.rows, self.right, self.drop = title, headers, rows, right, drop
+
+    def table(self, cols: list[str] | None = None, narrow: bool = False) -> Table:
+        from anatomy_cli.report.textable import IDENTIFYING
+
+        cols = self.headers if cols is None else cols
+        left_out = [h for h in self.headers if h not in cols]
+        caption = f"not shown at this width: {', '.join(left_out)} (--json has them)" if left_out else None
+        table = Table(title=self.title, caption=caption)
+        for col in cols:
+            extra = {"overflow": "fold"} if narrow and col in IDENTIFYING else {}
+            table.add_column(col, justify="right" if col in self.right else "left", **extra)
+        index = {h: i for i, h in enumerate(self.headers)}
+        for row in self.rows:
+            table.add_row(*(row[index[c]] for c in cols))
+        return table
+
+    def natural_width(self, cols: list[str]) -> int:
+        """The width rich gives the table unshrunk: each column's widest cell, padding and borders."""
+        from rich.cells import cell_len
+
+        index = {h: i for i, h in enumerate(self.headers)}
+        return sum(max([cell_len(c)] + [cell_len(r[index[c]]) for r in self.rows]) + 3 for c in cols) + 1
+
+    def __rich_console__(self, console, options):
+        cols = list(self.headers)
+        if self.natural_width(cols) <= options.max_width:
+            yield self.table()
+            return
+        for col in self.drop:
+            if self.natural_width(cols) <= options.max_width:
+                break
+            if col in cols and len(cols) > 1:
+                cols.remove(col)
+        yield self.table(cols, narrow=True)
+
+
+def plan_table(plan, sweep_dir: Path, workers: int, vocab: dict, estimate: tuple[dict, float]) -> FittedTable:
     statuses = {p.run_id: runs.run_status(sweep_dir / p.run_id) for p in plan}
-    table = Table(title=plan_line(plan, sweep_dir, workers, estimate))
-    for col in ("run id", "components", "role", "seed", "params", "est.", "status"):
-        table.add_column(col, justify="right" if col in ("seed", "params", "est.") else "left")
+    rows = []
     for p in plan:
         m = p.config.model
         params = m.model_copy(update={"vocab_size": vocab[p.config.data.source]}).num_params()
         role = f"{p.role}:{p.flip}" if p.flip else p.role
-        table.add_row(p.run_id, label(p.config), role, str(p.config.seed), f"{params:,}",
-                      fmt_seconds(estimate[0][p.run_id]), statuses[p.run_id] or "pending")
-    return table
+        rows.append([p.run_id, label(p.config), role, str(p.config.seed), f"{params:,}",
+                     fmt_seconds(estimate[0][p.run_id]), statuses[p.run_id] or "pending"])
+    # narrower than the table: the components (which the role and run id also name) go first, then the
+    # per-run sizes and estimates (the title has the total), then the seed (in the run id too)
+    return FittedTable(plan_line(plan, sweep_dir, workers, estimate),
+                       ["run id", "components", "role", "seed", "params", "est.", "status"], rows,
+                       right=frozenset({"seed", "params", "est."}), drop=("components", "params", "est.", "seed"))
 
 
 def plan_json(spec, plan, sweep_dir: Path) -> dict:
@@ -138,14 +187,19 @@ def sweep_workers(plan, vocab: dict, cpu_default: int) -> int:
     return default_workers(device, [p.config for p in plan], vocab, len(plan))
 
 
-def frame_table(frame, columns: list[str], title: str) -> Table:
-    table = Table(title=title)
+# what a narrow runs table keeps longest, after its identifying columns
+FRAME_KEEP = ("best_val_loss", "status")
+
+
+def frame_table(frame, columns: list[str], title: str) -> FittedTable:
+    from anatomy_cli.report.textable import IDENTIFYING
+
     cols = [c for c in columns if c in frame.columns]
-    for c in cols:
-        table.add_column(c)
-    for row in frame[cols].itertuples(index=False):
-        table.add_row(*(_fmt(v) for v in row))
-    return table
+    rows = [[_fmt(v) for v in row] for row in frame[cols].itertuples(index=False)]
+    # narrower than the table: the descriptive columns go from the right, the kept ones last
+    loose = [c for c in reversed(cols) if c not in IDENTIFYING]
+    drop = [c for c in loose if c not in FRAME_KEEP] + [c for c in reversed(FRAME_KEEP) if c in loose]
+    return FittedTable(title, cols, rows, drop=tuple(drop))
 
 
 def _fmt(v) -> str:

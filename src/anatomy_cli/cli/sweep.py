@@ -359,8 +359,9 @@ def components_cmd(
              for r, c in zip(rows, table_.values())]
     cols = width() if not wide else None
     text = table(["name", "off -> on", "from 2017", "from LLaMA", "about", "source"], cells, cols,
-                 fit=[("drop", "source"), ("drop", "from LLaMA"), ("cut", "about", 20), ("cut", "off -> on", 20),
-                      ("drop", "from 2017"), ("drop", "about")], right={"from 2017", "from LLaMA"})
+                 fit=[("drop", "source"), ("drop", "from LLaMA"), ("cut", "off -> on", 32), ("cut", "about", 30),
+                      ("cut", "off -> on", 20), ("cut", "about", 20), ("drop", "from 2017"), ("drop", "about")],
+                 right={"from 2017", "from LLaMA"})
     head = ("components: parameters each adds at vocab 1719, d 128, 4 layers, 4 heads, ctx 128 "
             "(and per token, where that differs)")
     foot = "" if wide else "anatomy components --wide (or --json) for every column in full"
