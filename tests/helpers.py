@@ -1,4 +1,5 @@
-"""What many test files share: the LLaMA end, the one-error-line check, and waiting on a process.
+"""What many test files share: the LLaMA end, the CLI through CliRunner, the one-error-line check,
+and waiting on a process.
 
 Waiting. A test that starts a process waits for a state (a metric line on disk, a run in flight, the
 process gone), never for a duration, and gives up only after PATIENCE: every such wait here ends in
@@ -9,7 +10,15 @@ state sooner moves on at once, so the ceiling costs nothing when all is well.
 
 from __future__ import annotations
 
+import json
+import os
 import time
+from pathlib import Path
+
+from toy_data import TINY_MODEL, TINY_TRAIN
+from typer.testing import CliRunner
+
+from anatomy_cli.cli.main import app
 
 PATIENCE = 900.0  # seconds: the ceiling of any one wait on a process (see the docstring)
 
@@ -55,3 +64,24 @@ def one_error_line(result, fragment: str = "", code: int = 2, alone: bool = Fals
     if alone:
         assert result.stderr.strip() == line.strip(), result.stderr
     return line
+
+
+def invoke(*args):
+    """The `anatomy` CLI in this process (typer's CliRunner), every argument as a string."""
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def run_sets(corpus: Path, **model) -> list[str]:
+    """--set options for a toy run on `corpus`: TINY_MODEL with `model` over it, TINY_TRAIN."""
+    sets = [f"--set=data.source={json.dumps(str(corpus))}"]
+    sets += [f"--set=model.{k}={json.dumps(v)}" for k, v in {**TINY_MODEL, **model}.items()]
+    return sets + [f"--set=train.{k}={json.dumps(v)}" for k, v in TINY_TRAIN.items()]
+
+
+def group_gone(pgid: int) -> bool:
+    """No process is left in process group `pgid`."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False

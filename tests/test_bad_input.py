@@ -11,24 +11,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import PATIENCE, one_error_line
-from toy_data import TINY_MODEL, TINY_TRAIN, write_corpus, write_spec
+from helpers import PATIENCE, invoke, one_error_line, run_sets
+from toy_data import write_corpus, write_spec
 from typer.testing import CliRunner
 
 from anatomy_cli.cli.main import app
 from anatomy_cli.store import runs
 
 runner = CliRunner()
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def run_sets(corpus: Path) -> list[str]:
-    sets = [f"--set=data.source={json.dumps(str(corpus))}"]
-    sets += [f"--set=model.{k}={json.dumps(v)}" for k, v in TINY_MODEL.items()]
-    return sets + [f"--set=train.{k}={json.dumps(v)}" for k, v in TINY_TRAIN.items()]
 
 
 @pytest.fixture(scope="module")

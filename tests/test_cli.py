@@ -12,25 +12,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import PATIENCE, one_error_line, wait_for
-from toy_data import TINY_MODEL, TINY_TRAIN, tiny_text, write_corpus, write_spec
+from helpers import PATIENCE, invoke, one_error_line, run_sets, wait_for
+from toy_data import TINY_TRAIN, tiny_text, write_corpus, write_spec
 from typer.testing import CliRunner
 
 from anatomy_cli.cli.main import app
 from anatomy_cli.store import runs
 
 runner = CliRunner()
-
-
-def invoke(*args: str):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def run_sets(corpus: Path, **model) -> list[str]:
-    sets = [f"--set=data.source={json.dumps(str(corpus))}"]
-    sets += [f"--set=model.{k}={json.dumps(v)}" for k, v in {**TINY_MODEL, **model}.items()]
-    sets += [f"--set=train.{k}={json.dumps(v)}" for k, v in TINY_TRAIN.items()]
-    return sets
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import one_error_line
+from helpers import invoke, one_error_line
 from toy_data import TINY_MODEL, TINY_TRAIN, tiny_text
 from typer.testing import CliRunner
 
@@ -24,10 +24,6 @@ from anatomy_cli.store import runs
 pytestmark = pytest.mark.usefixtures("single_thread")
 runner = CliRunner()
 DOCS = [tiny_text(200 + 61 * i, seed=i) for i in range(12)]  # 12 documents of 200 to 871 characters
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
 
 
 def write_jsonl(path: Path, rows: list) -> Path:
@@ -307,11 +303,11 @@ def test_a_connection_lost_mid_stream_is_one_line_and_leaves_nothing(tmp_path, m
     monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: datasets.IterableDataset.from_generator(rows))
     out = tmp_path / "p"
     out.mkdir()
-    (out / "keep.txt").write_text("mine")
+    (out / ".keep").write_text("mine")  # a hidden file: prepare refuses a folder of other visible files up front
     line = one_error_line(invoke("prepare", "hf:someone/stories", "--out", out),
                           "the connection to the Hugging Face Hub failed while streaming hf:someone/stories")
     assert "Server Disconnected" in line and "offline, prepare on a machine with network" in line
-    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]  # spool and partial ids removed
+    assert sorted(p.name for p in out.iterdir()) == [".keep"]  # spool and partial ids removed
 
 
 def test_training_on_hf_is_refused_with_the_prepare_command(tmp_path):

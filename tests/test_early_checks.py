@@ -8,17 +8,13 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import one_error_line
+from helpers import invoke, one_error_line
 from toy_data import TINY_MODEL, TINY_TRAIN, toml_value, write_corpus, write_spec
 from typer.testing import CliRunner
 
 from anatomy_cli.cli.main import app
 
 runner = CliRunner()
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
 
 
 def run_spec(folder: Path, train: dict | None = None) -> Path:

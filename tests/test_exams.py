@@ -15,10 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import PATIENCE, one_error_line
-from typer.testing import CliRunner
+from helpers import PATIENCE, invoke, one_error_line
 
-from anatomy_cli.cli.main import app
 from anatomy_cli.exams import decode, kv_budget, lengths, stability
 from anatomy_cli.model.positions import PositionError
 from anatomy_cli.report.frames import load_runs
@@ -33,10 +31,6 @@ CTX = 16
 GQA_BYTES = 536_870_912  # 2 x 32 layers x B 1 x G 8 x T 4096 x hd 128 x 2 bytes (bf16)
 LLAMA_ISH = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
              "hidden_size": 4096, "head_dim": 128}
-
-
-def invoke(*args: str):
-    return CliRunner().invoke(app, [str(a) for a in args])
 
 
 @pytest.fixture(scope="module")

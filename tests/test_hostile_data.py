@@ -10,20 +10,15 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import one_error_line
+from helpers import invoke, one_error_line
 from toy_data import tiny_text
 from typer.testing import CliRunner
 
-from anatomy_cli.cli.main import app
 from anatomy_cli.data import prepared
 from anatomy_cli.data import sources as documents
 
 runner = CliRunner()
 DOCS = [tiny_text(120 + 17 * i, seed=i) for i in range(10)]
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
 
 
 def jsonl_lines(path: Path, lines: list[bytes]) -> Path:

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import PATIENCE, wait_for
+from helpers import PATIENCE, group_gone, wait_for
 from toy_data import write_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.process,
@@ -26,14 +26,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.process,
 
 CLI = [sys.executable, "-m", "anatomy_cli"]
 NEVER = 10**6  # steps: no run ends before the kill
-
-
-def group_gone(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 def group(pgid: int) -> list[str]:

@@ -12,26 +12,14 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from helpers import LLAMA, one_error_line
-from toy_data import TINY_MODEL, TINY_TRAIN, write_corpus, write_spec
+from helpers import LLAMA, invoke, one_error_line, run_sets
+from toy_data import write_corpus, write_spec
 from typer.testing import CliRunner
 
-from anatomy_cli.cli.main import app
 from anatomy_cli.report import results
 from anatomy_cli.store import runs
 
 runner = CliRunner()
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def run_sets(corpus: Path) -> list[str]:
-    model = {**TINY_MODEL, **LLAMA}  # LLaMA-shaped, so that `export` takes it
-    sets = [f"--set=data.source={json.dumps(str(corpus))}"]
-    sets += [f"--set=model.{k}={json.dumps(v)}" for k, v in model.items()]
-    return sets + [f"--set=train.{k}={json.dumps(v)}" for k, v in TINY_TRAIN.items()]
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +35,7 @@ def corpus(workdir) -> Path:
 @pytest.fixture(scope="module")
 def trained(workdir, corpus) -> Path:
     out = workdir / "run"
-    result = invoke("train", *run_sets(corpus), "--out", out)
+    result = invoke("train", *run_sets(corpus, **LLAMA), "--out", out)
     assert result.exit_code == 0, result.output
     return out
 
@@ -257,9 +245,10 @@ def test_prepare_writes_a_fresh_folder_and_prepares_its_own_again(p, corpus):
 
 
 def test_train_and_ablate_refuse_a_sweep_and_a_run(p, corpus):
-    refused(p, ["train", *run_sets(corpus), "--out", p.sweep, "--overwrite"], f"{p.sweep} is a sweep directory")
-    refused(p, ["train", *run_sets(corpus), "--out", p.sweep / "mine"], f"is inside the sweep directory {p.sweep}")
-    refused(p, ["train", *run_sets(corpus), "--out", p.run / "inner"], f"is inside the run directory {p.run}")
+    sets = run_sets(corpus, **LLAMA)
+    refused(p, ["train", *sets, "--out", p.sweep, "--overwrite"], f"{p.sweep} is a sweep directory")
+    refused(p, ["train", *sets, "--out", p.sweep / "mine"], f"is inside the sweep directory {p.sweep}")
+    refused(p, ["train", *sets, "--out", p.run / "inner"], f"is inside the run directory {p.run}")
     (p.root / "spec").mkdir()
     spec = write_spec(p.root / "spec")
     refused(p, ["ablate", spec, "--runs-dir", p.sweep, "--dry-run"], f"is inside the sweep directory {p.sweep}")

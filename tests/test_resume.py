@@ -10,20 +10,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import one_error_line
+from helpers import invoke, one_error_line
 from toy_data import TINY_MODEL, TINY_TRAIN, write_corpus
 from typer.testing import CliRunner
 
-from anatomy_cli.cli.main import app
 from anatomy_cli.spec.config import RunConfig, validate
 from anatomy_cli.store import lockfile, runs
 from anatomy_cli.training.run import resume, train
 
 runner = CliRunner()
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
 
 
 def cfg_for(corpus: Path, **train_kw) -> RunConfig:

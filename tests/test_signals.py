@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import PATIENCE, flat, wait_for
+from helpers import PATIENCE, flat, group_gone, wait_for
 from toy_data import TINY_MODEL, TINY_TRAIN, write_corpus, write_spec
 
 from anatomy_cli.store import lockfile, runs
@@ -24,14 +24,6 @@ CLI = [sys.executable, "-m", "anatomy_cli"]
 # The random kill point is drawn from a seed that a failure names, so it can be replayed.
 KILL_SEED = int(os.environ.get("ANATOMY_KILL_SEED", random.SystemRandom().randrange(2**32)))
 KILL_REPLAY = f"replay with ANATOMY_KILL_SEED={KILL_SEED}"
-
-
-def group_gone(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 def raw_status(run_dir: Path) -> str | None:

@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import one_error_line
+from helpers import invoke, one_error_line
 from toy_data import TINY_TRAIN, toml_value, write_spec
 from typer.testing import CliRunner
 
-from anatomy_cli.cli.main import app
 from anatomy_cli.data.load import load_corpus
 from anatomy_cli.model import LM
 from anatomy_cli.spec.config import ConfigError, ModelConfig
@@ -22,10 +21,6 @@ from anatomy_cli.sweep.plan import expand, load_spec
 
 runner = CliRunner()
 LADDER = {"S": {"d_model": 16, "n_head": 2}, "M": {"d_model": 32, "n_layer": 2}}
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
 
 
 def sized_spec(folder: Path, sizes: dict | None = None, top: dict | None = None, extra: str = "", **kw) -> Path:

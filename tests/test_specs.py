@@ -9,7 +9,7 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-from helpers import one_error_line
+from helpers import invoke, one_error_line
 from toy_data import toml_value, write_corpus, write_spec
 from typer.testing import CliRunner
 
@@ -19,10 +19,6 @@ from anatomy_cli.spec.config import ConfigError
 from anatomy_cli.sweep.plan import MAX_PLAN_RUNS, load_plan
 
 runner = CliRunner()
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
 
 
 def component_spec(tmp_path: Path, body: str, name: str = "c", flips: list[str] | None = None, base: str = "") -> Path:

@@ -13,12 +13,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import one_error_line
+from helpers import invoke, one_error_line
 from test_report import called_sweep
 from toy_data import write_spec
 from typer.testing import CliRunner
 
-from anatomy_cli.cli.main import app
 from anatomy_cli.report import gate, results, speed
 from anatomy_cli.store import runs
 
@@ -31,10 +30,6 @@ DOCS = {  # every block kind each study's file renders
     "scale": "".join(f"<!-- results scale {w} --><!-- /results -->\n" for w in ("scale", "trend rope add-one")),
 }
 runner = CliRunner()
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
 
 
 def put(doc, where: str, value) -> None:
