@@ -57,7 +57,9 @@ def test_report_on_a_full_disk_names_the_file_and_keeps_the_old_report(tmp_path)
     for i, flips in enumerate(((), ("rope",))):
         make_run(tmp_path / "sweep", f"r{i}", flips=flips)
     out = tmp_path / "mnt"
-    script = (f"printf 'old report' > {out}/report.md && {ANATOMY} report {tmp_path / 'sweep'} --out {out}; "
+    # an earlier report in the folder (forest.png marks a report folder: report --out replaces no other)
+    script = (f"printf 'old figure' > {out}/forest.png && printf 'old report' > {out}/report.md && "
+              f"{ANATOMY} report {tmp_path / 'sweep'} --out {out}; "
               f"echo rc=$?; ls -a {out}; cat {out}/report.md")
     result = on_tiny_fs(out, 24, script)  # room for the old file, not for the figures
     line = error_line(result.stderr)
