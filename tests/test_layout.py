@@ -119,8 +119,16 @@ def test_the_circle_check_finds_a_circle():
     assert find_circle({"a": {"b"}, "b": set()}) is None
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("package", SUBPACKAGES)
-def test_each_subpackage_imports_alone_and_says_what_lives_there(package):
+def test_each_subpackage_imports_alone_in_a_fresh_interpreter(package):
+    """`python -c "import anatomy_cli.PKG"`: nothing it needs is left for another module to import first."""
+    subprocess.run([sys.executable, "-c", f"import anatomy_cli.{package}"], capture_output=True, text=True,
+                   check=True)
+
+
+@pytest.mark.parametrize("package", SUBPACKAGES)
+def test_each_subpackage_says_what_lives_there(package):
     module = importlib.import_module(f"anatomy_cli.{package}")
     doc = module.__doc__ or ""
     assert "Imports:" in doc, f"anatomy_cli/{package}/__init__.py must say what it may import"

@@ -31,6 +31,7 @@ def _plan(tmp_path, monkeypatch, width: int, *extra: str):
     return runner.invoke(app, ["ablate", "--dry-run", "--runs-dir", str(tmp_path / "runs"), *extra])
 
 
+@pytest.mark.process  # ablate --dry-run calibrates its estimate in a spawned worker
 def test_plan_table_keeps_run_ids_and_roles_whole_at_80(tmp_path, monkeypatch):
     plan = json.loads(_plan(tmp_path, monkeypatch, 200, "--json").output)["runs"]
     result = _plan(tmp_path, monkeypatch, 80)
@@ -46,6 +47,7 @@ def test_plan_table_keeps_run_ids_and_roles_whole_at_80(tmp_path, monkeypatch):
         assert not any(c.endswith(ELLIPSIS) for c in row), row
 
 
+@pytest.mark.process  # ablate --dry-run calibrates its estimate in a spawned worker
 def test_plan_table_at_a_wide_terminal_keeps_every_column(tmp_path, monkeypatch):
     result = _plan(tmp_path, monkeypatch, 250)
     assert result.exit_code == 0, result.output
