@@ -95,6 +95,7 @@ def no_seed_command(text: str) -> None:
 # ---------------------------------------------------------------------------- calls across sizes
 
 
+@pytest.mark.slow  # writes whole reports with figures: seconds each
 def test_sizes_sharing_one_parameter_count_are_named_not_too_few_seeds(tmp_path):
     """S and M differ in ctx_len only: the position table, which non-embedding parameters leave out."""
     root = study(tmp_path / "study", {"S": {"ctx_len": 64}, "M": {"ctx_len": 128}})
@@ -115,6 +116,7 @@ def test_a_size_without_completed_runs_is_named_not_too_few_seeds(tmp_path):
     assert "Fewer than 3 seeds" not in md and "9 runs did not finish (9 failed)" in md  # retrained by the command
 
 
+@pytest.mark.slow  # writes whole reports with figures: seconds each
 def test_a_size_whose_runs_all_diverged_asks_for_no_seeds_it_has(tmp_path):
     root = study(tmp_path / "study", {"S": {"n_layer": 1}, "M": {"n_layer": 2}},
                  status=lambda size, seed: "diverged" if size == "M" else "completed")
@@ -128,6 +130,7 @@ def test_a_size_whose_runs_all_diverged_asks_for_no_seeds_it_has(tmp_path):
     assert "9 runs diverged at size M (at step 7 of 20; lr 0.001, warmup 2)" in md
 
 
+@pytest.mark.slow  # writes whole reports with figures: seconds each
 def test_a_size_where_some_seeds_diverged_is_not_short_of_seeds(tmp_path):
     root = study(tmp_path / "study", {"S": {"n_layer": 1}, "M": {"n_layer": 2}, "L": {"n_layer": 4}},
                  status=lambda size, seed: "diverged" if (size, seed) == ("L", 3) else "completed")

@@ -41,6 +41,7 @@ def test_auto_picks_mps_on_a_mac_and_batches_follow_any_device(monkeypatch):
     assert fd.problems == []
 
 
+@pytest.mark.slow  # trains, evaluates and samples a whole run twice: seconds each
 @pytest.mark.parametrize("model", [LLAMA, {}], ids=["llama-rope", "2017-learned"])
 def test_train_eval_and_sample_leave_no_tensor_behind(tmp_path, monkeypatch, model):
     """The whole run on a fake accelerator: no op mixes host and device tensors, none makes float64 on

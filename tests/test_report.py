@@ -303,6 +303,7 @@ def test_write_report_all_formats(tmp_path):
     assert len(pd.read_csv(paths["runs.csv"])) == 8
 
 
+@pytest.mark.slow  # writes whole reports with figures: seconds each
 def test_write_report_rerun_and_formats(tmp_path):
     root = tmp_path / "runs"
     sweep(root)
@@ -540,6 +541,7 @@ def timing_record():
                             {"2017": 1000.0, "2017+gqa": 1150.0, "llama": 900.0, "llama-gqa": 810.0}]}
 
 
+@pytest.mark.slow  # writes whole reports with figures: seconds each
 def test_timing_effects_pair_within_rounds(tmp_path):
     from anatomy_cli.report import speed as speed_mod
     from anatomy_cli.sweep import timing
@@ -673,6 +675,7 @@ def test_min_effect_moves_the_practical_part(tmp_path):
     assert bad.exit_code == 2
 
 
+@pytest.mark.slow  # writes whole reports with figures: seconds each
 def test_figure_text_is_at_least_10_px_at_the_report_width(tmp_path, monkeypatch):
     from matplotlib.text import Text
 

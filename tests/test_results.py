@@ -98,6 +98,7 @@ def test_results_format_is_forward_compatible(tmp_path):
         results.render(doc, "pie-chart")
 
 
+@pytest.mark.slow  # writes whole reports with figures: seconds each
 def test_report_writes_the_results_file(tmp_path):
     from typer.testing import CliRunner
 

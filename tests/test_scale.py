@@ -192,6 +192,7 @@ def test_a_sizes_parameters_are_its_reference_ends_as_scale_plan_prints_them(tmp
         assert runs.loc[runs["size"] == size, "non_embedding_params"].median() > ref  # the median is not
 
 
+@pytest.mark.slow  # writes whole reports with figures: seconds each
 def test_report_files_carry_the_scale_section_csv_json_and_figure(tmp_path):
     root = sized_study(tmp_path / "study", overfit={"L": 1})
     paths = write.write_report(root)
@@ -230,6 +231,7 @@ def test_small_multiples_share_one_parameter_axis_whose_ticks_are_the_sizes(tmp_
     assert titles["rope"].endswith("added: grows") and titles["gqa"].endswith("added: reverses sign")
 
 
+@pytest.mark.slow  # writes whole reports with figures: seconds each
 def test_no_scale_section_without_two_sizes(tmp_path):
     root = sized_study(tmp_path)
     design = json.loads((root / "sweep.json").read_text())

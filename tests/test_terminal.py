@@ -72,6 +72,7 @@ def test_ablate_in_a_pipe_is_plain_text(ablated):
     assert table_lines(proc.stdout)[0].split() == ["rank", "component", "change", "gain", "interval", "call", "seeds"]
 
 
+@pytest.mark.slow  # writes whole reports with figures: seconds each
 @pytest.mark.parametrize("columns", [80, 60])
 def test_report_verdict_fits_the_terminal(tmp_path, columns):
     called_sweep(tmp_path)
