@@ -4,6 +4,7 @@ torch.compile runs that land on the eager fp32 numbers."""
 from __future__ import annotations
 
 import math
+import os
 import platform
 import subprocess
 import sys
@@ -58,6 +59,8 @@ def test_bf16_autocast_trains_close_to_fp32(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.process
+@pytest.mark.skipif("ATEN_CPU_CAPABILITY" in os.environ, reason="torch 2.13's inductor fails to compile its C++ "
+                    "kernels (CppCompileError) when ATen's CPU capability is forced below the machine's")
 def test_compiled_training_matches_eager(tmp_path):
     base = cfg_for(tmp_path, pos_type="rope", n_layer=1)
     eager = train(base, tmp_path / "eager")
