@@ -413,3 +413,44 @@ def test_a_second_signal_after_the_run_saved_still_says_how_to_resume(tmp_path, 
     assert landed and result.exit_code == 130, result.output
     assert raw_status(run) == runs.INTERRUPTED
     assert f"error: interrupted; resume with: anatomy train --resume {run}" in flat(result.output)
+
+
+# A command that interrupts itself at a chosen point: inside code run by exec() (as the __init__ of a
+# dataclass being defined is), or inside a descriptor's __set_name__ (a class being defined).
+PROBE = '''
+import os, signal, sys, time
+from anatomy_cli.cli.app import app, handle_errors
+from anatomy_cli.cli.main import main
+
+
+class Interrupts:
+    def __set_name__(self, owner, name):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(60)
+
+
+@app.command("probe-interrupt")
+@handle_errors
+def probe(where: str):
+    if where == "exec":
+        exec("import os, signal, time; os.kill(os.getpid(), signal.SIGINT); time.sleep(60)")
+    else:
+        type("Defined", (), {"field": Interrupts()})
+
+
+main()
+'''
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("where", ["exec", "set-name"])
+def test_an_interrupt_inside_a_class_definition_or_exec_still_exits_130(tmp_path, where):
+    """The CI flake of prepare-sigint, made deterministic: the signal landed while a lazy import defined
+    a dataclass. Python then ended `python -m anatomy_cli` by SIGINT (-2) instead of exit 130, having
+    remembered an interrupt inside exec'd code; in __set_name__ it became 'internal error: RuntimeError'."""
+    (tmp_path / "probe_cli.py").write_text(PROBE)
+    env = {**ENV, "PYTHONPATH": os.pathsep.join([str(tmp_path), ENV["PYTHONPATH"]])}
+    result = subprocess.run([sys.executable, "-m", "probe_cli", "probe-interrupt", where], capture_output=True,
+                            text=True, env=env, timeout=PATIENCE)
+    assert result.returncode == 130, result.stderr
+    assert result.stderr == "error: interrupted\n", result.stderr

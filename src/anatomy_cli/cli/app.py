@@ -1,7 +1,7 @@
 """The Typer app every command module registers on: consoles, exit codes, shared options, errors.
 
-Command modules (cli_run, cli_sweep, cli_tools, cli_exams) import this module; it imports none of
-them, and `cli.py` (the entry point) imports them all. Heavy imports (torch, pandas, matplotlib)
+Command modules (cli.run, cli.sweep, cli.scale_plan, cli.tools, cli.exams) import this module; it
+imports none of them, and cli.main (the entry point) imports them all. Heavy imports (torch, pandas, matplotlib)
 happen inside commands so `anatomy --help` is instant.
 
 Exit codes (stable, for scripts):
@@ -189,12 +189,35 @@ def handle_errors(fn):
                 raise
             raise fail(os_error_line(err)) from None
         except Exception as err:  # a bug, not bad input: still one line unless --debug
+            if interrupt_behind(err):
+                raise fail(_interrupted(), EXIT_INTERRUPTED) from None
             if STATE["debug"]:
                 raise
             raise fail(f"internal error: {err.__class__.__name__}: {one_line(err)} (rerun with --debug for the "
                        f"traceback)", EXIT_FAILED) from None
 
     return wrapper
+
+
+def interrupt_behind(err: BaseException) -> bool:
+    """Whether a KeyboardInterrupt caused `err`: Python 3.11 wraps one that lands in a descriptor's
+    __set_name__ (a dataclass being defined while a command's lazy import runs) in a RuntimeError."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, KeyboardInterrupt):
+            return True
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def keep_exit_code() -> None:
+    """Make `python -m anatomy_cli` end with the exit code the command chose. CPython remembers a
+    KeyboardInterrupt that escaped code run by exec() or eval() of a string, even one caught later
+    (Python/pythonrun.c, run_eval_code_obj), and a `-m` run then ends by SIGINT instead of exit 130.
+    A dataclass defined while the interrupt lands is such code. Each such call first clears the mark,
+    so one more, of nothing, clears it."""
+    exec("")
 
 
 def os_error_line(err: OSError) -> str:

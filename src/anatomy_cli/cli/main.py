@@ -7,10 +7,13 @@ from __future__ import annotations
 
 # Each module registers its commands on import, in the order --help lists them.
 from anatomy_cli.cli import exams, run, sweep, scale_plan, tools  # noqa: F401  # isort: skip
-from anatomy_cli.cli.app import app
+from anatomy_cli.cli.app import app, keep_exit_code
 
 __all__ = ["app", "main"]
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    finally:
+        keep_exit_code()
