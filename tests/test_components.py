@@ -17,7 +17,8 @@ from anatomy_cli.spec.config import AblationSpec, ConfigError, ModelConfig, RunC
 from anatomy_cli.sweep.plan import design_of, execute, expand, load_spec, parse_flips, spec_table
 
 runner = CliRunner()
-MODERN = ("qknorm", "tied", "parallel", "zloss", "softcap", "nope", "gdn", "swa", "moe", "mla")
+MODERN = ("qknorm", "tied", "parallel", "zloss", "softcap", "nope", "gdn", "swa", "moe", "mla", "sinks", "gattn",
+          "partrope", "dsa")
 LLAMA_BASE = {"norm_type": "rmsnorm", "norm_pos": "pre", "pos_type": "rope", "ffn_type": "swiglu", "n_kv_head": 2}
 WD0 = {"about": "no weight decay", "off": {"train.weight_decay": 0.1}, "on": {"train.weight_decay": 0.0}}
 

@@ -69,8 +69,8 @@ def hf(monkeypatch):
 
 
 def hf_config(cfg: ModelConfig):
-    """Qwen3NextConfig of the same sizes: dense MLPs (num_experts 0), full rotary (Qwen3-Next rotates a
-    quarter of each head by default), layer_types from anatomy's layer kinds."""
+    """Qwen3NextConfig of the same sizes: dense MLPs (num_experts 0), rotary over cfg.rope_fraction of
+    each head (Qwen3-Next's partial_rotary_factor, 0.25 by default), layer_types from anatomy's kinds."""
     from transformers import Qwen3NextConfig
 
     Hk, Hv, hd = cfg.gdn_shape
@@ -78,7 +78,8 @@ def hf_config(cfg: ModelConfig):
         vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.ffn_hidden,
         num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head, num_key_value_heads=cfg.n_kv_head,
         head_dim=cfg.head_dim, hidden_act="silu", rms_norm_eps=cfg.norm_eps, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_base, "partial_rotary_factor": 1.0},
+        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_base,
+                         "partial_rotary_factor": cfg.rope_fraction},
         linear_num_key_heads=Hk, linear_num_value_heads=Hv, linear_key_head_dim=hd, linear_value_head_dim=hd,
         linear_conv_kernel_dim=cfg.gdn_conv, num_experts=0, max_position_embeddings=4 * cfg.ctx_len,
         layer_types=["linear_attention" if kind == "gdn" else "full_attention" for kind in cfg.layer_kinds])
@@ -118,12 +119,12 @@ def hf_layer(hf, layer: GatedDeltaNet, cfg: ModelConfig):
 
 @torch.no_grad()
 def hf_model(hf, lm: LM):
-    """Qwen3NextForCausalLM holding a LLaMA-end + QK-norm hybrid's weights. Its extra parts map exactly:
-    zero-centred RMSNorms (weight 1 + w: w = ours - 1); gated attention, sigmoid(gate) * attn, with a
-    zero gate (x 0.5) and o_proj = 2 x ours; q_proj holds [q_h | gate_h] per head."""
+    """Qwen3NextForCausalLM holding the weights of a LLaMA-end hybrid with Qwen3-Next's attention parts
+    (QK-norm, gated output, partial rotary). Every part maps exactly: zero-centred RMSNorms (weight 1 + w:
+    w = ours - 1); q_proj is our gated Q rows as they are (per head [q_h | gate_h], the same layout)."""
     cfg = lm.cfg
+    assert cfg.qk_norm and cfg.attn_gate, "Qwen3-Next's attention always has QK-norm and the output gate"
     ref = hf.Qwen3NextForCausalLM(hf_config(cfg)).eval()
-    d, H, G, hd = cfg.d_model, cfg.n_head, cfg.n_kv_head, cfg.head_dim
     ref.model.embed_tokens.weight.copy_(lm.tok.weight)
     ref.lm_head.weight.copy_(lm.head.weight)
     ref.model.norm.weight.copy_(lm.final_norm.weight - 1)
@@ -136,11 +137,11 @@ def hf_model(hf, lm: LM):
             copy_gdn(layer.linear_attn, block.attn, cfg)
             continue
         attn, ours = layer.self_attn, block.attn
-        q, k, v = ours.qkv.weight.split((H * hd, G * hd, G * hd))
-        attn.q_proj.weight.copy_(torch.cat([q.view(H, hd, d), torch.zeros(H, hd, d)], 1).reshape(-1, d))
+        q, k, v = ours.qkv.weight.split(ours.split)
+        attn.q_proj.weight.copy_(q)
         attn.k_proj.weight.copy_(k)
         attn.v_proj.weight.copy_(v)
-        attn.o_proj.weight.copy_(2 * ours.out.weight)
+        attn.o_proj.weight.copy_(ours.out.weight)
         attn.q_norm.weight.copy_(ours.q_norm.weight - 1)
         attn.k_norm.weight.copy_(ours.k_norm.weight - 1)
     return ref
@@ -202,10 +203,11 @@ def test_layer_decode_equals_qwen3_next_decode(hf, prefill):
 
 @pytest.mark.parametrize("pattern", ["DDDA", "DADA"])
 def test_hybrid_model_equals_qwen3_next(hf, make_lm, pattern):
-    """Whole-model logits, and prefill + single-token decode through both caches."""
+    """Whole-model logits, and prefill + single-token decode through both caches: Qwen3-Next's attention
+    as it is, its sigmoid output gate and a quarter of each head rotated (2 of 8 dims)."""
     from transformers import DynamicCache
 
-    lm = make_lm(**{**MODELS["llama+gqa+qknorm"], "gdn_pattern": pattern, "norm_eps": 1e-6})
+    lm = make_lm(**{**MODELS["llama+gqa+qknorm"], **QWEN3_NEXT_ATTENTION, "gdn_pattern": pattern, "norm_eps": 1e-6})
     ref = hf_model(hf, lm)
     idx = tokens(2, 20, seed=6)
     with torch.no_grad():
@@ -217,6 +219,24 @@ def test_hybrid_model_equals_qwen3_next(hf, make_lm, pattern):
         ours = torch.cat([lm(idx[:, a:b], cache=cache)[0] for a, b in steps], 1)
         theirs = torch.cat([ref(idx[:, a:b], cache=hf_cache, use_cache=True).logits for a, b in steps], 1)
     torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("mistake", ["gate not applied", "full rotary"])
+def test_hybrid_parity_fails_on_a_planted_mistake(hf, make_lm, mistake):
+    """The whole-model comparison above sees each Qwen3-Next attention part: our attention layers with
+    the gate dropped, or rotating whole heads, no longer give Qwen3-Next's logits."""
+    from anatomy_cli.model.positions import RoPE
+
+    lm = make_lm(**{**MODELS["llama+gqa+qknorm"], **QWEN3_NEXT_ATTENTION, "norm_eps": 1e-6})
+    ref = hf_model(hf, lm)
+    if mistake == "gate not applied":
+        for attn in (b.attn for b in lm.blocks if isinstance(b.attn, CausalSelfAttention)):
+            attn.gated = False  # the gate rows are still computed, and dropped
+    else:
+        lm.positions = RoPE(lm.cfg.model_copy(update={"rope_fraction": 1.0}))
+    idx = tokens(2, 20, seed=6)
+    with torch.no_grad():
+        assert (lm(idx)[0] - ref(idx).logits).abs().max() > 1e-2
 
 
 # ------------------------------------------------------------------------- the two forms
@@ -268,6 +288,7 @@ MODELS = {  # the attention layers alone, with GQA and QK-norm, and a stack with
     "llama+gqa+qknorm": {**HYBRID, **LLAMA_MHA, "n_kv_head": 2, "qk_norm": True},
     "all-gdn": {**LLAMA_MHA, "gdn_pattern": "D"},
 }
+QWEN3_NEXT_ATTENTION = {"attn_gate": True, "rope_fraction": 0.25}  # its gated output and partial rotary
 BEYOND_THE_ROW = pytest.mark.parametrize("model", ["llama+gqa+qknorm", "all-gdn"])  # test_rows has the ends
 
 

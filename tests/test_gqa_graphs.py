@@ -86,8 +86,8 @@ def test_graph_steps_mark_boundaries_and_keep_clones(tmp_path, monkeypatch):
     marks, outputs = [], []
     real_mark = torch.compiler.cudagraph_mark_step_begin
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: (marks.append(1), real_mark()))
-    real_losses = tr.losses
-    monkeypatch.setattr(tr, "losses", lambda x, y: outputs.append(real_losses(x, y)) or outputs[-1])
+    real_terms = tr.forward_terms  # the step's forward: (total, loss, terms, aux)
+    monkeypatch.setattr(tr, "forward_terms", lambda x, y: outputs.append(real_terms(x, y)) or outputs[-1])
     rec = tr.train_step()
     assert len(marks) == 1
     assert rec.loss.data_ptr() != outputs[-1][1].data_ptr() and torch.equal(rec.loss, outputs[-1][1].detach())

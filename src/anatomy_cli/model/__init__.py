@@ -3,7 +3,7 @@
   lm         the LM: embeddings, blocks, head; one forward for training and decoding
   block      pre/post/parallel wiring: one token mixer and one channel mixer per layer
   mixers     which mixer each layer holds, as one table (layer kinds; make_ffn: dense or MoE)
-  attention / mla / gdn / moe / ffn / norms / positions   one file per component axis
+  attention / mla / dsa / gdn / moe / ffn / norms / positions   one file per component axis
   kv_cache   every mixer's decode state in one cache
   generate   text generation through the cache
 

@@ -39,15 +39,19 @@ class Block(nn.Module):
         self.pre, self.parallel = cfg.norm_pos == "pre", cfg.parallel_block
         self.norm1, self.attn = make_norm(cfg), make_mixer(cfg, layer)  # attn: this layer's token mixer
         self.norm2, self.ffn = nn.Identity() if self.parallel else make_norm(cfg), make_ffn(cfg)
+        self.own_loss = getattr(self.attn, "own_loss", False)  # a mixer with a training loss of its own (dsa)
 
-    def forward(self, x, pos, end, rotate, cache=None, layer: int = 0, stats: list | None = None):
+    def forward(self, x, pos, end, rotate, cache=None, layer: int = 0, stats: list | None = None,
+                terms: list | None = None):
+        """terms: None, or a list a mixer with a loss of its own (own_loss: dsa's indexer) appends it to."""
+        own = {"terms": terms} if terms is not None and self.own_loss else {}
         if self.parallel:
             if self.pre:
                 h = self.norm1(x)  # one normed input feeds both branches
-                return x + self.attn(h, pos, end, rotate, cache, layer) + self.ffn(h, stats)
-            return self.norm1(x + self.attn(x, pos, end, rotate, cache, layer) + self.ffn(x, stats))
+                return x + self.attn(h, pos, end, rotate, cache, layer, **own) + self.ffn(h, stats)
+            return self.norm1(x + self.attn(x, pos, end, rotate, cache, layer, **own) + self.ffn(x, stats))
         if self.pre:
-            x = x + self.attn(self.norm1(x), pos, end, rotate, cache, layer)
+            x = x + self.attn(self.norm1(x), pos, end, rotate, cache, layer, **own)
             return x + self.ffn(self.norm2(x), stats)
-        x = self.norm1(x + self.attn(x, pos, end, rotate, cache, layer))
+        x = self.norm1(x + self.attn(x, pos, end, rotate, cache, layer, **own))
         return self.norm2(x + self.ffn(x, stats))

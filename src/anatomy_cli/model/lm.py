@@ -6,7 +6,8 @@ One forward serves training, evaluation and cached decoding:
 Positions default to past_len .. past_len + T - 1, so decoding continues where the cache stopped.
 aux=True also returns what the Trainer adds or records besides the loss, as data: {} for a dense
 model; with a mixture of experts (cfg.moe) "moe_aux_loss" (the load-balancing loss) and
-"expert_counts" ([L, E] tokens routed per expert per layer), see moe.balance. Nothing is kept on
+"expert_counts" ([L, E] tokens routed per expert per layer), see moe.balance; with sparse attention
+(cfg.dsa) "dsa_indexer_loss" (the indexer's KL loss, mean over dsa layers, dsa.py). Nothing is kept on
 the modules between calls, so the forward stays a pure function of weights and inputs.
 No linear layer has a bias. Embedding and head are untied unless cfg.tie_embeddings, where the head
 reuses the token table (Press & Wolf 2017; GPT-2, Gemma): V * d fewer parameters, one init draw.
@@ -24,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from anatomy_cli.model.block import Block
+from anatomy_cli.model.dsa import indexer_terms
 from anatomy_cli.model.kv_cache import KVCache
 from anatomy_cli.model.moe import balance
 from anatomy_cli.model.norms import make_norm
@@ -90,12 +92,13 @@ class LM(nn.Module):
             end = int(pos.max()) + 1  # explicit positions: one host read
         x = self.positions.embed(self.tok(idx), pos, end)  # [B, T, C]
         stats = [] if aux else None  # each MoE layer appends its routing statistics
+        terms = [] if aux else None  # each dsa layer appends its indexer loss
         for layer, block in enumerate(self.blocks):
-            x = block(x, pos, end, rotate, cache, layer, stats)
+            x = block(x, pos, end, rotate, cache, layer, stats, terms)
         if cache is not None:
             cache.advance(T)
         logits, loss = self.logits_and_loss(x, targets, last_only)
-        return (logits, loss, balance(stats, B * T)) if aux else (logits, loss)
+        return (logits, loss, balance(stats, B * T) | indexer_terms(terms)) if aux else (logits, loss)
 
     def logits_and_loss(self, x, targets, last_only: bool):
         """x: [B, T, C] after the last block -> (logits [B, T or 1, V], cross-entropy or None)."""

@@ -2,9 +2,9 @@
 
 ModelConfig.layer_kinds says what layer i is ("attn": global causal softmax attention; "gdn":
 Gated DeltaNet, gdn.py; "local": softmax attention within a sliding window; "mla": multi-head
-latent attention, mla.py); MIXERS maps a kind to a constructor of its module. The block holds one
-token mixer and one channel mixer (make_ffn) and never asks which. Every token mixer has the
-same two methods:
+latent attention, mla.py; "dsa": mla reading only the keys an indexer picks, dsa.py); MIXERS maps
+a kind to a constructor of its module. The block holds one token mixer and one channel mixer
+(make_ffn) and never asks which. Every token mixer has the same two methods:
 
     forward(x [B, T, C], pos, end, rotate, cache=None, layer=0) -> [B, T, C]
         pos [T] | [B, T], end (last position + 1) and rotate (q, k, pos, end) -> (q, k) are the
@@ -13,6 +13,9 @@ same two methods:
         cache.past_len the positions decoded before x (the LM advances it after the last layer).
     new_state(batch, max_len, device, dtype) -> this mixer's decode state (see kv_cache.py:
         capacity, nbytes(), reset(), and whatever update the mixer itself calls)
+
+A mixer with a training loss of its own (class attribute own_loss = True: dsa's indexer) also takes
+forward(..., terms=list) in a training forward and appends that loss to it (block.py, lm.py).
 
 The rest of a kind is data in ModelConfig: mixer_params (exact parameters), state_bytes (its
 decode state), context_flops (FLOPs beyond its matmuls). A mixer's output projection is named
@@ -28,6 +31,7 @@ from collections.abc import Callable
 from torch import nn
 
 from anatomy_cli.model.attention import CausalSelfAttention
+from anatomy_cli.model.dsa import SparseLatentAttention
 from anatomy_cli.model.ffn import FFNS
 from anatomy_cli.model.gdn import GatedDeltaNet
 from anatomy_cli.model.mla import LatentAttention
@@ -39,7 +43,8 @@ def local_attention(cfg) -> nn.Module:
 
 
 MIXERS: dict[str, Callable[..., nn.Module]] = {"attn": CausalSelfAttention, "gdn": GatedDeltaNet,
-                                               "local": local_attention, "mla": LatentAttention}
+                                               "local": local_attention, "mla": LatentAttention,
+                                               "dsa": SparseLatentAttention}
 
 
 def make_mixer(cfg, layer: int) -> nn.Module:

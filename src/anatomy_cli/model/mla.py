@@ -102,9 +102,18 @@ class LatentAttention(nn.Module):
         """x: [B, T, d]; pos: [T] or [B, T] position ids; end = last position + 1; cache: a KVCache
         whose cache[layer] is this layer's LatentKV (its past_len is where x starts). `rotate` is
         unused (see self.rope)."""
+        q, k, v, _, past = self.project(x, pos, end, cache, layer)
+        mask = attention_mask(past, q.shape[2], k.shape[2], 0, x.device)  # always global (a window leaves mla be)
+        return self.attend(q, k, v, mask)
+
+    def project(self, x, pos, end, cache=None, layer: int = 0):
+        """Q [B, H, T, n + p], K [B, H, S, n + p] and V [B, H, S, v] of x (S = past + T: the cached
+        positions' K and V rebuilt from their latents), the normed query latent [B, T, r_q] (DSA's
+        indexer reads it, dsa.py) and past, the positions before x."""
         B, T, _ = x.shape
         H = self.n_head
-        q = self.q_up(self.q_norm(self.q_down(x))).view(B, T, H, -1).transpose(1, 2)  # [B, H, T, n + p]
+        q_latent = self.q_norm(self.q_down(x))  # [B, T, r_q]
+        q = self.q_up(q_latent).view(B, T, H, -1).transpose(1, 2)  # [B, H, T, n + p]
         q_nope, q_rope = q.split((self.nope, self.rope_dim), dim=-1)
         latent, k_rope = self.kv_down(x).split((self.kv_rank, self.rope_dim), dim=-1)  # [B, T, r], [B, T, p]
         latent = self.kv_norm(latent)
@@ -121,7 +130,12 @@ class LatentAttention(nn.Module):
         k_nope, v = kv.split((self.nope, self.v_dim), dim=-1)
         k = torch.cat((k_nope, k_rope.expand(B, H, S, self.rope_dim)), dim=-1)  # [B, H, S, n + p]
         q = torch.cat((q_nope, q_rope), dim=-1)  # [B, H, T, n + p]
-        mask = attention_mask(past, T, S, 0, x.device)  # always global (a window leaves mla be)
+        return q, k, v, q_latent, past
+
+    def attend(self, q, k, v, mask):
+        """softmax(Q K^T * scale + mask) V, heads merged, through `out`: [B, T, d]. mask: None (square,
+        causal), or a bool [T, S] or [B, 1, T, S] (True = may attend)."""
+        B, H, T, S = *q.shape[:3], k.shape[2]
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and S == T and T > 1,
                                            scale=self.scale)  # [B, H, T, v]
         return self.out(y.transpose(1, 2).reshape(B, T, H * self.v_dim))

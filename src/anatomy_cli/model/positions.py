@@ -7,6 +7,10 @@ continues from past_len instead of restarting at 0. Each class has the same two 
 NoPE (Kazemnejad et al. 2023) does neither: the causal mask is the only order signal a decoder gets.
 RoPE touches only Q and K, never V, and uses the half-split pairing of HF Llama: dimension i is
 paired with i + head_dim/2 (not with its neighbour 2i+1, the interleaved convention of the paper).
+Partial rotary (cfg.rope_fraction < 1; Qwen3-Next's partial_rotary_factor 0.25, GPT-NeoX's rotary_pct)
+rotates only the first R = cfg.rope_dims dims of each head, half-split within them (i with i + R/2),
+at frequencies base^(-2i/R) over R, as transformers' apply_rotary_pos_emb and its default rope
+init do; the other head_dim - R dims pass unrotated and carry no position.
 """
 
 from __future__ import annotations
@@ -58,9 +62,10 @@ def turn_half(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> t
 
 class RoPE(nn.Module):
     def __init__(self, cfg, head_dim: int | None = None):
-        """head_dim: the rotated width when it is not cfg.head_dim (MLA's decoupled rope part)."""
+        """head_dim: the rotated width when it is not cfg.rope_dims (MLA's decoupled rope part).
+        cfg.rope_dims is cfg.head_dim unless rope_fraction < 1 (partial rotary)."""
         super().__init__()
-        self.head_dim = head_dim or cfg.head_dim
+        self.head_dim = head_dim or cfg.rope_dims  # the rotated width R: tables are [n, R]
         self.base = cfg.rope_base
         self.variant = cfg.rope_variant
         # fp32 cos/sin tables for positions 0..ctx_len-1, built once: buffers follow .to(device) and
@@ -94,6 +99,9 @@ class RoPE(nn.Module):
 
     def rotate_one(self, x: torch.Tensor, pos: torch.Tensor, end: int, start: int | None = None,
                    interleaved: bool = False) -> torch.Tensor:
+        R = self.head_dim
+        if x.shape[-1] > R:  # partial rotary: [..., R] rotated, then the [..., hd - R] rest as it was
+            return torch.cat((self.rotate_one(x[..., :R], pos, end, start, interleaved), x[..., R:]), dim=-1)
         cos, sin = self.tables(end, interleaved)
         if start is not None:  # positions start..end-1: a slice, no gather
             cos, sin = cos[start:end], sin[start:end]  # [T, hd]

@@ -179,6 +179,27 @@ BUILTINS: tuple[Component, ...] = (
               "RoPE key (replaces the K/V heads, so n_kv_head is unused)", "DeepSeek-V2 (2024); DeepSeek-V3",
               on={"model.attn_type": "mla"}, off={"model.attn_type": "softmax"}, llama="off",
               parts=("softmax attention", "latent attention")),
+    Component("sinks", "attention sinks: a learned logit per query head joins every softmax's denominator and "
+              "takes no value (init 0)", "gpt-oss (OpenAI 2025); after StreamingLLM's sink tokens (Xiao et al. 2024)",
+              on={"model.attn_sinks": True}, off={"model.attn_sinks": False}, llama="off",
+              parts=("softmax attention", "attention sinks")),
+    Component("gattn", "gated attention output: Q's projection also emits a gate per head and dim, "
+              "out = o_proj(attn * sigmoid(gate))", "Qiu et al. 2025 (NeurIPS); Qwen3-Next, Qwen3.5",
+              on={"model.attn_gate": True}, off={"model.attn_gate": False}, llama="off",
+              parts=("ungated attention output", "gated attention output")),
+    # pos_type too, so the 2017 end (learned positions) can turn it on; a design cannot hold it with rope
+    Component("partrope", "partial RoPE: only the first quarter of each head's dims rotate, the rest carry "
+              "no position", "GPT-NeoX-20B (rotary_pct 0.25, Black et al. 2022); Qwen3-Next (partial_rotary_factor)",
+              on={"model.pos_type": "rope", "model.rope_fraction": 0.25}, off={"model.rope_fraction": 1.0},
+              llama="off", parts=("full RoPE", "partial RoPE")),
+    # on latent attention, as in DeepSeek-V3.2 (so the whole model maps onto DeepseekV32ForCausalLM). off
+    # is dsa=false on the attention the config has, so a plain mla model reads as dsa off: added to a
+    # softmax reference it brings mla along; removed from an end with mla on, it leaves dense MLA
+    Component("dsa", "DeepSeek sparse attention: latent attention (mla) where each query reads only the quarter "
+              "of the context's keys (16 of 64) a small ReLU indexer scores highest; the indexer learns by its "
+              "own KL loss toward the attention's distribution (train.dsa_indexer_loss)",
+              "DeepSeek-V3.2-Exp (DeepSeek-AI 2025)", on={"model.attn_type": "mla", "model.dsa": True},
+              off={"model.dsa": False}, llama="off", parts=("dense attention", "sparse latent attention")),
 )
 BUILTIN_NAMES: tuple[str, ...] = tuple(c.name for c in BUILTINS)
 FIVE: tuple[str, ...] = tuple(c.name for c in BUILTINS if c.family == "llama")

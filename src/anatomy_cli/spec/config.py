@@ -126,6 +126,19 @@ class MlaDims(NamedTuple):
 MLA_SIZES: tuple[str, ...] = MlaDims._fields
 
 
+class DsaDims(NamedTuple):
+    """Resolved DSA sizes (ModelConfig.dsa_dims): HF DeepseekV32Config's index_topk, index_n_heads,
+    index_head_dim."""
+
+    top_k: int
+    index_n_heads: int
+    index_head_dim: int
+
+
+DSA_SIZES = ("dsa_top_k", "dsa_index_heads", "dsa_index_head_dim")  # the fields behind DsaDims, in order
+ROUTER_SETTINGS = ("moe_n_group", "moe_topk_group", "moe_routed_scaling_factor")  # the deepseek router's
+
+
 class ModelConfig(_Frozen):
     """Sizes and the component switches (see components.py). Defaults are the 2017 Transformer's parts.
 
@@ -172,12 +185,21 @@ class ModelConfig(_Frozen):
     # ffn_type FFN, each token routed to its moe_top_k best. Expert hidden size: moe_hidden, or by
     # default the dense hidden split over the active experts (moe_expert_hidden), so active FFN
     # parameters per token equal the dense FFN's. moe_shared adds one always-on expert of that size,
-    # gated by sigmoid(w . x) as in Qwen2-MoE / Qwen3-Next.
+    # gated by sigmoid(w . x) as in Qwen2-MoE / Qwen3-Next (ungated with the deepseek router, as DeepSeek V3's).
     moe: bool = new(False)
     moe_experts: int = new(8, ge=2, le=MAX_SIZE)
     moe_top_k: int = new(2, ge=1, le=MAX_SIZE)
     moe_hidden: int | None = new(None, gt=0, le=MAX_SIZE)  # None: see moe_expert_hidden
     moe_shared: bool = new(False)
+    # The router (moe.py): "softmax-topk" is Qwen3-MoE's, balanced by train.moe_aux_loss; "deepseek" is
+    # DeepSeek-V3's: sigmoid affinities, a selection-only bias balanced without a loss (train.moe_bias_rate),
+    # top-k within the moe_topk_group best of moe_n_group expert groups, weights renormalised times
+    # moe_routed_scaling_factor, and an ungated shared expert. The three are deepseek-only settings
+    # (DeepSeek-V3: 256 experts in 8 groups, 4 kept, top-8, factor 2.5; 1 group here: no group limit).
+    moe_router: Literal["softmax-topk", "deepseek"] = new("softmax-topk")
+    moe_n_group: int = new(1, ge=1, le=MAX_SIZE)
+    moe_topk_group: int = new(1, ge=1, le=MAX_SIZE)
+    moe_routed_scaling_factor: float = new(1.0, gt=0)
     # Multi-head latent attention (mla). Its five sizes keep HF DeepseekV3Config's names; None (the
     # default) derives each from d_model and head_dim (see mla_dims), and they are mla-only settings.
     attn_type: AttnType = new("softmax")
@@ -186,6 +208,21 @@ class ModelConfig(_Frozen):
     qk_rope_head_dim: int | None = new(None, gt=0, le=MAX_SIZE)
     qk_nope_head_dim: int | None = new(None, gt=0, le=MAX_SIZE)
     v_head_dim: int | None = new(None, gt=0, le=MAX_SIZE)
+    # Parts of softmax attention from 2025 (model/attention.py), each off by default. attn_sinks: a
+    # learned logit per query head joins every softmax's denominator and adds no value (gpt-oss).
+    # attn_gate: q_proj also emits a per-head gate, out = o_proj(attn * sigmoid(gate)) (Qwen3-Next).
+    # rope_fraction: the share of each head's dims RoPE rotates, the first ones (Qwen3-Next's
+    # partial_rotary_factor 0.25); the rest carry no position.
+    attn_sinks: bool = new(False)
+    attn_gate: bool = new(False)
+    rope_fraction: float = new(1.0, gt=0, le=1)
+    # DeepSeek sparse attention (dsa, model/dsa.py; DeepSeek-V3.2): latent attention (attn_type='mla')
+    # whose queries each read only the dsa_top_k earlier keys a small indexer scores highest (its
+    # dsa_index_heads heads of dsa_index_head_dim). None derives each (see dsa_dims); dsa-only settings.
+    dsa: bool = new(False)
+    dsa_top_k: int | None = new(None, gt=0, le=MAX_SIZE)
+    dsa_index_heads: int | None = new(None, gt=0, le=MAX_SIZE)
+    dsa_index_head_dim: int | None = new(None, gt=0, le=MAX_SIZE)
 
     @field_validator("ctx_len")
     @classmethod
@@ -224,7 +261,43 @@ class ModelConfig(_Frozen):
             raise ValueError(f"the dense hidden size {self.ffn_hidden} split over {self.moe_active_experts} active "
                              f"experts leaves none per expert; set model.moe_hidden")
         self._check_mla()
+        self._check_dsa()
+        self._check_attention_parts()
+        self._check_router()
         return self
+
+    def _check_attention_parts(self) -> None:
+        if self.attn_type == "mla":
+            on = [f for f in ("attn_sinks", "attn_gate") if getattr(self, f)]
+            if on or self.rope_fraction != 1.0:
+                raise ValueError(f"{(on or ['rope_fraction'])[0]} is a setting of softmax attention: it does not "
+                                 f"combine with attn_type='mla' (which rotates qk_rope_head_dim of each head)")
+        if self.rope_fraction == 1.0:
+            return
+        if self.pos_type != "rope":
+            raise ValueError(f"rope_fraction={self.rope_fraction:g} needs pos_type='rope' (it is the share of each "
+                             f"head that RoPE rotates)")
+        dims = self.head_dim * self.rope_fraction
+        if dims != self.rope_dims or dims % 2:
+            raise ValueError(f"rope_fraction={self.rope_fraction:g} of head_dim={self.head_dim} rotates {dims:g} dims: "
+                             f"it must be a whole even number (RoPE turns pairs of dims)")
+
+    def _check_router(self) -> None:
+        grouped = [f for f in ROUTER_SETTINGS if getattr(self, f) != type(self).model_fields[f].default]
+        if self.moe_router != "deepseek":
+            if grouped:
+                raise ValueError(f"{grouped[0]} is a setting of the deepseek router: it needs moe_router='deepseek'")
+            return
+        if not self.moe:
+            raise ValueError("moe_router='deepseek' routes a mixture of experts: it needs moe=true")
+        E, G, kept = self.moe_experts, self.moe_n_group, self.moe_topk_group
+        if kept > G:
+            raise ValueError(f"moe_topk_group={kept} must not exceed moe_n_group={G}")
+        if E % G or E // G < 2:  # a group is scored by its top 2 (DeepSeek-V3)
+            raise ValueError(f"moe_n_group={G} must divide moe_experts={E} into groups of at least 2")
+        if self.moe_top_k > kept * (E // G):
+            raise ValueError(f"moe_top_k={self.moe_top_k} exceeds the {kept * (E // G)} experts of the "
+                             f"moe_topk_group={kept} groups kept")
 
     def _check_mla(self) -> None:
         given = [f for f in MLA_SIZES if getattr(self, f) is not None]
@@ -246,6 +319,12 @@ class ModelConfig(_Frozen):
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_head
+
+    @property
+    def rope_dims(self) -> int:
+        """The dims of each head RoPE rotates, the first ones: int(head_dim * rope_fraction), as
+        transformers computes Qwen3-Next's rotary dim (its inverse frequencies span these dims)."""
+        return int(self.head_dim * self.rope_fraction)
 
     @property
     def gdn_shape(self) -> tuple[int, int, int]:
@@ -273,6 +352,36 @@ class ModelConfig(_Frozen):
                    "qk_rope_head_dim": max(2, hd // 4 * 2), "qk_nope_head_dim": hd, "v_head_dim": hd}
         return MlaDims(**{f: getattr(self, f) or derived[f] for f in MLA_SIZES})
 
+    def _check_dsa(self) -> None:
+        given = [f for f in DSA_SIZES if getattr(self, f) is not None]
+        if not self.dsa:
+            if given:
+                raise ValueError(f"{given[0]} is a dsa setting: it needs dsa=true")
+            return
+        if self.attn_type != "mla":
+            raise ValueError("dsa needs attn_type='mla' (DeepSeek-V3.2's indexer picks the keys of latent attention)")
+        s, p = self.dsa_dims, self.mla_dims.qk_rope_head_dim
+        if s.top_k > self.ctx_len:
+            raise ValueError(f"dsa_top_k={s.top_k} is larger than ctx_len={self.ctx_len}: every query would read every "
+                             f"key (dsa=false is dense latent attention)")
+        if self.pos_type == "rope" and s.index_head_dim < p:
+            raise ValueError(f"dsa_index_head_dim={s.index_head_dim} must be at least qk_rope_head_dim={p} (the "
+                             f"indexer rotates its first qk_rope_head_dim dims)")
+
+    @property
+    def dsa_dims(self) -> DsaDims:
+        """The DSA sizes, each the field when given, else derived for anatomy's contexts.
+
+        DeepSeek-V3.2 reads 2048 keys of a 128K context (1/64) through 64 indexer heads of 128 (half
+        its 128 attention heads; 64 dims rotated, its qk_rope_head_dim). At contexts of 64-256 a
+        1/64 share would be one key, so top_k is a quarter of ctx_len (16 of the default study's 64),
+        well below the context yet more than a handful; the indexer has half of n_head heads (at least
+        1) of head_dim (at least the rope part, which it rotates).
+        """
+        derived = {"dsa_top_k": max(1, self.ctx_len // 4), "dsa_index_heads": max(1, self.n_head // 2),
+                   "dsa_index_head_dim": max(self.head_dim, self.mla_dims.qk_rope_head_dim)}
+        return DsaDims(*(getattr(self, f) or derived[f] for f in DSA_SIZES))
+
     @property
     def ffn_hidden(self) -> int:
         """GELU: 4d. SwiGLU: 2/3 of that (three matrices instead of two), rounded up to 32."""
@@ -286,12 +395,13 @@ class ModelConfig(_Frozen):
         its module, mixer_params to its parameters, state_bytes to its decode state).
 
         "attn": global causal softmax attention (MHA/GQA/MQA by n_kv_head), or "mla" in its place
-        (attn_type='mla', model/mla.py); "gdn": Gated DeltaNet where gdn_pattern says D; "local":
-        softmax attention within a sliding window where window_pattern says L (swa; a window leaves
-        mla layers global). A part that changes what a layer is adds its kind here, decided by its
-        own fields (a layer pattern, see repeat_pattern), and one entry in each of those three tables.
+        (attn_type='mla', model/mla.py), "dsa" with dsa=true (model/dsa.py); "gdn": Gated DeltaNet
+        where gdn_pattern says D; "local": softmax attention within a sliding window where
+        window_pattern says L (swa; a window leaves mla and dsa layers global). A part that changes
+        what a layer is adds its kind here, decided by its own fields (a layer pattern, see
+        repeat_pattern), and one entry in each of those three tables.
         """
-        kinds = ["mla" if self.attn_type == "mla" else "attn"] * self.n_layer
+        kinds = [("dsa" if self.dsa else "mla") if self.attn_type == "mla" else "attn"] * self.n_layer
         if self.gdn_pattern:
             pattern = repeat_pattern(self.gdn_pattern, self.n_layer)
             kinds = ["gdn" if letter == "D" else kind for letter, kind in zip(pattern, kinds)]
@@ -334,7 +444,9 @@ class ModelConfig(_Frozen):
             d, hd = self.d_model, self.head_dim
             qkv_out = d * (self.n_head + 2 * self.n_kv_head) * hd + self.n_head * hd * d
             qk_norm = 2 * hd if self.qk_norm else 0  # one RMSNorm weight for Q, one for K, shared by heads
-            return qkv_out + qk_norm
+            gate = d * self.n_head * hd if self.attn_gate else 0  # q_proj's second half: a gate per output
+            sinks = self.n_head if self.attn_sinks else 0  # one logit per query head
+            return qkv_out + qk_norm + gate + sinks
         if kind == "gdn":  # model/gdn.py: in_proj (q|k|v|z), ba, conv, dt_bias + A_log, gated norm, out
             Hk, Hv, hd = self.gdn_shape
             conv_dim, value = 2 * Hk * hd + Hv * hd, Hv * hd
@@ -346,17 +458,22 @@ class ModelConfig(_Frozen):
             kv = d * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
             kv += m.kv_lora_rank * H * (m.qk_nope_head_dim + m.v_head_dim)
             return q + kv + H * m.v_head_dim * d
+        if kind == "dsa":  # mla's, plus the indexer: wq (r_q -> Hi D), wk (d -> D), its LayerNorm, w (d -> Hi)
+            r_q, (_, Hi, D) = self.mla_dims.q_lora_rank, self.dsa_dims
+            return self.mixer_params("mla") + r_q * Hi * D + self.d_model * D + 2 * D + self.d_model * Hi
         raise ValueError(f"no parameter formula for layer kind {kind!r}")
 
     def ffn_params(self, active: bool = False) -> int:
         """One channel mixer (model/ffn.py); active: the part one token uses (all of a dense FFN).
 
         A mixture of experts (moe.py): E experts, the router (E x d) and the shared expert with its
-        gate (d); a token uses its k experts, and all of router, shared expert and gate."""
+        gate (d; the deepseek router's shared expert has none); a token uses its k experts, and all of
+        router, shared expert and gate. The deepseek router's selection bias (E) is a buffer, not a parameter."""
         if not self.moe:
             return self.dense_ffn_params(self.ffn_hidden)
         expert, E, k = self.dense_ffn_params(self.moe_expert_hidden), self.moe_experts, self.moe_top_k
-        always = E * self.d_model + ((expert + self.d_model) if self.moe_shared else 0)  # router, shared + gate
+        gate = 0 if self.moe_router == "deepseek" else self.d_model
+        always = E * self.d_model + ((expert + gate) if self.moe_shared else 0)  # router, shared + gate
         return (k if active else E) * expert + always
 
     def dense_ffn_params(self, hidden: int) -> int:
@@ -408,6 +525,9 @@ class ModelConfig(_Frozen):
         if kind == "mla":  # the latent and the shared rope key, nothing per head: B T (r + p)
             m = self.mla_dims
             return batch * max_len * (m.kv_lora_rank + m.qk_rope_head_dim) * bytes_per_elem
+        if kind == "dsa":  # mla's, plus the indexer's one key per position: B T (r + p + D)
+            m, D = self.mla_dims, self.dsa_dims.index_head_dim
+            return batch * max_len * (m.kv_lora_rank + m.qk_rope_head_dim + D) * bytes_per_elem
         raise ValueError(f"no decode-state formula for layer kind {kind!r}")
 
     def cache_bytes(self, batch: int, max_len: int, bytes_per_elem: int) -> int:
@@ -430,6 +550,10 @@ class ModelConfig(_Frozen):
         if kind == "mla":  # the same, at Q.K's width H (n + p) and A.V's H v instead of d and d
             m = self.mla_dims
             return 3 * self.ctx_len * self.n_head * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
+        if kind == "dsa":  # mla's over the top_k keys read, plus the indexer's scores over ctx_len keys
+            m, (k, Hi, D) = self.mla_dims, self.dsa_dims  # (Hi heads of D, and the weighted sum; forward only)
+            read = 3 * k * self.n_head * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
+            return read + 2 * self.ctx_len * Hi * (D + 1)
         raise ValueError(f"no FLOP formula for layer kind {kind!r}")
 
     def train_bytes(self, batch_size: int) -> int:
@@ -470,6 +594,13 @@ class TrainConfig(_Frozen):
     # Load-balancing loss coefficient of a mixture of experts (model.moe; Switch / Qwen3-MoE's
     # router_aux_loss_coef, 0.001): + moe_aux_loss * E * sum_e f_e P_e on the training loss only.
     moe_aux_loss: float = new(0.001, ge=0)
+    # The deepseek router's bias update speed gamma (model.moe_router; DeepSeek-V3 report sec. 4.2: 0.001,
+    # Wang et al. 2024's u = 0.001): after each step b_e += gamma * sign(mean load - load_e), off the loss.
+    moe_bias_rate: float = new(0.001, ge=0)
+    # Coefficient of a dsa model's indexer loss (model.dsa; DeepSeek-V3.2: KL(main attention || indexer)
+    # over the keys read, the indexer's input detached, model/dsa.py): + dsa_indexer_loss * KL on the
+    # training loss only; 0 = the indexer gets no gradient and stays at its init (HF's forward).
+    dsa_indexer_loss: float = new(1.0, ge=0)
     eval_interval: int = Field(default=100, gt=0)
     eval_batches: int = Field(default=8, gt=0, le=MAX_SIZE)
     log_interval: int = Field(default=10, gt=0)  # train-loss/grad-norm lines are flushed this often
@@ -513,6 +644,15 @@ class RunConfig(_Frozen):
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
     data: DataConfig = DataConfig()
+
+    @model_validator(mode="after")
+    def _check_balance(self) -> RunConfig:
+        # the deepseek router balances by its bias (train.moe_bias_rate); a balance loss would be silently unused
+        if self.model.moe_router == "deepseek" and self.train.moe_aux_loss:
+            raise ValueError(f"train.moe_aux_loss={self.train.moe_aux_loss:g} is the softmax-topk router's balance "
+                             f"loss; the deepseek router balances without one (train.moe_bias_rate): set "
+                             f"train.moe_aux_loss=0")
+        return self
 
 
 class NamedConfig(_Frozen):

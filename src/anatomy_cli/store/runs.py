@@ -5,7 +5,8 @@ A run directory holds, in the order they are written:
   metrics.jsonl     one JSON object per line: every step has step, train_loss, grad_norm, lr,
                     tokens (train_loss is the cross-entropy; with train.z_loss > 0 each step
                     also has z_loss, the term added to it; a mixture-of-experts model's steps have
-                    moe_aux_loss, its load-balancing loss before train.moe_aux_loss scales it);
+                    moe_aux_loss, its load-balancing loss before train.moe_aux_loss scales it; a
+                    dsa model's dsa_indexer_loss, its indexer's KL loss before train.dsa_indexer_loss);
                     evaluation steps add val_loss, elapsed_s
   vocab.json        the character vocabulary (a JSON list of characters, index = id)
   best.safetensors  weights at the best val loss;  last.safetensors  weights at the end (of a
@@ -187,7 +188,8 @@ def json_line(row: dict) -> str:
 
 # Fields a reader may do arithmetic on: a value of another type is a corrupt file, not a crash later.
 METRIC_INTS = ("step", "tokens")
-METRIC_FLOATS = ("train_loss", "val_loss", "grad_norm", "lr", "elapsed_s", "z_loss", "moe_aux_loss")
+METRIC_FLOATS = ("train_loss", "val_loss", "grad_norm", "lr", "elapsed_s", "z_loss", "moe_aux_loss",
+                 "dsa_indexer_loss")
 
 
 def _is_int(v: Any) -> bool:

@@ -63,6 +63,8 @@ from anatomy_cli.training.trainer import (
     training_device,
 )
 
+TERMS = ("moe_aux_loss", "dsa_indexer_loss")  # the aux outputs add_terms reads (not expert_counts)
+
 
 def stack_problem(cfg: RunConfig) -> str | None:
     """None when cfg's model trains stacked; else one line saying why not (a tiny vmapped
@@ -77,7 +79,7 @@ def stack_problem(cfg: RunConfig) -> str | None:
         x = torch.zeros(2, 1, T, dtype=torch.long)
         def total(p, a, b):  # the training step's loss, as member_losses computes it
             logits, loss, aux = functional_call(members[0], p, (a, b), {"aux": True})
-            return add_terms(cfg.train, logits, loss, {k: v for k, v in aux.items() if k == "moe_aux_loss"})[0]
+            return add_terms(cfg.train, logits, loss, {k: v for k, v in aux.items() if k in TERMS})[0]
 
         vmap(total)(params, x, x).sum().backward()
     except Exception as err:  # noqa: BLE001 - any failure means: train alone, and say why
@@ -132,7 +134,7 @@ class StackedTrainer:
     def member_losses(self, params: dict, x: torch.Tensor, y: torch.Tensor):
         """One member's (loss to minimise, cross-entropy, {term name: term}): Trainer.losses under vmap."""
         logits, loss, aux = functional_call(self.base, params, (x, y), {"aux": True})
-        return add_terms(self.t, logits, loss, {k: v for k, v in aux.items() if k == "moe_aux_loss"})
+        return add_terms(self.t, logits, loss, {k: v for k, v in aux.items() if k in TERMS})
 
     def member_val_loss(self, params: dict, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return functional_call(self.base, params, (x, y))[1].float()

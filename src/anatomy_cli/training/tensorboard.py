@@ -28,7 +28,8 @@ EXTRA = "pip install 'anatomy-cli[tb]'"
 PREFIX = "events.out.tfevents."
 BACKFILL = f"{PREFIX}0000000000.anatomy-backfill"
 SCALAR_TAGS = {"train_loss": "loss/train", "val_loss": "loss/val", "grad_norm": "grad_norm", "lr": "lr",
-               "moe_aux_loss": "loss/moe_aux"}  # moe_aux_loss: mixture-of-experts runs only
+               "moe_aux_loss": "loss/moe_aux",  # moe_aux_loss: mixture-of-experts runs only
+               "dsa_indexer_loss": "loss/dsa_indexer"}  # dsa runs only
 
 
 def available() -> bool:

@@ -36,6 +36,7 @@ import torch
 from anatomy_cli.data.batches import BatchSampler, fixed_windows
 from anatomy_cli.data.corpus import Corpus
 from anatomy_cli.model import LM
+from anatomy_cli.model.moe import update_biases
 from anatomy_cli.spec.config import RunConfig, TrainConfig
 from anatomy_cli.store import runs
 from anatomy_cli.training import tensorboard as tb_events
@@ -90,6 +91,10 @@ def add_terms(t, logits: torch.Tensor, loss: torch.Tensor, aux: dict) -> tuple[t
     if "moe_aux_loss" in aux:
         terms["moe_aux_loss"] = aux["moe_aux_loss"]
         total = total + t.moe_aux_loss * aux["moe_aux_loss"]
+    if "dsa_indexer_loss" in aux:
+        terms["dsa_indexer_loss"] = aux["dsa_indexer_loss"]
+        if t.dsa_indexer_loss > 0:  # skipped at 0: the indexer then gets no gradient at all (None, no decay)
+            total = total + t.dsa_indexer_loss * aux["dsa_indexer_loss"]
     return total, loss, terms
 
 
@@ -232,7 +237,7 @@ class StepRecord:
     loss: torch.Tensor  # cross-entropy of the batch, 0-d
     grad_norm: torch.Tensor  # total gradient norm before clipping, 0-d
     # The terms besides the cross-entropy, by their metrics.jsonl name, 0-d each (see Trainer.losses):
-    # z_loss (train.z_loss > 0) and moe_aux_loss (a mixture-of-experts model).
+    # z_loss (train.z_loss > 0), moe_aux_loss (a mixture-of-experts model), dsa_indexer_loss (a dsa model).
     terms: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
@@ -398,12 +403,19 @@ class Trainer:
 
         z_loss (train.z_loss > 0): the term z_loss * mean over positions of logsumexp(logits)^2 (PaLM,
         Chowdhery et al. 2022, sec. 5), added to the loss. moe_aux_loss (a mixture-of-experts model):
-        the model's load-balancing loss, unscaled; train.moe_aux_loss times it is added. Evaluation
-        adds neither.
+        the model's load-balancing loss, unscaled; train.moe_aux_loss times it is added.
+        dsa_indexer_loss (a dsa model): the indexer's KL loss (model/dsa.py), unscaled;
+        train.dsa_indexer_loss times it is added when > 0 (it trains the indexer alone). Evaluation adds
+        none. The deepseek router has no balance term: train_step moves its selection biases after the
+        optimizer step instead (moe.update_biases, train.moe_bias_rate).
         """
+        return self.forward_terms(x, y)[:3]
+
+    def forward_terms(self, x: torch.Tensor, y: torch.Tensor):
+        """losses(x, y) and the forward's aux dict (its expert_counts: what the bias update reads)."""
         with self.autocast:
             logits, loss, aux = self.fwd(x, y, aux=True)
-        return add_terms(self.cfg.train, logits, loss, aux)
+        return (*add_terms(self.cfg.train, logits, loss, aux), aux)
 
     def train_step(self) -> StepRecord:
         t = self.cfg.train
@@ -413,11 +425,13 @@ class Trainer:
         x, y = self.sampler.next()
         if self.graphs:
             torch.compiler.cudagraph_mark_step_begin()  # a new step: the last replay's outputs may be reused
-        total, loss, terms = self.losses(x, y)
+        total, loss, terms, aux = self.forward_terms(x, y)
         total.backward()
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip if t.grad_clip > 0 else math.inf)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
+        if self.cfg.model.moe_router == "deepseek":  # aux-loss-free balancing: the bias, off the loss (moe.py)
+            update_biases(self.model, aux["expert_counts"], t.moe_bias_rate)
         self.step += 1
         keep = (lambda v: v.detach().clone()) if self.graphs else (lambda v: v.detach())  # graph outputs die next step
         self.last = StepRecord(self.step, lr, keep(loss), keep(norm), {k: keep(v) for k, v in terms.items()})
