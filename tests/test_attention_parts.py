@@ -431,8 +431,6 @@ def test_off_fields_stay_out_of_the_run_id():
     ({"pos_type": "learned", "rope_fraction": 0.5}, "rope_fraction=0.5 needs pos_type='rope'"),
     ({"rope_fraction": 0.0}, "rope_fraction"),
     ({"rope_fraction": 1.5}, "rope_fraction"),
-    ({"attn_type": "mla", "attn_sinks": True}, "attn_sinks is a setting of softmax attention"),
-    ({"attn_type": "mla", "attn_gate": True}, "attn_gate is a setting of softmax attention"),
     ({"attn_type": "mla", "rope_fraction": 0.5}, "rope_fraction is a setting of softmax attention"),
 ])
 def test_bad_settings_are_one_line(overrides, message):

@@ -271,7 +271,7 @@ def test_bench_decode_measures_mla_next_to_mha_gqa_mqa():
                                       "--new", "4", "--prefix-len", "8", "--json"])
     assert result.exit_code == 0, result.output
     rows = {r["attention"]: r for r in json.loads(result.stdout)["rows"]}
-    assert list(rows) == ["MHA", "GQA", "MQA", "MLA"]  # the default list ends with mla
+    assert list(rows) == ["MHA", "GQA", "MQA", "MLA", "DSA", "MHA+sinks", "MHA+gattn", "MHA+partrope"]  # default
     L, T, nbytes = 2, 12, 4
     r, p = 16, 4  # d/2 and hd/2 at d 32, hd 8
     mla = rows["MLA"]

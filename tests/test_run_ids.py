@@ -82,11 +82,20 @@ PINNED_IDS = {
         "llama-rope-s1337-53666033", "llama-s1337-56118034", "llama-swiglu-s1337-42e4e50d",
     ],
     "frontier": [
+        "reference+gattn-s1337-818dd765", "reference+gattn-s1338-c762bcd6", "reference+gattn-s1339-fdbaf563",
         "reference+gdn-s1337-ecfec8d8", "reference+gdn-s1338-bfaa2682", "reference+gdn-s1339-d513596b",
         "reference+mla-s1337-4f5d2e81", "reference+mla-s1338-00cf03f6", "reference+mla-s1339-e7fa91ac",
         "reference+moe-s1337-2e7ad035", "reference+moe-s1338-201ffb34", "reference+moe-s1339-f55ce16c",
+        "reference+partrope-s1337-b813b471", "reference+partrope-s1338-4bfa9633", "reference+partrope-s1339-bb9b5805",
+        "reference+sinks-s1337-e94d3b75", "reference+sinks-s1338-6b7291da", "reference+sinks-s1339-2ff8326b",
         "reference+swa-s1337-76a84961", "reference+swa-s1338-51ac18a1", "reference+swa-s1339-c1024748",
         "reference-s1337-5cabdddd", "reference-s1338-f0d06a56", "reference-s1339-f268e66b",
+    ],
+    "long-context": [
+        "reference+dsa64-s1337-d55c2881", "reference+dsa64-s1338-07d5286e", "reference+dsa64-s1339-418aeb54",
+        "reference+gdn-s1337-c899cc5f", "reference+gdn-s1338-03083434", "reference+gdn-s1339-e94cc5ab",
+        "reference+swa64-s1337-109aae8e", "reference+swa64-s1338-0f847dca", "reference+swa64-s1339-9d487eed",
+        "reference-s1337-417bfde1", "reference-s1338-fdc5bbae", "reference-s1339-4754ad97",
     ],
     "modern": [
         "reference+nope-s1337-a833906e", "reference+nope-s1338-2de69002", "reference+nope-s1339-0ca37b26",

@@ -151,8 +151,10 @@ def bench_decode_cmd(
                                                            "built from the size options.")] = None,
     new: Annotated[int, typer.Option(help="Tokens to decode.")] = 200,
     prefix_len: Annotated[int, typer.Option(help="Prompt length (prefilled in one forward).")] = 64,
-    kv_heads: Annotated[Optional[str], typer.Option(help="n_kv_head values and/or mla, e.g. 4,2,1,mla (default H, H/2, "
-                                                         "1, mla).")] = None,
+    kv_heads: Annotated[Optional[str], typer.Option(help="n_kv_head values and/or rows by name, e.g. 4,2,1,mla,dsa "
+                                                         "(default H, H/2, 1, mla, dsa, sinks, gattn, partrope: "
+                                                         "latent attention, sparse latent attention, and the model's "
+                                                         "own attention with that part on).")] = None,
     windows: Annotated[Optional[str], typer.Option(help="Sliding windows to compare, e.g. 0,16 (0 = global; "
                                                          "default: the model's own).")] = None,
     window_pattern: Annotated[Optional[str], typer.Option(help="L local / G global per layer, repeated (default: "
@@ -176,7 +178,9 @@ def bench_decode_cmd(
     """Inference cost: prefill and decode tokens/s with and without the KV cache, KV bytes, memory.
 
     Sweeps n_kv_head over MHA / GQA / MQA, and --windows over sliding windows, then MLA (latent
-    attention, global: a window leaves its layers be). With a run dir, its own configuration uses
+    attention, global: a window leaves its layers be), DSA (MLA plus its indexer's keys, top-k
+    ctx/4), and the model's own attention with sinks, the output gate (gattn) or partial RoPE
+    (partrope). With a run dir, its own configuration uses
     the trained weights and the others an untrained model of the same sizes (speed does not need
     training). KV bytes are measured from each layer's state tensors.
     """
@@ -194,7 +198,7 @@ def bench_decode_cmd(
         model_cfg = cfg.model
     else:
         model_cfg = _sized_model(sizes, parts)
-    heads = decode.kv_head_list(model_cfg.n_head, kv_heads)
+    heads = decode.kv_head_list(model_cfg.n_head, kv_heads) if kv_heads is not None else None  # None: default rows
     sliding = decode.window_list(windows, model_cfg.window)
     out = decode.bench_decode(model_cfg, trained, heads, new, prefix_len, dev, dtype, windows=sliding,
                              window_pattern=window_pattern)
@@ -232,7 +236,8 @@ def _render_bench(out: dict) -> None:
                   f"(window = prefix + new, no context shift); untrained = random weights of the same sizes (speed "
                   f"needs no training). KV total = 2 x L x B x G x T x hd x bytes for global layers; a local "
                   f"(sliding-window) layer holds window - 1 positions whatever T; an MLA layer L x B x (r + p) x T "
-                  f"x bytes (the latent and the shared rope key). "
+                  f"x bytes (the latent and the shared rope key); a DSA layer adds its indexer's key, "
+                  f"L x B x (r + p + D) x T x bytes; sinks, gattn and partrope change no state. "
                   f"peak = {'CUDA max allocated' if cuda else 'process peak RSS (whole process so far)'}.",
                   highlight=False)
     if out["note"]:
@@ -240,6 +245,8 @@ def _render_bench(out: dict) -> None:
 
 
 def _attn_label(row: dict) -> str:
+    if row["attention"] == "DSA":
+        return f"DSA r+p+D={row['latent']} top-k {row['top_k']}"
     if row["latent"]:
         return f"MLA r+p={row['latent']}"
     swa = f" SWA {row['sliding_window']} {row['window_pattern']}" if row["sliding_window"] else ""

@@ -1,8 +1,9 @@
 """Decode cost: prefill and decode tokens/s, KV bytes and memory of a model's sizes.
 
   bench_decode     a model's sizes -> prefill/decode tokens/s, KV bytes (each layer's state, measured),
-                   memory, for MHA/GQA/MQA, each with or without a sliding window, and MLA; and
-                   every layer's decode-state bytes at 4k and 32k positions
+                   memory, for MHA/GQA/MQA, each with or without a sliding window, MLA and DSA (MLA
+                   plus its indexer's keys), and the model's own attention with each of sinks, gattn
+                   and partrope on; and every layer's decode-state bytes at 4k and 32k positions
 
 Library code: returns data, never prints or exits; torch is imported inside the functions that
 need it.
@@ -15,6 +16,7 @@ from collections.abc import Callable
 
 from anatomy_cli.exams.kv_budget import attention_name
 from anatomy_cli.spec.config import (
+    DSA_SIZES,
     MLA_SIZES,
     ConfigError,
     ModelConfig,
@@ -32,19 +34,26 @@ def window_list(text: str | None, default: int) -> list[int]:
     return list(dict.fromkeys(int(p) for p in parts))
 
 
+LATENT_ROWS = ("mla", "dsa")  # latent attention, and DeepSeek sparse attention on it (MLA + indexer keys)
+PART_ROWS = ("sinks", "gattn", "partrope")  # parts of softmax attention: the model's own, that part on
+NAMED_ROWS = LATENT_ROWS + PART_ROWS
+
+
 def kv_head_list(n_head: int, text: str | None = None) -> list[int | str]:
-    """Default H, H/2, 1 (duplicates and non-divisors dropped), then "mla" (latent attention);
-    else a comma list of K/V head counts, each dividing H, and/or mla."""
+    """Default H, H/2, 1 (duplicates and non-divisors dropped), then "mla" and "dsa" (latent
+    attention, and sparse latent attention), then "sinks", "gattn" and "partrope" (the model's own
+    softmax attention with that part on); else a comma list of K/V head counts, each dividing H,
+    and/or any of those names."""
     if text is None:
-        return [g for g in dict.fromkeys((n_head, n_head // 2, 1)) if g > 0 and n_head % g == 0] + ["mla"]
+        return [g for g in dict.fromkeys((n_head, n_head // 2, 1)) if g > 0 and n_head % g == 0] + list(NAMED_ROWS)
     parts = [p.strip().lower() for p in text.split(",")]
-    if not all(p == "mla" or (p.isdecimal() and int(p) > 0) for p in parts):
-        raise ConfigError(f"--kv-heads expects positive integers or mla, e.g. {n_head},{max(1, n_head // 2)},1,mla; "
-                          f"got {text!r}")
-    bad = [p for p in parts if p != "mla" and n_head % int(p)]
+    if not all(p in NAMED_ROWS or (p.isdecimal() and int(p) > 0) for p in parts):
+        raise ConfigError(f"--kv-heads expects positive integers or mla, {', '.join(NAMED_ROWS[1:])}, e.g. "
+                          f"{n_head},{max(1, n_head // 2)},1,mla,dsa; got {text!r}")
+    bad = [p for p in parts if p not in NAMED_ROWS and n_head % int(p)]
     if bad:
         raise ConfigError(f"--kv-heads {', '.join(bad)}: each must divide n_head={n_head}")
-    return list(dict.fromkeys(p if p == "mla" else int(p) for p in parts))
+    return list(dict.fromkeys(p if p in NAMED_ROWS else int(p) for p in parts))
 
 
 def decode_lengths(cfg: ModelConfig, prefix_len: int, new: int) -> tuple[int, int, str | None]:
@@ -181,9 +190,14 @@ def bench_decode(cfg: ModelConfig, trained=None, kv_heads: list[int | str] | Non
                  on_row: Callable[[dict], None] | None = None, windows: list[int] | None = None,
                  window_pattern: str | None = None) -> dict:
     """One row per n_kv_head of softmax attention and window (default: the model's own;
-    window_pattern, if given, for every windowed row), and one for "mla" (latent attention at its
+    window_pattern, if given, for every windowed row); one for "mla" (latent attention at its
     default sizes, or the run's; global, since a window leaves mla layers be, and without QK-norm,
-    which it does not take): the trained model where the config is the run's, else an untrained one."""
+    sinks, the output gate or partial RoPE, which it does not take) and one for "dsa" (the same
+    with DeepSeek's indexer: its keys join the cache); and one for each of "sinks", "gattn" and
+    "partrope": the model's own softmax attention (its n_kv_head and window) with that part on. The
+    trained model where the config is the run's, else an untrained one. kv_heads None: the default
+    list (kv_head_list), leaving out, with a note, a part these sizes cannot take (partrope where a
+    quarter of head_dim is not a whole even number); asked for by name, such a row is an error."""
     import torch
 
     from anatomy_cli.model.generate import window_bytes
@@ -193,28 +207,30 @@ def bench_decode(cfg: ModelConfig, trained=None, kv_heads: list[int | str] | Non
         raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     torch_dtype = getattr(torch, dtype)
     prefix_len, new, note = decode_lengths(cfg, prefix_len, new)
+    notes = [note] if note else []
     window = prefix_len + new
     elem = torch.tensor([], dtype=torch_dtype).element_size()
-    mha = cfg.model_copy(update={"n_kv_head": cfg.n_head, "attn_type": "softmax"})  # the largest cache of the rows
+    mha = cfg.model_copy(update={"n_kv_head": cfg.n_head, "attn_type": "softmax", "dsa": False})  # the largest cache
     require_memory((window_bytes(mha, window) + 4 * mha.num_params()) * elem // 4 + 8 * window, device,
                    f"d_model={cfg.d_model}, n_layer={cfg.n_layer}, --prefix-len {prefix_len} + --new {new} (model, "
                    f"KV cache and position tables in {dtype})")
     rows = []
-    softmax = {**cfg.model_dump(), "attn_type": "softmax", **dict.fromkeys(MLA_SIZES)}
+    asked = kv_heads is not None
     pattern = {"window_pattern": window_pattern} if window_pattern else {}
-    variants = [(g, 0 if g == "mla" else w) for g in kv_heads or kv_head_list(cfg.n_head)
-                for w in ([None] if g == "mla" else windows or [cfg.window])]
+    variants = [(g, 0 if g in LATENT_ROWS else None if g in PART_ROWS else w)
+                for g in kv_heads or kv_head_list(cfg.n_head)
+                for w in ([None] if g in NAMED_ROWS else windows or [cfg.window])]
     for g, w in variants:
-        if g == "mla":
-            c = cfg if cfg.attn_type == "mla" else validate(
-                ModelConfig, {**softmax, "attn_type": "mla", "qk_norm": False, "window": 0}, prefix="model.")
-            m = c.mla_dims
-            head = {"n_kv_head": None, "attention": "MLA", "latent": f"{m.kv_lora_rank}+{m.qk_rope_head_dim}"}
-        else:
-            c = validate(ModelConfig, {**softmax, "n_kv_head": g, "window": w, **pattern}, prefix="model.")
-            head = {"n_kv_head": g, "attention": attention_name(c.n_head, g), "latent": None}
+        try:
+            c, head = row_config(cfg, g, w, pattern)
+        except ConfigError as err:
+            if asked:
+                raise ConfigError(f"--kv-heads {g}: {err}") from None
+            notes.append(f"no {g} row: {err}")
+            continue
         is_trained = trained is not None and c == cfg
         model = trained.to(dtype=torch_dtype) if is_trained else fresh_model(c, device, torch_dtype)
+        w = c.window if g in PART_ROWS else w
         row = head | {"sliding_window": w, "window_pattern": c.window_pattern if w else None,
                       "weights": "trained (run)" if is_trained else "untrained (same sizes)"}
         row |= bench_one(model, c, prefix_len, new, device)
@@ -223,4 +239,35 @@ def bench_decode(cfg: ModelConfig, trained=None, kv_heads: list[int | str] | Non
             on_row(row)
     sizes = {k: getattr(cfg, k) for k in ("vocab_size", "d_model", "n_layer", "n_head", "ctx_len", "pos_type")}
     return {"model": sizes | {"head_dim": cfg.head_dim}, "prefix_len": prefix_len, "new": new,
-            "window": prefix_len + new, "device": str(device), "dtype": dtype, "note": note, "rows": rows}
+            "window": prefix_len + new, "device": str(device), "dtype": dtype, "note": "; ".join(notes) or None,
+            "rows": rows}
+
+
+def row_config(cfg: ModelConfig, g: int | str, w: int | None, pattern: dict) -> tuple[ModelConfig, dict]:
+    """(the config of one bench-decode row, its label fields): see bench_decode."""
+    from anatomy_cli.spec.components import BY_NAME
+
+    # softmax attention of the model's sizes: no latent or sparse-attention settings
+    softmax = {**cfg.model_dump(), "attn_type": "softmax", **dict.fromkeys(MLA_SIZES), "dsa": False,
+               **dict.fromkeys(DSA_SIZES)}
+    if g in LATENT_ROWS:
+        latent = cfg.model_dump() if cfg.attn_type == "mla" else {
+            **softmax, "attn_type": "mla", "qk_norm": False, "window": 0, "attn_sinks": False, "attn_gate": False,
+            "rope_fraction": 1.0}
+        if g == "mla":  # a dsa run's mla row: the same latent attention, dense
+            latent |= {"dsa": False, **dict.fromkeys(DSA_SIZES)}
+        c = validate(ModelConfig, latent | {"dsa": g == "dsa"}, prefix="model.")
+        m = c.mla_dims
+        if g == "mla":
+            return c, {"n_kv_head": None, "attention": "MLA", "part": None,
+                       "latent": f"{m.kv_lora_rank}+{m.qk_rope_head_dim}"}
+        s = c.dsa_dims
+        return c, {"n_kv_head": None, "attention": "DSA", "part": None, "top_k": s.top_k,
+                   "latent": f"{m.kv_lora_rank}+{m.qk_rope_head_dim}+{s.index_head_dim}"}
+    if g in PART_ROWS:  # the model's own softmax attention (n_kv_head, window) with this part on
+        on = {k.removeprefix("model."): v for k, v in BY_NAME[g].on.items()}
+        c = validate(ModelConfig, softmax | on, prefix="model.")
+        name = attention_name(c.n_head, c.n_kv_head)
+        return c, {"n_kv_head": c.n_kv_head, "attention": f"{name}+{g}", "part": g, "latent": None}
+    c = validate(ModelConfig, {**softmax, "n_kv_head": g, "window": w, **pattern}, prefix="model.")
+    return c, {"n_kv_head": g, "attention": attention_name(c.n_head, g), "part": None, "latent": None}

@@ -27,12 +27,15 @@ p_j = exp(l_j) / (exp(s_h) + sum_i exp(l_i)), so a head can put weight on "nothi
 whatever keys it sees. SDPA has no such term, so these layers run the attention as explicit math
 (sink_attention; materialises [T, S] scores, as SDPA's math path would). Init: zeros, a sink of
 weight exp(0) = 1 against the keys', drawing no random numbers (gpt-oss's init draws N(0, 0.02)).
+Latent attention takes the same sinks (mla.py, and so dsa.py over the keys its indexer picks).
 
 Gated attention output (cfg.attn_gate; Qwen3-Next / Qwen3.5, Qiu et al. 2025 "Gated Attention for
 Large Language Models"): the Q projection also emits a gate per output element, and the output is
 out(attn * sigmoid(gate)), a data-dependent, head-specific elementwise gate after the softmax.
 The Q rows of qkv are laid out as Qwen3-Next's q_proj, per head [query_h | gate_h] (2 hd rows
 each), so its weights are a straight copy.
+Latent attention's queries come from a compressed latent, so its gate has a projection of its own
+from the layer input (mla.py).
 """
 
 from __future__ import annotations
@@ -108,23 +111,26 @@ class CausalSelfAttention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=gqa)
 
 
-def sink_attention(q, k, v, sinks, mask) -> torch.Tensor:
-    """Softmax attention with a sink (gpt-oss's eager_attention_forward): q [B, H, T, hd], k and v
-    [B, G, S, hd], sinks [H] (one logit per query head), mask a bool [T, S] (True = may attend).
+def sink_attention(q, k, v, sinks, mask, scale: float | None = None) -> torch.Tensor:
+    """Softmax attention with a sink (gpt-oss's eager_attention_forward): q [B, H, T, hd], k [B, G, S, hd],
+    v [B, G, S, hv] (hv: hd, or MLA's v_head_dim), sinks [H] (one logit per query head), mask a bool
+    [T, S] or [B, 1, T, S] (True = may attend; DSA's per-query top-k is the latter) -> [B, H, T, hv].
 
-    Scores are scaled by 1/sqrt(hd) as SDPA's; the sink's logit joins each row's softmax as one more
-    column and is dropped after it, so it takes its share of the weight and contributes no value.
-    Query head h reads K/V head h // (H/G), SDPA's and repeat_kv's grouping, without repeating K/V.
+    Scores are scaled by `scale`, default 1/sqrt(hd) as SDPA's; the sink's logit joins each row's softmax
+    as one more column and is dropped after it, so it takes its share of the weight and contributes no
+    value. Query head h reads K/V head h // (H/G), SDPA's and repeat_kv's grouping, without repeating K/V.
     """
     B, H, T, hd = q.shape
-    G, S = k.shape[1], k.shape[2]
+    G, S, hv = k.shape[1], k.shape[2], v.shape[-1]
     q = q.view(B, G, H // G, T, hd)  # [B, G, r, T, hd]: the r = H/G query heads of each K/V head
-    scores = q @ k.unsqueeze(2).transpose(-1, -2) * hd**-0.5  # [B, G, r, T, S]
+    scores = q @ k.unsqueeze(2).transpose(-1, -2) * (hd**-0.5 if scale is None else scale)  # [B, G, r, T, S]
+    if mask.dim() == 4:  # [B, 1, T, S] -> [B, 1, 1, T, S]: the same keys for every head
+        mask = mask.unsqueeze(2)
     scores = scores.masked_fill(~mask, float("-inf"))
     sink = sinks.view(G, H // G, 1, 1).expand(B, G, H // G, T, 1)  # [B, G, r, T, 1]
     # cat promotes: under bf16 autocast the softmax runs in the sink's fp32
     probs = torch.cat((scores, sink), dim=-1).softmax(dim=-1)[..., :S]  # [B, G, r, T, S]: the sink's column dropped
-    return (probs.to(v.dtype) @ v.unsqueeze(2)).view(B, H, T, hd)  # [B, G, r, T, hd] -> [B, H, T, hd]
+    return (probs.to(v.dtype) @ v.unsqueeze(2)).view(B, H, T, hv)  # [B, G, r, T, hv] -> [B, H, T, hv]
 
 
 def attention_mask(past: int, T: int, S: int, window: int, device) -> torch.Tensor | None:

@@ -36,6 +36,10 @@ evaluation never does. The selection is the same either way (the same scores, th
 sort), so a training forward reads the keys a plain forward or cached decode reads. Not modelled:
 DeepSeek's dense warm-up stage (the indexer trained alone, over all keys, the main model frozen).
 
+Sinks and the output gate (cfg.attn_sinks, cfg.attn_gate) are MLA's (mla.py): the sink joins each
+query's softmax over the keys it reads, and with sinks A above is that softmax, the sink's column
+dropped (rows summing to under 1), so p_t weighs a head by the share it gives keys (dsa_loss).
+
 Decode state: MLA's latent and rope key plus the indexer's key per position (DsaKV), r + p + D
 values per token per layer (ModelConfig.state_bytes).
 
@@ -127,15 +131,22 @@ def top_k_keys(index: torch.Tensor, causal: torch.Tensor, k: int) -> torch.Tenso
     return chosen & causal  # fewer than k earlier keys: the -inf picks are dropped here
 
 
-def dsa_loss(q, k, read, index, scale: float) -> torch.Tensor:
+def dsa_loss(q, k, read, index, scale: float, sinks=None) -> torch.Tensor:
     """The indexer's loss of one layer (see the module docstring): mean over queries of KL(p_t || q_t).
     q [B, H, T, n + p], k [B, H, S, n + p]: the main attention's queries and keys; read: bool [B, 1, T, S],
-    the keys it reads; index [B, T, S]: the indexer's scores; scale: the attention's softmax scale.
+    the keys it reads; index [B, T, S]: the indexer's scores; scale: the attention's softmax scale;
+    sinks: None, or the attention's sink logits [H] (cfg.attn_sinks): A is then the attention's own
+    probabilities, the sink's column dropped, so a head resting on its sink weighs less in p_t.
     Only `index` carries gradient. In at least fp32 (bf16 autocast inputs are upcast)."""
     dtype = torch.promote_types(index.dtype, torch.float32)
     with torch.no_grad():  # the target: the attention's probabilities over the keys read, head-summed
         logits = (q.to(dtype) @ k.to(dtype).transpose(-1, -2)) * scale  # [B, H, T, S]
-        p = logits.masked_fill(~read, float("-inf")).softmax(dim=-1).sum(dim=1)  # [B, T, S]
+        logits = logits.masked_fill(~read, float("-inf"))
+        if sinks is None:
+            p = logits.softmax(dim=-1).sum(dim=1)  # [B, T, S]
+        else:  # the sink joins each softmax as one more column, dropped after it (attention.sink_attention)
+            sink = sinks.to(dtype).view(1, -1, 1, 1).expand(*logits.shape[:3], 1)  # [B, H, T, 1]
+            p = torch.cat((logits, sink), dim=-1).softmax(dim=-1)[..., :-1].sum(dim=1)  # [B, T, S]
         p = p / p.sum(dim=-1, keepdim=True)
     read = read.squeeze(1)  # [B, T, S]; every query reads at least its own key
     log_q = index.to(dtype).masked_fill(~read, float("-inf")).log_softmax(dim=-1).masked_fill(~read, 0.0)
@@ -170,5 +181,6 @@ class SparseLatentAttention(LatentAttention):
         else:  # the indexer's input detached: its loss trains it alone, and nothing else
             index, causal = self.indexer.scores(x.detach(), q_latent.detach(), pos, end, self.rope, state, past)
             mask = top_k_keys(index.detach(), causal, self.indexer.top_k).unsqueeze(1)
-            terms.append(dsa_loss(q.detach(), k.detach(), mask, index, self.scale))
-        return self.attend(q, k, v, mask)  # [B, T, d]
+            sinks = None if self.sinks is None else self.sinks.detach()
+            terms.append(dsa_loss(q.detach(), k.detach(), mask, index, self.scale, sinks))
+        return self.attend(q, k, v, mask, x)  # [B, T, d]; sinks and gate as MLA's (mla.py)

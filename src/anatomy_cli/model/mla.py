@@ -34,6 +34,19 @@ Mapping onto Hugging Face's DeepseekV3Attention (transformers 5.x), pinned by te
     rope_interleave=False. HF's default rope_interleave=True pairs (2i, 2i+1) instead; the same
     model maps onto it by permuting the rope rows of q_up (per head) and of kv_down: HF row 2i =
     our row i, HF row 2i+1 = our row i + p/2 (tests/test_mla.py maps it both ways).
+
+Two parts of softmax attention (attention.py) also fit here; neither is in a published MLA model, and
+both are off unless set (then the HF mapping above covers every other weight):
+  - Sinks (cfg.attn_sinks, gpt-oss's): one learned logit per query head joins each query's softmax
+    over its keys and takes no value, exactly attention.py's sink_attention at MLA's scale
+    (n + p)^-1/2; zeros at init (no random draws). DSA (dsa.py) puts it into the softmax over the keys
+    its indexer picks. The decode cache is unchanged (the sink is a weight, not a position).
+  - The output gate (cfg.attn_gate, Qiu et al. 2025's sigmoid(X W_gate) of the layer input, per head
+    and dim, on the attention output before `out`). Qwen3-Next's q_proj emits it beside the query,
+    but MLA's queries come from the compressed latent (q_down, q_norm, q_up), so the gate here is a
+    projection of its own from x: gate = Linear(d, H v), rows head-major (head h's v dims), and
+    y = out(attn * sigmoid(gate(x))). This is the natural MLA form of the paper's gate (its input is
+    the layer input X), not any published model's; d H v parameters (ModelConfig.mixer_params).
 """
 
 from __future__ import annotations
@@ -42,7 +55,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from anatomy_cli.model.attention import attention_mask
+from anatomy_cli.model.attention import attention_mask, sink_attention, visible
 from anatomy_cli.model.kv_cache import tensor_bytes
 from anatomy_cli.model.norms import RMSNorm
 from anatomy_cli.model.positions import RoPE
@@ -90,6 +103,11 @@ class LatentAttention(nn.Module):
         self.kv_norm = RMSNorm(self.kv_rank, LATENT_EPS)
         self.kv_up = nn.Linear(self.kv_rank, cfg.n_head * (self.nope + self.v_dim), bias=False)
         self.out = nn.Linear(cfg.n_head * self.v_dim, cfg.d_model, bias=False)
+        # the output gate from the layer input (see the module docstring); a matrix, so LM.reset_parameters
+        # draws it N(0, 0.02) as the projections (it is not a residual output: no 1/sqrt(2L))
+        self.gate = nn.Linear(cfg.d_model, cfg.n_head * self.v_dim, bias=False) if cfg.attn_gate else None
+        # a sink logit per query head; zeros: no random draws, and a model with sinks off has no such key
+        self.sinks = nn.Parameter(torch.zeros(cfg.n_head)) if cfg.attn_sinks else None
         self.scale = qk_dim**-0.5
         # its own rotation over the p rope dims (the block's `rotate` turns head_dim-wide heads);
         # learned positions and NoPE leave the decoupled parts unrotated
@@ -104,7 +122,7 @@ class LatentAttention(nn.Module):
         unused (see self.rope)."""
         q, k, v, _, past = self.project(x, pos, end, cache, layer)
         mask = attention_mask(past, q.shape[2], k.shape[2], 0, x.device)  # always global (a window leaves mla be)
-        return self.attend(q, k, v, mask)
+        return self.attend(q, k, v, mask, x)
 
     def project(self, x, pos, end, cache=None, layer: int = 0):
         """Q [B, H, T, n + p], K [B, H, S, n + p] and V [B, H, S, v] of x (S = past + T: the cached
@@ -132,10 +150,20 @@ class LatentAttention(nn.Module):
         q = torch.cat((q_nope, q_rope), dim=-1)  # [B, H, T, n + p]
         return q, k, v, q_latent, past
 
-    def attend(self, q, k, v, mask):
-        """softmax(Q K^T * scale + mask) V, heads merged, through `out`: [B, T, d]. mask: None (square,
-        causal), or a bool [T, S] or [B, 1, T, S] (True = may attend)."""
+    def attend(self, q, k, v, mask, x):
+        """softmax(Q K^T * scale + mask) V (with the sinks in the softmax's denominator when on), heads
+        merged, gated by sigmoid(gate(x)) when on, through `out`: [B, T, d]. mask: None (square, causal, or
+        a single query seeing every key), or a bool [T, S] or [B, 1, T, S] (True = may attend); x: the
+        layer input [B, T, d] (the gate's)."""
         B, H, T, S = *q.shape[:3], k.shape[2]
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and S == T and T > 1,
-                                           scale=self.scale)  # [B, H, T, v]
-        return self.out(y.transpose(1, 2).reshape(B, T, H * self.v_dim))
+        if self.sinks is not None:  # SDPA has no sink term: the softmax as explicit math
+            if mask is None:  # the last T of S positions, causal (S == T, or one query seeing all)
+                mask = visible(S - T, T, S, 0, q.device)
+            y = sink_attention(q, k, v, self.sinks, mask, self.scale)  # [B, H, T, v]
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and S == T and T > 1,
+                                               scale=self.scale)  # [B, H, T, v]
+        y = y.transpose(1, 2)  # [B, T, H, v]
+        if self.gate is not None:  # Qiu et al. 2025: per head and dim, before the output projection
+            y = y * torch.sigmoid(self.gate(x)).view(B, T, H, self.v_dim)
+        return self.out(y.reshape(B, T, H * self.v_dim))

@@ -183,8 +183,9 @@ BUILTINS: tuple[Component, ...] = (
               "takes no value (init 0)", "gpt-oss (OpenAI 2025); after StreamingLLM's sink tokens (Xiao et al. 2024)",
               on={"model.attn_sinks": True}, off={"model.attn_sinks": False}, llama="off",
               parts=("softmax attention", "attention sinks")),
-    Component("gattn", "gated attention output: Q's projection also emits a gate per head and dim, "
-              "out = o_proj(attn * sigmoid(gate))", "Qiu et al. 2025 (NeurIPS); Qwen3-Next, Qwen3.5",
+    Component("gattn", "gated attention output: Q's projection also emits a gate per head and dim (under mla, "
+              "a gate projection of its own from the layer input), out = o_proj(attn * sigmoid(gate))",
+              "Qiu et al. 2025 (NeurIPS); Qwen3-Next, Qwen3.5",
               on={"model.attn_gate": True}, off={"model.attn_gate": False}, llama="off",
               parts=("ungated attention output", "gated attention output")),
     # pos_type too, so the 2017 end (learned positions) can turn it on; a design cannot hold it with rope

@@ -208,7 +208,8 @@ class ModelConfig(_Frozen):
     qk_rope_head_dim: int | None = new(None, gt=0, le=MAX_SIZE)
     qk_nope_head_dim: int | None = new(None, gt=0, le=MAX_SIZE)
     v_head_dim: int | None = new(None, gt=0, le=MAX_SIZE)
-    # Parts of softmax attention from 2025 (model/attention.py), each off by default. attn_sinks: a
+    # Parts of softmax attention from 2025 (model/attention.py), each off by default; the first two also
+    # apply to latent attention (model/mla.py, its gate a projection of its own from x). attn_sinks: a
     # learned logit per query head joins every softmax's denominator and adds no value (gpt-oss).
     # attn_gate: q_proj also emits a per-head gate, out = o_proj(attn * sigmoid(gate)) (Qwen3-Next).
     # rope_fraction: the share of each head's dims RoPE rotates, the first ones (Qwen3-Next's
@@ -267,11 +268,10 @@ class ModelConfig(_Frozen):
         return self
 
     def _check_attention_parts(self) -> None:
-        if self.attn_type == "mla":
-            on = [f for f in ("attn_sinks", "attn_gate") if getattr(self, f)]
-            if on or self.rope_fraction != 1.0:
-                raise ValueError(f"{(on or ['rope_fraction'])[0]} is a setting of softmax attention: it does not "
-                                 f"combine with attn_type='mla' (which rotates qk_rope_head_dim of each head)")
+        # sinks and the output gate combine with mla (model/mla.py); partial rotary does not
+        if self.attn_type == "mla" and self.rope_fraction != 1.0:
+            raise ValueError("rope_fraction is a setting of softmax attention: it does not combine with "
+                             "attn_type='mla' (which rotates qk_rope_head_dim of each head)")
         if self.rope_fraction == 1.0:
             return
         if self.pos_type != "rope":
@@ -457,7 +457,9 @@ class ModelConfig(_Frozen):
             q = d * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * H * (m.qk_nope_head_dim + m.qk_rope_head_dim)
             kv = d * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
             kv += m.kv_lora_rank * H * (m.qk_nope_head_dim + m.v_head_dim)
-            return q + kv + H * m.v_head_dim * d
+            gate = d * H * m.v_head_dim if self.attn_gate else 0  # its own projection from x (mla.py)
+            sinks = H if self.attn_sinks else 0  # one logit per query head
+            return q + kv + H * m.v_head_dim * d + gate + sinks
         if kind == "dsa":  # mla's, plus the indexer: wq (r_q -> Hi D), wk (d -> D), its LayerNorm, w (d -> Hi)
             r_q, (_, Hi, D) = self.mla_dims.q_lora_rank, self.dsa_dims
             return self.mixer_params("mla") + r_q * Hi * D + self.d_model * D + 2 * D + self.d_model * Hi
