@@ -123,6 +123,11 @@ def test_report_and_json(tmp_path, trained, trained_2017):
     data = json.loads(result.output)
     assert {r["label"] for r in data["runs"]} == {"llama", "2017"}
     assert (root / "report" / "report.html").is_file()
+    # stdout is report.json's document, byte for byte: verdict included (issue 28 found it missing)
+    assert result.output == (root / "report" / "report.json").read_text() and "verdict" in data
+    md_only = invoke("report", root, "--json", "--format", "md", "--out", tmp_path / "md")
+    assert md_only.exit_code == 0 and json.loads(md_only.output) | {"root": data["root"]} == data
+    assert not (tmp_path / "md" / "report.json").exists()  # printed, not written: --format said md
 
 
 def test_export_llama_run(tmp_path, trained):

@@ -12,9 +12,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import special
+from scipy import stats as sps
 
 from anatomy_cli.report import effects as effects_mod
-from anatomy_cli.report import figures, frames, verdict, write
+from anatomy_cli.report import figures, frames, stats, verdict, write
 from anatomy_cli.spec.components import FIVE as FLIPS
 from anatomy_cli.store.runs import RunError
 
@@ -163,11 +165,13 @@ def test_add_one_mean_and_ci_by_hand(tmp_path):
     sd = np.std([0.1, -0.1, 0.1], ddof=1)
     assert swiglu["gain"] == pytest.approx(-0.1 / 3)
     assert swiglu["raw_high"] - swiglu["raw_low"] == pytest.approx(2 * T2 * sd / math.sqrt(3))
-    assert swiglu["call"] == "within noise"
+    assert swiglu["call"] == "undecided"
     t_adj = 0.975 * math.sqrt(2 / (1 - 0.975**2))  # df 2 closed form at 1 - 0.05/2 (Bonferroni over 2 effects)
     assert rope["adj_high"] - rope["adj_low"] == pytest.approx(2 * t_adj * 0.05 / math.sqrt(3), rel=1e-9)
     assert rope["family"] == 2 and rope["adj_level"] == pytest.approx(0.975)
-    assert rope["threshold"] == pytest.approx(0.1) and rope["threshold_basis"] == "noise floor"  # sd of 2.0, 2.1, 2.2
+    # two effects: nothing to moderate with (squeeze needs three), so each interval is its own t's
+    assert rope["threshold"] == stats.DEFAULT_MARGIN and rope["threshold_basis"] == "default"  # fixed before the data
+    assert rope["noise"] == pytest.approx(0.1)  # sd of 2.0, 2.1, 2.2: shown beside the margin, never used as it
     assert rope["call"] == "helps"
     assert set(effects["direction"]) == {"add-one"}  # no LLaMA end: no remove-one rows
 
@@ -216,7 +220,8 @@ def test_speed_effect_is_percent(tmp_path):
     assert row["metric"] == "tokens_per_s" and row["unit"] == "%"
     assert row["gain"] == pytest.approx(20.0)  # +10% and +30% faster with gqa
     llama = effects_mod.component_effects(frames.load_runs(tmp_path)[0], "tokens_per_s")
-    assert llama["threshold"].iloc[0] == pytest.approx(0.0)  # the 2017 end ran at 1000 tokens/s both times
+    assert llama["threshold"].iloc[0] == stats.SPEED_MARGIN  # a fixed margin in percent
+    assert llama["noise"].iloc[0] == pytest.approx(0.0)  # the 2017 end ran at 1000 tokens/s both times
 
 
 def test_unknown_metric_raises(tmp_path):
@@ -363,11 +368,17 @@ def test_p_values_and_quantiles_match_closed_forms():
         assert stats.paired(d)["p_value"] == pytest.approx(want, rel=1e-9)
     # simultaneous quantiles past any 95% table: df 2 has t_q = sqrt(2 / (1 - (2q - 1)^2) - 2) ... checked
     # through the closed-form CDF: P(|T| < t) = t / sqrt(2 + t^2) must equal 1 - alpha / m
-    rows = stats.judge([stats.paired([0.5, 0.1, 0.2])] * 10, threshold=0.0)
+    rows = stats.judge([stats.paired([0.5, 0.1, 0.2])] * 10, threshold=0.0, moderate=False)  # each effect alone
     half = rows[0]["adj_high"] - rows[0]["gain"]
     t = half / (np.std([0.5, 0.1, 0.2], ddof=1) / math.sqrt(3))
     assert t / math.sqrt(2 + t * t) == pytest.approx(1 - 0.05 / 10, rel=1e-9)
     assert rows[0]["family"] == 10 and rows[0]["adj_level"] == pytest.approx(0.995)
+    # moderated: ten equal variances are one pooled variance on the family's 20 degrees of freedom
+    pooled = stats.judge([stats.paired([0.5, 0.1, 0.2])] * 10, threshold=0.0)[0]
+    assert pooled["df"] == 20 and pooled["prior_df"] == math.inf
+    # the prior variance from logs: E log s^2 = log s0^2 + digamma(1) - log(1) on 2 df, so s0^2 = s^2 e^-digamma(1)
+    se = math.sqrt(np.var([0.5, 0.1, 0.2], ddof=1) * math.exp(-special.digamma(1.0)) / 3)
+    assert pooled["adj_high"] - pooled["gain"] == pytest.approx(sps.t.ppf(1 - 0.05 / 20, 20) * se, rel=1e-9)
     big = stats.paired(np.linspace(-1, 1, 61) + 0.1)  # df 60: the 95% quantile is 2.0003, not the normal 1.96
     assert (big["raw_high"] - big["gain"]) / (big["sd"] / math.sqrt(61)) == pytest.approx(2.000298, rel=1e-5)
 
@@ -386,12 +397,12 @@ def test_every_call_from_constructed_effects():
     rows = constructed({"big": [0.50, 0.45, 0.55],          # far beyond the threshold: helps
                         "bad": [-0.30, -0.32, -0.31],       # hurts
                         "tiny": [0.003, 0.002, 0.004],      # excludes 0 but inside +-0.05: negligible
-                        "noisy": [0.4, -0.3, 0.1],          # straddles 0, wide: within noise
+                        "noisy": [0.4, -0.3, 0.1],          # straddles 0, wide: undecided
                         "small": [0.06, 0.02, 0.04],        # excludes 0? no (3 pairs, m 6): undecided
                         "two": [0.5, 0.5001]}, 0.05)        # two seeds: no call
     calls = {k: r["call"] for k, r in rows.items()}
-    assert calls == {"big": "helps", "bad": "hurts", "tiny": "negligible", "noisy": "within noise",
-                     "small": "within noise", "two": "too few seeds"}
+    assert calls == {"big": "helps", "bad": "hurts", "tiny": "negligible", "noisy": "undecided",
+                     "small": "undecided", "two": "too few seeds"}
     for r in rows.values():  # the interval shown agrees with the call: no "helps" that crosses 0
         if r["call"] in ("helps", "hurts"):
             assert (r["adj_low"] > 0) == (r["call"] == "helps") and (r["adj_high"] < 0) == (r["call"] == "hurts")
@@ -402,8 +413,11 @@ def test_every_call_from_constructed_effects():
             assert r["adj_low"] < r["raw_low"] and r["adj_high"] > r["raw_high"]
     # the issue's case: +0.003 [+0.002, +0.004] called "helps" inside a 0.009 noise band; now negligible
     assert constructed({"wd": [0.003, 0.002, 0.004], "lr": [0.47, 0.45, 0.50]}, 0.009)["wd"]["call"] == "negligible"
-    # the practical part alone decides between helps and within noise
-    assert stats.call(3, 0.04, 0.01, 0.07, 0.05) == "within noise" and stats.call(3, 0.06, 0.01, 0.11, 0.05) == "helps"
+    # the practical part alone decides between helps and below margin (detected, inside the margin): before
+    # issue 28 both of these were "within noise", which a reader takes for "no effect"
+    assert stats.call(3, 0.04, 0.01, 0.07, 0.05) == "below margin" and stats.call(3, 0.06, 0.01, 0.11, 0.05) == "helps"
+    assert stats.call(3, -0.04, -0.07, -0.01, 0.05) == "below margin"
+    assert stats.call(3, 0.04, -0.01, 0.09, 0.05) == "undecided"
     assert stats.call(3, -0.06, -0.11, -0.01, 0.05) == "hurts"
     assert stats.call(0, math.nan, math.nan, math.nan, 0.05) == "no completed pairs"
     unknown = constructed({"a": [0.01, 0.011, 0.012]}, math.nan)["a"]  # no noise floor: the interval alone decides
@@ -434,10 +448,21 @@ def test_effects_are_holm_corrected_by_hand(tmp_path):
     holm["gqa"] = min(1.0, max(holm["swiglu"], p["gqa"]))
     for name, p_hand in p.items():
         row = effect(effects, name, "add-one")
-        assert row["p_value"] == pytest.approx(p_hand, rel=1e-6)
-        assert row["p_holm"] == pytest.approx(holm[name], rel=1e-6)
+        alone = stats.judge([stats.paired(d) for d in (rope, swiglu, gqa)], math.nan, moderate=False)
+        assert alone[list(p).index(name)]["p_value"] == pytest.approx(p_hand, rel=1e-6)  # each effect's own t
+        assert alone[list(p).index(name)]["p_holm"] == pytest.approx(holm[name], rel=1e-6)
+        # the report's rule: the t of each effect's moderated variance (stats.squeeze), then Holm over the three
+        post, df, _, _ = stats.squeeze([np.var(d, ddof=1) for d in (rope, swiglu, gqa)], [2, 2, 2])
+        i = list(p).index(name)
+        want = 2 * sps.t.sf(abs(np.mean(d := (rope, swiglu, gqa)[i])) / math.sqrt(post[i] / 3), df[i])
+        assert row["p_value"] == pytest.approx(want, rel=1e-9) and row["df"] == pytest.approx(df[i])
+    assert effects["p_holm"].tolist() == pytest.approx(stats.holm(effects["p_value"]).tolist())
     sw = effect(effects, "swiglu", "add-one")
-    assert sw["raw_low"] > 0 and sw["adj_low"] < 0 and sw["call"] == "within noise"  # raw excludes 0, adjusted not
+    plain = stats.judge([stats.paired(d) for d in (rope, swiglu, gqa)], sw["threshold"], moderate=False)[1]
+    assert sw["raw_low"] > 0 and plain["adj_low"] < 0 and plain["call"] == "undecided"  # each effect alone: no call
+    # borrowing the family's strength narrows swiglu's interval past 0: the power issue 28 asks for
+    assert sw["adj_low"] > 0 and sw["call"] == "helps"
+    assert sw["adj_high"] - sw["adj_low"] < plain["adj_high"] - plain["adj_low"]
 
 
 def five_sweep_json(root, **invocation):
@@ -492,8 +517,8 @@ def test_verdict_three_seeds(tmp_path):
     q = 1 - 0.05 / 2  # simultaneous over the 2 effects; df 2: P(|T| < t) = t / sqrt(2 + t^2) = q
     half = q * math.sqrt(2 / (1 - q * q)) * 0.05 / math.sqrt(3)
     assert v.loc[0, "gain"] == pytest.approx(0.25)
-    assert (v.loc[0, "adj_low"], v.loc[0, "adj_high"]) == pytest.approx((0.25 - half, 0.25 + half))
-    assert v.loc[0, "call"] == "helps" and v.loc[1, "call"] == "within noise"
+    assert (v.loc[0, "adj_low"], v.loc[0, "adj_high"]) == pytest.approx((0.25 - half, 0.25 + half))  # two: no squeeze
+    assert v.loc[0, "call"] == "helps" and v.loc[1, "call"] == "undecided"
     assert v.loc[1, "gain"] == pytest.approx(-0.1 / 3)
     assert verdict.noise_floor(runs)["reference"] == pytest.approx((0.1, 3, 2.1))  # sd of 2.0, 2.1, 2.2
 
@@ -502,7 +527,8 @@ def test_verdict_three_seeds(tmp_path):
     assert f"[{0.25 - half:+.3f}, {0.25 + half:+.3f}]" in top and "one seed" not in top
     assert "2017 end sd 0.1000 over 3 seeds" in top
     assert "simultaneous 97.5% interval over seeds (Bonferroni over the 2 effects" in top
-    assert "±0.100 nats/char (the 2017 end's seed-to-seed sd of best val loss)" in top
+    assert "larger than the margin, 0.020 nats/char (the default, fixed before the data)" in top
+    assert "80 % of the time" in top  # the family's minimum detectable effect, said up front
     assert md.index("## Effects over training") < md.index("## Speed") < md.index("## Runs")
 
 
@@ -610,7 +636,7 @@ def test_a_killed_runs_running_summary_reads_as_interrupted(tmp_path):
 # --------------------------------------------------------------------------------- one rule, everywhere
 
 CALLED = {"rope": ((0.3, 0.31, 0.305), "helps"), "gqa": ((-0.2, -0.21, -0.205), "hurts"),
-          "rmsnorm": ((0.001, 0.0012, 0.0011), "negligible"), "swiglu": ((0.1, -0.1, 0.05), "within noise"),
+          "rmsnorm": ((0.001, 0.0012, 0.0011), "negligible"), "swiglu": ((0.1, -0.1, 0.05), "undecided"),
           "prenorm": ((0.4, 0.41), "too few seeds")}  # gains by seed; the 2017 end's sd is 0.01
 
 
@@ -629,7 +655,8 @@ def test_words_markers_json_and_csv_follow_one_rule(tmp_path):
     v = verdict.verdict_frame(effects[effects["metric"] == "best_val_loss"])
     want = {flip: call for flip, (_, call) in CALLED.items()}
     assert dict(zip(v["flip"], v["call"])) == want
-    assert v["threshold"].tolist() == pytest.approx([0.01] * 5) and (v["family"] == 5).all()
+    assert v["threshold"].tolist() == pytest.approx([0.02] * 5) and (v["family"] == 5).all()
+    assert v["noise"].tolist() == pytest.approx([0.01] * 5)  # the 2017 end's sd, beside the margin
 
     fig = figures.forest_figure(v)  # the markers, read back from the figure's artists
     marks = [line for line in fig.axes[0].get_lines() if (line.get_gid() or "").startswith("call:")]
@@ -640,7 +667,7 @@ def test_words_markers_json_and_csv_follow_one_rule(tmp_path):
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert set(want.values()) <= set(legend) and any("smaller effects do not matter" in t for t in legend)
     band = [p for p in fig.axes[0].patches]  # the +-threshold band
-    assert len(band) == 1 and band[0].get_x() == pytest.approx(-0.01) and band[0].get_width() == pytest.approx(0.02)
+    assert len(band) == 1 and band[0].get_x() == pytest.approx(-0.02) and band[0].get_width() == pytest.approx(0.04)
 
     paths = write.write_report(tmp_path, frames=(runs, curves, effects))
     md = paths["report.md"].read_text()
@@ -655,7 +682,7 @@ def test_words_markers_json_and_csv_follow_one_rule(tmp_path):
         loss = {r["flip"]: r for r in rows if r["metric"] == "best_val_loss"}
         assert {f: r["call"] for f, r in loss.items()} == want
         for f, r in loss.items():
-            assert r["threshold"] == pytest.approx(0.01) and r["threshold_basis"] == "noise floor"
+            assert r["threshold"] == pytest.approx(0.02) and r["threshold_basis"] == "default"
             assert {"adj_low", "adj_high", "raw_low", "raw_high", "gain"} <= set(r)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 from pathlib import Path
 
 import pytest
@@ -73,9 +74,13 @@ def test_results_file_renders_every_kind_and_drift_fails(tmp_path):
     rope = next(e for e in doc["effects"] if e["flip"] == "rope" and e["metric"] == "best_val_loss")
     assert f"RoPE gains <!-- results toy gain rope add-one -->{rope['gain']:+.3f}<!-- /results --> nats" in text
     assert f"| rope | {rope['gain']:+.3f} [{rope['adj_low']:+.3f}, {rope['adj_high']:+.3f}] helps |" in text
-    assert "| 1 | prenorm | added to 2017 | +0.405 | [+0.087, +0.723] | too few seeds |" in text  # 2 seeds: no call
+    pre = next(e for e in doc["effects"] if e["flip"] == "prenorm" and e["metric"] == "best_val_loss")
+    assert (f"| 1 | prenorm | added to 2017 | +0.405 | [{pre['adj_low']:+.3f}, {pre['adj_high']:+.3f}] | too few "
+            f"seeds |") in text  # 2 seeds: no call
     assert "the 2017 end reaches 2.010, seed-to-seed sd 0.010" in text
-    assert "simultaneous 99% intervals (Bonferroni over the 5 effects)" in text
+    assert "simultaneous 99% intervals (Bonferroni over the 5 effects of the group" in text
+    mde = statistics.median(e["mde"] for e in doc["effects"] if e["metric"] == "best_val_loss" and e["mde"] is not None)
+    assert f"An effect of {mde:.3f} nats/char is called 80 % of the time" in text
     assert results.drifted(text, tmp_path / "doc") == [] and results.update(text, tmp_path / "doc") == text
 
     edited = text.replace(f"{rope['gain']:+.3f}<!-- /results --> nats", "+0.500<!-- /results --> nats")

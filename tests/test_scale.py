@@ -7,6 +7,7 @@ The synthetic study: the 2017 end and each of the five parts added to it, at thr
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -82,7 +83,7 @@ def test_each_call_comes_from_effects_built_to_have_it(tmp_path):
     gains = np.array(BUILT["rope"][0])  # [size][seed]
     slopes = [np.polyfit(x, gains[:, i], 1)[0] for i in range(3)]
     assert t.loc["rope", "slope"] == pytest.approx(np.mean(slopes))
-    assert t.loc["rope", "p_value"] == pytest.approx(stats.paired(slopes)["p_value"])
+    assert t.loc["rope", "slope_low"] == pytest.approx(stats.paired(slopes)["raw_low"])  # the raw interval: plain t
     assert t["p_holm"].tolist() == pytest.approx(stats.holm(t["p_value"]).tolist(), nan_ok=True)  # Holm over the five
     assert (t["n_seeds"] == 3).all() and (t["sizes"] == 3).all()
     # each size's effect is the verdict's: the same gain, interval and call
@@ -110,7 +111,7 @@ def test_a_noisy_trend_and_a_trend_too_small_to_matter_are_no_trend():
     # a mean that climbs 0 -> 0.2, but each seed's line goes its own way: no size helps, no trend
     got, t = call([[0.3, -0.3, 0.0], [-0.2, 0.4, 0.1], [0.6, -0.3, 0.3]])
     assert got == scale.NOISE_ALL and t.p_holm > 0.05
-    # a slope every seed agrees on, but 0.004 across the ladder is below the 0.01 that matters: holds
+    # a slope every seed agrees on, 0.004 across the ladder: inside the 0.01 margin, flat: holds
     got, t = call([[0.200, 0.201, 0.202], [0.202, 0.203, 0.204], [0.204, 0.205, 0.206]])
     assert got == scale.HOLDS and t.p_value < 0.05 and abs(t.change) < 0.01
     assert call([[0.1, 0.1], [0.2, 0.2], [0.3, 0.3]])[0] == stats.TOO_FEW  # two seeds: no call
@@ -119,21 +120,34 @@ def test_a_noisy_trend_and_a_trend_too_small_to_matter_are_no_trend():
 SURE, UNSURE, BELOW = (0.05, 0.2), (-0.01, 0.3), (-0.3, -0.05)  # a slope's simultaneous interval
 
 
+FLAT = (-0.002, 0.003)  # x 2 decades: every change it allows is inside the 0.01 margin
+
+
 @pytest.mark.parametrize("calls, slope, fit, want", [
-    ([stats.HELPS, stats.NOISE, stats.HURTS], UNSURE, (0.2, -0.2), scale.REVERSES),
+    ([stats.HELPS, stats.UNDECIDED, stats.HURTS], UNSURE, (0.2, -0.2), scale.REVERSES),
+    ([stats.HELPS, stats.UNDECIDED, stats.UNDECIDED], BELOW, (0.1, -0.1), scale.REVERSES),  # the line crosses 0
     ([stats.HELPS, stats.HELPS, stats.HELPS], SURE, (0.1, 0.3), scale.GROWS),
     ([stats.HURTS, stats.HURTS, stats.HURTS], BELOW, (-0.1, -0.3), scale.GROWS),  # hurts more: grows
-    ([stats.HELPS, stats.HELPS, stats.NOISE], BELOW, (0.3, 0.05), scale.SHRINKS),
-    ([stats.HELPS, stats.NOISE, stats.NEGLIGIBLE], UNSURE, (0.2, 0.1), scale.HOLDS),
-    ([stats.NOISE, stats.NEGLIGIBLE, stats.NOISE], UNSURE, (0.0, 0.01), scale.NOISE_ALL),
-    ([stats.NOISE, stats.NOISE, stats.NOISE], SURE, (0.0, 0.2), scale.GROWS),  # the trend decides
-    ([stats.HELPS, stats.HELPS, stats.HELPS], UNSURE, (0.1, 0.3), scale.HOLDS),  # the interval holds 0
-    ([stats.HELPS, stats.HELPS, stats.HELPS], SURE, (0.1, 0.105), scale.HOLDS),  # a change below 0.01
-    ([stats.HELPS, stats.HELPS, stats.HELPS], (float("nan"),) * 2, (0.1, 0.3), scale.HOLDS),  # no interval
+    ([stats.HELPS, stats.HELPS, stats.UNDECIDED], BELOW, (0.3, 0.05), scale.SHRINKS),
+    ([stats.HELPS, stats.UNDECIDED, stats.NEGLIGIBLE], UNSURE, (0.2, 0.1), scale.NO_TREND),
+    ([stats.UNDECIDED, stats.NEGLIGIBLE, stats.UNDECIDED], UNSURE, (0.0, 0.01), scale.NOISE_ALL),
+    ([stats.UNDECIDED, stats.UNDECIDED, stats.UNDECIDED], SURE, (0.0, 0.2), scale.GROWS),  # the trend decides
+    ([stats.HELPS, stats.HELPS, stats.HELPS], UNSURE, (0.1, 0.3), scale.NO_TREND),  # holds 0, but not flat
+    ([stats.HELPS, stats.HELPS, stats.HELPS], SURE, (0.1, 0.105), scale.NO_TREND),  # a change below 0.01, not flat
+    ([stats.HELPS, stats.HELPS, stats.HELPS], FLAT, (0.1, 0.101), scale.HOLDS),  # flat: the equivalence test
+    ([stats.HELPS, stats.HELPS, stats.HELPS], (float("nan"),) * 2, (0.1, 0.3), scale.NO_TREND),  # no interval
 ])
 def test_the_rule_on_one_components_numbers(calls, slope, fit, want):
-    assert scale.scale_call(calls, 3, 3, slope, fit, 0.01) == want
-    assert scale.scale_call(calls, 3, 1, slope, fit, 0.01) == stats.TOO_FEW  # one size: no trend to call
+    assert scale.scale_call(calls, 3, 3, slope, fit, 0.01, 2.0) == want
+    assert scale.scale_call(calls, 3, 1, slope, fit, 0.01, 2.0) == stats.TOO_FEW  # one size: no trend to call
+
+
+def test_holds_needs_the_flat_trend_that_todays_rule_never_asked_for():
+    """Before issue 28 'holds' meant 'no trend detected': a trend whose interval allows a change of 8x the
+    margin across the ladder was called holds. Now it is 'no trend detected'; holds needs flatness."""
+    wide = (-0.05, 0.4)  # x 2 decades: anything from -0.1 to +0.8 across the ladder
+    assert scale.scale_call([stats.HELPS] * 3, 3, 3, wide, (0.1, 0.2), 0.01, 2.0) == scale.NO_TREND
+    assert scale.scale_call([stats.HELPS] * 3, 3, 3, FLAT, (0.1, 0.1), 0.01, 2.0) == scale.HOLDS
 
 
 def test_a_trend_is_called_from_the_simultaneous_interval_it_shows(tmp_path):
@@ -163,7 +177,7 @@ def test_a_trend_is_called_from_the_simultaneous_interval_it_shows(tmp_path):
     assert t.loc["borderline", "p_value"] == pytest.approx(0.039, abs=0.001)
     assert t.loc["borderline", "p_holm"] < 0.05 < 2 * t.loc["borderline", "p_value"]  # Holm yes, Bonferroni no
     assert t.loc["borderline", "slope_adj_low"] < 0 < t.loc["borderline", "slope_low"]
-    assert t.loc["borderline", "call"] == scale.HOLDS and t.loc["sure", "call"] == scale.GROWS
+    assert t.loc["borderline", "call"] == scale.NO_TREND and t.loc["sure", "call"] == scale.GROWS
 
 
 def test_flags_still_improving_and_overfit_per_size(tmp_path):
@@ -267,3 +281,40 @@ def test_groups_are_named_by_size_and_by_what_varies_within_a_size():
                                     "size M, train.lr=0.003"]
     assert scale.series_of("size M, train.lr=0.003", "M") == "train.lr=0.003"
     assert list(comp.group_names(keys).values())[0] == "d_model=16, train.lr=0.001"  # no sizes: the settings
+
+
+def test_a_sizes_calls_do_not_change_when_other_sizes_join(tmp_path):
+    """Issue 28: one family per question. Before, every effect of the folder was one Bonferroni family,
+    so a ladder turned m from 5 to 15 and moved the L size's intervals and calls on identical data."""
+    full = sized_study(tmp_path / "ladder")
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    for run in full.glob("L_*"):
+        shutil.copytree(run, alone / run.name)
+    (alone / "sweep.json").write_text(json.dumps({**json.loads((full / "sweep.json").read_text()),
+                                                  "sizes": [{"name": "L", "settings": {"model.n_layer": 4},
+                                                             "budget": "same-steps"}]}))
+    cols = ["flip", "direction", "gain", "adj_low", "adj_high", "call", "family", "mde"]
+
+    def size_l(root):
+        effects = effects_mod.report_frames(root)[2]
+        return effects[(effects["group"] == "size L") & (effects["metric"] == "best_val_loss")][cols].reset_index(
+            drop=True)
+
+    pd.testing.assert_frame_equal(size_l(full), size_l(alone))
+    assert (size_l(full)["family"] == len(BUILT)).all()
+
+
+def test_each_groups_noise_is_its_own_and_the_margin_is_fixed(tmp_path):
+    """Issue 28: the threshold of a multi-group study was the sd of whichever reference end sorted first
+    (the most seeds, then the settings' JSON), so one size's noise judged every size. Now the margin is
+    fixed before the data and each group shows its own end's sd beside it."""
+    root = sized_study(tmp_path, seeds=(1, 2, 3))
+    for seed, offset in ((4, 0.05), (5, -0.05)):  # S gets two more, noisier seeds: it sorts first by count
+        sized_run(root, f"S_2017-s{seed}", (), SIZES["S"], seed, 2.5 + offset)
+    effects = effects_mod.report_frames(root)[2]
+    loss = effects[effects["metric"] == "best_val_loss"]
+    assert (loss["threshold"] == stats.DEFAULT_MARGIN).all() and (loss["threshold_basis"] == stats.DEFAULT).all()
+    noise = loss.groupby("group")["noise"].first()
+    assert noise["size S"] == pytest.approx(np.std([2.5, 2.51, 2.49, 2.55, 2.45], ddof=1))
+    assert noise["size M"] == pytest.approx(0.01) and noise["size L"] == pytest.approx(0.01)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Annotated, Optional
@@ -35,13 +37,13 @@ from anatomy_cli.cli.render import (
     sweep_workers,
 )
 from anatomy_cli.spec import components
-from anatomy_cli.spec.config import MAX_SEEDS, ConfigError
+from anatomy_cli.spec.config import MAX_SEEDS, ConfigError, DecideSpec
 from anatomy_cli.store import runs
 from anatomy_cli.sweep.plan import DEFAULT_SPEC, check_data, load_plan, spec_table
 
 MinEffect = Annotated[Optional[float], typer.Option(
-    "--min-effect", min=0.0, help="The smallest gain in best val loss (nats/char) that matters for a call (default: "
-    "the noise floor, the reference end's seed-to-seed sd).")]
+    "--min-effect", min=0.0, help="The smallest gain in best val loss (nats/char) that matters for a call, fixed "
+    "before the data (default: the spec's min_effect, else 0.02).")]
 
 
 @app.command()
@@ -78,6 +80,18 @@ def ablate(
     stack: Annotated[str, typer.Option(
         help="auto | off | N: train a config's seeds as one batched model, N seeds per model (auto: where measured "
         "faster on this device; runs keep their own folders).")] = "auto",
+    decide: Annotated[bool, typer.Option(
+        "--decide", help="Train in rounds: after each, add --decide-step seeds only to the configs whose effects are "
+        "still undecided, until every effect is decided, --max-seeds or --budget is reached (alpha split over the "
+        "planned rounds). A spec with a [decide] table does this by default.")] = False,
+    max_seeds: Annotated[Optional[int], typer.Option(
+        min=2, max=MAX_SEEDS, help="With --decide: the most seeds a config gets \\[default: the spec's, else 10].",
+        show_default=False)] = None,
+    decide_step: Annotated[Optional[int], typer.Option(
+        min=1, max=MAX_SEEDS, help="With --decide: seeds added a round \\[default: the spec's, else 2].",
+        show_default=False)] = None,
+    budget: Annotated[Optional[str], typer.Option(
+        help="With --decide: stop before a round that would overrun this time (30m, 2h, 600 = seconds).")] = None,
 ):
     """Expand a spec into a grid of runs that flip components one at a time, run them, and report.
 
@@ -85,7 +99,8 @@ def ablate(
     holds at the plan's largest run, at most one per core); compiled graphs are cached once in
     RUNS_DIR/<spec>/.compile-cache for every run of the same shape.
     """
-    from anatomy_cli.sweep.plan import default_workers, execute
+    from anatomy_cli.report import decide as decide_mod
+    from anatomy_cli.sweep.plan import default_workers
 
     if steps is not None and steps <= 0:
         raise ConfigError(f"--steps must be > 0, got {steps}")
@@ -93,7 +108,20 @@ def ablate(
     parse_stack(stack)
     if json_out and not dry_run:
         raise ConfigError("--json prints the plan: use it with --dry-run")
+    if decide and time_pass:
+        raise ConfigError("--decide trains; --time times: run them one after the other")
+    budget_s = decide_mod.parse_budget(budget)
     s, plan = load_plan(spec, flip, seeds, steps, device=device, compile=compile or None, dtype=dtype)
+    decide = (decide or s.decide is not None) and not time_pass  # a spec's [decide] rounds; --time times
+    if not decide and (max_seeds is not None or budget is not None or decide_step is not None):
+        raise ConfigError("--max-seeds, --decide-step and --budget plan the rounds of --decide: add --decide")
+    if decide:
+        plan_of = s.decide or DecideSpec()
+        budget = budget if budget is not None else plan_of.budget
+        budget_s = decide_mod.parse_budget(budget)
+        max_seeds = max_seeds if max_seeds is not None else (plan_of.max_seeds if s.decide else None)
+        decide_step = decide_step if decide_step is not None else plan_of.step
+    looks = decide_looks(s, seeds, max_seeds, decide_step) if decide else None
     if device not in (None, "auto", "cpu") and executor == "local":  # here, not in each worker as train.device
         from anatomy_cli.training.devices import resolve_device
 
@@ -117,6 +145,16 @@ def ablate(
     estimate = plan_estimate(plan if dry_run else pending_runs(plan, sweep_dir), n_workers, vocab)
     if dry_run:
         console.print(plan_table(plan, sweep_dir, n_workers, vocab, estimate))
+        if looks:
+            console.print(f"--decide: looks at {', '.join(map(str, looks))} seeds, each at family-wise alpha "
+                          f"{decide_mod.alpha(looks):.4g}; this table is the first round", highlight=False)
+        if runs.find_runs(sweep_dir):  # earlier runs of the study: the power they give, and what more would cost
+            from anatomy_cli.report import effects as effects_mod
+            from anatomy_cli.report.verdict import power_lines
+
+            found = effects_mod.report_frames(sweep_dir, min_effect if min_effect is not None else s.min_effect)
+            for line in power_lines(sweep_dir, found[0], found[2]):
+                console.print(f"power: {line}", highlight=False, soft_wrap=True)
         if s.sizes:
             from anatomy_cli.cli.render import size_report
 
@@ -128,35 +166,117 @@ def ablate(
         from anatomy_cli.training.devices import share_compile_cache
 
         share_compile_cache(sweep_dir, n_workers)
-    live = console.is_terminal and err_console.is_terminal  # bars only where someone watches them
-    display = SweepDisplay(len(plan)) if live else LineDisplay(len(plan))
     on_interrupt(lambda: "rerun the same command to resume")  # a second signal, wherever it lands
     started = time.monotonic()
-    with StopFlag(graceful=executor == "local") as stop, display:
-        summaries = execute(plan, sweep_dir, n_workers, display, sweep_name=s.name, executor=executor,
-                            address=address, invocation={"spec": None if spec is None else str(spec), "flip": flip,
-                                                         "steps": steps}, stop=stop, stack=per_model)
-    if stop.requested:
-        statuses = [x.get("status") for x in summaries]
-        err_console.print(f"interrupted: {statuses.count(runs.COMPLETED)} of {len(plan)} runs completed; rerun "
-                          f"the same command to resume", highlight=False)
-        raise typer.Exit(EXIT_INTERRUPTED)
-    statuses = [x.get("status") for x in summaries]
+    min_effect = min_effect if min_effect is not None else s.min_effect
+    invocation = {"spec": None if spec is None else str(spec), "flip": flip, "steps": steps}
+    if min_effect is not None:  # the report of this folder reads it from sweep.json
+        invocation["min_effect"] = min_effect
+    train = functools.partial(_train, sweep_dir=sweep_dir, workers=n_workers, name=s.name, executor=executor,
+                              address=address, invocation=invocation, stack=per_model)
+    if looks:
+        statuses = _decide(s, plan, looks, train, sweep_dir, min_effect, budget_s, budget,
+                           lambda n: load_plan(spec, flip, n, steps, device=device, compile=compile or None,
+                                               dtype=dtype)[1])
+    else:
+        statuses = train(plan)
     lost = statuses.count(runs.INTERRUPTED)  # a worker killed under its run (resumable)
     err_console.print(f"{statuses.count(runs.COMPLETED)} completed, {statuses.count(runs.DIVERGED)} diverged, "
                       f"{statuses.count(runs.FAILED)} failed"
                       + (f", {lost} interrupted (rerun to resume)" if lost else "")
-                      + f" of {len(plan)} runs in {sweep_dir}; took {fmt_seconds(time.monotonic() - started)}",
+                      + f" of {len(statuses)} runs in {sweep_dir}; took {fmt_seconds(time.monotonic() - started)}",
                       highlight=False, soft_wrap=True)
     if not no_report:
-        others = len(runs.find_runs(sweep_dir)) - len({p.run_id for p in plan})
+        others = len(runs.find_runs(sweep_dir)) - len(statuses)
         if others > 0:  # the report reads the folder: say its verdict covers more than this plan
-            err_console.print(f"note: the report covers every run in {sweep_dir}: this plan's {len(plan)} and "
+            err_console.print(f"note: the report covers every run in {sweep_dir}: this plan's {len(statuses)} and "
                               f"{others} more from earlier plans (for this plan alone, give --runs-dir another "
                               f"folder)", highlight=False, soft_wrap=True)
         _write_report(sweep_dir, None, ("md", "html", "csv", "json"), min_effect=min_effect)
     if runs.FAILED in statuses or lost:
         raise typer.Exit(EXIT_FAILED)
+
+
+def _train(plan, sweep_dir: Path, workers: int, name: str, executor: str, address: str | None, invocation: dict,
+           stack: int) -> list[str | None]:
+    """Train a plan's pending runs (with bars on a terminal, lines elsewhere); the status of each run of
+    the plan. A stop signal saves the runs in flight and exits 130 (a rerun resumes)."""
+    from anatomy_cli.sweep.plan import execute
+
+    live = console.is_terminal and err_console.is_terminal  # bars only where someone watches them
+    display = SweepDisplay(len(plan)) if live else LineDisplay(len(plan))
+    with StopFlag(graceful=executor == "local") as stop, display:
+        summaries = execute(plan, sweep_dir, workers, display, sweep_name=name, executor=executor,
+                            address=address, invocation=invocation, stop=stop, stack=stack)
+    statuses = [x.get("status") for x in summaries]
+    if stop.requested:
+        err_console.print(f"interrupted: {statuses.count(runs.COMPLETED)} of {len(plan)} runs completed; rerun "
+                          f"the same command to resume", highlight=False)
+        raise typer.Exit(EXIT_INTERRUPTED)
+    return statuses
+
+
+def decide_looks(s, seeds: int | None, max_seeds: int | None, step: int) -> list[int]:
+    """The seed counts --decide looks at, from the study's first count (--seeds, else the spec's)."""
+    from anatomy_cli.report import decide as decide_mod
+
+    if seeds is None and not isinstance(s.seeds, int):
+        raise ConfigError("--decide adds seeds by count: give the spec's seeds as a count, or --seeds N")
+    first = seeds or s.seeds
+    return decide_mod.schedule(first, max_seeds if max_seeds is not None else max(decide_mod.MAX_SEEDS, first), step)
+
+
+def _decide(s, plan, looks: list[int], train, sweep_dir: Path, min_effect: float | None, budget_s: float | None,
+            budget: str | None, plan_at) -> list[str | None]:
+    """--decide: train the first round (`plan`), then at each planned look judge the effects on the
+    look's seeds (decide.first_seeds) at the looks' alpha and give the next round's seeds only to the
+    configs of open effects. decide.json records the plan and each round; the statuses of every run
+    trained or found, for the closing line."""
+    from anatomy_cli.report import decide as decide_mod
+    from anatomy_cli.report import effects as effects_mod
+    from anatomy_cli.report.frames import load_runs
+
+    record = decide_mod.read_record(sweep_dir)
+    if record is not None and record.looks != looks:
+        raise ConfigError(f"{sweep_dir} was decided with looks at {', '.join(map(str, record.looks))} seeds: rerun "
+                          f"with the same --seeds, --max-seeds and --decide-step, or use another --runs-dir (a new "
+                          f"plan after seeing the data would spend its alpha twice)")
+    alpha = decide_mod.alpha(looks)
+    record = decide_mod.DecideRecord(looks=looks, alpha=alpha)
+    started, statuses, todo = time.monotonic(), {}, plan
+    for k, n in enumerate(looks):
+        began = time.monotonic()
+        statuses |= dict(zip((p.run_id for p in todo), train(todo)))
+        decide_mod.write_record(sweep_dir, record)  # the plan, before the look: a report from here on knows alpha
+        full = plan if k == 0 else plan_at(n)  # every config at this look's n seeds
+        ids = {p.run_id: p.slug for p in full}
+        runs_k = load_runs(sweep_dir)[0]
+        runs_k = runs_k[runs_k["run_id"].isin(ids)]
+        effects = effects_mod.component_effects(runs_k, min_effect=min_effect, alpha=alpha)
+        still = decide_mod.open_effects(effects)
+        round_s = time.monotonic() - began
+        record = record.model_copy(update={"rounds": [*record.rounds, {
+            "seeds": n, "trained": len(todo), "seconds": round(round_s, 1),
+            "open": [f"{r.flip} {r.direction}" + (f" ({r.group})" if r.group else "") for r in still.itertuples()]}]})
+        if still.empty:
+            stopped = "every effect decided"
+        elif k == len(looks) - 1:
+            stopped = f"the seed cap ({n}) reached with {len(still)} effect{'s' * (len(still) > 1)} open"
+        else:
+            slugs = {ids[r] for r in decide_mod.open_runs(effects_mod.groups(runs_k[runs_k["role"] != ""]), effects)}
+            per_run = round_s / max(1, len(todo))  # this machine's pace, as measured in the round just run
+            todo = [p for p in plan_at(looks[k + 1]) if p.slug in slugs and p.run_id not in ids]
+            if budget_s is not None and time.monotonic() - started + per_run * len(todo) > budget_s:
+                stopped = f"the budget ({budget}) would be overrun by the next round"
+            else:
+                err_console.print(f"--decide: {len(still)} effect{'s' * (len(still) > 1)} open at {n} seeds; round "
+                                  f"{k + 2} trains {len(todo)} runs at {looks[k + 1]} seeds", highlight=False)
+                continue
+        break
+    record = record.model_copy(update={"stopped": stopped})
+    decide_mod.write_record(sweep_dir, record)
+    err_console.print(decide_mod.stop_text(record), highlight=False, soft_wrap=True)
+    return list(statuses.values())
 
 
 def _time(plan, sweep_dir: Path, workers: int, steps: int, rounds: int) -> None:
@@ -249,7 +369,6 @@ def report(
 ):
     """Turn run directories into comparison tables, component effects with CIs, and figures."""
     from anatomy_cli.report import effects as effects_mod
-    from anatomy_cli.report import frames as frames_mod
     from anatomy_cli.report import write
     from anatomy_cli.training import tensorboard as tb_events
 
@@ -270,11 +389,14 @@ def report(
         from anatomy_cli.report.results import write_results
 
         write_results(Path(results), runs_dir, frames)
-    if json_out:
+    if json_out:  # exactly report.json's document (the files are in the report folder)
         paths = write.write_report(runs_dir, out, formats, frames)
-        console.print_json(json.dumps({"runs": frames_mod.records(frame), "effects": frames_mod.records(effects),
-                                       "files": {k: str(v) for k, v in paths.items()},
-                                       **({"tensorboard": events} if events else {})}))
+        text = (paths["report.json"].read_text() if "report.json" in paths
+                else write.json_text(write.report_document(runs_dir, frames)))
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        if events is not None:  # not part of the document: said on stderr
+            err_console.print(f"tensorboard: event files written for {events['written']} runs", highlight=False)
         return
     console.print(frame_table(frame, ["run_id", "label", "seed", "status", "best_val_loss", "best_step",
                                       "overfit_gap", "tokens_per_s"], "runs"))

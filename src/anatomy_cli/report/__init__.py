@@ -1,8 +1,9 @@
 """Run folders -> frames -> effects -> the verdict -> report files and results blocks (no torch).
 
   frames     run directories -> a runs frame and a long curves frame
-  effects    paired gains per component, judged as one family (stats); report_frames
+  effects    paired gains per component, judged one family per question (stats); report_frames
   stats      the one rule every call follows, and the paired statistics it rests on
+  decide     ablate --decide: rounds of seeds where effects are open, alpha split over the looks
   verdict    the answer a report leads with: each component's worth, ranked
   speed      speed effects from a timing pass's record
   scale      effects across model sizes: trends

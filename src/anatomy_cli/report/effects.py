@@ -25,38 +25,36 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from anatomy_cli.report import decide as decide_mod
 from anatomy_cli.report import speed as speed_mod
 from anatomy_cli.report import stats
 from anatomy_cli.report import verdict as vd
 from anatomy_cli.report.frames import HIGHER_IS_BETTER, LOSS_METRIC, RELATIVE_METRICS, SPEED_METRIC, load_runs
 from anatomy_cli.spec import components as comp
 from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, REFERENCE, REMOVE_ONE, shown
-from anatomy_cli.store.runs import (
-    COMPLETED,
-)
+from anatomy_cli.store.runs import COMPLETED, read_design
 
 EFFECT_COLUMNS = ["metric", "flip", "direction", "against", "group", "n_pairs", "excluded", "unit", "gain",
-                  "adj_low", "adj_high", "threshold", "threshold_basis", "call", "raw_low", "raw_high", "sd",
-                  "p_value", "p_holm", "adj_level", "family", "note"]
+                  "adj_low", "adj_high", "threshold", "threshold_basis", "call", "mde", "noise", "raw_low",
+                  "raw_high", "sd", "se", "df", "prior_df", "p_value", "p_holm", "adj_level", "family", "note"]
 
 
 # ------------------------------------------------------------------------------- effects
 
 
 def component_effects(runs_df: pd.DataFrame, metric: str = "best_val_loss",
-                      min_effect: float | None = None) -> pd.DataFrame:
+                      min_effect: float | None = None, alpha: float = stats.ALPHA) -> pd.DataFrame:
     """Add-one and remove-one effect of each flip on `metric`, paired by seed, judged (EFFECT_COLUMNS).
 
     `gain` is what having the component is worth (positive = it helps; gain_of), in the metric's
-    units (unit 'abs') or, for RELATIVE_METRICS such as tokens_per_s, in percent (unit '%'). Every
-    effect of the metric is one family for stats.judge: adj_low/adj_high the simultaneous interval
-    the call is made from, raw_low/raw_high the uncorrected 95% one, p_holm Holm's p. The threshold
-    is `min_effect`, else the metric's noise floor (threshold). `excluded` counts pairs skipped
-    because a run did not complete (or lacks the metric).
+    units (unit 'abs') or, for RELATIVE_METRICS such as tokens_per_s, in percent (unit '%'). The
+    effects of one group are one family for stats.judge: adj_low/adj_high the simultaneous interval
+    the call is made from, raw_low/raw_high the uncorrected 95% one, p_holm Holm's p. The margin
+    (threshold) is `min_effect`, else the metric's default (margin); `noise` is the group's
+    reference-end seed sd, shown beside it. `excluded` counts pairs skipped because a run did not
+    complete (or lacks the metric). alpha: each family's (a --decide study splits it over its looks).
     """
-    rows = _effect_rows(runs_df, metric)
-    th = (min_effect, stats.GIVEN) if min_effect is not None else (threshold(runs_df, metric), stats.FLOOR)
-    return effects_frame(rows, {metric: th})
+    return effects_frame(_effect_rows(runs_df, metric), {metric: margin(metric, min_effect)}, alpha)
 
 
 def _effect_rows(runs_df: pd.DataFrame, metric: str) -> list[dict]:
@@ -65,7 +63,8 @@ def _effect_rows(runs_df: pd.DataFrame, metric: str) -> list[dict]:
     runs = runs_df[runs_df["role"] != ""]
     rows = []
     for group, members in groups(runs):
-        rows += _group_effects(members, group, metric)
+        noise = group_noise(members, metric)
+        rows += [r | {"noise": noise} for r in _group_effects(members, group, metric)]
     return rows
 
 
@@ -196,18 +195,15 @@ def seed_gains(runs_df: pd.DataFrame, metric: str = "best_val_loss") -> pd.DataF
     return pd.DataFrame(rows, columns=SEED_GAIN_COLUMNS)
 
 
-def effects_frame(rows: list[dict], thresholds: dict[str, tuple[float, str]]) -> pd.DataFrame:
-    """Rows -> EFFECT_COLUMNS: each metric's effects judged as one family (stats.judge) against its
-    (threshold, basis)."""
+def effects_frame(rows: list[dict], margins: dict[str, tuple[float, str]], alpha: float = stats.ALPHA) -> pd.DataFrame:
+    """Rows -> EFFECT_COLUMNS: the effects of each metric and group judged as one family (stats.judge:
+    one question each, at family-wise `alpha`) against the metric's (margin, basis)."""
     judged = []
-    for metric in dict.fromkeys(r["metric"] for r in rows):
-        value, basis = thresholds.get(metric, (math.nan, stats.FLOOR))
+    for metric, group in dict.fromkeys((r["metric"], r["group"]) for r in rows):
+        value, basis = margins.get(metric, margin(metric))
         judged += [r | {"threshold_basis": basis}
-                   for r in stats.judge([r for r in rows if r["metric"] == metric], value)]
-    for r in judged:
-        if r["call"] == stats.NOISE and (r["adj_low"] > 0 or r["adj_high"] < 0):
-            r["note"] = "; ".join(filter(None, ["the interval excludes 0, but the gain is within the threshold",
-                                                r["note"]]))
+                   for r in stats.judge([r for r in rows if r["metric"] == metric and r["group"] == group], value,
+                                        alpha)]
     df = pd.DataFrame(judged, columns=EFFECT_COLUMNS)
     order = {"flip": {f: i for i, f in enumerate(comp.BUILTIN_NAMES)}}  # built-ins in table order, then others
     df = df.sort_values(["metric", "direction", "flip", "group"], kind="stable",
@@ -216,11 +212,19 @@ def effects_frame(rows: list[dict], thresholds: dict[str, tuple[float, str]]) ->
     return df.reset_index(drop=True)
 
 
-def threshold(runs_df: pd.DataFrame, metric: str) -> float:
-    """The smallest effect that matters by default: the noise floor, the seed-to-seed sd of the
-    reference end's `metric` (the all-on end's where there is no reference end), in percent of its
-    mean for RELATIVE_METRICS; NaN with fewer than two seeds."""
-    floor = vd.noise_floor(runs_df, metric)
+def margin(metric: str, min_effect: float | None = None) -> tuple[float, str]:
+    """(the smallest effect that matters, where it came from): `min_effect` (nats/char, for the loss)
+    when given, else the metric's default, fixed before any data (stats.DEFAULT_MARGIN, SPEED_MARGIN)."""
+    if metric in RELATIVE_METRICS:
+        return stats.SPEED_MARGIN, stats.DEFAULT
+    return (min_effect, stats.GIVEN) if min_effect is not None else (stats.DEFAULT_MARGIN, stats.DEFAULT)
+
+
+def group_noise(members: pd.DataFrame, metric: str) -> float:
+    """The seed-to-seed sd of a group's reference end's `metric` (the all-on end's where it has no
+    reference end), in percent of its mean for RELATIVE_METRICS; NaN with fewer than two seeds. Shown
+    beside the margin, never used as it."""
+    floor = vd.noise_floor(members, metric)
     sd, _, mean = floor.get(REFERENCE) or floor.get(ALL_ON) or (math.nan, 0, math.nan)
     return 100.0 * sd / mean if metric in RELATIVE_METRICS else sd
 OVERLAP_NOTE = "from training runs that may have shared the CPU: not a fair timing"
@@ -230,20 +234,32 @@ def report_frames(root: Path, min_effect: float | None = None) -> tuple[pd.DataF
     """(runs, curves, effects) of every run under root; effects hold loss and speed, told apart by `metric`,
     each metric judged as one family (stats.py's rule).
 
-    Loss effects' threshold: `min_effect` (nats/char), else the noise floor. Speed effects come from
-    root/timing.json when a timing pass wrote one (`anatomy ablate --time`; threshold: the reference
-    end's round-to-round spread), else from the training runs' tokens/s, each row noted as not a fair
-    timing (threshold: the reference end's seed-to-seed spread).
+    Loss effects' margin: `min_effect` (nats/char), else the one the study's spec gave (sweep.json),
+    else stats.DEFAULT_MARGIN; a --decide study's families are judged at its looks' alpha (decide.py).
+    Speed effects come from root/timing.json when a timing pass wrote one
+    (`anatomy ablate --time`; noise: the reference end's round-to-round spread), else from the
+    training runs' tokens/s, each row noted as not a fair timing (noise: the reference end's
+    seed-to-seed spread); their margin is stats.SPEED_MARGIN.
     """
     runs, curves = load_runs(Path(root))
     record = speed_mod.read_timing(Path(root))
     if record is not None:
-        speed, speed_th = speed_mod.timing_effects(record), speed_mod.threshold(record)
+        spread = speed_mod.threshold(record)
+        speed = [r | {"noise": spread} for r in speed_mod.timing_effects(record)]
     else:
-        speed, speed_th = _effect_rows(runs, SPEED_METRIC), threshold(runs, SPEED_METRIC)
+        speed = _effect_rows(runs, SPEED_METRIC)
         for row in speed:
             row["note"] = "; ".join(filter(None, [OVERLAP_NOTE, row["note"]]))
-    loss_th = (min_effect, stats.GIVEN) if min_effect is not None else (threshold(runs, LOSS_METRIC), stats.FLOOR)
-    effects = effects_frame(_effect_rows(runs, LOSS_METRIC) + speed, {LOSS_METRIC: loss_th,
-                                                                        SPEED_METRIC: (speed_th, stats.FLOOR)})
+    if min_effect is None:
+        min_effect = recorded_min_effect(Path(root))
+    record = decide_mod.read_record(Path(root))  # a --decide study: each look's alpha (decide.py)
+    alpha = record.alpha if record is not None else stats.ALPHA
+    effects = effects_frame(_effect_rows(runs, LOSS_METRIC) + speed, {LOSS_METRIC: margin(LOSS_METRIC, min_effect)},
+                            alpha)
     return runs, curves, effects
+
+
+def recorded_min_effect(root: Path) -> float | None:
+    """The min_effect the study's spec (or `ablate --min-effect`) gave, as sweep.json recorded it."""
+    value = ((read_design(root) or {}).get("invocation") or {}).get("min_effect")
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None

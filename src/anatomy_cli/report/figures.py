@@ -37,7 +37,7 @@ from anatomy_cli.store.runs import atomic_write_bytes
 END_COLOUR = "#555555"  # the end a variant is compared with
 # One marker per call (stats.py): (marker, filled). Decided calls are filled.
 CALL_MARKERS = {stats.HELPS: (">", True), stats.HURTS: ("<", True), stats.NEGLIGIBLE: ("D", True),
-                stats.NOISE: ("o", False), stats.TOO_FEW: ("X", False)}
+                stats.SMALL: ("s", False), stats.UNDECIDED: ("o", False), stats.TOO_FEW: ("X", False)}
 # The report shows figures at most this wide (document.STYLE: body 1300 px less padding) at dpi 100,
 # so a figure no wider than WIDTH_IN is shown 1:1 and font sizes >= "small" (8.3 pt) are >= 10 px.
 DPI, WIDTH_IN = 100, 12.5
@@ -99,7 +99,7 @@ def forest_figure(verdict: pd.DataFrame, unit: str = "nats/char") -> Figure:
         c = colour(r.flip)
         if math.isfinite(r.adj_low):
             ax.plot([r.adj_low, r.adj_high], [yi, yi], color=c, linewidth=2.2, solid_capstyle="butt", zorder=2)
-        marker, filled = CALL_MARKERS.get(r.call, CALL_MARKERS[stats.NOISE])
+        marker, filled = CALL_MARKERS.get(r.call, CALL_MARKERS[stats.UNDECIDED])
         ax.plot([r.gain], [yi], marker, color=c, markersize=9, zorder=3, markeredgewidth=1.8,
                 markerfacecolor=c if filled else "white", gid=f"call:{r.call}")
     _forest_limits(ax, verdict, th)

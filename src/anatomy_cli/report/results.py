@@ -32,12 +32,15 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
 import sys
 from pathlib import Path
 from typing import Annotated
 
 from pydantic import Field, ValidationError, model_validator
 
+from anatomy_cli.report import decide as decide_mod
+from anatomy_cli.report.decide import DecideRecord
 from anatomy_cli.spec.errors import InputError
 from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, REFERENCE, REMOVE_ONE
 from anatomy_cli.store.runs import FileModel, schema_problem
@@ -46,8 +49,9 @@ FORMAT, VERSION = "anatomy-results", 1
 RESULTS_DIR = Path("experiments") / "results"
 MARK = re.compile(r"<!-- results (?P<study>[\w.-]+) (?P<what>[^>]*?) -->(?P<body>.*?)<!-- /results -->", re.DOTALL)
 EFFECT_KEYS = ("metric", "unit", "flip", "direction", "against", "group", "n_pairs", "gain", "adj_low", "adj_high",
-               "adj_level", "family", "threshold", "threshold_basis", "call", "raw_low", "raw_high", "p_holm")
-BLOCKS = ("verdict", "directions", "ends", "rule", "moves", "scale", "parts")
+               "adj_level", "family", "threshold", "threshold_basis", "call", "raw_low", "raw_high", "p_holm",
+               "mde", "noise", "df", "prior_df")
+BLOCKS = ("verdict", "directions", "ends", "rule", "moves", "scale", "parts", "decide")
 
 
 class ResultsError(InputError):
@@ -110,6 +114,10 @@ class Effect(FileModel):  # EFFECT_KEYS
     raw_low: float | None = None
     raw_high: float | None = None
     p_holm: Share | None = None
+    mde: Amount | None = None
+    noise: Amount | None = None
+    df: Amount | None = None
+    prior_df: float | None = None  # squeeze's d0: 0 when the family's variances borrowed nothing; inf -> null
 
 
 class EvalGain(FileModel):
@@ -214,6 +222,7 @@ class ResultsFile(FileModel):
     eval_gains: list[EvalGain] = None
     configs: list[ConfigCost] = None
     scale: Scale = None
+    decide: DecideRecord = None  # a --decide study's plan, rounds and why it stopped (report/decide.py)
 
 
 # --------------------------------------------------------------------------- writing (from report frames)
@@ -240,6 +249,8 @@ def build(root: Path, frames) -> dict:
     scaled = {} if across is None else {"scale": {k: [{c: _plain(v) for c, v in r.items()} for r in rows]
                                                   if isinstance(rows, list) else rows
                                                   for k, rows in across.record().items()}}
+    record = decide_mod.read_record(Path(root))
+    scaled |= {"decide": record.model_dump(mode="json")} if record is not None else {}
     return {"format": FORMAT, "version": VERSION, "study": Path(root).name,
             "runs": {"total": len(runs), "completed": int((runs["status"] == "completed").sum())},
             "seeds": sorted(int(s) for s in runs["seed"].dropna().unique()),
@@ -416,15 +427,34 @@ def _path(e: dict) -> str:
     return f" at {median}step {best:,} ({e['final']:.3f} at step {last:,})"
 
 
+def _decide(doc: dict) -> str:
+    """A --decide study's rounds, each look's alpha and why it stopped (the seeds of each effect are in
+    the other blocks); nothing for a study run without it."""
+    record = doc.get("decide")
+    return decide_mod.stop_text(DecideRecord.model_validate(record)) + "." if record else ""
+
+
 def _rule(doc: dict) -> str:
     e = next((e for e in _loss(doc) if e["family"]), None)
     if e is None:
         return "No intervals: every effect has fewer than two seeds."
     th = "unknown" if e["threshold"] is None else f"±{e['threshold']:.3f} nats/char"
-    basis = "the reference end's seed-to-seed sd" if e["threshold_basis"] == "noise floor" else "given by --min-effect"
+    if e["threshold_basis"] == "noise floor":  # a file written by the rule before issue 28
+        return (f"Intervals are simultaneous {100 * e['adj_level']:.4g}% intervals (Bonferroni over the {e['family']} "
+                f"effects); a call needs the interval to exclude 0 and the gain to lie beyond {th} (the reference "
+                f"end's seed-to-seed sd); negligible: the interval lies inside it.")
+    basis = ("given by min_effect" if e["threshold_basis"] == "min-effect"
+             else "the default margin, fixed before the data")
+    mdes = sorted(x["mde"] for x in _loss(doc) if x.get("mde") is not None and x["group"] == e["group"])
+    mde = (f" An effect of {statistics.median(mdes):.3f} nats/char is called 80 % of the time (the median minimum "
+           f"detectable effect)." if mdes else "")
+    borrowed = e.get("prior_df") != 0  # null: infinite prior degrees of freedom (one pooled variance)
+    how = ("variances moderated across them: empirical Bayes, Smyth 2004" if borrowed else
+           "each effect's own variance: Bartlett's test found the group's variances unequal, so none borrows")
     return (f"Intervals are simultaneous {100 * e['adj_level']:.4g}% intervals (Bonferroni over the {e['family']} "
-            f"effects); a call needs the interval to exclude 0 and the gain to lie beyond {th} ({basis}); "
-            f"negligible: the interval lies inside it.")
+            f"effects of the group, {how}); a call needs the "
+            f"interval to exclude 0 and the gain to lie beyond {th} ({basis}); negligible: the interval lies inside "
+            f"it; below margin: the interval excludes 0, the gain lies inside it; undecided: the rest.{mde}")
 
 
 def _moves(doc: dict, *_: str) -> str:

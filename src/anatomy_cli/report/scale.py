@@ -14,18 +14,22 @@ parameter but the token table, the head and the position table) of the size's re
 number scale-plan prints for the size (a sized study without a reference end: the median over the
 size's runs, whose configs differ by a few percent). For each component and direction:
   per seed that has a completed pair at every size, the OLS slope of its gains on x (nats/char per
-  tenfold parameters); the trend is the mean slope over seeds, and the trends of the study are one
-  family judged by stats.judge, the rule of every call in the report: each gets a simultaneous
-  Bonferroni interval (slope_adj_low/high, level 1 - 0.05/m over the m trends; slope_low/high keep
-  the raw 95% one) and a Holm p as a detail. A trend counts when its simultaneous interval excludes
-  0 and the fitted change across the ladder (slope x decades spanned) is larger than the smallest
-  effect that matters (the verdict's threshold): the same two parts as every call of the report, so
-  no trend is called from an interval that holds 0, nor left uncalled beside one that does not.
-  reverses sign   it helps at one size and hurts at another (the verdict's calls at each size)
+  tenfold parameters); the trend is the mean slope over seeds, and the trends of one ladder (a
+  series) are one family judged by stats.judge, the rule of every call in the report: each gets a
+  simultaneous interval (slope_adj_low/high, level 1 - 0.05/m over the ladder's m trends, moderated
+  t; slope_low/high keep the raw 95% one) and a Holm p as a detail. A trend counts when its
+  simultaneous interval excludes 0 and the fitted change across the ladder (slope x decades
+  spanned) is larger than the margin (the verdict's): the same two parts as every call of the
+  report, so no trend is called from an interval that holds 0, nor left uncalled beside one that
+  does not. A trend is flat when the change its interval allows across the ladder lies inside
+  (-margin, +margin): the equivalence test behind "holds", as "negligible" is for one effect.
+  reverses sign   it helps at one size and hurts at another (the verdict's calls at each size), or a
+                  trend that counts whose fitted line crosses zero inside the ladder
   grows/shrinks   a trend that counts: grows when the fitted |gain| is larger at the largest size
                   than at the smallest, shrinks otherwise
-  within noise at every size   no size's call is helps or hurts, and no trend counts
-  holds           it helps (or hurts) at some size, never the opposite, and no trend counts
+  not called at any size   no size's call is helps or hurts, and no trend counts
+  holds           it helps (or hurts) at some size, never the opposite, and the trend is flat
+  no trend detected   it helps (or hurts) at some size, but neither a trend nor flatness is shown
   too few seeds   fewer than MIN_PAIRS seeds with every size, or fewer than two sizes: no call. Where
                   the study has the seeds, the call names what is missing instead (trend_cause):
                     one parameter count: no trend   the sizes with pairs share one parameter count
@@ -59,9 +63,10 @@ from anatomy_cli.report.frames import run_flags
 from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, REFERENCE
 from anatomy_cli.store import runs as runs_mod
 
-HOLDS, GROWS, SHRINKS, REVERSES, NOISE_ALL = "holds", "grows", "shrinks", "reverses sign", "within noise at every size"
+HOLDS, GROWS, SHRINKS, REVERSES, NOISE_ALL = "holds", "grows", "shrinks", "reverses sign", "not called at any size"
+NO_TREND = "no trend detected"
 ONE_COUNT = "one parameter count: no trend"
-CALLS = (HOLDS, GROWS, SHRINKS, REVERSES, NOISE_ALL, stats.TOO_FEW, ONE_COUNT)  # + the named causes (trend_cause)
+CALLS = (HOLDS, GROWS, SHRINKS, REVERSES, NOISE_ALL, NO_TREND, stats.TOO_FEW, ONE_COUNT)  # + causes (trend_cause)
 STILL_IMPROVING, OVERFIT = "still improving", "overfit"
 
 SIZE_COLUMNS = ["series", "size", "non_embedding_params", "params", "steps", "tokens", "tokens_per_param", "runs",
@@ -74,11 +79,12 @@ TREND_COLUMNS = ["series", "flip", "direction", "against", "sizes", "n_seeds", "
 
 
 def scale_call(size_calls: list[str], n_seeds: int, n_sizes: int, slope_adj: tuple[float, float],
-               fit: tuple[float, float], threshold: float, cause: str = "") -> str:
+               fit: tuple[float, float], threshold: float, span: float, cause: str = "") -> str:
     """The call of one component and direction (the rule above). size_calls: its verdict call at each
     size; slope_adj: the slope's simultaneous interval; fit: the fitted mean gain at the smallest and
-    the largest size; threshold: the smallest effect that matters (NaN: the interval alone decides);
-    cause: why there is no trend to call when the runs say (trend_cause; '': too few seeds)."""
+    the largest size; threshold: the margin (NaN: the interval alone decides, and nothing is flat);
+    span: the decades of parameters the ladder spans; cause: why there is no trend to call when the
+    runs say (trend_cause; '': too few seeds)."""
     if n_sizes < 2 or n_seeds < stats.MIN_PAIRS:
         return cause or stats.TOO_FEW
     if stats.HELPS in size_calls and stats.HURTS in size_calls:
@@ -87,10 +93,13 @@ def scale_call(size_calls: list[str], n_seeds: int, n_sizes: int, slope_adj: tup
     th = threshold if math.isfinite(threshold) else 0.0
     low, high = slope_adj
     if (low > 0 or high < 0) and abs(change) > th:  # NaN bounds compare false: no trend
+        if fit[0] * fit[1] < 0:  # the fitted line crosses zero inside the ladder
+            return REVERSES
         return GROWS if abs(fit[1]) > abs(fit[0]) else SHRINKS
     if stats.HELPS not in size_calls and stats.HURTS not in size_calls:
         return NOISE_ALL
-    return HOLDS
+    flat = -th < low * span and high * span < th  # every change the interval allows is inside the margin
+    return HOLDS if flat else NO_TREND
 
 
 def series_of(group: str, size: str) -> str:
@@ -160,7 +169,7 @@ def trends(gains: pd.DataFrame, effects_by_size: pd.DataFrame, threshold: float,
     family (stats.judge: simultaneous intervals, Holm p), and the call (scale_call) with the verdict's
     calls at each size (effects_by_size). runs (the sized runs with series, as scale_frames gives
     them): what a call without a trend names as its cause (trend_cause); None: too few seeds."""
-    rows, slopes = [], []
+    rows = []
     for (series, flip, direction), cell in gains.groupby(["series", "flip", "direction"], sort=False):
         table = cell.pivot_table(index="seed", columns="size", values="gain", aggfunc="first")
         complete = table.dropna()
@@ -178,14 +187,15 @@ def trends(gains: pd.DataFrame, effects_by_size: pd.DataFrame, threshold: float,
                      "sizes": n_sizes, "n_seeds": len(fits), "slope": st["gain"], "slope_low": st["raw_low"],
                      "slope_high": st["raw_high"], "p_value": st["p_value"], "fit_smallest": fit[0],
                      "fit_largest": fit[1], "change": fit[1] - fit[0], "threshold": threshold, "calls": calls,
-                     "cause": cause})
-        slopes.append(st)
-    for r, judged in zip(rows, stats.judge(slopes, math.nan)):
-        r |= {"slope_adj_low": judged["adj_low"], "slope_adj_high": judged["adj_high"],
-              "adj_level": judged["adj_level"], "p_holm": judged["p_holm"]}
-    df = pd.DataFrame(rows, columns=[*TREND_COLUMNS, "calls", "cause"])
+                     "cause": cause, "span": float(np.ptp(x)) if len(x) else 0.0, "st": st})
+    for series in dict.fromkeys(r["series"] for r in rows):  # one family per ladder
+        family = [r for r in rows if r["series"] == series]
+        for r, judged in zip(family, stats.judge([r["st"] for r in family], math.nan)):
+            r |= {"slope_adj_low": judged["adj_low"], "slope_adj_high": judged["adj_high"],
+                  "adj_level": judged["adj_level"], "p_value": judged["p_value"], "p_holm": judged["p_holm"]}
+    df = pd.DataFrame(rows, columns=[*TREND_COLUMNS, "calls", "cause", "span"])
     df["call"] = [scale_call(r.calls, r.n_seeds, r.sizes, (r.slope_adj_low, r.slope_adj_high),
-                             (r.fit_smallest, r.fit_largest), threshold, r.cause) for r in df.itertuples()]
+                             (r.fit_smallest, r.fit_largest), threshold, r.span, r.cause) for r in df.itertuples()]
     return df[TREND_COLUMNS]
 
 

@@ -23,9 +23,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from anatomy_cli.report import decide as decide_mod
 from anatomy_cli.report import scale as scale_mod
 from anatomy_cli.report import speed as speed_mod
-from anatomy_cli.report import stats, textable
+from anatomy_cli.report import textable
 from anatomy_cli.report import verdict as vd
 from anatomy_cli.report.frames import CTX_PREFIX, RUN_COLUMNS, SAMPLE_CHARS
 from anatomy_cli.spec import components as comp
@@ -117,7 +118,7 @@ def verdict_blocks(p: Parts) -> list:
                     f"(nats/char; positive = the component helps), largest first; "
                     f"{directions_text(p.verdict, ref, top)}."),
               ("table", verdict_table(p.verdict), False),
-              ("list", [vd.rule_line(p.verdict, "nats/char", f"the {ref} end's seed-to-seed sd of best val loss"),
+              ("list", [vd.rule_line(p.verdict, "nats/char"), *decide_lines(p.root),
                         budget_line(bud, ref, top) if p.scale is None else f"**Budget**: {budget_text(p.scale)}",
                         noise_line(vd.noise_floor(p.runs), ref, top)])]
     if p.scale is not None:
@@ -127,6 +128,13 @@ def verdict_blocks(p: Parts) -> list:
     if advice is not None:  # the cause the runs show; a command only where it trains something
         blocks += [("p", advice.text)] + ([("code", advice.command)] if advice.command else [])
     return blocks
+
+
+def decide_lines(root: Path) -> list[str]:
+    """A --decide study: its rounds, each look's alpha and why it stopped (the seeds column says what
+    each effect got)."""
+    record = decide_mod.read_record(root)
+    return [decide_mod.stop_text(record)] if record is not None else []
 
 
 def component_blocks(p: Parts) -> list:
@@ -165,8 +173,9 @@ def verdict_text(verdict: pd.DataFrame, runs: pd.DataFrame, root: Path, max_widt
                           right={"rank", "gain", "seeds"})
     head = ("verdict: gain in best val loss (nats/char; > 0 = the component helps), largest first; "
             + directions_text(verdict, ref, top))
-    rule = vd.rule_line(verdict, "nats/char", f"the {ref} end's seed-to-seed sd", short=True)
+    rule = vd.rule_line(verdict, "nats/char", short=True)
     out = [textable.wrap(head, max_width), "", body, "", textable.wrap(rule, max_width)]
+    out += [textable.wrap(line, max_width) for line in decide_lines(root)]
     if across is not None:
         out += ["", "Across sizes (gain at the smallest -> the largest size):"]
         out += [textable.wrap(line, max_width) for line in scale_lines(across, bold=False)]
@@ -177,12 +186,12 @@ def verdict_text(verdict: pd.DataFrame, runs: pd.DataFrame, root: Path, max_widt
 
 
 def speed_text(record: dict, max_width: int | None) -> str:
-    """A timing pass's speed effects for a terminal, judged by the one rule (threshold: the reference
-    end's round-to-round spread)."""
+    """A timing pass's speed effects for a terminal, judged by the one rule (margin: stats.SPEED_MARGIN;
+    the reference end's round-to-round spread is its noise)."""
     from anatomy_cli.report import effects as effects_mod
 
-    judged = effects_mod.effects_frame(speed_mod.timing_effects(record),
-                                       {"tokens_per_s": (speed_mod.threshold(record), stats.FLOOR)})
+    spread = speed_mod.threshold(record)
+    judged = effects_mod.effects_frame([r | {"noise": spread} for r in speed_mod.timing_effects(record)], {})
     head = textable.wrap(speed_mod.summary_line(record) + ". Gain = % tokens/s with the component vs without; "
                          "> 0 = faster.", max_width)
     if judged.empty:
@@ -192,7 +201,7 @@ def speed_text(record: dict, max_width: int | None) -> str:
     body = textable.table(list(shown.columns), shown.values.tolist(), max_width,
                           fit=[("drop", "seeds"), ("drop", "rank"), ("cut", "change", 7), ("cut", "component", 6)],
                           right={"rank", "gain", "seeds"})
-    rule = vd.rule_line(judged, "%", "the reference end's round-to-round sd", seeds="rounds", short=True)
+    rule = vd.rule_line(judged, "%", seeds="rounds", short=True)
     return "\n".join([head, "", body.replace("seeds", "rounds", 1), "", textable.wrap(rule, max_width)])
 
 
@@ -240,7 +249,7 @@ def speed_blocks(p: Parts) -> list:
     head = (speed_mod.summary_line(record) + ". Gain = 100 x (tokens/s with the component / without - 1), paired "
             "within a round; positive = faster. The same rule as the verdict, with the reference end's "
             "round-to-round spread of tokens/s as the smallest effect that matters.")
-    rule = vd.rule_line(p.speed, "%", "the reference end's round-to-round sd of tokens/s", seeds="rounds")
+    rule = vd.rule_line(p.speed, "%", seeds="rounds")
     return [("p", head), ("table", verdict_table(p.speed, "{:+.1f}%"), False), ("list", [rule]),
             ("img", p.images["speed.png"])]
 
@@ -341,17 +350,19 @@ def scale_blocks(p: Parts) -> list:
 
 SCALE_RULE = ("**The rule across sizes**: for each component and direction, each seed's gains at the sizes are "
               "fitted by a line in log10 parameters (OLS); the trend is the mean slope over the seeds that have every "
-              "size ({seeds}), with its simultaneous {level} t interval over seeds (Bonferroni over the {m} trends, as "
-              "every interval of this report). A trend counts when that interval excludes 0 and the fitted change "
-              "across the ladder is larger than {threshold}. **reverses "
-              "sign**: it helps at one size and hurts at another; **grows** / **shrinks**: a trend that counts, the "
-              "fitted |gain| larger / smaller at the largest size than at the smallest; **holds**: it helps (or hurts) "
-              "at some size, never the opposite, and no trend counts; **within noise at every size**: no size helps "
-              "or hurts, and no trend counts; fewer than 3 seeds with every size: too few seeds. Where the study has "
-              "its seeds, the call names what is missing instead: **one parameter count: no trend** (the sizes "
-              "share one non-embedding parameter count), **size M diverged: no trend** / **still running** / **has "
-              "no completed runs** (fewer than two sizes have a pair), **2 seeds with every size: runs diverged at "
-              "L** (seeds lost at a size).")
+              "size ({seeds}), with its simultaneous {level} t interval over seeds (Bonferroni over the {m} trends of "
+              "the ladder, moderated t, as every interval of this report). A trend counts when that interval excludes "
+              "0 and the fitted change across the ladder is larger than {threshold}; it is flat when every change the "
+              "interval allows across the ladder lies inside ±{threshold}. **reverses sign**: it helps at one size "
+              "and hurts at another, or a trend that counts crosses zero inside the ladder; **grows** / **shrinks**: "
+              "a trend that counts, the fitted |gain| larger / smaller at the largest size than at the smallest; "
+              "**holds**: it helps (or hurts) at some size, never the opposite, and the trend is flat; **no trend "
+              "detected**: it helps (or hurts) at some size, but neither a trend nor flatness is shown; **not called "
+              "at any size**: no size helps or hurts, and no trend counts; fewer than 3 seeds with every size: too "
+              "few seeds. Where the study has its seeds, the call names what is missing instead: **one parameter "
+              "count: no trend** (the sizes share one non-embedding parameter count), **size M diverged: no trend** / "
+              "**still running** / **has no completed runs** (fewer than two sizes have a pair), **2 seeds with "
+              "every size: runs diverged at L** (seeds lost at a size).")
 FLAGS_NOTE = ("**Flags**: still improving = a run's best val loss is at its last evaluation (more steps would lower "
               "it, and may reorder the effects); overfit = a run's best came before half its steps (it is memorising "
               "the corpus, so part of what is compared is memory).")
@@ -363,7 +374,7 @@ def rule_numbers(s: scale_mod.Scale) -> dict:
     levels = s.trends["adj_level"].dropna()
     return {"seeds": "/".join(map(str, seeds)) or "none", "m": int(s.trends["p_value"].notna().sum()),
             "level": f"{100 * levels.iloc[0]:.4g}%" if len(levels) else "",
-            "threshold": f"±{th:.3f} nats/char (the verdict's threshold)" if math.isfinite(th) else "0"}
+            "threshold": f"{th:.3f} nats/char (the margin)" if math.isfinite(th) else "0"}
 
 
 def budget_text(s: scale_mod.Scale) -> str:

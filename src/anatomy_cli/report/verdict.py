@@ -1,8 +1,8 @@
 """The answer a report leads with: each component's worth, ranked, and what it holds for (no torch).
 
   verdict_frame   judged loss effects -> one row per component and direction, ranked by gain
-  noise_floor     the seed-to-seed spread of each end's best val loss (the default smallest effect
-                  that matters: stats.py states the rule)
+  noise_floor     the seed-to-seed spread of each end's best val loss (shown beside the margin, which
+                  is fixed before the data: stats.py states the rule)
   budget          the training budget the verdict holds for, and how far apart the two ends are
   more_seeds      the exact `anatomy ablate` command that adds seeds, with its estimated time
   seeds_advice    what to do about effects with fewer than SEEDS_WANTED pairs, from what the runs say:
@@ -10,6 +10,7 @@
                   study still running, or change a config whose runs diverged; never a command that
                   would train nothing
   rule_line       the rule of stats.py in one sentence, with a family's numbers
+  power_lines     what earlier runs say about power: the seeds an effect the size of the margin needs
 
 Sign convention (everywhere: report, CLI, CSV/JSON, README): the gain is the loss reduction of
 having the component, in nats/char: loss(without) - loss(with), so positive = the component helps,
@@ -35,7 +36,8 @@ from anatomy_cli.store import runs as runs_mod
 
 SEEDS_WANTED = 3
 VERDICT_COLUMNS = ["rank", "flip", "direction", "against", "group", "n_pairs", "gain", "adj_low", "adj_high",
-                   "threshold", "threshold_basis", "call", "raw_low", "raw_high", "p_holm", "adj_level", "family"]
+                   "threshold", "threshold_basis", "call", "mde", "noise", "raw_low", "raw_high", "p_holm", "df",
+                   "prior_df", "adj_level", "family"]
 
 
 def verdict_frame(loss_effects: pd.DataFrame) -> pd.DataFrame:
@@ -123,26 +125,63 @@ def estimate_text(est: tuple[float, int] | None) -> str:
     return f" (est. {when} with {workers} worker{'s' * (workers > 1)})"
 
 
-def rule_line(judged: pd.DataFrame, unit: str, floor_text: str, seeds: str = "seeds", short: bool = False) -> str:
-    """The rule (stats.py) in one sentence, with this family's numbers: level, m, threshold and its basis."""
+def rule_line(judged: pd.DataFrame, unit: str, seeds: str = "seeds", short: bool = False) -> str:
+    """The rule (stats.py) in one sentence, with a family's numbers: level, m, the margin and its
+    basis, and the effect it detects 80 % of the time (the median mde)."""
     if judged.empty or not (judged["family"] > 0).any():
         return f"The rule: no intervals yet (a call needs {stats.MIN_PAIRS} {seeds} or more)."
-    m, level = int(judged["family"].iloc[0]), float(judged["adj_level"].iloc[0])
+    tested = judged[judged["family"] > 0]
+    m, level = int(tested["family"].max()), float(tested["adj_level"].min())
     th, basis = float(judged["threshold"].iloc[0]), judged["threshold_basis"].iloc[0]
-    where = floor_text if basis == stats.FLOOR else "given by --min-effect"
-    size = (f"±{th:.1f}%" if unit == "%" else f"±{th:.3f} {unit}") if math.isfinite(th) else None
+    where = "given by min_effect" if basis == stats.GIVEN else "the default, fixed before the data"
+    size = (f"{th:.1f}%" if unit == "%" else f"{th:.3f} {unit}") if math.isfinite(th) else None
+    mde = float(np.nanmedian(tested["mde"])) if "mde" in tested and tested["mde"].notna().any() else math.nan
+    mde_text = ((f"{mde:.1f}%" if unit == "%" else f"{mde:.3f} {unit}") if math.isfinite(mde) else "")
+    groups = tested["group"].nunique() if "group" in tested else 1
+    family = f"the {m} effects of each group" if groups > 1 else f"the {m} effects tested together"
+    borrowed = "prior_df" not in tested or bool((tested["prior_df"] != 0).any())
+    method = "moderated t" if borrowed else "each effect's own t: their variances differ too much to pool"
     if short:
-        practical = f"|gain| > {size.lstrip('±')} ({where})" if size else "nothing more (no noise floor yet)"
-        return (f"Intervals: simultaneous {100 * level:.4g}% over the {m} effects; a call needs the interval to "
-                f"exclude 0 and {practical}; fewer than {stats.MIN_PAIRS} {seeds}: no call.")
-    practical = (f"its gain is larger than the smallest effect that matters, {size} ({where})" if size else
-                 "(the smallest effect that matters is unknown with one seed of the reference end: the interval alone "
-                 "decides)")
+        practical = f"|gain| > {size} ({where})" if size else "nothing more"
+        detect = f"; 80 % power at {mde_text}" if mde_text else ""
+        return (f"Intervals: simultaneous {100 * level:.4g}% over {family} ({method}); a call needs the interval "
+                f"to exclude 0 and {practical}{detect}; fewer than {stats.MIN_PAIRS} {seeds}: no call.")
+    practical = f"its gain is larger than the margin, {size} ({where})" if size else "(no margin: the interval decides)"
+    detect = (f" With these {seeds} and this noise an effect of {mde_text} is called 80 % of the time (median "
+              f"minimum detectable effect)." if mde_text else "")
     return (f"**The rule**: each interval is a simultaneous {100 * level:.4g}% interval over {seeds} (Bonferroni over "
-            f"the {m} effects tested together, so all hold at once with 95% confidence). A component helps or hurts "
-            f"when its interval excludes 0 and {practical}; negligible: the interval lies inside {size or '±0'}; "
-            f"within noise: undecided; fewer than {stats.MIN_PAIRS} {seeds}: too few for a call. Raw 95% intervals "
-            f"and Holm p-values: Effect details.")
+            f"{family}, so all hold at once with 95% confidence), "
+            + ("its variance moderated across the family (empirical Bayes, Smyth 2004). " if borrowed else
+               "each on its own variance (Bartlett's test found the family's variances unequal, so none borrows "
+               "from the others). ")
+            + f"A component helps or hurts when its interval excludes 0 and {practical}; "
+            f"negligible: the interval lies inside ±{size or '0'}; below margin: the interval excludes 0 but the gain "
+            f"is inside the margin; undecided: the interval holds 0 and reaches past the margin; fewer than "
+            f"{stats.MIN_PAIRS} {seeds}: too few for a call.{detect} Raw 95% intervals and Holm p-values: Effect "
+            f"details.")
+
+
+def power_lines(root: Path, runs: pd.DataFrame, effects: pd.DataFrame) -> list[str]:
+    """What the runs already in a sweep folder say about power, one line per group: the family's
+    median minimum detectable effect now, and the seeds (with their estimated cost on this machine)
+    at which an effect the size of the margin is called 80 % of the time (stats.seeds_for)."""
+    loss = effects[(effects["metric"] == "best_val_loss") & (effects["family"] > 0) & effects["se"].notna()]
+    lines = []
+    for group, fam in loss.groupby("group", sort=False):
+        n_now, margin = int(fam["n_pairs"].median()), float(fam["threshold"].iloc[0])
+        sd = float(np.median(fam["se"] * np.sqrt(fam["n_pairs"])))
+        need = stats.seeds_for(sd, float(fam["prior_df"].iloc[0]), len(fam), margin)
+        where = f"{group}: " if group else ""
+        now = (f"{where}at {n_now} seeds the {len(fam)} effects' median moderated paired sd is {sd:.3f} nats/char; "
+               f"an effect of {float(fam['mde'].median()):.3f} is called 80 % of the time")
+        if need is None:
+            lines.append(f"{now}; one of {margin:.3f} (the margin) needs more seeds than anatomy runs")
+        elif need <= n_now:
+            lines.append(f"{now}, the margin ({margin:.3f}) included")
+        else:
+            cost = estimate_text(_estimate(Path(root), runs, need))
+            lines.append(f"{now}; one of {margin:.3f} (the margin) needs {need} seeds{cost}: --seeds {need}")
+    return lines
 
 
 def _estimate(root: Path, runs: pd.DataFrame, wanted: int) -> tuple[float, int] | None:

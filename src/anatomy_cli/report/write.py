@@ -41,6 +41,23 @@ def is_report(folder: Path) -> bool:
     return (Path(folder) / FIGURES[0]).is_file()
 
 
+def _document(root, runs, effects, verdict, eval_effects, across) -> dict:
+    return {"root": str(root), "runs": records(runs), "effects": records(effects), "verdict": records(verdict),
+            "eval_effects": records(eval_effects), **({"scale": across.record()} if across is not None else {})}
+
+
+def json_text(doc: dict) -> str:
+    return json.dumps(doc, indent=2, allow_nan=False) + "\n"
+
+
+def report_document(root: Path, frames: tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame] | None = None) -> dict:
+    """What report.json holds (`anatomy report --json` prints it, whichever --format was written)."""
+    runs, curves, effects = frames if frames is not None else report_frames(root)
+    verdict = vd.verdict_frame(effects[effects["metric"] == LOSS_METRIC])
+    return _document(root, runs, effects, verdict, effects_by_eval(runs, curves),
+                     scale.scale_frames(runs, curves, effects))
+
+
 def write_report(root: Path, out_dir: Path | None = None, formats: tuple[str, ...] = FORMATS,
                  frames: tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame] | None = None) -> dict[str, Path]:
     """Write the report files into out_dir (default <root>/report/); returns {file name: path}.
@@ -85,9 +102,7 @@ def write_report(root: Path, out_dir: Path | None = None, formats: tuple[str, ..
         if across is not None:
             texts["effects-by-size.csv"] = scale.by_size_csv(across).to_csv(index=False)
     if "json" in formats:
-        doc = {"root": str(root), "runs": records(runs), "effects": records(effects), "verdict": records(verdict),
-               "eval_effects": records(eval_effects), **({"scale": across.record()} if across is not None else {})}
-        texts["report.json"] = json.dumps(doc, indent=2, allow_nan=False) + "\n"
+        texts["report.json"] = json_text(_document(root, runs, effects, verdict, eval_effects, across))
     if "md" in formats or "html" in formats:
         parts = sections.Parts(Path(root), runs, effects, verdict, speed_verdict, eval_effects, paths,
                                components_of(runs), across)

@@ -674,6 +674,15 @@ class ComponentSpec(_Frozen):
     off: dict[str, Any] | None = None
 
 
+class DecideSpec(_Frozen):
+    """`[decide]`: train in rounds, seeds only where an effect is still open (`anatomy ablate --decide`,
+    report/decide.py). The ablate options of the same names override these."""
+
+    max_seeds: int = Field(default=10, ge=2, le=MAX_SEEDS)
+    step: int = Field(default=2, ge=1, le=MAX_SEEDS)
+    budget: str | None = Field(default=None, pattern=r"^\s*\d+(\.\d+)?\s*[smh]?\s*$")  # 30m, 2h, 90s, 600
+
+
 COMPONENT_NAME = r"^[a-z][a-z0-9_]{0,31}$"
 
 
@@ -731,6 +740,10 @@ class AblationSpec(_Frozen):
     # Chinchilla-optimal is ~20; a million per parameter is already beyond any study here (1e30 planned
     # a step count past 2^64).
     tokens_per_param: float | None = Field(default=None, gt=0, le=1e6)
+    # The smallest loss effect that matters (nats/char), fixed before the data: a call's practical part and
+    # the margin "negligible" is tested against (report/stats.py; default stats.DEFAULT_MARGIN).
+    min_effect: float | None = Field(default=None, gt=0, le=10)
+    decide: DecideSpec | None = None  # present: `ablate` trains in rounds (report/decide.py)
 
     @model_validator(mode="after")
     def _check_design(self) -> AblationSpec:

@@ -1,0 +1,365 @@
+"""Calibration of the verdict rule: synthetic studies with known true effects through the real report code.
+
+Each simulated family is one study of the five LLaMA parts (rmsnorm, prenorm, rope, swiglu, gqa): the
+2017 reference end, its five add-one variants, the LLaMA all-on end and its five remove-one variants,
+11 configs x n seeds, 10 effects in one group. Per seed and config
+
+    best_val_loss = base(end) + seed effect + config truth + the config's own noise (+ a collapse)
+
+where the seed effect (shared by every config of that seed, sd ~ END_SD) cancels in the paired
+differences, so each effect's paired sd is set by the own noise of its two configs: the end's (END_OWN,
+small) and the variant's, chosen so the effect's paired sd is what the noise setting asks for.
+
+What runs through the real report code. The synthetic losses are generated vectorised, as a runs frame
+(role, design, settings, size, seed, status, run_id, best_val_loss) with many families stacked as separate
+groups (a `family` setting). That frame is paired by `effects._effect_rows` (the pairing
+`component_effects` uses: same seed, both runs completed; gain, sd, the group's noise). The NEW rule then
+judges those rows with `effects.effects_frame(rows, {metric: effects.margin(metric)})`, which is the body of
+`effects.component_effects` (every group its own family, moderated t, the fixed margin DEFAULT_MARGIN).
+TODAY'S rule is a REPLICA of the rule before issue 28 on the same rows: one family of all effects (here
+one group's ten), Bonferroni on each effect's own t (`stats.judge(..., moderate=False)`), the margin
+estimated from the data as the reference end's seed-to-seed sd of best_val_loss (the row's `noise`).
+Every scenario is judged on the same simulated families (common random numbers): pairing costs ~20 ms a
+family and judging ~2 ms, so the families are paired once with every true effect 0 and a scenario shifts
+the tested effect's paired differences by its truth (gain and raw interval move, sd does not), exactly
+what pairing runs with that truth gives: tests/test_calibration.py checks it against component_effects
+on the runs frame simulated with the truth itself.
+
+Noise settings
+  homogeneous                every effect's paired sd = SIGMA (0.04, the demo's end seed sd and the median
+                             paired sd of its ten effects; margin 0.02 = SIGMA / 2)
+  heterogeneous              the nine other effects' paired sds log-uniform in 0.1x..7x END_SD, drawn per
+                             family (the demo's ten span 0.005..0.33 with an end seed sd of 0.046)
+  heterogeneous + collapses  the same, and each seed of a post-norm config (2017 end, +rmsnorm, +rope,
+                             +swiglu, +gqa, -prenorm) collapses with probability COLLAPSE_P: +COLLAPSE_LOSS
+                             nats/char, a completed run (an outlier, not a divergence)
+The tested effect (rope added to the 2017 end: post-norm on both sides) has paired sd SIGMA in every
+setting, so power rows read in its paired sds. With collapses, an effect's truth is its expected paired
+gain: prenorm's two effects then carry +COLLAPSE_P x COLLAPSE_LOSS (pre-norm does not collapse), the rest 0.
+
+Scenarios (per n and noise setting; the other effects 0 unless said)
+  null           every effect 0 (but prenorm's collapse part): family-wise error P(any false helps/hurts),
+                 a false call being one on an effect whose truth is 0 or of the other sign
+  power k        the tested effect = k x SIGMA, k in POWER_K (0.5, 1, 2, 3, 4, 8): P(it is called helps); the
+                 80%-power effect is interpolated linearly in log k (">8" when never reached)
+  boundary +/-   the tested effect = +/- the rule's margin: P(it is called negligible). New rule: 0.02;
+                 today's: the end's true seed sd END_SD (the threshold it estimates)
+  coverage       P(all simultaneous intervals hold their truths), pooled over every scenario judged; with
+                 collapses prenorm's two effects are left out (one side collapses, the other never: their
+                 paired gains are a skewed mixture whose mean no 3..10-seed t interval pins down)
+
+Cost: ~50 ms per family and (noise, n) cell on one loaded core (pairing ~20 ms, then 18 judgements of ~2 ms);
+the default, 1200 families: 9 cells, ~10 minutes at load ~2.5 (562 s; 1065 s at load 4-6); --quick: 300
+families, n = 3 only, ~1 minute.
+
+    python benchmarks/calibrate_verdict.py                        # prints the table
+    python benchmarks/calibrate_verdict.py --quick
+    python benchmarks/calibrate_verdict.py --families 4000 --json calib.json --append   # ~35 minutes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from anatomy_cli.report import effects, stats
+from anatomy_cli.spec.components import FIVE
+from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, REFERENCE, REMOVE_ONE
+
+METRIC = "best_val_loss"
+END_SD = 0.04  # true seed-to-seed sd of an end's best val loss (the demo's: 0.046 and 0.040)
+END_OWN = 0.0025  # the part of it that is the end config's own noise; the rest is the shared seed effect
+SIGMA = 0.04  # homogeneous paired sd, and the tested effect's in every setting
+SD_RANGE = (0.1, 7.0)  # heterogeneous paired sds, in END_SD
+COLLAPSE_P, COLLAPSE_LOSS = 0.1, 1.0
+BASE = {REFERENCE: 3.8, ALL_ON: 2.9}
+POWER_K = (0.5, 1.0, 2.0, 3.0, 4.0, 8.0)  # 3: the 80 % crossing of n = 3 lies between 2 and 4
+NS = (3, 5, 10)
+EFFECTS = [(f, ADD_ONE) for f in FIVE] + [(f, REMOVE_ONE) for f in FIVE]
+INDEX = {e: i for i, e in enumerate(EFFECTS)}
+TESTED = INDEX[("rope", ADD_ONE)]
+VARIANTS = [f"+{f}" for f in FIVE] + [f"-{f}" for f in FIVE]  # config of effect i
+ROLES = [REFERENCE, ALL_ON, *VARIANTS]
+POST_NORM = np.array([r in {REFERENCE, "+rmsnorm", "+rope", "+swiglu", "+gqa", "-prenorm"} for r in ROLES])
+NEW, TODAY = "new", "today"
+RULES = (TODAY, NEW)
+NEW_MARGIN = stats.DEFAULT_MARGIN
+
+
+@dataclass(frozen=True)
+class Noise:
+    name: str
+    heterogeneous: bool
+    collapse: float  # probability a post-norm config's seed collapses
+
+
+NOISES = (Noise("homogeneous", False, 0.0), Noise("heterogeneous", True, 0.0),
+          Noise("heterogeneous + collapses", True, COLLAPSE_P))
+
+
+# ------------------------------------------------------------------------------- synthetic studies
+
+
+def simulate(rng: np.random.Generator, n: int, noise: Noise, families: int, first: int = 0,
+             truth=None) -> tuple[pd.DataFrame, np.ndarray]:
+    """A runs frame of `families` studies (groups `family=i`), n seeds each, with effects `truth` (10,
+    gain units: positive = the part helps; default all 0), and each family's expected gains (families, 10)."""
+    b = families
+    truth = np.zeros(len(EFFECTS)) if truth is None else np.asarray(truth, dtype=float)
+    seed_sd = math.sqrt(END_SD**2 - END_OWN**2)
+    sd = np.full((b, len(EFFECTS)), SIGMA)
+    if noise.heterogeneous:
+        lo, hi = np.log(SD_RANGE[0] * END_SD), np.log(SD_RANGE[1] * END_SD)
+        sd = np.exp(rng.uniform(lo, hi, size=sd.shape))
+        sd[:, TESTED] = SIGMA
+    own = np.concatenate([np.full((b, 2), END_OWN), np.sqrt(np.maximum(sd**2 - END_OWN**2, 0.0))], axis=1)
+    offset = np.concatenate([[0.0, 0.0], -truth[:5], truth[5:]])  # +f: lower loss by its gain; -f: higher
+    base = np.array([BASE[REFERENCE], BASE[ALL_ON]] + [BASE[REFERENCE]] * 5 + [BASE[ALL_ON]] * 5)
+    loss = (base[None, :, None] + offset[None, :, None] + rng.normal(0, seed_sd, (b, 1, n))
+            + own[:, :, None] * rng.normal(size=(b, len(ROLES), n)))
+    expected = np.broadcast_to(truth, (b, len(EFFECTS))).copy()
+    if noise.collapse:
+        loss += COLLAPSE_LOSS * (POST_NORM[None, :, None] & (rng.random(loss.shape) < noise.collapse))
+        shift = noise.collapse * COLLAPSE_LOSS * POST_NORM.astype(float)  # expected extra loss per config
+        expected[:, :5] += shift[0] - shift[2:7]
+        expected[:, 5:] += shift[7:] - shift[1]
+    fam = np.repeat(np.arange(first, first + b), len(ROLES) * n)
+    role = np.tile(np.repeat(np.array(ROLES, dtype=object), n), b)
+    seed = np.tile(np.arange(1, n + 1), b * len(ROLES))
+    m = len(fam)
+    text = {"run_id": [f"f{f}-{r}-s{s}" for f, r, s in zip(fam, role, seed)], "role": role,
+            "design": ["+".join(FIVE)] * m, "settings": [json.dumps({"family": int(f)}) for f in fam],
+            "size": [""] * m, "status": ["completed"] * m}
+    # plain object columns: the pairing runs ~30 % faster than on pandas' arrow strings
+    runs = pd.DataFrame({k: pd.Series(v, dtype=object) for k, v in text.items()})
+    runs["seed"], runs["best_val_loss"] = seed, loss.reshape(-1)
+    return runs, expected
+
+
+def family_of(group: str, first: int, families: int) -> int:
+    """The family index (from 0 in its batch) of a group named by groups(): 'family=i' ('' when alone)."""
+    return 0 if families == 1 and group == "" else int(group.rsplit("=", 1)[1]) - first
+
+
+def paired_rows(runs: pd.DataFrame, first: int, families: int) -> list[list[dict]]:
+    """The real pairing (effects._effect_rows: paired gains, sd, the group's noise) per family, in EFFECTS order."""
+    out: list[list[dict]] = [[{}] * len(EFFECTS) for _ in range(families)]
+    for r in effects._effect_rows(runs, METRIC):
+        out[family_of(r["group"], first, families)][INDEX[(r["flip"], r["direction"])]] = r
+    return out
+
+
+def shifted(rows: list[list[dict]], value: float, effect: int = TESTED) -> list[list[dict]]:
+    """The rows of the same families with one effect's true gain larger by `value`: its paired differences
+    all shift by value, so its gain and raw interval do and its sd does not (judge recomputes the rest).
+    Exactly what the pairing gives on runs whose variant config is `value` better (test_calibration checks)."""
+    if value == 0:
+        return rows
+    out = []
+    for fam in rows:
+        r = dict(fam[effect])
+        r |= {k: r[k] + value for k in ("gain", "raw_low", "raw_high")}
+        out.append([*fam[:effect], r, *fam[effect + 1:]])
+    return out
+
+
+def _arrays(judged: list[dict], first: int, families: int) -> dict[str, np.ndarray]:
+    out = {"call": np.full((families, len(EFFECTS)), "", dtype=object),
+           "low": np.full((families, len(EFFECTS)), np.nan), "high": np.full((families, len(EFFECTS)), np.nan)}
+    for r in judged:
+        f, i = family_of(r["group"], first, families), INDEX[(r["flip"], r["direction"])]
+        out["call"][f, i], out["low"][f, i], out["high"][f, i] = r["call"], r["adj_low"], r["adj_high"]
+    return out
+
+
+def judge(rows: list[list[dict]], rule: str, first: int) -> dict[str, np.ndarray]:
+    """{call, low, high} arrays (families, 10) of one rule on paired_rows()' rows.
+
+    NEW: effects.effects_frame with the loss metric's default margin (effects.margin), the body of
+    effects.component_effects: every group its own family, moderated t, margin stats.DEFAULT_MARGIN.
+    TODAY (a replica of the rule before issue 28): all effects one family (here: one group's ten), each
+    effect's own variance (stats.judge(moderate=False)), the margin = the group's reference-end seed sd.
+    """
+    if rule == NEW:
+        judged = effects.effects_frame([r for fam in rows for r in fam], {METRIC: effects.margin(METRIC)})
+        judged = judged.to_dict("records")
+    else:
+        judged = [r for fam in rows for r in stats.judge(fam, fam[0]["noise"], moderate=False)]
+    return _arrays(judged, first, len(rows))
+
+
+def run_cell(rng: np.random.Generator, n: int, noise: Noise, families: int,
+             scenarios: dict[str, tuple[float, tuple[str, ...]]], batch: int = 200) -> dict[str, dict]:
+    """{scenario: {rule: {call, low, high, truth}}} for scenarios {name: (tested effect's truth, rules)}.
+
+    Every scenario is judged on the same simulated families (common random numbers): the runs of a batch
+    are paired once through the report code, and each scenario shifts the tested effect's pairs."""
+    parts: dict = {s: {rule: [] for rule in rules} for s, (_, rules) in scenarios.items()}
+    for first in range(0, families, batch):
+        b = min(batch, families - first)
+        runs, expected = simulate(rng, n, noise, b, first)
+        rows = paired_rows(runs, first, b)
+        for s, (value, rules) in scenarios.items():
+            extra = {"truth": expected + tested_only(value), "counted": np.broadcast_to(counted(noise), expected.shape)}
+            for rule in rules:
+                parts[s][rule].append(judge(shifted(rows, value), rule, first) | extra)
+    return {s: {rule: {k: np.concatenate([p[k] for p in ps]) for k in ps[0]} for rule, ps in by.items()}
+            for s, by in parts.items()}
+
+
+def tested_only(value: float) -> np.ndarray:
+    truth = np.zeros(len(EFFECTS))
+    truth[TESTED] = value
+    return truth
+
+
+# ------------------------------------------------------------------------------- measures
+
+
+def false_call(j: dict) -> np.ndarray:
+    """(families, 10): a helps/hurts call on an effect whose truth is 0 or of the other sign."""
+    helps, hurts = j["call"] == stats.HELPS, j["call"] == stats.HURTS
+    return (helps & (j["truth"] <= 0)) | (hurts & (j["truth"] >= 0))
+
+
+def fwer(j: dict) -> float:
+    return float(false_call(j).any(axis=1).mean())
+
+
+def rate(j: dict, call: str, effect: int = TESTED) -> float:
+    return float((j["call"][:, effect] == call).mean())
+
+
+def covered(j: dict) -> np.ndarray:
+    """(families,): every interval counted (j["counted"]) holds its truth."""
+    return ((j["low"] <= j["truth"]) & (j["truth"] <= j["high"]) | ~j["counted"]).all(axis=1)
+
+
+def counted(noise: Noise) -> np.ndarray:
+    """(10,) the effects whose coverage counts: with collapses, those whose two configs collapse alike."""
+    if not noise.collapse:
+        return np.ones(len(EFFECTS), dtype=bool)
+    ends = {ADD_ONE: POST_NORM[0], REMOVE_ONE: POST_NORM[1]}
+    return np.array([POST_NORM[2 + i] == ends[d] for i, (_, d) in enumerate(EFFECTS)])
+
+
+def detectable(power: dict[float, float], target: float = stats.POWER) -> float:
+    """The effect (paired sds) called helps with probability `target`, linear in log k; inf if never."""
+    ks = sorted(power)
+    if power[ks[0]] >= target:
+        return ks[0]
+    for a, b in zip(ks, ks[1:]):
+        if power[a] < target <= power[b]:
+            x = math.log(a) + (target - power[a]) / (power[b] - power[a]) * (math.log(b) - math.log(a))
+            return math.exp(x)
+    return math.inf
+
+
+def boundary(rule: str) -> float:
+    """The true effect at the rule's margin: the new rule's fixed one, today's estimated one's truth."""
+    return NEW_MARGIN if rule == NEW else END_SD
+
+
+def scenarios() -> dict[str, tuple[float, tuple[str, ...]]]:
+    """{name: (the tested effect's truth, the rules judged)}: the null, power at POWER_K paired sds, and
+    each rule's margin boundary (judged by that rule only)."""
+    out = {"null": (0.0, RULES)} | {f"power {k:g}": (k * SIGMA, RULES) for k in POWER_K}
+    return out | {f"edge {rule} {s:+d}": (s * boundary(rule), (rule,)) for rule in RULES for s in (1, -1)}
+
+
+def summarise(cell: dict, rule: str) -> dict:
+    """fwer, power {k: P(helps)}, mde80, coverage, negligible_plus/minus of one rule in one run_cell()."""
+    pw = {k: rate(cell[f"power {k:g}"][rule], stats.HELPS) for k in POWER_K}
+    judged = [by[rule] for by in cell.values() if rule in by]
+    return {"fwer": fwer(cell["null"][rule]), "power": pw, "mde80": detectable(pw),
+            "coverage": float(np.concatenate([covered(j) for j in judged]).mean()),
+            "negligible_plus": rate(cell[f"edge {rule} +1"][rule], stats.NEGLIGIBLE),
+            "negligible_minus": rate(cell[f"edge {rule} -1"][rule], stats.NEGLIGIBLE)}
+
+
+def calibrate(families: int, ns=NS, noises=NOISES, seed: int = 28, log=None) -> list[dict]:
+    """One row per (noise setting, n, rule): summarise()'s numbers."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for noise in noises:
+        for n in ns:
+            t0 = time.perf_counter()
+            cell = run_cell(rng, n, noise, families, scenarios())
+            out += [{"noise": noise.name, "n": n, "rule": rule, "families": families, **summarise(cell, rule)}
+                    for rule in RULES]
+            if log:
+                log(f"{noise.name}, n={n}: {time.perf_counter() - t0:.0f} s")
+    return out
+
+
+# ------------------------------------------------------------------------------- output
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}"
+
+
+def table(rows: list[dict]) -> list[str]:
+    """The markdown table of calibrate()'s rows."""
+    ks = list(rows[0]["power"])
+    head = (["noise", "n", "rule", "FWER %"] + [f"P(helps) {k:g} sd %" for k in ks]
+            + ["80% power at (sd)", "coverage %", "negl. at +m %", "negl. at -m %"])
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for r in rows:
+        mde = ">" + f"{max(ks):g}" if math.isinf(r["mde80"]) else f"{r['mde80']:.2f}"
+        cells = ([r["noise"], str(r["n"]), "new" if r["rule"] == NEW else "today (replica)", _pct(r["fwer"])]
+                 + [_pct(r["power"][k]) for k in ks]
+                 + [mde, _pct(r["coverage"]), _pct(r["negligible_plus"]), _pct(r["negligible_minus"])])
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def legend(families: int) -> list[str]:
+    mc = math.sqrt(0.05 * 0.95 / families)
+    return [f"{families} families per scenario (Monte-Carlo sd: {100 * mc:.1f} points at 5 %, at most "
+            f"{50 / math.sqrt(families):.1f} points); margin: new {NEW_MARGIN} (fixed), today the 2017 end's "
+            f"estimated seed sd (true {END_SD}); SIGMA (paired sd of the tested effect) {SIGMA}; "
+            f"heterogeneous paired sds {SD_RANGE[0]}x..{SD_RANGE[1]}x {END_SD}; collapses: p {COLLAPSE_P}, "
+            f"+{COLLAPSE_LOSS} nats/char on post-norm configs. FWER: P(any false helps/hurts) with every effect 0; "
+            "P(helps) k sd: the tested effect at k paired sds, the other nine 0; coverage: all simultaneous "
+            "intervals hold their truths, over every scenario (with collapses: all but prenorm's two); "
+            "negl. at +/-m: P(negligible) for a true effect exactly at +/- the rule's margin."]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--families", type=int, default=1200, help="simulated studies per scenario (default 1200)")
+    p.add_argument("--quick", action="store_true", help="300 families, n = 3 only")
+    p.add_argument("--seed", type=int, default=28)
+    p.add_argument("--json", type=Path, help="also write the numbers here")
+    p.add_argument("--append", action="store_true", help="append a dated section to benchmarks/RESULTS.md")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    families, ns = (300, (3,)) if args.quick else (args.families, NS)
+    t0 = time.perf_counter()
+    rows = calibrate(families, ns, seed=args.seed, log=lambda s: print(s, file=sys.stderr, flush=True))
+    lines = [*legend(families), "", *table(rows), "", f"wall time {time.perf_counter() - t0:.0f} s"]
+    print("\n".join(lines))
+    if args.json:
+        plain = [r | {"mde80": None if math.isinf(r["mde80"]) else r["mde80"]} for r in rows]  # inf: never 80 %
+        args.json.write_text(json.dumps({"families": families, "seed": args.seed, "rows": plain}, indent=1) + "\n")
+    if args.append:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import common  # noqa: PLC0415 (torch: only when appending)
+
+        common.append_results("Verdict calibration (issue 28)", common.command_line(), lines)
+
+
+if __name__ == "__main__":
+    main()

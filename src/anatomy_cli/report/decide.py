@@ -1,0 +1,121 @@
+"""`anatomy ablate --decide`: seeds go where the answer is still open (no torch).
+
+A study trains in rounds. After each round its effects are judged; the configs of every effect whose
+call is still open (undecided, below margin, too few seeds) get more seeds in the next round, the
+rest none. It stops when every effect is decided, the seed cap is reached, or the time budget would
+be overrun by another round.
+
+Error control under optional stopping. Looking after every round and stopping on what was seen
+would spend the family's alpha once per look. The rounds are planned before any run (the looks at
+n0, n0 + step, ..., max_seeds seeds: K looks), and each look's intervals are simultaneous at level
+1 - alpha / K over its family (a Bonferroni split of alpha over the looks, the simplest
+group-sequential alpha-spending plan: equal spending). By the union bound, the chance that any
+interval of any look misses its truth is at most alpha, whatever the stopping rule and however the
+looks depend on each other; a call made at any look, the final report included, keeps the
+family-wise guarantee. It is conservative where looks are correlated (Pocock or O'Brien-Fleming
+boundaries would spend less at the early looks), and exact in the worst case, with no assumption
+about the dependence. Each look reads the seeds of its round only (the first n seeds), so a study
+interrupted and resumed takes the same decisions as one that ran straight through.
+
+  schedule       the planned seed counts of the looks
+  open_effects   the effects whose call is still open
+  open_runs      the run ids of the configs such an effect is paired from
+  DecideRecord   RUNS_DIR/decide.json: the plan (looks, alpha) and each round's outcome
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Annotated
+
+import pandas as pd
+from pydantic import Field, ValidationError
+
+from anatomy_cli.report import stats
+from anatomy_cli.spec.errors import InputError
+from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, REFERENCE
+from anatomy_cli.store import runs as runs_mod
+
+DECIDE = "decide.json"
+OPEN = (stats.UNDECIDED, stats.SMALL, stats.TOO_FEW)
+STEP, MAX_SEEDS = 2, 10  # the defaults: two seeds a round, up to ten
+
+
+def schedule(first: int, max_seeds: int, step: int = STEP) -> list[int]:
+    """[first, first + step, ..., max_seeds]: the seed counts at which the study looks."""
+    if first > max_seeds:
+        raise InputError(f"--max-seeds {max_seeds} is below the {first} seeds the study starts with")
+    looks = list(range(first, max_seeds, step))
+    return looks + [max_seeds]
+
+
+def alpha(looks: list[int]) -> float:
+    """The family-wise alpha of each look: stats.ALPHA split equally over the planned looks."""
+    return stats.ALPHA / max(1, len(looks))
+
+
+def open_effects(effects: pd.DataFrame) -> pd.DataFrame:
+    """The loss effects whose call is still open."""
+    loss = effects[effects["metric"] == "best_val_loss"]
+    return loss[loss["call"].isin(OPEN)]
+
+
+def open_runs(grouped, effects: pd.DataFrame) -> set[str]:
+    """Run ids of every config an open effect is paired from: its end's and its variant's runs.
+    grouped: (group label, runs) pairs, as effects.groups gives them."""
+    wanted = open_effects(effects)
+    out: set[str] = set()
+    for group, members in grouped:
+        for r in wanted[wanted["group"] == group].itertuples():
+            roles = (REFERENCE, f"+{r.flip}") if r.direction == ADD_ONE else (ALL_ON, f"-{r.flip}")
+            out |= set(members.loc[members["role"].isin(roles), "run_id"])
+    return out
+
+
+def first_seeds(runs: pd.DataFrame, seeds: list[int]) -> pd.DataFrame:
+    """The runs of a look: those of its first n seeds (what a resumed study had at that look)."""
+    return runs[runs["seed"].isin(seeds)]
+
+
+def parse_budget(text: str | None) -> float | None:
+    """'30m' | '2h' | '90s' | '45' (seconds) -> seconds; None for None."""
+    if text is None:
+        return None
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
+    if not m or float(m.group(1)) <= 0 or not math.isfinite(float(m.group(1))):
+        raise InputError(f"--budget {text!r}: give a time such as 30m, 2h, 90s or 600 (seconds)")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+
+
+class DecideRecord(runs_mod.FileModel):
+    """decide.json: the looks planned, each look's alpha, the rounds run and why the study stopped."""
+
+    looks: list[Annotated[int, Field(ge=1)]]
+    alpha: Annotated[float, Field(gt=0, le=1)]
+    rounds: list[dict] = []
+    stopped: str | None = None
+
+
+def read_record(root: Path) -> DecideRecord | None:
+    """The study's decide.json, or None when it was not run with --decide."""
+    path = Path(root) / DECIDE
+    if not path.is_file():
+        return None
+    try:
+        return DecideRecord.model_validate(runs_mod.read_json(path))
+    except ValidationError as err:
+        raise runs_mod.RunError(f"corrupt {DECIDE} in {root}: {runs_mod.schema_problem(err)}") from None
+
+
+def write_record(root: Path, record: DecideRecord) -> None:
+    runs_mod.atomic_write_json(Path(root) / DECIDE, record.model_dump(mode="json"))
+
+
+def stop_text(record: DecideRecord) -> str:
+    """'--decide: 3 rounds (3, 5, 7 seeds); stopped: every effect decided' for the report."""
+    seeds = ", ".join(str(r["seeds"]) for r in record.rounds)
+    return (f"--decide: {len(record.rounds)} round{'s' * (len(record.rounds) != 1)} ({seeds} seeds) of the "
+            f"{len(record.looks)} planned, each look at family-wise alpha {record.alpha:.4g} (0.05 split over the "
+            f"looks); stopped: {record.stopped or 'still running'}")

@@ -1,0 +1,135 @@
+"""`anatomy ablate --decide`: rounds of seeds that go only where an effect is still open, with alpha
+split over the planned looks (report/decide.py), resumable, and bad input as one line."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from helpers import invoke, one_error_line
+from toy_data import write_spec
+
+from anatomy_cli.report import decide, stats
+from anatomy_cli.report import effects as effects_mod
+from anatomy_cli.report.frames import load_runs
+from anatomy_cli.spec.errors import InputError
+
+# A component that changes nothing the loss sees (how often train-loss lines are flushed): same seed,
+# same losses, so its paired gains are exactly 0 and it is negligible as soon as it has 3 seeds.
+NOOP = {"noop": {"about": "a flush interval", "on": {"train.log_interval": 5}, "off": {"train.log_interval": 10}}}
+
+
+def test_schedule_alpha_and_budget():
+    assert decide.schedule(3, 10) == [3, 5, 7, 9, 10] and decide.schedule(3, 3) == [3]
+    assert decide.schedule(2, 6, 1) == [2, 3, 4, 5, 6]
+    assert decide.alpha([3, 5, 7, 9, 10]) == pytest.approx(0.01)  # 0.05 split over five looks
+    assert [decide.parse_budget(t) for t in ("30m", "2h", "90s", "600", None)] == [1800, 7200, 90, 600, None]
+    for bad in ("soon", "-5m", "0", "1e9999h"):
+        with pytest.raises(InputError, match="--budget"):
+            decide.parse_budget(bad)
+    with pytest.raises(InputError, match="below the 5 seeds"):
+        decide.schedule(5, 4)
+
+
+def test_open_calls_are_the_undecided_ones():
+    assert set(decide.OPEN) == {stats.UNDECIDED, stats.SMALL, stats.TOO_FEW}
+    assert not {stats.HELPS, stats.HURTS, stats.NEGLIGIBLE} & set(decide.OPEN)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--max-seeds", "5"], "add --decide"),
+    (["--budget", "10m"], "add --decide"),
+    (["--decide", "--budget", "soon"], "--budget 'soon'"),
+    (["--decide", "--max-seeds", "2"], "below the 3 seeds"),
+    (["--decide", "--time"], "--decide trains; --time times"),
+])
+def test_bad_decide_options_are_one_line(tmp_path, args, fragment):
+    spec = write_spec(tmp_path, top={"seeds": 3, "flips": ["rope"], "directions": ["add-one"]})
+    one_error_line(invoke("ablate", spec, "--runs-dir", tmp_path / "runs", *args), fragment)
+    assert not (tmp_path / "runs").exists()  # refused before anything is written
+
+
+def test_a_seed_list_is_refused_with_decide(tmp_path):
+    spec = write_spec(tmp_path, top={"seeds": [1, 2, 3], "flips": ["rope"], "directions": ["add-one"]})
+    one_error_line(invoke("ablate", spec, "--runs-dir", tmp_path / "runs", "--decide"), "seeds as a count")
+
+
+@pytest.mark.slow  # trains a dozen toy runs
+def test_decide_gives_seeds_only_to_open_effects_and_resumes_to_the_same_decisions(tmp_path):
+    spec = write_spec(tmp_path, top={"seeds": 3, "flips": ["noop", "rope"], "directions": ["add-one"],
+                                     "components": NOOP})
+    args = ["ablate", spec, "--runs-dir", tmp_path / "runs", "--workers", "1", "--decide", "--max-seeds", "5",
+            "--decide-step", "1", "--stack", "off"]
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    root = tmp_path / "runs" / "toy"
+    record = json.loads((root / decide.DECIDE).read_text())
+    assert record["looks"] == [3, 4, 5] and record["alpha"] == pytest.approx(0.05 / 3)
+    assert record["rounds"][0]["seeds"] == 3 and record["rounds"][0]["trained"] == 9
+    assert "noop add-one" not in record["rounds"][0]["open"]  # exactly zero: negligible at its first look
+    runs = load_runs(root)[0]
+    seeds = runs.groupby("role")["seed"].nunique().to_dict()
+    assert seeds["+noop"] == 3  # decided: no more seeds
+    rope_open = "rope add-one" in record["rounds"][0]["open"]
+    assert seeds["+rope"] == seeds["reference"] == (3 + len(record["rounds"]) - 1)
+    assert (len(record["rounds"]) > 1) == rope_open
+    assert record["stopped"] in ("every effect decided", "the seed cap (5) reached with 1 effect open")
+    # the report judges every family at the looks' alpha
+    effects = effects_mod.report_frames(root)[2]
+    noop = effects[(effects["flip"] == "noop") & (effects["metric"] == "best_val_loss")].iloc[0]
+    assert noop["call"] == stats.NEGLIGIBLE and noop["adj_level"] == pytest.approx(1 - record["alpha"] / 2)
+    assert "--decide:" in result.output and record["stopped"] in result.output
+    # the same command again trains nothing and takes the same decisions (each look reads its own seeds)
+    again = invoke(*args)
+    assert again.exit_code == 0, again.output
+    assert json.loads((root / decide.DECIDE).read_text())["rounds"] == [
+        r | {"seconds": r2["seconds"]} for r, r2 in zip(record["rounds"], json.loads(
+            (root / decide.DECIDE).read_text())["rounds"])]
+    assert len(load_runs(root)[0]) == len(runs)
+    # a new plan after seeing the data would spend alpha twice: refused
+    other = invoke(*args[:-4], "--max-seeds", "8", "--stack", "off")
+    one_error_line(other, "was decided with looks at 3, 4, 5 seeds")
+
+
+@pytest.mark.slow  # trains six toy runs
+def test_dry_run_on_earlier_runs_says_the_seeds_the_margin_needs(tmp_path):
+    spec = write_spec(tmp_path, top={"seeds": 3, "flips": ["rope", "noop"], "directions": ["add-one"],
+                                     "components": NOOP})
+    base = ["ablate", spec, "--runs-dir", tmp_path / "runs", "--workers", "1", "--stack", "off"]
+    assert invoke(*base, "--no-report").exit_code == 0
+    effects = effects_mod.report_frames(tmp_path / "runs" / "toy")[2]
+    loss = effects[effects["metric"] == "best_val_loss"]
+    sd = float(np.median(loss["se"] * np.sqrt(loss["n_pairs"])))
+    for margin in (0.02, 50.0):
+        need = stats.seeds_for(sd, float(loss["prior_df"].iloc[0]), len(loss), margin)
+        out = invoke(*base, "--dry-run", "--min-effect", margin).output
+        line = " ".join(next(x for x in out.split("power: ")[1:]).split())
+        assert f"median moderated paired sd is {sd:.3f} nats/char" in line
+        if need > 3:
+            assert f"needs {need} seeds" in line and f"--seeds {need}" in line
+        else:
+            assert "the margin" in line and "included" in line
+    assert "power:" not in invoke("ablate", spec, "--runs-dir", tmp_path / "other", "--dry-run").output
+
+
+def test_seeds_for_is_the_first_count_whose_mde_reaches_the_effect():
+    from scipy import stats as sps
+
+    n = stats.seeds_for(0.05, 4.0, 10, 0.05)
+    mde = [(sps.t.ppf(1 - 0.0025, min(k - 1 + 4, 10 * (k - 1))) + sps.t.ppf(0.8, min(k - 1 + 4, 10 * (k - 1))))
+           * 0.05 / np.sqrt(k) for k in (n - 1, n)]
+    assert mde[0] > 0.05 >= mde[1]
+    assert stats.seeds_for(0.05, 4.0, 10, 0.0) is None and stats.seeds_for(1.0, 0.0, 10, 1e-6, most=50) is None
+
+
+def test_a_specs_decide_table_plans_the_rounds_and_options_override_it(tmp_path):
+    spec = write_spec(tmp_path, top={"seeds": 3, "flips": ["rope"], "directions": ["add-one"],
+                                     "decide": {"max_seeds": 4, "step": 1}})
+    out = invoke("ablate", spec, "--runs-dir", tmp_path / "runs", "--dry-run")
+    assert out.exit_code == 0, out.output
+    assert "--decide: looks at 3, 4 seeds, each at family-wise alpha 0.025" in " ".join(out.output.split())
+    out = invoke("ablate", spec, "--runs-dir", tmp_path / "runs", "--dry-run", "--max-seeds", "7", "--decide-step", "2")
+    assert "--decide: looks at 3, 5, 7 seeds" in " ".join(out.output.split())
+    bad = write_spec(tmp_path, name="bad", top={"seeds": 3, "flips": ["rope"], "decide": {"budget": "soon"}})
+    one_error_line(invoke("ablate", bad, "--runs-dir", tmp_path / "runs", "--dry-run"), "decide.budget")
