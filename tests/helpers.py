@@ -1,5 +1,5 @@
 """What many test files share: the LLaMA end, the CLI through CliRunner, the one-error-line check,
-and waiting on a process.
+waiting on a process, scrambling a layer's weights, and the DeepSeek-family state dict's shared part.
 
 Waiting. A test that starts a process waits for a state (a metric line on disk, a run in flight, the
 process gone), never for a duration, and gives up only after PATIENCE: every such wait here ends in
@@ -11,10 +11,12 @@ state sooner moves on at once, so the ceiling costs nothing when all is well.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
 
+import torch
 from toy_data import TINY_MODEL, TINY_TRAIN
 from typer.testing import CliRunner
 
@@ -85,3 +87,31 @@ def group_gone(pgid: int) -> bool:
     except ProcessLookupError:
         return True
     return False
+
+
+def scramble_with_sinks(module: torch.nn.Module) -> None:
+    """Re-draw module's weights in place from torch's global generator: matrices at 1/sqrt(fan_in), the
+    attention sinks around 0.5 with spread 1, every other vector (norm weights) around 1."""
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0, 1 / math.sqrt(p.shape[-1]))
+            else:
+                p.normal_(0.5, 1.0) if name == "sinks" else p.normal_(1.0, 0.3)
+
+
+def deepseek_base_state(lm, dense_mlp: bool) -> dict:
+    """The part of anatomy's LLaMA-end LM -> a DeepSeek-family transformers state dict that every variant
+    shares: embeddings, final norm, head, each layer's two norms and, with dense_mlp, its SwiGLU as
+    mlp.{gate,up,down}_proj. The caller adds attention (and MoE) and detaches."""
+    out = {"model.embed_tokens.weight": lm.tok.weight, "model.norm.weight": lm.final_norm.weight,
+           "lm_head.weight": lm.head.weight}
+    for i, block in enumerate(lm.blocks):
+        pre = f"model.layers.{i}."
+        out |= {pre + "input_layernorm.weight": block.norm1.weight,
+                pre + "post_attention_layernorm.weight": block.norm2.weight}
+        if dense_mlp:
+            out |= {pre + "mlp.gate_proj.weight": block.ffn.gate.weight,
+                    pre + "mlp.up_proj.weight": block.ffn.up.weight,
+                    pre + "mlp.down_proj.weight": block.ffn.down.weight}
+    return out

@@ -22,6 +22,7 @@ import re
 
 import pytest
 import torch
+from helpers import scramble_with_sinks
 from lm_checks import assert_causal, assert_decodes_like_full, tokens
 from toy_data import write_corpus
 from typer.testing import CliRunner
@@ -57,12 +58,7 @@ def scrambled(cfg: ModelConfig, window: int = 0, seed: int = 0) -> CausalSelfAtt
     spread 1 (exp(sink) as large as a key's share), so every part moves the output."""
     torch.manual_seed(seed)
     layer = CausalSelfAttention(cfg, window).eval()
-    with torch.no_grad():
-        for name, p in layer.named_parameters():
-            if p.dim() >= 2:
-                p.normal_(0, 1 / math.sqrt(p.shape[-1]))
-            else:
-                p.normal_(0.5, 1.0) if name == "sinks" else p.normal_(1.0, 0.3)
+    scramble_with_sinks(layer)
     return layer
 
 

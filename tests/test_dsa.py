@@ -12,7 +12,7 @@ import math
 
 import pytest
 import torch
-from helpers import LLAMA
+from helpers import LLAMA, deepseek_base_state
 from lm_checks import assert_causal, assert_decodes_like_full, decode_in_chunks, tokens, train_losses, trainer
 from test_mla import hf_rope, interleave_rows, rms_norm_in_input_dtype, scrambled
 
@@ -159,10 +159,16 @@ BASES = {"2017": {}, "llama": LLAMA}
 BASE = pytest.mark.parametrize("base", list(BASES))
 
 
-def keys_read(model, idx) -> list[torch.Tensor]:
-    """Each layer's bool [B, 1, T, S] of keys its attention reads, from the indexer."""
+def captured(model, idx, module_of, pre: bool = False, pick=lambda got: got) -> list:
+    """pick(what module_of(block) got) for each block in a no-grad forward of idx: its output (a forward
+    hook), or with `pre` its positional inputs (a forward pre-hook)."""
     seen = []
-    hooks = [b.attn.indexer.register_forward_hook(lambda m, a, out: seen.append(out)) for b in model.blocks]
+    if pre:
+        hooks = [module_of(b).register_forward_pre_hook(lambda m, args: seen.append(pick(args)))
+                 for b in model.blocks]
+    else:
+        hooks = [module_of(b).register_forward_hook(lambda m, args, out: seen.append(pick(out)))
+                 for b in model.blocks]
     try:
         with torch.no_grad():
             model(idx)
@@ -170,6 +176,11 @@ def keys_read(model, idx) -> list[torch.Tensor]:
         for h in hooks:
             h.remove()
     return seen
+
+
+def keys_read(model, idx) -> list[torch.Tensor]:
+    """Each layer's bool [B, 1, T, S] of keys its attention reads, from the indexer."""
+    return captured(model, idx, lambda b: b.attn.indexer)
 
 
 @BASE
@@ -275,15 +286,7 @@ def hand_indexer_loss(attn, x, pos, end) -> float:
 
 def layer_inputs(model, idx) -> list[tuple]:
     """(x, pos, end) each dsa layer's attention got in a plain forward of idx."""
-    seen = []
-    hooks = [b.attn.register_forward_pre_hook(lambda m, args: seen.append(args[:3])) for b in model.blocks]
-    try:
-        with torch.no_grad():
-            model(idx)
-    finally:
-        for h in hooks:
-            h.remove()
-    return seen
+    return captured(model, idx, lambda b: b.attn, pre=True, pick=lambda args: args[:3])
 
 
 @BASE
@@ -417,14 +420,9 @@ def hf_state(lm, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     permuted to HF's interleaved pairs (DeepseekV32Attention always interleaves), the indexer's not."""
     m, H = cfg.mla_dims, cfg.n_head
     n, p, r = m.qk_nope_head_dim, m.qk_rope_head_dim, m.kv_lora_rank
-    out = {"model.embed_tokens.weight": lm.tok.weight, "model.norm.weight": lm.final_norm.weight,
-           "lm_head.weight": lm.head.weight}
+    out = deepseek_base_state(lm, dense_mlp=True)
     for i, block in enumerate(lm.blocks):
         pre = f"model.layers.{i}."
-        out |= {pre + "input_layernorm.weight": block.norm1.weight,
-                pre + "post_attention_layernorm.weight": block.norm2.weight,
-                pre + "mlp.gate_proj.weight": block.ffn.gate.weight, pre + "mlp.up_proj.weight": block.ffn.up.weight,
-                pre + "mlp.down_proj.weight": block.ffn.down.weight}
         attn = {}
         for k, v in block.attn.state_dict().items():
             module, leaf = k.rsplit(".", 1)

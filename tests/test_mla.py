@@ -12,7 +12,7 @@ import re
 
 import pytest
 import torch
-from helpers import LLAMA
+from helpers import LLAMA, deepseek_base_state
 from lm_checks import assert_cached_decode, assert_causal, decode_in_chunks, tokens
 from typer.testing import CliRunner
 
@@ -476,14 +476,9 @@ def test_latent_norms_use_deepseeks_eps_whatever_norm_eps_says():
 
 def hf_model_state(lm, cfg: ModelConfig, interleave: bool) -> dict[str, torch.Tensor]:
     """anatomy's LLaMA-end + mla LM -> DeepseekV3ForCausalLM with every layer dense."""
-    out = {"model.embed_tokens.weight": lm.tok.weight, "model.norm.weight": lm.final_norm.weight,
-           "lm_head.weight": lm.head.weight}
+    out = deepseek_base_state(lm, dense_mlp=True)
     for i, block in enumerate(lm.blocks):
         pre = f"model.layers.{i}."
-        out |= {pre + "input_layernorm.weight": block.norm1.weight,
-                pre + "post_attention_layernorm.weight": block.norm2.weight,
-                pre + "mlp.gate_proj.weight": block.ffn.gate.weight, pre + "mlp.up_proj.weight": block.ffn.up.weight,
-                pre + "mlp.down_proj.weight": block.ffn.down.weight}
         out |= {pre + "self_attn." + k: v for k, v in hf_attention_state(block.attn, cfg, interleave).items()}
     return {k: v.detach().clone() for k, v in out.items()}
 

@@ -15,7 +15,7 @@ import warnings
 
 import pytest
 import torch
-from helpers import LLAMA, invoke
+from helpers import LLAMA, invoke, scramble_with_sinks
 from lm_checks import assert_causal, assert_decodes_like_full, tokens, train_losses, trainer
 from test_mla import mla_params, scrambled
 from toy_data import write_spec
@@ -56,12 +56,7 @@ def layer(cls=LatentAttention, seed: int = 0, **overrides):
     a key's share, and some far below it)."""
     torch.manual_seed(seed)
     mod = cls(config(**{**LLAMA, **overrides})).double().eval()
-    with torch.no_grad():
-        for name, p in mod.named_parameters():
-            if p.dim() >= 2:
-                p.normal_(0, 1 / math.sqrt(p.shape[-1]))
-            else:
-                p.normal_(0.5, 1.0) if name == "sinks" else p.normal_(1.0, 0.3)
+    scramble_with_sinks(mod)
     return mod
 
 

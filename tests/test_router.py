@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import scramble
-from helpers import LLAMA, one_error_line
+from helpers import LLAMA, deepseek_base_state, one_error_line
 from lm_checks import assert_causal, assert_decodes_like_full, tokens, trainer
 from safetensors.torch import load_file
 from toy_data import TINY_MODEL, TINY_TRAIN, write_corpus
@@ -366,12 +366,9 @@ def hf_model_state(lm: LM) -> dict[str, torch.Tensor]:
                           "out": "o_proj"}
     m, H = cfg.mla_dims, cfg.n_head
     n, p, r = m.qk_nope_head_dim, m.qk_rope_head_dim, m.kv_lora_rank
-    out = {"model.embed_tokens.weight": lm.tok.weight, "model.norm.weight": lm.final_norm.weight,
-           "lm_head.weight": lm.head.weight}
+    out = deepseek_base_state(lm, dense_mlp=False)
     for i, block in enumerate(lm.blocks):
         pre = f"model.layers.{i}."
-        out |= {pre + "input_layernorm.weight": block.norm1.weight,
-                pre + "post_attention_layernorm.weight": block.norm2.weight}
         attn = {f"{names[k.split('.')[0]]}.weight": v for k, v in block.attn.state_dict().items()}
         q = attn["q_b_proj.weight"].view(H, n + p, -1)  # head-major, each head (nope | rope)
         q = torch.cat((q[:, :n], torch.stack([interleave_rows(h, p) for h in q[:, n:]])), dim=1)
