@@ -229,7 +229,7 @@ def decide_looks(s, seeds: int | None, max_seeds: int | None, step: int) -> list
 def _decide(s, plan, looks: list[int], train, sweep_dir: Path, min_effect: float | None, budget_s: float | None,
             budget: str | None, plan_at) -> list[str | None]:
     """--decide: train the first round (`plan`), then at each planned look judge the effects on the
-    look's seeds (decide.first_seeds) at the looks' alpha and give the next round's seeds only to the
+    look's seeds (the runs of its plan at n seeds) at the looks' alpha and give the next round's seeds only to the
     configs of open effects. decide.json records the plan and each round; the statuses of every run
     trained or found, for the closing line."""
     from anatomy_cli.report import decide as decide_mod
@@ -243,12 +243,11 @@ def _decide(s, plan, looks: list[int], train, sweep_dir: Path, min_effect: float
                           f"plan after seeing the data would spend its alpha twice)")
     alpha = decide_mod.alpha(looks)
     record = decide_mod.DecideRecord(looks=looks, alpha=alpha)
-    started, statuses, todo = time.monotonic(), {}, plan
+    started, statuses, todo, full = time.monotonic(), {}, plan, plan  # full: every config at this look's seeds
     for k, n in enumerate(looks):
         began = time.monotonic()
         statuses |= dict(zip((p.run_id for p in todo), train(todo)))
         decide_mod.write_record(sweep_dir, record)  # the plan, before the look: a report from here on knows alpha
-        full = plan if k == 0 else plan_at(n)  # every config at this look's n seeds
         ids = {p.run_id: p.slug for p in full}
         runs_k = load_runs(sweep_dir)[0]
         runs_k = runs_k[runs_k["run_id"].isin(ids)]
@@ -265,7 +264,8 @@ def _decide(s, plan, looks: list[int], train, sweep_dir: Path, min_effect: float
         else:
             slugs = {ids[r] for r in decide_mod.open_runs(effects_mod.groups(runs_k[runs_k["role"] != ""]), effects)}
             per_run = round_s / max(1, len(todo))  # this machine's pace, as measured in the round just run
-            todo = [p for p in plan_at(looks[k + 1]) if p.slug in slugs and p.run_id not in ids]
+            full = plan_at(looks[k + 1])  # planned once per look: this round's work and the next look's runs
+            todo = [p for p in full if p.slug in slugs and p.run_id not in ids]
             if budget_s is not None and time.monotonic() - started + per_run * len(todo) > budget_s:
                 stopped = f"the budget ({budget}) would be overrun by the next round"
             else:

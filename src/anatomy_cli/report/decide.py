@@ -74,11 +74,6 @@ def open_runs(grouped, effects: pd.DataFrame) -> set[str]:
     return out
 
 
-def first_seeds(runs: pd.DataFrame, seeds: list[int]) -> pd.DataFrame:
-    """The runs of a look: those of its first n seeds (what a resumed study had at that look)."""
-    return runs[runs["seed"].isin(seeds)]
-
-
 def parse_budget(text: str | None) -> float | None:
     """'30m' | '2h' | '90s' | '45' (seconds) -> seconds; None for None."""
     if text is None:
