@@ -48,6 +48,15 @@ Scenarios (per n and noise setting; the other effects 0 unless said)
                  collapses prenorm's two effects are left out (one side collapses, the other never: their
                  paired gains are a skewed mixture whose mean no 3..10-seed t interval pins down)
 
+--decide: the same families under `anatomy ablate --decide` (report/decide.py), for two plans of looks: the
+demo's (3, 4 seeds) and the default (3, 5, 7, 9, 10). Each family is simulated at the cap's seed count; at
+each look only the seeds each config has been given so far are paired and judged (effects.effects_frame at
+the look's alpha, decide.alpha), and the next look's seeds go to the configs decide.open_runs names (with
+futility: decide.futile at the cap; without: every open effect's). A family's calls are those of the last
+look it reached (what its report says). Per plan, noise setting (homogeneous, heterogeneous) and futility
+on/off: the family-wise error under the null, P(helps) at 1, 2, 4 paired sds, P(negligible) at the margin,
+coverage, and the runs a study trained relative to 3 seeds of every config.
+
 Cost: ~50 ms per family and (noise, n) cell on one loaded core (pairing ~20 ms, then 18 judgements of ~2 ms);
 the default, 1200 families: 9 cells, ~10 minutes at load ~2.5 (562 s; 1065 s at load 4-6); --quick: 300
 families, n = 3 only, ~1 minute.
@@ -70,7 +79,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from anatomy_cli.report import effects, stats
+from anatomy_cli.report import decide, effects, stats
 from anatomy_cli.spec.components import FIVE
 from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, REFERENCE, REMOVE_ONE
 
@@ -300,6 +309,91 @@ def calibrate(families: int, ns=NS, noises=NOISES, seed: int = 28, log=None) -> 
     return out
 
 
+# ------------------------------------------------------------------------------- --decide
+
+PLANS = {"demo": [3, 4], "default": [3, 5, 7, 9, 10]}
+DECIDE_K = (1.0, 2.0, 4.0)
+DECIDE_NOISES = NOISES[:2]  # homogeneous, heterogeneous
+
+
+def decide_cell(rng: np.random.Generator, looks: list[int], noise: Noise, families: int, value: float,
+                futility: bool = True, batch: int = 200) -> dict[str, np.ndarray]:
+    """One scenario (the tested effect's truth `value`) under --decide's looks: {call, low, high, truth,
+    counted, runs}, each family's calls as its last look gave them and its runs trained (all configs)."""
+    alpha, cap, parts = decide.alpha(looks), looks[-1], []
+    for first in range(0, families, batch):
+        b = min(batch, families - first)
+        runs, expected = simulate(rng, cap, noise, b, first, truth=tested_only(value))
+        fam = np.repeat(np.arange(b), len(ROLES) * cap)
+        role = np.tile(np.repeat(np.arange(len(ROLES)), cap), b)
+        given = np.full((b, len(ROLES)), looks[0])
+        active = np.ones(b, dtype=bool)
+        out = {"call": np.full((b, len(EFFECTS)), "", dtype=object),
+               "low": np.full((b, len(EFFECTS)), np.nan), "high": np.full((b, len(EFFECTS)), np.nan)}
+        for k, n in enumerate(looks):
+            runs_k = runs[(runs["seed"].to_numpy() <= given[fam, role]) & active[fam]]
+            judged = effects.effects_frame(effects._effect_rows(runs_k, METRIC), {METRIC: effects.margin(METRIC)},
+                                           alpha=alpha)
+            arrays = _arrays(judged.to_dict("records"), first, b)
+            for key in out:
+                out[key][active] = arrays[key][active]
+            if k == len(looks) - 1:
+                break
+            grouped = effects.groups(runs_k)
+            ids = decide.open_runs(grouped, judged, cap=cap if futility else None)
+            more = np.zeros_like(active)
+            for run_id in ids:  # f{family}-{role}-s{seed}
+                f, r = run_id.split("-", 1)[0], run_id.split("-", 1)[1].rsplit("-s", 1)[0]
+                fi = int(f[1:]) - first
+                given[fi, ROLES.index(r)] = looks[k + 1]
+                more[fi] = True
+            active &= more
+            if not active.any():
+                break
+        parts.append(out | {"truth": expected, "counted": np.broadcast_to(counted(noise), expected.shape).copy(),
+                            "runs": given.sum(axis=1)})
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def calibrate_decide(families: int, plans=PLANS, noises=DECIDE_NOISES, seed: int = 28, log=None) -> list[dict]:
+    """One row per (plan, noise setting, futility on/off): error, power, boundary, coverage, runs."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for plan, looks in plans.items():
+        for noise in noises:
+            for futility in (True, False):
+                t0 = time.perf_counter()
+                cells = {"null": decide_cell(rng, looks, noise, families, 0.0, futility)}
+                cells |= {f"power {k:g}": decide_cell(rng, looks, noise, families, k * SIGMA, futility)
+                          for k in DECIDE_K}
+                cells["edge"] = decide_cell(rng, looks, noise, families, NEW_MARGIN, futility)
+                pw = {k: rate(cells[f"power {k:g}"], stats.HELPS) for k in DECIDE_K}
+                out.append({"plan": plan, "looks": looks, "noise": noise.name, "futility": futility,
+                            "families": families, "fwer": fwer(cells["null"]), "power": pw,
+                            "coverage": float(np.concatenate([covered(c) for c in cells.values()]).mean()),
+                            "negligible_plus": rate(cells["edge"], stats.NEGLIGIBLE),
+                            "runs_null": float(cells["null"]["runs"].mean()) / (len(ROLES) * looks[0]),
+                            "runs_power2": float(cells["power 2"]["runs"].mean()) / (len(ROLES) * looks[0])})
+                if log:
+                    log(f"--decide {plan}, {noise.name}, futility {futility}: {time.perf_counter() - t0:.0f} s")
+    return out
+
+
+def decide_table(rows: list[dict]) -> list[str]:
+    """The markdown table of calibrate_decide()'s rows."""
+    ks = list(rows[0]["power"])
+    head = (["plan (looks)", "noise", "futility", "FWER %"] + [f"P(helps) {k:g} sd %" for k in ks]
+            + ["coverage %", "negl. at +m %", "runs (null) / 3 seeds", "runs (2 sd) / 3 seeds"])
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for r in rows:
+        cells = ([f"{r['plan']} ({', '.join(map(str, r['looks']))})", r["noise"], "on" if r["futility"] else "off",
+                  _pct(r["fwer"])] + [_pct(r["power"][k]) for k in ks]
+                 + [_pct(r["coverage"]), _pct(r["negligible_plus"]),
+                    f"{r['runs_null']:.2f}x", f"{r['runs_power2']:.2f}x"])
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 # ------------------------------------------------------------------------------- output
 
 
@@ -334,10 +428,20 @@ def legend(families: int) -> list[str]:
             "negl. at +/-m: P(negligible) for a true effect exactly at +/- the rule's margin."]
 
 
+def decide_legend(families: int) -> list[str]:
+    return [f"{families} families per scenario; noise settings and margin as in the fixed-seed table; every look "
+            "judged at 0.05 / (number of looks). FWER: P(any false helps/hurts in the calls of each family's last "
+            "look) with every effect 0; P(helps) k sd: the tested effect at k paired sds; negl. at +m: P(negligible) "
+            "for the tested effect exactly at the margin 0.02; runs: the mean runs a study trained over 33 (3 seeds "
+            "of its 11 configs), with every effect 0 and with the tested effect at 2 sds."]
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--families", type=int, default=1200, help="simulated studies per scenario (default 1200)")
     p.add_argument("--quick", action="store_true", help="300 families, n = 3 only")
+    p.add_argument("--decide", action="store_true", help="the --decide table instead (rounds of seeds, futility "
+                   "on and off)")
     p.add_argument("--seed", type=int, default=28)
     p.add_argument("--json", type=Path, help="also write the numbers here")
     p.add_argument("--append", action="store_true", help="append a dated section to benchmarks/RESULTS.md")
@@ -348,11 +452,17 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     families, ns = (300, (3,)) if args.quick else (args.families, NS)
     t0 = time.perf_counter()
-    rows = calibrate(families, ns, seed=args.seed, log=lambda s: print(s, file=sys.stderr, flush=True))
-    lines = [*legend(families), "", *table(rows), "", f"wall time {time.perf_counter() - t0:.0f} s"]
+    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    if args.decide:
+        rows = calibrate_decide(families, seed=args.seed, log=log)
+        lines = [*decide_legend(families), "", *decide_table(rows), "", f"wall time {time.perf_counter() - t0:.0f} s"]
+    else:
+        rows = calibrate(families, ns, seed=args.seed, log=log)
+        lines = [*legend(families), "", *table(rows), "", f"wall time {time.perf_counter() - t0:.0f} s"]
     print("\n".join(lines))
     if args.json:
-        plain = [r | {"mde80": None if math.isinf(r["mde80"]) else r["mde80"]} for r in rows]  # inf: never 80 %
+        plain = [r | ({"mde80": None if math.isinf(r["mde80"]) else r["mde80"]} if "mde80" in r else {})
+                 for r in rows]  # inf: never 80 %
         args.json.write_text(json.dumps({"families": families, "seed": args.seed, "rows": plain}, indent=1) + "\n")
     if args.append:
         sys.path.insert(0, str(Path(__file__).resolve().parent))

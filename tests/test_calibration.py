@@ -110,3 +110,24 @@ def test_detectable_interpolates_in_log_effect():
     assert cv.detectable({1.0: 0.2, 2.0: 0.6, 4.0: 1.0}) == pytest.approx(2 * 2 ** 0.5)
     assert cv.detectable({1.0: 0.9, 2.0: 1.0}) == 1.0
     assert math.isinf(cv.detectable({1.0: 0.1, 2.0: 0.5}))
+
+
+def test_one_look_of_decide_is_the_fixed_seed_rule_at_its_seeds():
+    """decide_cell with a single planned look judges exactly what run_cell's new rule judges at n = 3."""
+    fixed = cv.run_cell(np.random.default_rng(7), 3, cv.NOISES[0], 30, {"power 2": (2 * cv.SIGMA, (cv.NEW,))})
+    one = cv.decide_cell(np.random.default_rng(7), [3], cv.NOISES[0], 30, 2 * cv.SIGMA)
+    assert (one["call"] == fixed["power 2"][cv.NEW]["call"]).all()
+    assert np.allclose(one["low"], fixed["power 2"][cv.NEW]["low"], equal_nan=True)
+    assert (one["runs"] == 3 * len(cv.ROLES)).all()
+
+
+def test_decide_keeps_the_family_wise_error_and_futility_only_saves_runs():
+    """Under the null with the default looks (3, 5, ..., 10): few false calls with futility on or off,
+    and futility trains far fewer runs (it withholds seeds, it never calls)."""
+    looks = cv.PLANS["default"]
+    on = cv.decide_cell(np.random.default_rng(11), looks, cv.NOISES[0], 60, 0.0, futility=True)
+    off = cv.decide_cell(np.random.default_rng(11), looks, cv.NOISES[0], 60, 0.0, futility=False)
+    for cell in (on, off):
+        assert cv.fwer(cell) <= 0.05 + slack(0.05, 60)
+    assert on["runs"].mean() < 0.8 * off["runs"].mean()
+    assert off["runs"].min() > 3 * len(cv.ROLES)  # without futility an undecided null always gets seeds

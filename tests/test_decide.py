@@ -71,10 +71,12 @@ def test_decide_gives_seeds_only_to_open_effects_and_resumes_to_the_same_decisio
     runs = load_runs(root)[0]
     seeds = runs.groupby("role")["seed"].nunique().to_dict()
     assert seeds["+noop"] == 3  # decided: no more seeds
-    rope_open = "rope add-one" in record["rounds"][0]["open"]
+    first = record["rounds"][0]
+    rope_open = "rope add-one" in first["open"] and "rope add-one" not in first["futile"]
     assert seeds["+rope"] == seeds["reference"] == (3 + len(record["rounds"]) - 1)
     assert (len(record["rounds"]) > 1) == rope_open
-    assert record["stopped"] in ("every effect decided", "the seed cap (5) reached with 1 effect open")
+    assert record["stopped"] in ("every effect decided", "the seed cap (5) reached with 1 effect open",
+                                 "1 effect open, none of which 5 seeds would decide at the noise measured")
     # the report judges every family at the looks' alpha
     effects = effects_mod.report_frames(root)[2]
     noop = effects[(effects["flip"] == "noop") & (effects["metric"] == "best_val_loss")].iloc[0]
@@ -113,6 +115,42 @@ def test_dry_run_on_earlier_runs_says_the_seeds_the_margin_needs(tmp_path):
     assert "power:" not in invoke("ablate", spec, "--runs-dir", tmp_path / "other", "--dry-run").output
 
 
+def _open(flip: str, call: str, n: int, gain: float, se: float) -> dict:
+    return {"metric": "best_val_loss", "flip": flip, "direction": "add-one", "group": "", "call": call,
+            "n_pairs": n, "gain": gain, "se": se, "df": n - 1.0 if n > 1 else float("nan"),
+            "adj_level": 1 - 0.025 / 10, "threshold": 0.02}
+
+
+def test_futile_effects_are_the_open_ones_the_cap_could_not_decide():
+    import pandas as pd
+
+    effects = pd.DataFrame([
+        _open("wide", stats.UNDECIDED, 3, 0.1, 0.02),    # helps at 10 seeds, still open at 4
+        _open("small", stats.SMALL, 3, 0.01, 0.006),     # negligible at 10 seeds only if the gain is a se smaller
+        _open("few", stats.TOO_FEW, 2, 0.5, float("nan")),  # no interval yet: never futile
+        _open("done", stats.HELPS, 3, 0.5, 0.01),        # decided: not open at all
+        _open("hopeless", stats.UNDECIDED, 3, 0.0, 0.5),  # nothing within a se of 0 decides at 10 seeds
+    ])
+    assert decide.names(decide.futile(effects, 4)) == ["wide add-one", "small add-one", "hopeless add-one"]
+    assert decide.names(decide.futile(effects, 10)) == ["hopeless add-one"]
+    assert decide.futile(effects, 3).empty  # no seeds beyond the look: nothing to withhold
+    # the configs of a futile effect get no seeds; an open one's still do
+    runs = pd.DataFrame({"role": ["reference", "+wide", "+hopeless", "+few"], "run_id": ["r", "w", "h", "f"]})
+    assert decide.open_runs([("", runs)], effects) == {"r", "w", "h", "f"}
+    assert decide.open_runs([("", runs)], effects, cap=10) == {"r", "w", "f"}
+
+
+def test_the_stop_line_names_the_effects_given_up_on_once():
+    a, b, c = "a add-one", "b add-one", "c add-one"
+    rounds = [{"seeds": 3, "trained": 9, "open": [a, b, c], "futile": [a]},
+              {"seeds": 4, "trained": 4, "open": [a, b], "futile": [a, b]},
+              {"seeds": 5, "trained": 0, "open": [a, b], "futile": []}]
+    record = decide.DecideRecord(looks=[3, 4, 5], alpha=0.05 / 3, rounds=rounds,
+                                 stopped="the seed cap (5) reached with 2 effects open")
+    text = decide.stop_text(record)
+    assert text.endswith("seeds withheld as futile (the cap would not decide them): a add-one at 3, b add-one at 4")
+
+
 def test_seeds_for_is_the_first_count_whose_mde_reaches_the_effect():
     from scipy import stats as sps
 
@@ -133,3 +171,21 @@ def test_a_specs_decide_table_plans_the_rounds_and_options_override_it(tmp_path)
     assert "--decide: looks at 3, 5, 7 seeds" in " ".join(out.output.split())
     bad = write_spec(tmp_path, name="bad", top={"seeds": 3, "flips": ["rope"], "decide": {"budget": "soon"}})
     one_error_line(invoke("ablate", bad, "--runs-dir", tmp_path / "runs", "--dry-run"), "decide.budget")
+
+
+@pytest.mark.slow  # trains nine toy runs
+def test_a_resumed_decide_prices_its_next_round_from_the_calibrated_step_times(tmp_path, monkeypatch):
+    """The first round found done (a resumed study) took no time; the next round's cost must still be
+    estimated (this machine's step times), so a budget it cannot meet stops the study before it trains.
+    Toy rope is futile at any cap (its gain is noise), so futility is switched off here: this is about price."""
+    monkeypatch.setattr(decide, "futile", lambda effects, cap: effects.iloc[0:0])
+    spec = write_spec(tmp_path, top={"seeds": 3, "flips": ["rope"], "directions": ["add-one"]})
+    base = ["ablate", spec, "--runs-dir", tmp_path / "runs", "--workers", "1", "--stack", "off"]
+    assert invoke(*base, "--no-report").exit_code == 0
+    result = invoke(*base, "--decide", "--max-seeds", "10", "--decide-step", "1", "--budget", "1s", "--no-report")
+    assert result.exit_code == 0, result.output
+    record = json.loads((tmp_path / "runs" / "toy" / decide.DECIDE).read_text())
+    first = record["rounds"][0]
+    assert first["trained"] == 6 and first["open"] == ["rope add-one"] and first["futile"] == []
+    assert record["stopped"] == "the budget (1s) would be overrun by the next round"
+    assert load_runs(tmp_path / "runs" / "toy")[0]["seed"].nunique() == 3  # nothing trained past the plan

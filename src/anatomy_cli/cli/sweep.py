@@ -175,9 +175,15 @@ def ablate(
     train = functools.partial(_train, sweep_dir=sweep_dir, workers=n_workers, name=s.name, executor=executor,
                               address=address, invocation=invocation, stack=per_model)
     if looks:
+        def cost(todo) -> float:  # the dry-run's estimate of a round: this machine's calibrated step times
+            from anatomy_cli.sweep.calibrate import plan_seconds
+
+            per_run, startup = plan_estimate(todo, n_workers, vocab)
+            return plan_seconds(list(per_run.values()), n_workers, startup) if todo else 0.0
+
         statuses = _decide(s, plan, looks, train, sweep_dir, min_effect, budget_s, budget,
                            lambda n: load_plan(spec, flip, n, steps, device=device, compile=compile or None,
-                                               dtype=dtype)[1])
+                                               dtype=dtype)[1], cost)
     else:
         statuses = train(plan)
     lost = statuses.count(runs.INTERRUPTED)  # a worker killed under its run (resumable)
@@ -227,7 +233,7 @@ def decide_looks(s, seeds: int | None, max_seeds: int | None, step: int) -> list
 
 
 def _decide(s, plan, looks: list[int], train, sweep_dir: Path, min_effect: float | None, budget_s: float | None,
-            budget: str | None, plan_at) -> list[str | None]:
+            budget: str | None, plan_at, cost) -> list[str | None]:
     """--decide: train the first round (`plan`), then at each planned look judge the effects on the
     look's seeds (the runs of its plan at n seeds) at the looks' alpha and give the next round's seeds only to the
     configs of open effects. decide.json records the plan and each round; the statuses of every run
@@ -235,6 +241,7 @@ def _decide(s, plan, looks: list[int], train, sweep_dir: Path, min_effect: float
     from anatomy_cli.report import decide as decide_mod
     from anatomy_cli.report import effects as effects_mod
     from anatomy_cli.report.frames import load_runs
+    from anatomy_cli.sweep.plan import pending_runs
 
     record = decide_mod.read_record(sweep_dir)
     if record is not None and record.looks != looks:
@@ -245,32 +252,40 @@ def _decide(s, plan, looks: list[int], train, sweep_dir: Path, min_effect: float
     record = decide_mod.DecideRecord(looks=looks, alpha=alpha)
     started, statuses, todo, full = time.monotonic(), {}, plan, plan  # full: every config at this look's seeds
     for k, n in enumerate(looks):
-        began = time.monotonic()
+        began, pending = time.monotonic(), len(pending_runs(todo, sweep_dir))
         statuses |= dict(zip((p.run_id for p in todo), train(todo)))
         decide_mod.write_record(sweep_dir, record)  # the plan, before the look: a report from here on knows alpha
         ids = {p.run_id: p.slug for p in full}
         runs_k = load_runs(sweep_dir)[0]
         runs_k = runs_k[runs_k["run_id"].isin(ids)]
         effects = effects_mod.component_effects(runs_k, min_effect=min_effect, alpha=alpha)
-        still = decide_mod.open_effects(effects)
+        still, hopeless = decide_mod.open_effects(effects), decide_mod.futile(effects, looks[-1])
         round_s = time.monotonic() - began
         record = record.model_copy(update={"rounds": [*record.rounds, {
-            "seeds": n, "trained": len(todo), "seconds": round(round_s, 1),
-            "open": [f"{r.flip} {r.direction}" + (f" ({r.group})" if r.group else "") for r in still.itertuples()]}]})
+            "seeds": n, "trained": len(todo), "seconds": round(round_s, 1), "open": decide_mod.names(still),
+            "futile": decide_mod.names(hopeless) if k < len(looks) - 1 else []}]})
         if still.empty:
             stopped = "every effect decided"
         elif k == len(looks) - 1:
             stopped = f"the seed cap ({n}) reached with {len(still)} effect{'s' * (len(still) > 1)} open"
+        elif len(hopeless) == len(still):
+            stopped = (f"{len(still)} effect{'s' * (len(still) > 1)} open, none of which {looks[-1]} seeds would "
+                       f"decide at the noise measured")
         else:
-            slugs = {ids[r] for r in decide_mod.open_runs(effects_mod.groups(runs_k[runs_k["role"] != ""]), effects)}
-            per_run = round_s / max(1, len(todo))  # this machine's pace, as measured in the round just run
+            grouped = effects_mod.groups(runs_k[runs_k["role"] != ""])
+            slugs = {ids[r] for r in decide_mod.open_runs(grouped, effects, cap=looks[-1])}
             full = plan_at(looks[k + 1])  # planned once per look: this round's work and the next look's runs
             todo = [p for p in full if p.slug in slugs and p.run_id not in ids]
-            if budget_s is not None and time.monotonic() - started + per_run * len(todo) > budget_s:
+            ahead = pending_runs(todo, sweep_dir)
+            # the next round's time: at the pace of the runs this round trained, else (every run was found
+            # done: a resumed study) the dry-run's estimate from this machine's calibrated step times
+            need = round_s / pending * len(ahead) if pending else cost(ahead)
+            if budget_s is not None and time.monotonic() - started + need > budget_s:
                 stopped = f"the budget ({budget}) would be overrun by the next round"
             else:
-                err_console.print(f"--decide: {len(still)} effect{'s' * (len(still) > 1)} open at {n} seeds; round "
-                                  f"{k + 2} trains {len(todo)} runs at {looks[k + 1]} seeds", highlight=False)
+                spare = f" ({len(hopeless)} of them futile: no more seeds)" if len(hopeless) else ""
+                err_console.print(f"--decide: {len(still)} effect{'s' * (len(still) > 1)} open at {n} seeds{spare}; "
+                                  f"round {k + 2} trains {len(todo)} runs at {looks[k + 1]} seeds", highlight=False)
                 continue
         break
     record = record.model_copy(update={"stopped": stopped})

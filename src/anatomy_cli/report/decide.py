@@ -17,8 +17,17 @@ boundaries would spend less at the early looks), and exact in the worst case, wi
 about the dependence. Each look reads the seeds of its round only (the first n seeds), so a study
 interrupted and resumed takes the same decisions as one that ran straight through.
 
+Futility. Seeds also stop for an open effect that the cap could not decide: one whose interval, at
+the cap's seed count with its noise as measured now, would still be open for every gain within one
+standard error of the one seen (the optimistic end of that range for a difference from zero, the
+pessimistic one for "negligible"). Such an effect keeps its call (undecided, below margin) and its
+configs get no more seeds for it. Futility only ever withholds seeds, never makes a call, so the
+error bound above holds unchanged (a non-binding futility boundary); what it costs is the power of
+the effects it gives up on, which benchmarks/calibrate_verdict.py --decide measures.
+
   schedule       the planned seed counts of the looks
   open_effects   the effects whose call is still open
+  futile         those no seed count up to the cap would plausibly decide
   open_runs      the run ids of the configs such an effect is paired from
   DecideRecord   RUNS_DIR/decide.json: the plan (looks, alpha) and each round's outcome
 """
@@ -31,6 +40,7 @@ from pathlib import Path
 from typing import Annotated
 
 import pandas as pd
+import scipy.stats as sps
 from pydantic import Field, ValidationError
 
 from anatomy_cli.report import stats
@@ -62,10 +72,40 @@ def open_effects(effects: pd.DataFrame) -> pd.DataFrame:
     return loss[loss["call"].isin(OPEN)]
 
 
-def open_runs(grouped, effects: pd.DataFrame) -> set[str]:
-    """Run ids of every config an open effect is paired from: its end's and its variant's runs.
-    grouped: (group label, runs) pairs, as effects.groups gives them."""
+def names(effects: pd.DataFrame) -> list[str]:
+    """'rope add-one' (with ' (group)' in a multi-group study) for each effect, as decide.json lists them."""
+    return [f"{r.flip} {r.direction}" + (f" ({r.group})" if r.group else "") for r in effects.itertuples()]
+
+
+def futile(effects: pd.DataFrame, cap: int) -> pd.DataFrame:
+    """The open effects that `cap` seeds would leave open: at the cap (its n and the degrees of freedom
+    that n adds), with each effect's variance and family level as judged now, no gain within one
+    standard error of the one seen gets a decided call. An effect without an interval yet (too few
+    seeds) is never futile."""
+    still = open_effects(effects)
+    keep = []
+    for r in still.itertuples():
+        n, se, df = r.n_pairs, r.se, r.df
+        if not (n >= stats.MIN_PAIRS and cap > n and math.isfinite(se) and se > 0 and math.isfinite(df)):
+            keep.append(False)
+            continue
+        se_cap = se * math.sqrt(n / cap)
+        crit = float(sps.t.ppf(1 - (1 - r.adj_level) / 2, df + cap - n))
+        th = r.threshold if math.isfinite(r.threshold) else 0.0
+        far, near = abs(r.gain) + se, max(0.0, abs(r.gain) - se)  # the gains most and least unlike zero
+        decided = stats.call(cap, far, far - crit * se_cap, far + crit * se_cap, th) not in OPEN or \
+            stats.call(cap, near, near - crit * se_cap, near + crit * se_cap, th) not in OPEN
+        keep.append(not decided)
+    return still[keep] if len(still) else still
+
+
+def open_runs(grouped, effects: pd.DataFrame, cap: int | None = None) -> set[str]:
+    """Run ids of every config an open effect is paired from: its end's and its variant's runs; with a
+    cap, only the open effects that are not futile at it. grouped: (group label, runs) pairs, as
+    effects.groups gives them."""
     wanted = open_effects(effects)
+    if cap is not None:
+        wanted = wanted.drop(futile(effects, cap).index)
     out: set[str] = set()
     for group, members in grouped:
         for r in wanted[wanted["group"] == group].itertuples():
@@ -111,6 +151,13 @@ def write_record(root: Path, record: DecideRecord) -> None:
 def stop_text(record: DecideRecord) -> str:
     """'--decide: 3 rounds (3, 5, 7 seeds); stopped: every effect decided' for the report."""
     seeds = ", ".join(str(r["seeds"]) for r in record.rounds)
+    still = set(record.rounds[-1]["open"]) if record.rounds else set()
+    first: dict[str, int] = {}  # each effect still open, at the look that first found it futile
+    for r in record.rounds:
+        first |= {name: r["seeds"] for name in r.get("futile", []) if name in still and name not in first}
+    given_up = [f"{name} at {n}" for name, n in first.items()]
+    futile_text = f"; seeds withheld as futile (the cap would not decide them): {', '.join(given_up)}" \
+        if given_up else ""
     return (f"--decide: {len(record.rounds)} round{'s' * (len(record.rounds) != 1)} ({seeds} seeds) of the "
             f"{len(record.looks)} planned, each look at family-wise alpha {record.alpha:.4g} (0.05 split over the "
-            f"looks); stopped: {record.stopped or 'still running'}")
+            f"looks); stopped: {record.stopped or 'still running'}{futile_text}")
