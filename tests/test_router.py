@@ -495,3 +495,16 @@ def test_a_resumed_run_equals_one_trained_straight_through(tmp_path):
 
 def straight_vocab(tmp_path) -> int:
     return json.loads((tmp_path / "straight" / runs.CONFIG).read_text())["model"]["vocab_size"]
+
+
+def test_export_names_the_router_beside_the_experts():
+    from anatomy_cli.exams.export import ExportError, check_llama_shaped
+
+    cfg = ModelConfig(vocab_size=50, **LLAMA, moe=True, moe_router="deepseek")
+    with pytest.raises(ExportError) as err:
+        check_llama_shaped(cfg)
+    assert str(err.value) == ("cannot export to Llama: mixture of experts (moe), DeepSeek-V3's router "
+                              "(moe_router 'deepseek') have no Llama equivalent")
+    with pytest.raises(ExportError) as err:  # Qwen3-MoE's router: the experts alone are named
+        check_llama_shaped(ModelConfig(vocab_size=50, **LLAMA, moe=True))
+    assert "router" not in str(err.value)

@@ -84,6 +84,8 @@ def llama_mismatches(model_cfg) -> list[str]:
             bad.append(f"{c.parts[0]} (needs {'/'.join(str(v) for v in c.on.values())})")
         elif c.llama == "off" and on is not False:
             bad.append(f"{c.parts[1]} ({c.name})")
+    if model_cfg.moe and model_cfg.moe_router != "softmax-topk":  # a router choice, not a row of its own
+        bad.append(f"DeepSeek-V3's router (moe_router {model_cfg.moe_router!r})")
     if model_cfg.rope_variant != "standard":
         bad.append(f"RoPE variant {model_cfg.rope_variant!r} (needs standard)")
     return bad
