@@ -140,6 +140,9 @@ def test_parts_block_shows_quality_speed_size_and_decode_state():
     assert lines[3] == ("| swa | −0.010 [−0.020, +0.000] within noise | not timed | 1,000 (1,000) "
                         "| 0.50 MiB, 0.25x |")
     assert lines[4] == "| (LLaMA end) | | | 1,000 (1,000) | 2.00 MiB |"
+    # speed from the training runs themselves (no timing pass: the row carries the overlap note) is no timing
+    doc["effects"][2] |= {"note": "from training runs that may have shared the CPU: not a fair timing"}
+    assert "| moe | +0.050 [+0.020, +0.080] helps | not timed |" in results.render(doc, "parts")
 
 
 def test_a_results_file_missing_keys_is_one_line_and_exit_2(tmp_path, capsys):

@@ -50,7 +50,7 @@ RESULTS_DIR = Path("experiments") / "results"
 MARK = re.compile(r"<!-- results (?P<study>[\w.-]+) (?P<what>[^>]*?) -->(?P<body>.*?)<!-- /results -->", re.DOTALL)
 EFFECT_KEYS = ("metric", "unit", "flip", "direction", "against", "group", "n_pairs", "gain", "adj_low", "adj_high",
                "adj_level", "family", "threshold", "threshold_basis", "call", "raw_low", "raw_high", "p_holm",
-               "mde", "noise", "df", "prior_df")
+               "mde", "noise", "df", "prior_df", "note")
 BLOCKS = ("verdict", "directions", "ends", "rule", "moves", "scale", "parts", "decide")
 
 
@@ -118,6 +118,7 @@ class Effect(FileModel):  # EFFECT_KEYS
     noise: Amount | None = None
     df: Amount | None = None
     prior_df: float | None = None  # squeeze's d0: 0 when the family's variances borrowed nothing; inf -> null
+    note: str | None = None  # speed from the training runs, not a timing pass: effects.OVERLAP_NOTE
 
 
 class EvalGain(FileModel):
@@ -480,7 +481,8 @@ def _parts(doc: dict) -> str:
              f"{ref.get('positions', 4096):,} positions |", "|---|---|---|---|---|"]
     for e in sorted((e for e in _loss(doc) if e["direction"] == ADD_ONE), key=lambda e: -(e["gain"] or 0)):
         c, s = cost.get(f"+{e['flip']}", {}), speed.get(e["flip"])  # report._role: "+flip" is add-one
-        fast = "not timed" if s is None else f"{_g(s['gain'], 1)} % {_interval(s, 1)} {s['call']}"
+        timed = s is not None and not s.get("note")  # the training runs' own tokens/s are no fair timing
+        fast = f"{_g(s['gain'], 1)} % {_interval(s, 1)} {s['call']}" if timed else "not timed"
         size = "—" if c.get("params") is None else f"{c['params']:,} ({c['active_params']:,})"
         state = "—" if c.get("state_bytes_4k") is None else _mib(c["state_bytes_4k"], ref.get("state_bytes_4k"))
         lines.append(f"| {e['flip']} | {_g(e['gain'])} {_interval(e)} {e['call']} | {fast} | {size} | {state} |")
