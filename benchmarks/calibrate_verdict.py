@@ -355,22 +355,26 @@ def decide_cell(rng: np.random.Generator, looks: list[int], noise: Noise, famili
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
-def calibrate_decide(families: int, plans=PLANS, noises=DECIDE_NOISES, seed: int = 28, log=None) -> list[dict]:
-    """One row per (plan, noise setting, futility on/off): error, power, boundary, coverage, runs."""
+def calibrate_decide(families: int, plans=PLANS, noises=DECIDE_NOISES, seed: int = 28, log=None,
+                     null_families: int | None = None) -> list[dict]:
+    """One row per (plan, noise setting, futility on/off): error, power, boundary, coverage, runs.
+    null_families: families of the null scenario (the error rate needs more than power does)."""
     rng = np.random.default_rng(seed)
     out = []
     for plan, looks in plans.items():
         for noise in noises:
             for futility in (True, False):
                 t0 = time.perf_counter()
-                cells = {"null": decide_cell(rng, looks, noise, families, 0.0, futility)}
+                cells = {"null": decide_cell(rng, looks, noise, null_families or families, 0.0, futility)}
                 cells |= {f"power {k:g}": decide_cell(rng, looks, noise, families, k * SIGMA, futility)
                           for k in DECIDE_K}
                 cells["edge"] = decide_cell(rng, looks, noise, families, NEW_MARGIN, futility)
                 pw = {k: rate(cells[f"power {k:g}"], stats.HELPS) for k in DECIDE_K}
                 out.append({"plan": plan, "looks": looks, "noise": noise.name, "futility": futility,
-                            "families": families, "fwer": fwer(cells["null"]), "power": pw,
-                            "coverage": float(np.concatenate([covered(c) for c in cells.values()]).mean()),
+                            "families": families, "null_families": null_families or families,
+                            "fwer": fwer(cells["null"]), "power": pw,
+                            "coverage": float(np.concatenate([covered(c) for k, c in cells.items()
+                                                              if k != "null"]).mean()),
                             "negligible_plus": rate(cells["edge"], stats.NEGLIGIBLE),
                             "runs_null": float(cells["null"]["runs"].mean()) / (len(ROLES) * looks[0]),
                             "runs_power2": float(cells["power 2"]["runs"].mean()) / (len(ROLES) * looks[0])})
@@ -428,12 +432,15 @@ def legend(families: int) -> list[str]:
             "negl. at +/-m: P(negligible) for a true effect exactly at +/- the rule's margin."]
 
 
-def decide_legend(families: int) -> list[str]:
-    return [f"{families} families per scenario; noise settings and margin as in the fixed-seed table; every look "
-            "judged at 0.05 / (number of looks). FWER: P(any false helps/hurts in the calls of each family's last "
-            "look) with every effect 0; P(helps) k sd: the tested effect at k paired sds; negl. at +m: P(negligible) "
-            "for the tested effect exactly at the margin 0.02; runs: the mean runs a study trained over 33 (3 seeds "
-            "of its 11 configs), with every effect 0 and with the tested effect at 2 sds."]
+def decide_legend(families: int, null_families: int) -> list[str]:
+    return [f"{families} families per scenario ({null_families} under the null: Monte-Carlo sd "
+            f"{100 * math.sqrt(0.05 * 0.95 / null_families):.1f} points at 5 %); noise settings and margin as in "
+            "the fixed-seed table; every look judged at 0.05 / (number of looks). FWER: P(any false helps/hurts "
+            "in the calls of each family's last look) with every effect 0; P(helps) k sd: the tested effect at k "
+            "paired sds; coverage: all intervals of a family's last look hold their truths, over the power and "
+            "margin scenarios; negl. at +m: P(negligible) for the tested effect exactly at the margin 0.02; runs: "
+            "the mean runs a study trained over 33 (3 seeds of its 11 configs), with every effect 0 and with the "
+            "tested effect at 2 sds."]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -442,6 +449,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="300 families, n = 3 only")
     p.add_argument("--decide", action="store_true", help="the --decide table instead (rounds of seeds, futility "
                    "on and off)")
+    p.add_argument("--null-families", type=int, help="with --decide: families of the null scenario (default: "
+                   "--families)")
     p.add_argument("--seed", type=int, default=28)
     p.add_argument("--json", type=Path, help="also write the numbers here")
     p.add_argument("--append", action="store_true", help="append a dated section to benchmarks/RESULTS.md")
@@ -454,8 +463,9 @@ def main(argv=None) -> None:
     t0 = time.perf_counter()
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     if args.decide:
-        rows = calibrate_decide(families, seed=args.seed, log=log)
-        lines = [*decide_legend(families), "", *decide_table(rows), "", f"wall time {time.perf_counter() - t0:.0f} s"]
+        rows = calibrate_decide(families, seed=args.seed, log=log, null_families=args.null_families)
+        lines = [*decide_legend(families, args.null_families or families), "", *decide_table(rows), "",
+                 f"wall time {time.perf_counter() - t0:.0f} s"]
     else:
         rows = calibrate(families, ns, seed=args.seed, log=log)
         lines = [*legend(families), "", *table(rows), "", f"wall time {time.perf_counter() - t0:.0f} s"]
