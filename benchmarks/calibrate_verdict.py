@@ -388,14 +388,10 @@ def decide_table(rows: list[dict]) -> list[str]:
     ks = list(rows[0]["power"])
     head = (["plan (looks)", "noise", "futility", "FWER %"] + [f"P(helps) {k:g} sd %" for k in ks]
             + ["coverage %", "negl. at +m %", "runs (null) / 3 seeds", "runs (2 sd) / 3 seeds"])
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    for r in rows:
-        cells = ([f"{r['plan']} ({', '.join(map(str, r['looks']))})", r["noise"], "on" if r["futility"] else "off",
-                  _pct(r["fwer"])] + [_pct(r["power"][k]) for k in ks]
-                 + [_pct(r["coverage"]), _pct(r["negligible_plus"]),
-                    f"{r['runs_null']:.2f}x", f"{r['runs_power2']:.2f}x"])
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
+    return _markdown(head, [[f"{r['plan']} ({', '.join(map(str, r['looks']))})", r["noise"],
+                             "on" if r["futility"] else "off", _pct(r["fwer"])] + [_pct(r["power"][k]) for k in ks]
+                            + [_pct(r["coverage"]), _pct(r["negligible_plus"]), f"{r['runs_null']:.2f}x",
+                               f"{r['runs_power2']:.2f}x"] for r in rows])
 
 
 # ------------------------------------------------------------------------------- output
@@ -410,14 +406,19 @@ def table(rows: list[dict]) -> list[str]:
     ks = list(rows[0]["power"])
     head = (["noise", "n", "rule", "FWER %"] + [f"P(helps) {k:g} sd %" for k in ks]
             + ["80% power at (sd)", "coverage %", "negl. at +m %", "negl. at -m %"])
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    body = []
     for r in rows:
         mde = ">" + f"{max(ks):g}" if math.isinf(r["mde80"]) else f"{r['mde80']:.2f}"
-        cells = ([r["noise"], str(r["n"]), "new" if r["rule"] == NEW else "today (replica)", _pct(r["fwer"])]
-                 + [_pct(r["power"][k]) for k in ks]
-                 + [mde, _pct(r["coverage"]), _pct(r["negligible_plus"]), _pct(r["negligible_minus"])])
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
+        body.append([r["noise"], str(r["n"]), "new" if r["rule"] == NEW else "today (replica)", _pct(r["fwer"])]
+                    + [_pct(r["power"][k]) for k in ks]
+                    + [mde, _pct(r["coverage"]), _pct(r["negligible_plus"]), _pct(r["negligible_minus"])])
+    return _markdown(head, body)
+
+
+def _markdown(head: list[str], body: list[list[str]]) -> list[str]:
+    """A markdown table: the header, its rule, a line per row."""
+    return ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|",
+            *("| " + " | ".join(cells) + " |" for cells in body)]
 
 
 def legend(families: int) -> list[str]:
