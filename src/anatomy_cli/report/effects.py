@@ -31,7 +31,7 @@ from anatomy_cli.report import stats
 from anatomy_cli.report import verdict as vd
 from anatomy_cli.report.frames import HIGHER_IS_BETTER, LOSS_METRIC, RELATIVE_METRICS, SPEED_METRIC, load_runs
 from anatomy_cli.spec import components as comp
-from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, REFERENCE, REMOVE_ONE, shown
+from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, DIRECTIONS, END_OF, REFERENCE, REMOVE_ONE, shown, variant
 from anatomy_cli.store.runs import COMPLETED, read_design
 
 EFFECT_COLUMNS = ["metric", "flip", "direction", "against", "group", "n_pairs", "excluded", "unit", "gain",
@@ -100,13 +100,13 @@ def _pairings(members: pd.DataFrame):
     design = members["design"].iloc[0].split("+")
     if len(design) == 2:  # with two components, "A alone" is also "all-on minus B"
         for a, b in (design, design[::-1]):
-            if f"+{a}" in by_role:
-                by_role.setdefault(f"-{b}", by_role[f"+{a}"])
+            if variant(a, ADD_ONE) in by_role:
+                by_role.setdefault(variant(b, REMOVE_ONE), by_role[variant(a, ADD_ONE)])
     ends = comp.end_names(design)
     ends = tuple(map(shown, ends))
     for flip in design:
-        for direction, ref, var, end in ((ADD_ONE, REFERENCE, f"+{flip}", ends[0]),
-                                         (REMOVE_ONE, ALL_ON, f"-{flip}", ends[1])):
+        for direction, end in zip(DIRECTIONS, ends):
+            ref, var = END_OF[direction], variant(flip, direction)
             if ref in by_role and var in by_role:
                 yield flip, direction, f"{end} end", by_role[ref], by_role[var]
 

@@ -31,7 +31,7 @@ from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
 
 from anatomy_cli.report import stats
 from anatomy_cli.spec import components as comp
-from anatomy_cli.spec.roles import ADD_ONE
+from anatomy_cli.spec.roles import ADD_ONE, VERB
 from anatomy_cli.store.runs import atomic_write_bytes
 
 END_COLOUR = "#555555"  # the end a variant is compared with
@@ -253,7 +253,7 @@ def plot_eval_effects(eval_effects: pd.DataFrame, path: Path) -> Path:
             cell = cell[cell["step"] > 0].sort_values("step")  # step 0: untrained, no effect yet
             x = cell["tokens"].to_numpy(float) if cell["tokens"].notna().all() else cell["step"].to_numpy(float)
             style = "-" if direction == ADD_ONE else "--"
-            name = ("added" if direction == ADD_ONE else "removed") + (f" [{group}]" if group else "")
+            name = VERB[direction] + (f" [{group}]" if group else "")
             ax.plot(x, cell["gain"].to_numpy(float), style, color=c, linewidth=1.6, label=name)
             lo, hi = cell["raw_low"].to_numpy(float), cell["raw_high"].to_numpy(float)
             if np.isfinite(lo).any():
@@ -305,7 +305,7 @@ def scale_figure(by_size: pd.DataFrame, trends: pd.DataFrame) -> Figure:
         for (series, direction), cell in by_size[by_size["flip"] == flip].groupby(["series", "direction"], sort=False):
             cell = cell.sort_values("non_embedding_params")
             x = cell["non_embedding_params"].to_numpy(float) * 10 ** (-0.02 if direction == ADD_ONE else 0.02)
-            word = "added" if direction == ADD_ONE else "removed"
+            word = VERB[direction]
             lo, hi = cell["adj_low"].to_numpy(float), cell["adj_high"].to_numpy(float)
             gain = cell["gain"].to_numpy(float)
             ax.errorbar(x, gain,

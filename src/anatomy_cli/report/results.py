@@ -42,7 +42,7 @@ from pydantic import Field, ValidationError, model_validator
 from anatomy_cli.report import decide as decide_mod
 from anatomy_cli.report.decide import DecideRecord
 from anatomy_cli.spec.errors import InputError
-from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, REFERENCE, REMOVE_ONE
+from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, REFERENCE, REMOVE_ONE, VERB, variant
 from anatomy_cli.store.runs import FileModel, schema_problem
 
 FORMAT, VERSION = "anatomy-results", 1
@@ -461,7 +461,7 @@ def _rule(doc: dict) -> str:
 def _moves(doc: dict, *_: str) -> str:
     lines = []
     rows = [r for r in doc["eval_gains"] if r["group"] == (doc["eval_gains"][0]["group"] if doc["eval_gains"] else "")]
-    for direction, word in ((ADD_ONE, "added"), (REMOVE_ONE, "removed")):
+    for direction, word in VERB.items():
         mine = [r for r in rows if r["direction"] == direction]
         steps = sorted({s for r in mine for s in r["steps"] if s > 0})
         for step in dict.fromkeys([steps[0], steps[len(steps) // 2], steps[-1]] if steps else []):
@@ -480,7 +480,7 @@ def _parts(doc: dict) -> str:
     lines = ["| part | gain in best val loss | speed (tokens/s) | params (active) | decode state at "
              f"{ref.get('positions', 4096):,} positions |", "|---|---|---|---|---|"]
     for e in sorted((e for e in _loss(doc) if e["direction"] == ADD_ONE), key=lambda e: -(e["gain"] or 0)):
-        c, s = cost.get(f"+{e['flip']}", {}), speed.get(e["flip"])  # report._role: "+flip" is add-one
+        c, s = cost.get(variant(e["flip"], ADD_ONE), {}), speed.get(e["flip"])  # the add-one config's cost
         timed = s is not None and not s.get("note")  # the training runs' own tokens/s are no fair timing
         fast = f"{_g(s['gain'], 1)} % {_interval(s, 1)} {s['call']}" if timed else "not timed"
         size = "—" if c.get("params") is None else f"{c['params']:,} ({c['active_params']:,})"

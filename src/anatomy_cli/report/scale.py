@@ -60,7 +60,7 @@ import pandas as pd
 
 from anatomy_cli.report import stats
 from anatomy_cli.report.frames import run_flags
-from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, REFERENCE
+from anatomy_cli.spec.roles import END_OF, REFERENCE, variant
 from anatomy_cli.store import runs as runs_mod
 
 HOLDS, GROWS, SHRINKS, REVERSES, NOISE_ALL = "holds", "grows", "shrinks", "reverses sign", "not called at any size"
@@ -202,8 +202,7 @@ def trends(gains: pd.DataFrame, effects_by_size: pd.DataFrame, threshold: float,
 def cell_runs(runs: pd.DataFrame, series: str, flip: str, direction: str) -> pd.DataFrame:
     """The runs one component's effects in one direction are paired from: its end's and its variant's,
     at every size of the series."""
-    roles = (REFERENCE, f"+{flip}") if direction == ADD_ONE else (ALL_ON, f"-{flip}")
-    return runs[(runs["series"] == series) & runs["role"].isin(roles)]
+    return runs[(runs["series"] == series) & runs["role"].isin([END_OF[direction], variant(flip, direction)])]
 
 
 def trend_cause(table: pd.DataFrame, x: np.ndarray, runs: pd.DataFrame) -> str:

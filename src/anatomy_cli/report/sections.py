@@ -30,7 +30,7 @@ from anatomy_cli.report import textable
 from anatomy_cli.report import verdict as vd
 from anatomy_cli.report.frames import CTX_PREFIX, RUN_COLUMNS, SAMPLE_CHARS
 from anatomy_cli.spec import components as comp
-from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, REFERENCE, REMOVE_ONE, shown
+from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, REFERENCE, REMOVE_ONE, VERB, shown
 from anatomy_cli.store.runs import SAMPLES
 
 RUN_TABLE = ["run_id", "label", "seed", "status", "params", "active_params", "best_val_loss", "best_step",
@@ -42,7 +42,6 @@ FLOAT_FORMATS = {"tokens_per_s": "{:,.0f}", "step_time_ms": "{:.1f}", "wall_s": 
                  "max_grad_norm": "{:.3g}", "p_value": "{:.3g}", "p_holm": "{:.3g}"}
 GAIN_COLUMNS = ("gain", "adj_low", "adj_high", "raw_low", "raw_high")
 LOSS_FORMATS = {c: "{:+.4f}" for c in GAIN_COLUMNS}
-PCT_FORMATS = {c: "{:+.1f}" for c in GAIN_COLUMNS}
 
 
 @dataclass(frozen=True)
@@ -212,7 +211,7 @@ def directions_text(verdict: pd.DataFrame, ref: str, top: str) -> str:
 
 def change(direction: str, group: str = "") -> str:
     """'added' | 'removed' (the paragraph above a table says to and from which end), and the group."""
-    return ("added" if direction == ADD_ONE else "removed") + (f" [{group}]" if group else "")
+    return VERB[direction] + (f" [{group}]" if group else "")
 
 
 def budget_line(bud: dict, ref_name: str, top_name: str) -> str:
@@ -268,7 +267,7 @@ def ranking_moves(eval_effects: pd.DataFrame) -> list[str]:
     middle one and the last, per direction (the first group's effects)."""
     ev = eval_effects[(eval_effects["step"] > 0) & (eval_effects["group"] == eval_effects["group"].iloc[0])]
     out = []
-    for direction, word in ((ADD_ONE, "added"), (REMOVE_ONE, "removed")):
+    for direction, word in VERB.items():
         d = ev[ev["direction"] == direction]
         steps = sorted(d["step"].unique())
         for step in dict.fromkeys([steps[0], steps[len(steps) // 2], steps[-1]] if steps else []):

@@ -25,11 +25,10 @@ import numpy as np
 from pydantic import Field, ValidationError
 
 from anatomy_cli.report import stats
-from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, REFERENCE, REMOVE_ONE, shown
+from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, END_OF, REFERENCE, REMOVE_ONE, shown
 from anatomy_cli.store import runs
 
 METRIC = "tokens_per_s"
-NOTE_RE = r"timing pass: [^;]*"  # the note every timing effect carries
 
 
 Count = Annotated[int, Field(ge=0)]
@@ -76,7 +75,7 @@ def timing_effects(record: dict) -> list[dict]:
     for (group, role, flip), slug in by_role.items():
         if role not in (ADD_ONE, REMOVE_ONE):
             continue
-        ref = by_role.get((group, REFERENCE if role == ADD_ONE else ALL_ON, None))
+        ref = by_role.get((group, END_OF[role], None))
         if ref is None:
             continue
         pairs = np.array([(r[ref], r[slug]) for r in record["rounds_data"] if slug in r and ref in r and r[ref] > 0
@@ -105,9 +104,3 @@ def summary_line(record: dict) -> str:
             f"{record['steps']} timed steps (after {record['warmup']} untimed), one config at a time in one "
             f"worker process with {record['threads']} thread(s); tokens/s from {min(tps):,.0f} to {max(tps):,.0f}"
             if tps else "timing pass: no rounds")
-
-
-def fmt_gain(row: dict) -> str:
-    """'+12.3% [+8.1, +16.5]' (the adjusted interval) or '+12.3%' without one."""
-    lo, hi = row.get("adj_low", math.nan), row.get("adj_high", math.nan)
-    return f"{row['gain']:+.1f}% [{lo:+.1f}, {hi:+.1f}]" if math.isfinite(lo) else f"{row['gain']:+.1f}%"

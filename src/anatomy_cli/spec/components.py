@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from anatomy_cli.spec.config import SECTIONS, ConfigError, ModelConfig, validate_field
-from anatomy_cli.spec.roles import ALL_ON, REFERENCE
+from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, REFERENCE, REMOVE_ONE, variant
 
 
 @dataclass(frozen=True)
@@ -383,11 +383,11 @@ def role(states: dict[str, bool | None], names: list[str]) -> str:
     if not on:
         return REFERENCE
     if len(on) == 1:  # before all-on: with one component, its add-one run is also the all-on end
-        return f"+{on[0]}"
+        return variant(on[0], ADD_ONE)
     if len(on) == len(names):
         return ALL_ON
     if len(on) == len(names) - 1:
-        return f"-{next(n for n in names if n not in on)}"
+        return variant(next(n for n in names if n not in on), REMOVE_ONE)
     return ""
 
 

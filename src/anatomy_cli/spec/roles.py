@@ -17,8 +17,21 @@ DIRECTIONS: tuple[Direction, ...] = (ADD_ONE, REMOVE_ONE)
 END_OF = {ADD_ONE: REFERENCE, REMOVE_ONE: ALL_ON}  # the end each direction's effects start from
 VERB = {ADD_ONE: "added", REMOVE_ONE: "removed"}  # how a report says the direction
 SHOWN = {"llama": "LLaMA"}  # an end's name as reports print it (its slug elsewhere)
+SIGN = {ADD_ONE: "+", REMOVE_ONE: "-"}  # the sign a variant run's role carries before its component
 
 
 def shown(name: str) -> str:
     """An end's name as a report prints it: 'llama' -> 'LLaMA'; any other name as it is."""
     return SHOWN.get(name, name)
+
+
+def variant(flip: str, direction: str) -> str:
+    """The role of the run that flips `flip` in `direction`: '+flip' (add-one: the reference end with
+    it) or '-flip' (remove-one: the all-on end without it)."""
+    return SIGN[direction] + flip
+
+
+def parse_variant(role: str) -> tuple[Direction, str] | None:
+    """A variant run's role -> (direction, flip): '+f' -> ('add-one', 'f'), '-f' -> ('remove-one', 'f');
+    None for an end's role or '' (no variant)."""
+    return next(((d, role[1:]) for d, sign in SIGN.items() if role[:1] == sign), None)

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, REFERENCE, REMOVE_ONE
+from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, REFERENCE, REMOVE_ONE, parse_variant, variant
 from anatomy_cli.store import runs
 
 # --------------------------------------------------------------------------- running (torch in the worker)
@@ -68,12 +68,12 @@ def roles(configs, design) -> list[dict]:
     for p, key in zip(configs, keys):
         flat = comp.flat_config(p.config)
         role = comp.role({c.name: c.state(flat) for c in comps}, names) if comps else ""
-        entries = [role] + ([f"-{next(n for n in names if n != role[1:])}"] if len(names) == 2 and role[:1] == "+"
-                            else [])
+        alone = parse_variant(role)  # with two components, A alone is also the all-on end minus B
+        entries = [role] + ([variant(next(n for n in names if n != alone[1]), REMOVE_ONE)]
+                            if len(names) == 2 and alone and alone[0] == ADD_ONE else [])
         for r in entries:
-            kind = {"+": ADD_ONE, "-": REMOVE_ONE}.get(r[:1], r or "other")
-            out.append({"slug": p.slug, "role": kind, "flip": r[1:] if r[:1] in "+-" and r else None,
-                        "group": labels[f"|{key}"]})
+            direction, flip = parse_variant(r) or (r or "other", None)
+            out.append({"slug": p.slug, "role": direction, "flip": flip, "group": labels[f"|{key}"]})
     return out
 
 
