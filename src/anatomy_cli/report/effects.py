@@ -1,7 +1,7 @@
 """Runs frame -> effects: each component's gain, paired by seed within a group, judged by stats.py's rule (no torch).
 
   component_effects  runs frame -> add-one / remove-one gain of each component, paired by seed,
-                     judged as one family by stats.py's rule (adjusted interval, threshold, call)
+                     judged as one family by stats.py's rule (adjusted interval, margin, call)
   effects_by_eval    the same pairs at every evaluation step (effects over training)
   seed_gains         each seed's gain per flip (the scale trends' input)
   report_frames      runs, curves, loss and speed effects (speed from a timing pass when there is one)
@@ -35,7 +35,7 @@ from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, DIRECTIONS, END_OF, REFERENC
 from anatomy_cli.store.runs import COMPLETED, read_design
 
 EFFECT_COLUMNS = ["metric", "flip", "direction", "against", "group", "n_pairs", "excluded", "unit", "gain",
-                  "adj_low", "adj_high", "threshold", "threshold_basis", "call", "mde", "noise", "raw_low",
+                  "adj_low", "adj_high", "margin", "margin_basis", "call", "mde", "noise", "raw_low",
                   "raw_high", "sd", "se", "df", "prior_df", "p_value", "p_holm", "adj_level", "family", "note"]
 
 
@@ -50,7 +50,7 @@ def component_effects(runs_df: pd.DataFrame, metric: str = "best_val_loss",
     units (unit 'abs') or, for RELATIVE_METRICS such as tokens_per_s, in percent (unit '%'). The
     effects of one group are one family for stats.judge: adj_low/adj_high the simultaneous interval
     the call is made from, raw_low/raw_high the uncorrected 95% one, p_holm Holm's p. The margin
-    (threshold) is `min_effect`, else the metric's default (margin); `noise` is the group's
+    (column `margin`) is `min_effect`, else the metric's default (see margin); `noise` is the group's
     reference-end seed sd, shown beside it. `excluded` counts pairs skipped because a run did not
     complete (or lacks the metric). alpha: each family's (a --decide study splits it over its looks).
     """
@@ -201,7 +201,7 @@ def effects_frame(rows: list[dict], margins: dict[str, tuple[float, str]], alpha
     judged = []
     for metric, group in dict.fromkeys((r["metric"], r["group"]) for r in rows):
         value, basis = margins.get(metric, margin(metric))
-        judged += [r | {"threshold_basis": basis}
+        judged += [r | {"margin_basis": basis}
                    for r in stats.judge([r for r in rows if r["metric"] == metric and r["group"] == group], value,
                                         alpha)]
     df = pd.DataFrame(judged, columns=EFFECT_COLUMNS)
@@ -244,7 +244,7 @@ def report_frames(root: Path, min_effect: float | None = None) -> tuple[pd.DataF
     runs, curves = load_runs(Path(root))
     record = speed_mod.read_timing(Path(root))
     if record is not None:
-        spread = speed_mod.threshold(record)
+        spread = speed_mod.noise(record)
         speed = [r | {"noise": spread} for r in speed_mod.timing_effects(record)]
     else:
         speed = _effect_rows(runs, SPEED_METRIC)

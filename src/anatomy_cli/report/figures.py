@@ -2,7 +2,7 @@
 
   colour           one colour per component, from its name: the same in every figure
   plot_forest      each effect's gain with the interval its call is made from, ranked, one marker per
-                   call, the threshold band (the verdict; the speed effects of a timing pass)
+                   call, the margin's band (the verdict; the speed effects of a timing pass)
   plot_curves      small multiples: a panel per component and direction, the variant (component
                    colour) against its end (grey); val solid, train faint
   plot_eval_effects  each component's paired effect at every evaluation against tokens seen
@@ -82,18 +82,18 @@ def plot_forest(verdict: pd.DataFrame, path: Path, unit: str = "nats/char") -> P
 
 def forest_figure(verdict: pd.DataFrame, unit: str = "nats/char") -> Figure:
     """Each effect's gain (positive = the component helps) with the interval its call is made from,
-    one row per component and direction in verdict order; a grey band of +-threshold (the smallest
-    effect that matters, the verdict's `threshold`) and one marker style per call (CALL_MARKERS)."""
+    one row per component and direction in verdict order; a grey band of +-margin (the smallest
+    effect that matters, the verdict's `margin`) and one marker style per call (CALL_MARKERS)."""
     fig = Figure(figsize=(WIDTH_IN * 0.8, 1.6 + 0.45 * max(2, len(verdict))), layout="constrained")
     ax = fig.add_subplot()
     if verdict.empty:
         _empty(ax, "no paired runs")
         return fig
     y = np.arange(len(verdict))
-    th = float(verdict["threshold"].iloc[0])
-    if math.isfinite(th) and th > 0:
-        size = f"{th:.1f}%" if unit == "%" else f"{th:.3f}"
-        ax.axvspan(-th, th, color="#dddddd", zorder=0, label=f"±{size}: smaller effects do not matter")
+    margin = float(verdict["margin"].iloc[0])
+    if math.isfinite(margin) and margin > 0:
+        size = f"{margin:.1f}%" if unit == "%" else f"{margin:.3f}"
+        ax.axvspan(-margin, margin, color="#dddddd", zorder=0, label=f"±{size}: smaller effects do not matter")
     ax.axvline(0.0, color="black", linewidth=0.8, zorder=1)
     for yi, r in zip(y, verdict.itertuples()):
         c = colour(r.flip)
@@ -102,7 +102,7 @@ def forest_figure(verdict: pd.DataFrame, unit: str = "nats/char") -> Figure:
         marker, filled = CALL_MARKERS.get(r.call, CALL_MARKERS[stats.UNDECIDED])
         ax.plot([r.gain], [yi], marker, color=c, markersize=9, zorder=3, markeredgewidth=1.8,
                 markerfacecolor=c if filled else "white", gid=f"call:{r.call}")
-    _forest_limits(ax, verdict, th)
+    _forest_limits(ax, verdict, margin)
     labels = [f"{r.flip} ({'added to' if r.direction == 'add-one' else 'removed from'} {r.against})"
               + (f" [{r.group}]" if r.group else "") for r in verdict.itertuples()]
     ax.set_yticks(y, labels)
@@ -123,12 +123,12 @@ def forest_figure(verdict: pd.DataFrame, unit: str = "nats/char") -> Figure:
     return fig
 
 
-def _forest_limits(ax, verdict: pd.DataFrame, th: float) -> None:
-    """x range from the gains, the threshold and the intervals of called rows: a two-seed interval
+def _forest_limits(ax, verdict: pd.DataFrame, margin: float) -> None:
+    """x range from the gains, the margin and the intervals of called rows: a two-seed interval
     (t at 1 degree of freedom) may be 20x wider and would flatten the rest; it runs off the axis."""
     called = verdict[verdict["n_pairs"] >= stats.MIN_PAIRS]
     values = np.concatenate([verdict["gain"].to_numpy(float), called["adj_low"].to_numpy(float),
-                             called["adj_high"].to_numpy(float), [th, -th, 0.0]])
+                             called["adj_high"].to_numpy(float), [margin, -margin, 0.0]])
     values = values[np.isfinite(values)]
     lo, hi = float(values.min()), float(values.max())
     pad = 0.08 * (hi - lo or 1.0)
@@ -284,7 +284,7 @@ def scale_figure(by_size: pd.DataFrame, trends: pd.DataFrame) -> Figure:
     """One small multiple per component: its gain in best val loss at each size (added solid, removed
     dashed, a few percent apart so the intervals do not hide each other) with the adjusted interval its
     call is made from, against non-embedding parameters on one shared log axis whose ticks are the
-    sizes; the threshold band and the scale call in each panel's title."""
+    sizes; the margin's band and the scale call in each panel's title."""
     flips = list(dict.fromkeys([*trends["flip"], *by_size["flip"]]))  # the order of the trend table
     flips = [f for f in flips if (by_size["flip"] == f).any()]
     nrows, ncols = _grid([len(flips)])
@@ -295,12 +295,12 @@ def scale_figure(by_size: pd.DataFrame, trends: pd.DataFrame) -> Figure:
     if not flips:
         _empty(axes[0][0], "no effects at two sizes or more")
     sizes = by_size.drop_duplicates("size").sort_values("non_embedding_params")
-    th = float(trends["threshold"].iloc[0]) if len(trends) else math.nan
+    margin = float(trends["margin"].iloc[0]) if len(trends) else math.nan
     for ax, flip in zip(axes.flat, flips):
         c = colour(flip)
         ax.axhline(0.0, color="black", linewidth=0.8)
-        if math.isfinite(th) and th > 0:
-            ax.axhspan(-th, th, color="#dddddd", zorder=0)
+        if math.isfinite(margin) and margin > 0:
+            ax.axhspan(-margin, margin, color="#dddddd", zorder=0)
         said = []
         for (series, direction), cell in by_size[by_size["flip"] == flip].groupby(["series", "direction"], sort=False):
             cell = cell.sort_values("non_embedding_params")

@@ -2,6 +2,7 @@
 
   load_runs          every run dir under a root -> (runs frame, long curves frame)
   records            a frame as JSON-able records (NaN -> None)
+  as_written         a frame with its columns under the names the files the tool writes give them
   run_flags          still improving / overfit, from a run's best step, last evaluation and steps
 
 A run's role comes from its own config.json, never from its name, read against the components of
@@ -53,6 +54,9 @@ INT_COLUMNS = ("n_layer", "n_head", "n_kv_head", "d_model", "seed", "loss_spikes
 FLOAT_COLUMNS = ("max_grad_norm", *(c for c in COLUMNS if RunSummary.kind(c) is float))
 CURVE_COLUMNS = ["run_id", "step", "tokens", "split", "loss", "grad_norm"]  # grad_norm on train rows
 CTX_PREFIX = "val_loss_ctx_"
+# The margin and its basis under the names the written files kept from before the code said margin
+# (effects.csv, report.json, results files): frames say margin, files say threshold (as_written).
+FILE_NAMES = {"margin": "threshold", "margin_basis": "threshold_basis"}
 
 
 # ------------------------------------------------------------------------------- loading
@@ -255,6 +259,11 @@ def run_flags(best_step, last_eval, steps):
     evaluation; its best before half its steps (NaN steps: never overfit)."""
     return best_step >= last_eval, best_step < 0.5 * steps
 
+
+
+def as_written(df: pd.DataFrame) -> pd.DataFrame:
+    """df with its columns renamed as the written files name them (FILE_NAMES), in the same order."""
+    return df.rename(columns=FILE_NAMES)
 
 
 def records(df: pd.DataFrame) -> list[dict]:

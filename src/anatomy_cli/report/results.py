@@ -108,8 +108,8 @@ class Effect(FileModel):  # EFFECT_KEYS
     adj_high: float | None = None
     adj_level: Share | None = None
     family: Amount | None = None
-    threshold: Amount | None = None
-    threshold_basis: str | None = None
+    margin: Amount | None = Field(None, alias="threshold")  # the file's name for the margin (frames.FILE_NAMES)
+    margin_basis: str | None = Field(None, alias="threshold_basis")
     call: str = None
     raw_low: float | None = None
     raw_high: float | None = None
@@ -198,7 +198,7 @@ class Trend(FileModel):  # scale.TREND_COLUMNS
     fit_smallest: float | None = None
     fit_largest: float | None = None
     change: float | None = None
-    threshold: Amount | None = None
+    margin: Amount | None = Field(None, alias="threshold")
     call: str = None
 
 
@@ -257,7 +257,8 @@ def build(root: Path, frames) -> dict:
             "seeds": sorted(int(s) for s in runs["seed"].dropna().unique()),
             "budget": {k: _num(v) if isinstance(v, float) else v for k, v in vd.budget(runs).items()},
             "ends": ends,
-            "effects": [{k: _plain(r[k]) for k in EFFECT_KEYS} for r in frames_mod.records(effects)],
+            "effects": [{k: _plain(r[k]) for k in EFFECT_KEYS}
+                        for r in frames_mod.records(frames_mod.as_written(effects))],
             "eval_gains": eval_gains, "configs": _configs(runs), **scaled}
 
 
@@ -435,17 +436,23 @@ def _decide(doc: dict) -> str:
     return decide_mod.stop_text(DecideRecord.model_validate(record)) + "." if record else ""
 
 
+def _margin(e: dict) -> tuple[float | None, str | None]:
+    """An effect's margin and where it came from, read under the keys the file keeps for them
+    (`threshold`, `threshold_basis`: EFFECT_KEYS, as frames.FILE_NAMES writes them)."""
+    return e["threshold"], e["threshold_basis"]
+
+
 def _rule(doc: dict) -> str:
     e = next((e for e in _loss(doc) if e["family"]), None)
     if e is None:
         return "No intervals: every effect has fewer than two seeds."
-    th = "unknown" if e["threshold"] is None else f"±{e['threshold']:.3f} nats/char"
-    if e["threshold_basis"] == "noise floor":  # a file written by the rule before issue 28
+    margin, basis = _margin(e)
+    edge = "unknown" if margin is None else f"±{margin:.3f} nats/char"
+    if basis == "noise floor":  # a file written by the rule before issue 28
         return (f"Intervals are simultaneous {100 * e['adj_level']:.4g}% intervals (Bonferroni over the {e['family']} "
-                f"effects); a call needs the interval to exclude 0 and the gain to lie beyond {th} (the reference "
+                f"effects); a call needs the interval to exclude 0 and the gain to lie beyond {edge} (the reference "
                 f"end's seed-to-seed sd); negligible: the interval lies inside it.")
-    basis = ("given by min_effect" if e["threshold_basis"] == "min-effect"
-             else "the default margin, fixed before the data")
+    basis = "given by min_effect" if basis == "min-effect" else "the default margin, fixed before the data"
     mdes = sorted(x["mde"] for x in _loss(doc) if x.get("mde") is not None and x["group"] == e["group"])
     mde = (f" An effect of {statistics.median(mdes):.3f} nats/char is called 80 % of the time (the median minimum "
            f"detectable effect)." if mdes else "")
@@ -454,7 +461,7 @@ def _rule(doc: dict) -> str:
            "each effect's own variance: Bartlett's test found the group's variances unequal, so none borrows")
     return (f"Intervals are simultaneous {100 * e['adj_level']:.4g}% intervals (Bonferroni over the {e['family']} "
             f"effects of the group, {how}); a call needs the "
-            f"interval to exclude 0 and the gain to lie beyond {th} ({basis}); negligible: the interval lies inside "
+            f"interval to exclude 0 and the gain to lie beyond {edge} ({basis}); negligible: the interval lies inside "
             f"it; below margin: the interval excludes 0, the gain lies inside it; undecided: the rest.{mde}")
 
 

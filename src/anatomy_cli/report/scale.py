@@ -75,30 +75,30 @@ BY_SIZE_COLUMNS = ["series", "flip", "direction", "against", "size", "non_embedd
                    "n_pairs", "gain", "adj_low", "adj_high", "call", "flags"]
 TREND_COLUMNS = ["series", "flip", "direction", "against", "sizes", "n_seeds", "slope", "slope_adj_low",
                  "slope_adj_high", "adj_level", "slope_low", "slope_high", "p_value", "p_holm", "fit_smallest",
-                 "fit_largest", "change", "threshold", "call"]
+                 "fit_largest", "change", "margin", "call"]
 
 
 def scale_call(size_calls: list[str], n_seeds: int, n_sizes: int, slope_adj: tuple[float, float],
-               fit: tuple[float, float], threshold: float, span: float, cause: str = "") -> str:
+               fit: tuple[float, float], margin: float, span: float, cause: str = "") -> str:
     """The call of one component and direction (the rule above). size_calls: its verdict call at each
     size; slope_adj: the slope's simultaneous interval; fit: the fitted mean gain at the smallest and
-    the largest size; threshold: the margin (NaN: the interval alone decides, and nothing is flat);
-    span: the decades of parameters the ladder spans; cause: why there is no trend to call when the
-    runs say (trend_cause; '': too few seeds)."""
+    the largest size; margin: the smallest change that matters (NaN: the interval alone decides, and
+    nothing is flat); span: the decades of parameters the ladder spans; cause: why there is no trend
+    to call when the runs say (trend_cause; '': too few seeds)."""
     if n_sizes < 2 or n_seeds < stats.MIN_PAIRS:
         return cause or stats.TOO_FEW
     if stats.HELPS in size_calls and stats.HURTS in size_calls:
         return REVERSES
     change = fit[1] - fit[0]
-    th = threshold if math.isfinite(threshold) else 0.0
+    margin = margin if math.isfinite(margin) else 0.0
     low, high = slope_adj
-    if (low > 0 or high < 0) and abs(change) > th:  # NaN bounds compare false: no trend
+    if (low > 0 or high < 0) and abs(change) > margin:  # NaN bounds compare false: no trend
         if fit[0] * fit[1] < 0:  # the fitted line crosses zero inside the ladder
             return REVERSES
         return GROWS if abs(fit[1]) > abs(fit[0]) else SHRINKS
     if stats.HELPS not in size_calls and stats.HURTS not in size_calls:
         return NOISE_ALL
-    flat = -th < low * span and high * span < th  # every change the interval allows is inside the margin
+    flat = -margin < low * span and high * span < margin  # every change the interval allows is inside the margin
     return HOLDS if flat else NO_TREND
 
 
@@ -162,7 +162,7 @@ def by_size(loss_effects: pd.DataFrame, gains: pd.DataFrame, sizes: pd.DataFrame
     return merged[BY_SIZE_COLUMNS].reset_index(drop=True)
 
 
-def trends(gains: pd.DataFrame, effects_by_size: pd.DataFrame, threshold: float,
+def trends(gains: pd.DataFrame, effects_by_size: pd.DataFrame, margin: float,
            runs: pd.DataFrame | None = None) -> pd.DataFrame:
     """TREND_COLUMNS: per series, component and direction, the per-seed slopes of gain on log10 N
     (gains: report.seed_gains rows with series and non_embedding_params), judged together as one
@@ -186,7 +186,7 @@ def trends(gains: pd.DataFrame, effects_by_size: pd.DataFrame, threshold: float,
         rows.append({"series": series, "flip": flip, "direction": direction, "against": cell["against"].iloc[0],
                      "sizes": n_sizes, "n_seeds": len(fits), "slope": st["gain"], "slope_low": st["raw_low"],
                      "slope_high": st["raw_high"], "p_value": st["p_value"], "fit_smallest": fit[0],
-                     "fit_largest": fit[1], "change": fit[1] - fit[0], "threshold": threshold, "calls": calls,
+                     "fit_largest": fit[1], "change": fit[1] - fit[0], "margin": margin, "calls": calls,
                      "cause": cause, "span": float(np.ptp(x)) if len(x) else 0.0, "st": st})
     for series in dict.fromkeys(r["series"] for r in rows):  # one family per ladder
         family = [r for r in rows if r["series"] == series]
@@ -195,7 +195,7 @@ def trends(gains: pd.DataFrame, effects_by_size: pd.DataFrame, threshold: float,
                   "adj_level": judged["adj_level"], "p_value": judged["p_value"], "p_holm": judged["p_holm"]}
     df = pd.DataFrame(rows, columns=[*TREND_COLUMNS, "calls", "cause", "span"])
     df["call"] = [scale_call(r.calls, r.n_seeds, r.sizes, (r.slope_adj_low, r.slope_adj_high),
-                             (r.fit_smallest, r.fit_largest), threshold, r.span, r.cause) for r in df.itertuples()]
+                             (r.fit_smallest, r.fit_largest), margin, r.span, r.cause) for r in df.itertuples()]
     return df[TREND_COLUMNS]
 
 
@@ -289,11 +289,11 @@ class Scale:
     notes: tuple[str, ...] = ()  # what stands in the way of a trend, and its fix (ladder_notes)
 
     def record(self) -> dict:
-        """The report JSON's `scale` key (NaN -> null)."""
-        from anatomy_cli.report.frames import records
+        """The report JSON's `scale` key (NaN -> null; the margin named as files name it: as_written)."""
+        from anatomy_cli.report.frames import as_written, records
 
         return {"budget": self.budget, "sizes": records(self.sizes), "effects": records(self.by_size),
-                "trends": records(self.trends)}
+                "trends": records(as_written(self.trends))}
 
 
 def by_size_csv(s: Scale) -> pd.DataFrame:
@@ -318,12 +318,12 @@ def scale_frames(runs: pd.DataFrame, curves: pd.DataFrame, effects: pd.DataFrame
     gains = gains.merge(sizes[["series", "size", "non_embedding_params"]], on=["series", "size"], how="left")
     loss = effects[effects["metric"] == metric]
     placed = by_size(loss, gains, sizes)
-    threshold = float(loss["threshold"].iloc[0]) if len(loss) else math.nan
+    margin = float(loss["margin"].iloc[0]) if len(loss) else math.nan
     sized = runs[runs["size"] != ""]
     sized = sized.assign(series=[series_of(g, s) for g, s in zip(_group_labels(sized), sized["size"])])
     sized = sized.drop(columns="non_embedding_params").merge(sizes[["series", "size", "non_embedding_params"]],
                                                              on=["series", "size"], how="left")
-    return Scale(sizes, placed, trends(gains, placed, threshold, sized), budget_rule(runs),
+    return Scale(sizes, placed, trends(gains, placed, margin, sized), budget_rule(runs),
                  tuple(ladder_notes(sizes, sized, ladder_names(runs))))
 
 

@@ -189,7 +189,7 @@ def speed_text(record: dict, max_width: int | None) -> str:
     the reference end's round-to-round spread is its noise)."""
     from anatomy_cli.report import effects as effects_mod
 
-    spread = speed_mod.threshold(record)
+    spread = speed_mod.noise(record)
     judged = effects_mod.effects_frame([r | {"noise": spread} for r in speed_mod.timing_effects(record)], {})
     head = textable.wrap(speed_mod.summary_line(record) + ". Gain = % tokens/s with the component vs without; "
                          "> 0 = faster.", max_width)
@@ -351,8 +351,8 @@ SCALE_RULE = ("**The rule across sizes**: for each component and direction, each
               "fitted by a line in log10 parameters (OLS); the trend is the mean slope over the seeds that have every "
               "size ({seeds}), with its simultaneous {level} t interval over seeds (Bonferroni over the {m} trends of "
               "the ladder, moderated t, as every interval of this report). A trend counts when that interval excludes "
-              "0 and the fitted change across the ladder is larger than {threshold}; it is flat when every change the "
-              "interval allows across the ladder lies inside ±{threshold}. **reverses sign**: it helps at one size "
+              "0 and the fitted change across the ladder is larger than {margin}; it is flat when every change the "
+              "interval allows across the ladder lies inside ±{margin}. **reverses sign**: it helps at one size "
               "and hurts at another, or a trend that counts crosses zero inside the ladder; **grows** / **shrinks**: "
               "a trend that counts, the fitted |gain| larger / smaller at the largest size than at the smallest; "
               "**holds**: it helps (or hurts) at some size, never the opposite, and the trend is flat; **no trend "
@@ -368,12 +368,12 @@ FLAGS_NOTE = ("**Flags**: still improving = a run's best val loss is at its last
 
 
 def rule_numbers(s: scale_mod.Scale) -> dict:
-    th = float(s.trends["threshold"].iloc[0]) if len(s.trends) else math.nan
+    margin = float(s.trends["margin"].iloc[0]) if len(s.trends) else math.nan
     seeds = sorted(set(s.trends["n_seeds"]))
     levels = s.trends["adj_level"].dropna()
     return {"seeds": "/".join(map(str, seeds)) or "none", "m": int(s.trends["p_value"].notna().sum()),
             "level": f"{100 * levels.iloc[0]:.4g}%" if len(levels) else "",
-            "threshold": f"{th:.3f} nats/char (the margin)" if math.isfinite(th) else "0"}
+            "margin": f"{margin:.3f} nats/char (the margin)" if math.isfinite(margin) else "0"}
 
 
 def budget_text(s: scale_mod.Scale) -> str:

@@ -2,12 +2,13 @@
 
   read_timing      sweep_dir/timing.json checked whole (TimingRecord), or None without one
   timing_effects   timing record -> effect rows (stats.paired) for tokens_per_s, as gains
-  threshold        the reference end's round-to-round spread of tokens/s, in %
+  noise            the reference end's round-to-round spread of tokens/s, in %
   summary_line     one line: rounds, steps, what was timed
 
 A component's speed effect is paired within a round, where both configs met the same machine state:
 gain_r = 100 * (tokens/s with the component / tokens/s without it - 1), judged over rounds by the
-report's one rule (stats.py), with the reference end's round-to-round spread as threshold.
+report's one rule (stats.py) against the fixed margin stats.SPEED_MARGIN; the reference end's
+round-to-round spread is reported beside it as the effects' noise, never used as the margin.
 
 The record (sweep/timing.py writes it): steps, warmup, rounds, threads, ends [reference name, all-on
 name], configs [{slug, role, flip, group}], rounds_data [{slug: tokens/s}]. A record that does not
@@ -89,9 +90,10 @@ def timing_effects(record: dict) -> list[dict]:
     return rows
 
 
-def threshold(record: dict) -> float:
-    """The speed effects' smallest effect that matters: the reference end's round-to-round sd of
-    tokens/s in percent of its mean (its noise floor, as the seed-to-seed sd is for loss)."""
+def noise(record: dict) -> float:
+    """The speed effects' noise: the reference end's round-to-round sd of tokens/s in percent of its
+    mean (as the seed-to-seed sd is for loss), shown beside the margin, never used as it; NaN with
+    fewer than two rounds."""
     ref = next((c["slug"] for c in record["configs"] if c["role"] == REFERENCE),
                next((c["slug"] for c in record["configs"] if c["role"] == ALL_ON), None))
     tps = np.array([r[ref] for r in record["rounds_data"] if ref in r], dtype=float)

@@ -7,7 +7,7 @@ ladder. Each family is judged alone, so adding a size to a study never changes a
 The margin. The smallest effect that matters is fixed before the data: `min_effect` in the spec or
 `--min-effect`, else DEFAULT_MARGIN (nats/char; SPEED_MARGIN % for speed). The seed-to-seed noise is
 reported beside it, never used as it: a margin estimated from the same few seeds makes "negligible"
-a claim the data chose (at the true threshold it was called negligible 3-15 % of the time).
+a claim the data chose (at the true margin it was called negligible 3-15 % of the time).
 
 The interval. Each effect's paired differences (n seeds) give a variance on n - 1 degrees of freedom.
 Three seeds give 2, and a t quantile at 2 df is huge, so the family's variances borrow strength from
@@ -58,7 +58,7 @@ SPEED_MARGIN = 5.0  # percent of tokens/s
 HELPS, HURTS, NEGLIGIBLE, SMALL, UNDECIDED, TOO_FEW, NONE = (
     "helps", "hurts", "negligible", "below margin", "undecided", "too few seeds", "no completed pairs")
 CALLS = (HELPS, HURTS, NEGLIGIBLE, SMALL, UNDECIDED, TOO_FEW)
-DEFAULT, GIVEN = "default", "min-effect"  # where a family's margin came from (threshold_basis)
+DEFAULT, GIVEN = "default", "min-effect"  # where a family's margin came from (margin_basis)
 
 
 def paired(diffs) -> dict:
@@ -162,13 +162,13 @@ def _trigamma_inverse(y: float) -> float:
     return x
 
 
-def judge(effects: list[dict], threshold: float, alpha: float = ALPHA, min_pairs: int = MIN_PAIRS,
+def judge(effects: list[dict], margin: float, alpha: float = ALPHA, min_pairs: int = MIN_PAIRS,
           moderate: bool = True) -> list[dict]:
     """One family: each dict of `paired` gets adj_low/adj_high, adj_level, family, df, mde, p_holm,
-    threshold and call, by the rule above (moderate=False: each effect's own variance alone).
+    margin and call, by the rule above (moderate=False: each effect's own variance alone).
 
     The family size m counts the effects that have an interval (two pairs or more); an unknown
-    (NaN) threshold counts as 0, so only the statistical part decides.
+    (NaN) margin counts as 0, so only the statistical part decides.
     """
     rows = [dict(e) for e in effects]
     tested = [r for r in rows if r["n_pairs"] >= 2]
@@ -185,15 +185,15 @@ def judge(effects: list[dict], threshold: float, alpha: float = ALPHA, min_pairs
         r |= {"adj_low": r["gain"] - crit * se, "adj_high": r["gain"] + crit * se, "df": float(df), "se": se,
               "mde": (crit + float(sps.t.ppf(POWER, df))) * se, "p_value": p}
     p_holm = holm([r["p_value"] if r["n_pairs"] >= 2 else math.nan for r in rows])
-    th = threshold if math.isfinite(threshold) else 0.0
+    known = margin if math.isfinite(margin) else 0.0
     for r, ph in zip(rows, p_holm):
         r.setdefault("adj_low", math.nan)
         r.setdefault("adj_high", math.nan)
         r.setdefault("df", math.nan)
         r.setdefault("mde", math.nan)
         r.setdefault("se", math.nan)
-        r |= {"adj_level": level, "family": m, "prior_df": d0, "p_holm": float(ph), "threshold": threshold}
-        r["call"] = call(r["n_pairs"], r["gain"], r["adj_low"], r["adj_high"], th, min_pairs)
+        r |= {"adj_level": level, "family": m, "prior_df": d0, "p_holm": float(ph), "margin": margin}
+        r["call"] = call(r["n_pairs"], r["gain"], r["adj_low"], r["adj_high"], known, min_pairs)
     return rows
 
 
@@ -209,17 +209,17 @@ def seeds_for(sd: float, prior_df: float, m: int, effect: float, alpha: float = 
     return None
 
 
-def call(n: int, gain: float, low: float, high: float, threshold: float, min_pairs: int = MIN_PAIRS) -> str:
+def call(n: int, gain: float, low: float, high: float, margin: float, min_pairs: int = MIN_PAIRS) -> str:
     """The call of one effect from its adjusted interval [low, high] and the margin (>= 0)."""
     if n == 0 or not math.isfinite(gain):
         return NONE
     if n < min_pairs:
         return TOO_FEW
-    if low > 0 and gain > threshold:
+    if low > 0 and gain > margin:
         return HELPS
-    if high < 0 and gain < -threshold:
+    if high < 0 and gain < -margin:
         return HURTS
-    if -threshold < low and high < threshold:
+    if -margin < low and high < margin:
         return NEGLIGIBLE
     if low > 0 or high < 0:
         return SMALL

@@ -36,7 +36,7 @@ from anatomy_cli.store import runs as runs_mod
 
 SEEDS_WANTED = 3
 VERDICT_COLUMNS = ["rank", "flip", "direction", "against", "group", "n_pairs", "gain", "adj_low", "adj_high",
-                   "threshold", "threshold_basis", "call", "mde", "noise", "raw_low", "raw_high", "p_holm", "df",
+                   "margin", "margin_basis", "call", "mde", "noise", "raw_low", "raw_high", "p_holm", "df",
                    "prior_df", "adj_level", "family"]
 
 
@@ -132,9 +132,9 @@ def rule_line(judged: pd.DataFrame, unit: str, seeds: str = "seeds", short: bool
         return f"The rule: no intervals yet (a call needs {stats.MIN_PAIRS} {seeds} or more)."
     tested = judged[judged["family"] > 0]
     m, level = int(tested["family"].max()), float(tested["adj_level"].min())
-    th, basis = float(judged["threshold"].iloc[0]), judged["threshold_basis"].iloc[0]
+    margin, basis = float(judged["margin"].iloc[0]), judged["margin_basis"].iloc[0]
     where = "given by min_effect" if basis == stats.GIVEN else "the default, fixed before the data"
-    size = (f"{th:.1f}%" if unit == "%" else f"{th:.3f} {unit}") if math.isfinite(th) else None
+    size = (f"{margin:.1f}%" if unit == "%" else f"{margin:.3f} {unit}") if math.isfinite(margin) else None
     mde = float(np.nanmedian(tested["mde"])) if "mde" in tested and tested["mde"].notna().any() else math.nan
     mde_text = ((f"{mde:.1f}%" if unit == "%" else f"{mde:.3f} {unit}") if math.isfinite(mde) else "")
     groups = tested["group"].nunique() if "group" in tested else 1
@@ -168,7 +168,7 @@ def power_lines(root: Path, runs: pd.DataFrame, effects: pd.DataFrame) -> list[s
     loss = effects[(effects["metric"] == "best_val_loss") & (effects["family"] > 0) & effects["se"].notna()]
     lines = []
     for group, fam in loss.groupby("group", sort=False):
-        n_now, margin = int(fam["n_pairs"].median()), float(fam["threshold"].iloc[0])
+        n_now, margin = int(fam["n_pairs"].median()), float(fam["margin"].iloc[0])
         sd = float(np.median(fam["se"] * np.sqrt(fam["n_pairs"])))
         need = stats.seeds_for(sd, float(fam["prior_df"].iloc[0]), len(fam), margin)
         where = f"{group}: " if group else ""

@@ -20,7 +20,7 @@ from anatomy_cli.report import page as document
 from anatomy_cli.report import speed as speed_mod
 from anatomy_cli.report import verdict as vd
 from anatomy_cli.report.effects import _pairings, effects_by_eval, groups, report_frames
-from anatomy_cli.report.frames import LOSS_METRIC, SPEED_METRIC, components_of, records
+from anatomy_cli.report.frames import LOSS_METRIC, SPEED_METRIC, as_written, components_of, records
 from anatomy_cli.spec.roles import ADD_ONE
 from anatomy_cli.store.runs import (
     atomic_write_text,
@@ -42,7 +42,8 @@ def is_report(folder: Path) -> bool:
 
 
 def _document(root, runs, effects, verdict, eval_effects, across) -> dict:
-    return {"root": str(root), "runs": records(runs), "effects": records(effects), "verdict": records(verdict),
+    return {"root": str(root), "runs": records(runs), "effects": records(as_written(effects)),
+            "verdict": records(as_written(verdict)),
             "eval_effects": records(eval_effects), **({"scale": across.record()} if across is not None else {})}
 
 
@@ -97,7 +98,7 @@ def write_report(root: Path, out_dir: Path | None = None, formats: tuple[str, ..
         paths["expert-load.png"] = figures.plot_expert_load(loads, out / "expert-load.png")
     texts = {}
     if "csv" in formats:
-        texts |= {"runs.csv": runs.to_csv(index=False), "effects.csv": effects.to_csv(index=False),
+        texts |= {"runs.csv": runs.to_csv(index=False), "effects.csv": as_written(effects).to_csv(index=False),
                   "eval-effects.csv": eval_effects.to_csv(index=False)}
         if across is not None:
             texts["effects-by-size.csv"] = scale.by_size_csv(across).to_csv(index=False)
