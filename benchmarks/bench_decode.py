@@ -1,6 +1,6 @@
 """Greedy decode speed with and without the KV cache, batch 1, LLaMA (RoPE) config at the seed size.
 
-Uses anatomy_cli.sample.generate with window = prefix + max_new, so no context shift happens and
+Uses anatomy_cli.model.generate.generate with window = prefix + max_new, so no context shift happens and
 the cached run uses its cache for every token; the uncached run re-reads the whole context each
 step (O(n^2) work). Both must emit identical ids (checked). Tokens/s = max_new / wall time of one
 generate call (prefill included). Also prints the KV cache bytes for n_kv_head in {4, 2, 1}.

@@ -1,8 +1,8 @@
 """What the default study costs: the demo (demo.toml, 3 seeds) against five-flips.toml at 1 seed.
 
 The issue's bound: `make demo` trains 3 seeds in at most 1.5x the time one seed of the old default
-(five-flips.toml, 800 steps) takes on this machine. Both studies are planned by sweep.load_plan and
-run by sweep.execute (the product's executor: process start, data, every evaluation, the final
+(five-flips.toml, 800 steps) takes on this machine. Both studies are planned by sweep.plan.load_plan and
+run by sweep.plan.execute (the product's executor: process start, data, every evaluation, the final
 sample, checkpoints), each into a fresh temporary folder, in rounds that alternate which goes first
 so a burst of load from other processes hits both alike. Each round prints demo / five-flips.
 

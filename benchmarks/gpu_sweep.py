@@ -82,7 +82,7 @@ def best_workers(args, spec: Path) -> int:
 def ablate(spec: Path, runs_dir: Path, workers: int | None, steps: int | None, args, deadline: float,
            stack: str = "off") -> dict:
     """One `anatomy ablate` pass in a subprocess; its wall time and every run's summary. workers None:
-    ablate's own default. A stacked pass trains eagerly: compiled runs train alone (stacked.py)."""
+    ablate's own default. A stacked pass trains eagerly: compiled runs train alone (training/stacked.py)."""
     compile_ = args.compile and stack == "off"
     cmd = [sys.executable, "-m", "anatomy_cli", "ablate", str(spec), "--device", args.device, "--stack", stack,
            "--runs-dir", str(runs_dir), "--no-report"] + ["--compile"] * compile_

@@ -232,7 +232,7 @@ def _render_bench(out: dict) -> None:
     console.print(memory)
     _render_long_context(out["rows"])
     cuda = "peak_cuda_bytes" in out["rows"][0]
-    console.print(f"tok/s: prefill = prompt tokens / one forward; decode = greedy sample.generate forwards per second "
+    console.print(f"tok/s: prefill = prompt tokens / one forward; decode = greedy model.generate forwards per second "
                   f"(window = prefix + new, no context shift); untrained = random weights of the same sizes (speed "
                   f"needs no training). KV total = 2 x L x B x G x T x hd x bytes for global layers; a local "
                   f"(sliding-window) layer holds window - 1 positions whatever T; an MLA layer L x B x (r + p) x T "

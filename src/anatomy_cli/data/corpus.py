@@ -2,7 +2,7 @@
 
 Sources: a UTF-8 text file; a directory of .md/.txt files (sorted by path, YAML front matter
 stripped, joined with DOC_SEP); a directory written by `anatomy prepare`; None, the embedded default
-corpus; or a document source (documents.py: a .jsonl or .parquet file, a `datasets` save_to_disk
+corpus; or a document source (sources.py: a .jsonl or .parquet file, a `datasets` save_to_disk
 folder, hf:NAME), whose documents are joined with DOC_SEP.
 
 Splits. A text source is split contiguously (first 90% train, last 10% val) so validation text is

@@ -1,7 +1,7 @@
 """Document sources: a JSON Lines or Parquet file, a `datasets` save_to_disk folder, or hf:NAME.
 
 Each is read as one string per document, from one field (--field, default "text"), in the source's
-order; data.py joins the documents with DOC_SEP and holds validation out by whole documents.
+order; corpus.py joins the documents with DOC_SEP and holds validation out by whole documents.
 JSON Lines needs nothing extra; Parquet needs pyarrow, and save_to_disk folders and hf: need the
 `datasets` library (both come with the `data` extra). hf:NAME[:CONFIG] streams a dataset from the
 Hugging Face Hub (or a local dataset folder, through datasets.load_dataset) and can be read only

@@ -17,7 +17,7 @@ STABILITY_COLUMNS = ["label", "n_runs", "diverged", "loss_spikes_mean", "max_gra
 
 
 def stability_table(runs_df):
-    """One row per label (in order of appearance) from a report.load_runs frame.
+    """One row per label (in order of appearance) from a report.frames.load_runs frame.
 
     diverged counts runs whose status is 'diverged'; max_grad_norm is the largest logged
     (pre-clip) gradient norm of any run of the label; best_val_loss_mean averages completed runs

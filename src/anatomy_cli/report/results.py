@@ -230,7 +230,7 @@ class ResultsFile(FileModel):
 
 
 def build(root: Path, frames) -> dict:
-    """The results document of the runs under root (frames: report.report_frames(root))."""
+    """The results document of the runs under root (frames: effects.report_frames(root))."""
     from anatomy_cli.report import effects as effects_mod
     from anatomy_cli.report import frames as frames_mod
     from anatomy_cli.report import scale, sections
@@ -277,7 +277,7 @@ def _fit(runs, role: str) -> dict:
 
 def _configs(runs) -> list[dict]:
     """What each config of the study costs, by role: parameters (total, active per token) and its
-    decode state at report.LONG_POSITIONS positions (batch 1, fp32)."""
+    decode state at frames.LONG_POSITIONS positions (batch 1, fp32)."""
     from anatomy_cli.report import frames as frames_mod
 
     keys = ("params", "active_params", "state_bytes_4k")

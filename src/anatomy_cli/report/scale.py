@@ -165,7 +165,7 @@ def by_size(loss_effects: pd.DataFrame, gains: pd.DataFrame, sizes: pd.DataFrame
 def trends(gains: pd.DataFrame, effects_by_size: pd.DataFrame, margin: float,
            runs: pd.DataFrame | None = None) -> pd.DataFrame:
     """TREND_COLUMNS: per series, component and direction, the per-seed slopes of gain on log10 N
-    (gains: report.seed_gains rows with series and non_embedding_params), judged together as one
+    (gains: effects.seed_gains rows with series and non_embedding_params), judged together as one
     family (stats.judge: simultaneous intervals, Holm p), and the call (scale_call) with the verdict's
     calls at each size (effects_by_size). runs (the sized runs with series, as scale_frames gives
     them): what a call without a trend names as its cause (trend_cause); None: too few seeds."""

@@ -1,4 +1,4 @@
-"""The report's words and tables, in reading order, as document.py blocks (no torch).
+"""The report's words and tables, in reading order, as page.py blocks (no torch).
 
   Parts          what the sections are made from (frames already judged by stats.py's rule)
   lead           the opening paragraph: the runs, and the question the report answers

@@ -14,7 +14,7 @@
 
 Sign convention (everywhere: report, CLI, CSV/JSON, README): the gain is the loss reduction of
 having the component, in nats/char: loss(without) - loss(with), so positive = the component helps,
-whichever end it was added to or removed from (report.gain_of), and one ranking reads both.
+whichever end it was added to or removed from (effects.gain_of), and one ranking reads both.
 """
 
 from __future__ import annotations

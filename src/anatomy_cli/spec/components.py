@@ -6,7 +6,7 @@ settings of a run config: `off` (the reference part) and `on`. `off` may be None
 against RoPE from the LLaMA end). Everything that knows about components reads this table:
 
   state / label       which components a config has                 (train summaries, reports)
-  sweep.expand        the ends, add-one, remove-one, factorial runs; the role check
+  sweep.plan.expand   the ends, add-one, remove-one, factorial runs; the role check
   role / settings_key / group_names
                       a run's role in its design and the group it is compared in (report, timing)
   report              effects, colours per component
@@ -74,7 +74,7 @@ class Component:
     origin: str = "built-in"  # or the spec file that declared it
     parts: tuple[str, str] = ("", "")  # human names of the off and on parts, for messages
     # In an HF LlamaForCausalLM this part must be "on" | "off" | "either". Required, with no default:
-    # a row that forgot it would export a Llama that silently ignores the part (export.py reads it).
+    # a row that forgot it would export a Llama that silently ignores the part (exams/export.py reads it).
     llama: str = field(kw_only=True)
 
     def __post_init__(self) -> None:

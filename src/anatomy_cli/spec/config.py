@@ -191,7 +191,7 @@ class ModelConfig(_Frozen):
     moe_top_k: int = new(2, ge=1, le=MAX_SIZE)
     moe_hidden: int | None = new(None, gt=0, le=MAX_SIZE)  # None: see moe_expert_hidden
     moe_shared: bool = new(False)
-    # The router (moe.py): "softmax-topk" is Qwen3-MoE's, balanced by train.moe_aux_loss; "deepseek" is
+    # The router (model/moe.py): "softmax-topk" is Qwen3-MoE's, balanced by train.moe_aux_loss; "deepseek" is
     # DeepSeek-V3's: sigmoid affinities, a selection-only bias balanced without a loss (train.moe_bias_rate),
     # top-k within the moe_topk_group best of moe_n_group expert groups, weights renormalised times
     # moe_routed_scaling_factor, and an ungated shared expert. The three are deepseek-only settings
@@ -457,7 +457,7 @@ class ModelConfig(_Frozen):
             q = d * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * H * (m.qk_nope_head_dim + m.qk_rope_head_dim)
             kv = d * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
             kv += m.kv_lora_rank * H * (m.qk_nope_head_dim + m.v_head_dim)
-            gate = d * H * m.v_head_dim if self.attn_gate else 0  # its own projection from x (mla.py)
+            gate = d * H * m.v_head_dim if self.attn_gate else 0  # its own projection from x (model/mla.py)
             sinks = H if self.attn_sinks else 0  # one logit per query head
             return q + kv + H * m.v_head_dim * d + gate + sinks
         if kind == "dsa":  # mla's, plus the indexer: wq (r_q -> Hi D), wk (d -> D), its LayerNorm, w (d -> Hi)
@@ -468,7 +468,7 @@ class ModelConfig(_Frozen):
     def ffn_params(self, active: bool = False) -> int:
         """One channel mixer (model/ffn.py); active: the part one token uses (all of a dense FFN).
 
-        A mixture of experts (moe.py): E experts, the router (E x d) and the shared expert with its
+        A mixture of experts (model/moe.py): E experts, the router (E x d) and the shared expert with its
         gate (d; the deepseek router's shared expert has none); a token uses its k experts, and all of
         router, shared expert and gate. The deepseek router's selection bias (E) is a buffer, not a parameter."""
         if not self.moe:
@@ -732,9 +732,9 @@ class AblationSpec(_Frozen):
     gqa_kv_head: int | None = Field(default=None, gt=0)  # n_kv_head the gqa flip uses
     configs: list[NamedConfig] = []  # the `list` design's entries
     axes: dict[str, list[Any]] = {}  # dotted key -> values, crossed with the design
-    # A size ladder: the design runs at every size, each size paired on its own seeds (sweep.expand).
+    # A size ladder: the design runs at every size, each size paired on its own seeds (sweep.plan.expand).
     # budget: every size trains base.train.steps ("same-steps"), or tokens_per_param tokens per
-    # non-embedding parameter (Chinchilla-style, "tokens-per-param"; sweep.size_steps).
+    # non-embedding parameter (Chinchilla-style, "tokens-per-param"; sweep.plan.size_steps).
     sizes: Annotated[list[SizeSpec], Field(max_length=64)] = []
     budget: Literal["same-steps", "tokens-per-param"] = "same-steps"
     # Chinchilla-optimal is ~20; a million per parameter is already beyond any study here (1e30 planned

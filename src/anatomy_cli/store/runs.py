@@ -15,13 +15,13 @@ A run directory holds, in the order they are written:
                     train.checkpoint_every / checkpoint_minutes say, and when stopped): weights,
                     the best weights when older, optimizer, batch order, RNG and counters in one
                     file replaced atomically; read only through torch.load(weights_only=True);
-                    removed once the run completes or diverges (trainer.py)
+                    removed once the run completes or diverges (training/trainer.py)
   samples.txt       text generated from a fixed prefix, temperature and seed
   summary.json      written last, atomically (schema: summary.RunSummary): status ('completed',
                     'diverged', 'failed', 'interrupted', 'running'), losses, params (total) and
                     active_params (per token), tokens, speed, hardware, cpu_capability,
                     corpus_sha256 (the fingerprint of the training text; resume refuses another),
-                    for a prepared folder corpus_files (its files' fingerprint: prepared.py), and
+                    for a prepared folder corpus_files (its files' fingerprint: data/prepared.py), and
                     for a mixture of experts expert_load ([layer][expert] fractions of routed
                     tokens, see train.expert_load)
   .lock             held by the process training the run (lockfile.DirLock); a 'running'

@@ -62,13 +62,13 @@ class RunSummary(BaseModel):
     sdpa_kernel: str | None = None
     compiled: bool | None = None
     diverged_at: int | None = _field(COLUMN)
-    # Stacked seeds (stacked.py): how many runs trained as one batched model in this run's last
+    # Stacked seeds (training/stacked.py): how many runs trained as one batched model in this run's last
     # leg (None: alone), and why a run trained alone where stacking was asked (None: it did not).
     stacked: int | None = _field(COLUMN)
     stack_note: str | None = _field(CARRIED)
     error: str | None = None
     corpus_sha256: str | None = _field(CARRIED)
-    corpus_files: dict | None = _field(CARRIED)  # a prepared folder's files' fingerprint (prepared.py)
+    corpus_files: dict | None = _field(CARRIED)  # a prepared folder's files' fingerprint (data/prepared.py)
     # Resumes (training.run.resume): the step each one continued from, in order (0: killed before its
     # first checkpoint, trained again from the start). None: never resumed.
     resumed_at: list[int] | None = _field(CARRIED)

@@ -1,8 +1,8 @@
 """Sweep jobs and the local executor: a Job is one planned run, ready to train anywhere.
 
-sweep.py plans runs and hands Jobs to an executor: `execute_local` (this process, or a pool of
+plan.py plans runs and hands Jobs to an executor: `execute_local` (this process, or a pool of
 spawned processes) or dask_exec.execute_dask (a dask.distributed cluster). Executors import this
-module, never sweep.py. Events ({"event": "start" | "progress" | "done", "run_id", ...}) reach
+module, never plan.py. Events ({"event": "start" | "progress" | "done", "run_id", ...}) reach
 the caller through a callback.
 """
 
@@ -84,7 +84,7 @@ def group_jobs(jobs: list[Job], stack: int) -> list[list[Job]]:
 
 
 def run_group(jobs: list[Job], emit: Event | None = None, stop: Stop | None = None) -> list[dict]:
-    """Train jobs that differ only by seed: as one stack where the model stacks (stacked.py), each
+    """Train jobs that differ only by seed: as one stack where the model stacks (training/stacked.py), each
     alone where it cannot (summary stack_note says why) or where they start from different steps
     (a rerun where some seeds completed or stopped at other checkpoints: one stack per step)."""
     if len(jobs) == 1:

@@ -36,7 +36,7 @@ DAY_S = 86_400.0
 
 @dataclass(frozen=True)
 class Estimate:
-    """Seconds per run id and one worker's start-up (sweep.plan_estimate), and the worker count."""
+    """Seconds per run id and one worker's start-up (plan.plan_estimate), and the worker count."""
 
     per_run: dict[str, float]
     startup_s: float
@@ -45,7 +45,7 @@ class Estimate:
 
 def size_rows(plan, facts: dict, estimate: Estimate | None = None) -> list[dict]:
     """One dict per size in plan order (see the module docstring); facts: {source: {"vocab",
-    "train_tokens" (None: unknown)}} (sweep.corpus_facts)."""
+    "train_tokens" (None: unknown)}} (plan.corpus_facts)."""
     from anatomy_cli.sweep.calibrate import plan_seconds
 
     by_size: dict[str, list] = {}

@@ -249,7 +249,7 @@ def has_checkpoint(run_dir: Path) -> bool:
 
 def corpus_identity(corpus: Corpus) -> dict:
     """What a summary records of its corpus: the sha256 of its text and, for a prepared folder, its
-    files' fingerprint (prepared.py), so a resume can tell other data from the same."""
+    files' fingerprint (data/prepared.py), so a resume can tell other data from the same."""
     files = corpus.meta.get("fingerprint")
     return {"corpus_sha256": corpus.meta.get("sha256")} | ({"corpus_files": files} if files else {})
 

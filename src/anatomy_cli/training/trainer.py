@@ -430,7 +430,7 @@ class Trainer:
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip if t.grad_clip > 0 else math.inf)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
-        if self.cfg.model.moe_router == "deepseek":  # aux-loss-free balancing: the bias, off the loss (moe.py)
+        if self.cfg.model.moe_router == "deepseek":  # aux-loss-free balancing: the bias, off the loss (model/moe.py)
             update_biases(self.model, aux["expert_counts"], t.moe_bias_rate)
         self.step += 1
         keep = (lambda v: v.detach().clone()) if self.graphs else (lambda v: v.detach())  # graph outputs die next step
