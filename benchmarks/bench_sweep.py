@@ -4,7 +4,7 @@ Runs a small one-at-a-time sweep (by default 4 runs of the five-flips sizes, 150
 embedded corpus) into two fresh temporary folders through anatomy_cli.sweep.plan.execute, once per
 layout, and prints the wall times and their ratio (parallel / sequential), plus whether the two
 layouts produced identical metrics (they must: results do not depend on the thread count).
-This is the measurement behind sweep.default_workers (one worker per core, one thread each).
+This is the measurement behind sweep.plan.core_workers (one worker per core, one thread each).
 
     python benchmarks/bench_sweep.py                 # ~2-3 minutes on 2 cores
     python benchmarks/bench_sweep.py --runs 8 --steps 300

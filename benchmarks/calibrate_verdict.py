@@ -12,7 +12,7 @@ small) and the variant's, chosen so the effect's paired sd is what the noise set
 
 What runs through the real report code. The synthetic losses are generated vectorised, as a runs frame
 (role, design, settings, size, seed, status, run_id, best_val_loss) with many families stacked as separate
-groups (a `family` setting). That frame is paired by `effects._effect_rows` (the pairing
+groups (a `family` setting). That frame is paired by `effects.paired_rows` (the pairing
 `component_effects` uses: same seed, both runs completed; gain, sd, the group's noise). The NEW rule then
 judges those rows with `effects.effects_frame(rows, {metric: effects.margin(metric)})`, which is the body of
 `effects.component_effects` (every group its own family, moderated t, the fixed margin DEFAULT_MARGIN).
@@ -48,12 +48,13 @@ Scenarios (per n and noise setting; the other effects 0 unless said)
                  collapses prenorm's two effects are left out (one side collapses, the other never: their
                  paired gains are a skewed mixture whose mean no 3..10-seed t interval pins down)
 
---decide: the same families under `anatomy ablate --decide` (report/decide.py), for two plans of looks: the
-demo's (3, 4 seeds) and the default (3, 5, 7, 9, 10). Each family is simulated at the cap's seed count; at
-each look only the seeds each config has been given so far are paired and judged (effects.effects_frame at
-the look's alpha, decide.alpha), and the next look's seeds go to the configs decide.open_runs names (with
-futility: decide.futile at the cap; without: every open effect's). A family's calls are those of the last
-look it reached (what its report says). Per plan, noise setting (homogeneous, heterogeneous) and futility
+--decide: the same families under `anatomy ablate --decide`, for two plans of looks: the demo's (3, 4 seeds)
+and the default (3, 5, 7, 9, 10), driven through study.rounds.run_rounds, the very loop the command runs (a
+trainer that marks simulated runs trained, a reader that returns them). Each family is simulated at the cap's
+seed count; at each look only the seeds each config has been given so far are paired and judged (at the
+looks' alpha, decide.alpha), and the next look's seeds go to the configs of the open effects (with
+futility: those decide.futile at the cap leaves; without: every open effect's). A family's calls are those of
+the last look it reached (what its report says). Per plan, noise setting (homogeneous, heterogeneous) and futility
 on/off: the family-wise error under the null, P(helps) at 1, 2, 4 paired sds, P(negligible) at the margin,
 coverage, and the runs a study trained relative to 3 seeds of every config.
 
@@ -79,9 +80,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from anatomy_cli.report import decide, effects, stats
+from anatomy_cli.report import effects, stats
 from anatomy_cli.spec.components import FIVE
-from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, REFERENCE, REMOVE_ONE
+from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, DIRECTIONS, REFERENCE, REMOVE_ONE, variant
+from anatomy_cli.store.runs import COMPLETED
+from anatomy_cli.study.rounds import Rounds, run_rounds
 
 METRIC = "best_val_loss"
 END_SD = 0.04  # true seed-to-seed sd of an end's best val loss (the demo's: 0.046 and 0.040)
@@ -95,7 +98,7 @@ NS = (3, 5, 10)
 EFFECTS = [(f, ADD_ONE) for f in FIVE] + [(f, REMOVE_ONE) for f in FIVE]
 INDEX = {e: i for i, e in enumerate(EFFECTS)}
 TESTED = INDEX[("rope", ADD_ONE)]
-VARIANTS = [f"+{f}" for f in FIVE] + [f"-{f}" for f in FIVE]  # config of effect i
+VARIANTS = [variant(f, d) for d in DIRECTIONS for f in FIVE]  # config of effect i
 ROLES = [REFERENCE, ALL_ON, *VARIANTS]
 POST_NORM = np.array([r in {REFERENCE, "+rmsnorm", "+rope", "+swiglu", "+gqa", "-prenorm"} for r in ROLES])
 NEW, TODAY = "new", "today"
@@ -159,9 +162,9 @@ def family_of(group: str, first: int, families: int) -> int:
 
 
 def paired_rows(runs: pd.DataFrame, first: int, families: int) -> list[list[dict]]:
-    """The real pairing (effects._effect_rows: paired gains, sd, the group's noise) per family, in EFFECTS order."""
+    """The real pairing (effects.paired_rows: paired gains, sd, the group's noise) per family, in EFFECTS order."""
     out: list[list[dict]] = [[{}] * len(EFFECTS) for _ in range(families)]
-    for r in effects._effect_rows(runs, METRIC):
+    for r in effects.paired_rows(runs, METRIC):
         out[family_of(r["group"], first, families)][INDEX[(r["flip"], r["direction"])]] = r
     return out
 
@@ -316,42 +319,43 @@ DECIDE_K = (1.0, 2.0, 4.0)
 DECIDE_NOISES = NOISES[:2]  # homogeneous, heterogeneous
 
 
+@dataclass(frozen=True)
+class SimRun:
+    """A planned run of a simulated study, as run_rounds reads one: its id and its config's slug."""
+
+    run_id: str
+    slug: str
+
+
 def decide_cell(rng: np.random.Generator, looks: list[int], noise: Noise, families: int, value: float,
                 futility: bool = True, batch: int = 200) -> dict[str, np.ndarray]:
     """One scenario (the tested effect's truth `value`) under --decide's looks: {call, low, high, truth,
-    counted, runs}, each family's calls as its last look gave them and its runs trained (all configs)."""
-    alpha, cap, parts = decide.alpha(looks), looks[-1], []
+    counted, runs}, each family's calls as its last look gave them and its runs trained (all configs).
+
+    Each batch of families is one study (every family its own group, so its own family of effects) run
+    by study.rounds.run_rounds, the loop `anatomy ablate --decide` runs: the trainer marks simulated runs
+    as trained, the reader returns the trained ones. A family whose effects are decided (or futile) gets
+    no more runs, and later looks judge it again on the same runs at the same alpha: the same calls."""
+    rounds, cap, parts = Rounds(looks, futility=futility), looks[-1], []
     for first in range(0, families, batch):
         b = min(batch, families - first)
         runs, expected = simulate(rng, cap, noise, b, first, truth=tested_only(value))
-        fam = np.repeat(np.arange(b), len(ROLES) * cap)
-        role = np.tile(np.repeat(np.arange(len(ROLES)), cap), b)
-        given = np.full((b, len(ROLES)), looks[0])
-        active = np.ones(b, dtype=bool)
-        out = {"call": np.full((b, len(EFFECTS)), "", dtype=object),
-               "low": np.full((b, len(EFFECTS)), np.nan), "high": np.full((b, len(EFFECTS)), np.nan)}
-        for k, n in enumerate(looks):
-            runs_k = runs[(runs["seed"].to_numpy() <= given[fam, role]) & active[fam]]
-            judged = effects.effects_frame(effects._effect_rows(runs_k, METRIC), {METRIC: effects.margin(METRIC)},
-                                           alpha=alpha)
-            arrays = _arrays(judged.to_dict("records"), first, b)
-            for key in out:
-                out[key][active] = arrays[key][active]
-            if k == len(looks) - 1:
-                break
-            grouped = effects.groups(runs_k)
-            ids = decide.open_runs(grouped, judged, cap=cap if futility else None)
-            more = np.zeros_like(active)
-            for run_id in ids:  # f{family}-{role}-s{seed}
-                f, r = run_id.split("-", 1)[0], run_id.split("-", 1)[1].rsplit("-s", 1)[0]
-                fi = int(f[1:]) - first
-                given[fi, ROLES.index(r)] = looks[k + 1]
-                more[fi] = True
-            active &= more
-            if not active.any():
-                break
+        trained: set[str] = set()
+
+        def plan_at(n: int) -> list[SimRun]:
+            return [SimRun(f"f{f}-{r}-s{s}", f"f{f}-{r}") for f in range(first, first + b) for r in ROLES
+                    for s in range(1, n + 1)]
+
+        def train(todo: list[SimRun]) -> list[str]:
+            trained.update(p.run_id for p in todo)
+            return [COMPLETED] * len(todo)
+
+        done = run_rounds(plan_at(looks[0]), rounds, train, lambda: runs[runs["run_id"].isin(trained)], plan_at,
+                          pending=lambda todo: [p for p in todo if p.run_id not in trained])
+        out = _arrays(done.effects.to_dict("records"), first, b)
+        given = np.bincount([int(rid.split("-", 1)[0][1:]) - first for rid in trained], minlength=b)
         parts.append(out | {"truth": expected, "counted": np.broadcast_to(counted(noise), expected.shape).copy(),
-                            "runs": given.sum(axis=1)})
+                            "runs": given})
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 

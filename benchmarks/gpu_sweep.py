@@ -14,7 +14,7 @@ three times, all sharing one inductor cache (TORCHINDUCTOR_CACHE_DIR under the r
      and both measured passes load them from the cache (neither pays for cold compiles);
   1. N = 1: the 12 runs one after another, in one process;
   2. N = best: the 12 runs in N processes sharing the GPU (default: anatomy's own choice from free
-     memory and the model size, devices.default_workers).
+     memory and the model size, devices.device_workers).
 With --seeds S the two passes are instead the 12 configs x S seeds trained alone (N = best, compiled
 as asked) and stacked (--stack S: each config's seeds as one batched model, eager, since compiled
 runs train alone; ablate's own worker count); the warm-up's wall time is the cold start (compile).
@@ -72,11 +72,10 @@ def preflight(device: str, quiet: bool = False) -> int:
 
 def best_workers(args, spec: Path) -> int:
     """anatomy's own default for this plan and device (what `ablate` picks without --workers)."""
-    from anatomy_cli.cli.render import sweep_workers
-    from anatomy_cli.sweep.plan import check_data, default_workers, load_plan
+    from anatomy_cli.sweep.plan import check_data, load_plan, plan_workers
 
     _, plan = load_plan(spec, seeds=args.seeds, steps=args.steps, device=args.device, compile=args.compile or None)
-    return sweep_workers(plan, check_data(plan), default_workers(len(plan)))
+    return plan_workers(plan, check_data(plan))
 
 
 def ablate(spec: Path, runs_dir: Path, workers: int | None, steps: int | None, args, deadline: float,

@@ -9,5 +9,5 @@
   tools      check (the CI gate) and export
   render     what several commands print: plans, progress displays, tables
 
-Imports: anything below it (report, sweep, exams, training, model, data, store, spec).
+Imports: anything below it (study, report, sweep, exams, training, model, data, store, spec).
 """

@@ -30,7 +30,6 @@ import typer
 from rich.console import Console
 from typer.core import TyperCommand, TyperGroup
 
-from anatomy_cli.spec.config import ConfigError
 from anatomy_cli.spec.errors import InputError
 
 
@@ -126,14 +125,6 @@ def warn_short_runs(configs) -> None:
             notes[note] = notes.get(note, 0) + 1
     for note, n in notes.items():
         warn(note if n == len(configs) else f"{n} of {len(configs)} runs: {note}")
-
-
-def choose(value: str, option: str, choices: tuple[str, ...]) -> str:
-    """A choice option's value, or a one-line refusal naming the option and its choices."""
-    if value not in choices:
-        listed = " or ".join(choices) if len(choices) == 2 else ", ".join(choices)
-        raise ConfigError(f"{option} must be {'' if len(choices) == 2 else 'one of '}{listed}, got {value!r}")
-    return value
 
 
 def on_interrupt(hint: Callable[[], str | None]) -> None:
@@ -250,13 +241,6 @@ def _silence_stdout() -> None:
 @app.callback()
 def _main(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks instead of one-line errors.")] = False):
     STATE["debug"] = debug
-
-
-def safe_dir(path: Path) -> Path:
-    """A runs directory that is not a file (it may not exist yet)."""
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"runs directory is a file: {path}")
-    return path
 
 
 class StopFlag:

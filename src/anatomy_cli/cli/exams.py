@@ -13,12 +13,12 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from anatomy_cli.cli.app import JsonOut, app, choose, console, err_console, handle_errors
+from anatomy_cli.cli.app import JsonOut, app, console, err_console, handle_errors
 from anatomy_cli.exams import decode, kv_budget
 from anatomy_cli.exams import lengths as lengths_mod
 from anatomy_cli.exams import stability as stability_mod
 from anatomy_cli.spec.components import model_settings
-from anatomy_cli.spec.config import ConfigError, ModelConfig, validate
+from anatomy_cli.spec.config import ConfigError, ModelConfig, choose, validate
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
 Device = Annotated[str, typer.Option(help="auto | cpu | cuda | mps")]

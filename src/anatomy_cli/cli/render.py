@@ -176,17 +176,6 @@ class SweepDisplay:
                 self.progress.console.print(f"  {rid}: {e['summary'].get('error') or status}", highlight=False)
 
 
-def sweep_workers(plan, vocab: dict, cpu_default: int) -> int:
-    """Default parallel runs: one per core on the CPU; on a GPU, from its free memory (devices.py)."""
-    names = {p.config.train.device for p in plan}
-    if names <= {"cpu"} or not plan:
-        return cpu_default
-    from anatomy_cli.training.devices import default_workers, resolve_device
-
-    device = resolve_device(names.pop() if len(names) == 1 else "auto")
-    return default_workers(device, [p.config for p in plan], vocab, len(plan))
-
-
 # what a narrow runs table keeps longest, after its identifying columns
 FRAME_KEEP = ("best_val_loss", "status")
 
@@ -209,31 +198,13 @@ def _fmt(v) -> str:
 
 
 def size_report(plan, workers: int | None, vocab: int | None, estimate: bool = True) -> tuple[dict, str]:
-    """(the JSON payload, the plain-text table fitted to the terminal) of a plan's sizes."""
+    """(the JSON payload, the plain-text table fitted to the terminal) of a plan's sizes (study.sizes)."""
     from anatomy_cli.report.textable import table, width, wrap
+    from anatomy_cli.study.sizes import size_plan
     from anatomy_cli.sweep import ladder
-    from anatomy_cli.sweep.calibrate import busy, plan_seconds
-    from anatomy_cli.sweep.plan import corpus_facts, default_workers, plan_estimate
 
-    sources = dict.fromkeys(p.config.data.source for p in plan)
-    facts = {src: {"vocab": vocab, "train_tokens": None} for src in sources} if vocab else corpus_facts(plan)
-    vocabs = {src: f["vocab"] for src, f in facts.items()}
-    why_not = None if estimate else "--no-estimate"
-    n_workers = workers or 1
-    if why_not is None:
-        try:
-            n_workers = workers or sweep_workers(plan, vocabs, default_workers(len(plan)))
-        except ValueError as err:  # a device this machine does not have
-            why_not = str(err)
-    est = None
-    if why_not is None:
-        per_run, startup = plan_estimate(plan, n_workers, vocabs)
-        est = ladder.Estimate(per_run, startup, n_workers)
-    rows = ladder.size_rows(plan, facts, est)
-    total = plan_seconds(list(est.per_run.values()), n_workers, est.startup_s) if est else None
-    load = busy()
-    payload = {"workers": n_workers, "sizes": rows, "total_s": total, "no_estimate": why_not,
-               "busy": load is not None, "rule": {"max_epochs": ladder.MAX_EPOCHS, "day_s": ladder.DAY_S}}
+    payload = size_plan(plan, workers, vocab, estimate)
+    rows, total, n_workers, why_not = payload["sizes"], payload["total_s"], payload["workers"], payload["no_estimate"]
     active = any(r["active_params"] != r["params"] for r in rows)
     heads = ["size", "runs", "params", "non-emb.", *(["active"] if active else []), "steps", "tokens/run",
              "FLOPs/run", "est.", "corpus tok/param", "epochs", "warning"]
@@ -248,6 +219,7 @@ def size_report(plan, workers: int | None, vocab: int | None, estimate: bool = T
     body = table(heads, cells, cols, fit=[("drop", "runs"), ("drop", "corpus tok/param"), ("drop", "params"),
                                           ("drop", "FLOPs/run")],
                  right={h for h in heads if h not in ("size", "warning")})
+    load = payload["load"]
     busy_note = f"; the machine is busy now (load {load[0]:.1f} on {load[1]} cores): expect longer" if load else ""
     when = (f"est. {fmt_seconds(total)} for {len(plan)} runs on {n_workers} worker{'s' * (n_workers > 1)}, from step "
             f"times measured on this machine{busy_note}") if total is not None else f"no time estimate ({why_not})"
@@ -255,4 +227,4 @@ def size_report(plan, workers: int | None, vocab: int | None, estimate: bool = T
     notes += [when, f"Warnings: overfit risk when a run makes more than {ladder.MAX_EPOCHS} epochs over its "
                    f"corpus' training split; a size whose runs take more than a day. Params, FLOPs: each size's "
                    f"first config (its reference end); FLOPs: training only."]
-    return payload, "\n".join([body, ""] + [wrap(n, cols) for n in notes])
+    return {k: v for k, v in payload.items() if k != "load"}, "\n".join([body, ""] + [wrap(n, cols) for n in notes])

@@ -23,7 +23,6 @@ from anatomy_cli.cli.app import (
     err_console,
     handle_errors,
     on_interrupt,
-    safe_dir,
     styled,
     warn,
 )
@@ -168,7 +167,7 @@ def train(
         from anatomy_cli.training.devices import resolve_device
 
         resolve_device(device, "--device")
-    run_dir = out or safe_dir(runs_dir) / "train" / runs.run_id(f"{cfg.name}-{label(cfg)}", cfg.seed,
+    run_dir = out or runs.runs_folder(runs_dir) / "train" / runs.run_id(f"{cfg.name}-{label(cfg)}", cfg.seed,
                                                                   cfg.model_dump(mode="json"))
     runs.refuse_inside_runs(run_dir, "--out" if out else "--runs-dir", "run directory", itself="run")
     if cfg.train.warmup_note:  # after the refusals above: a warning never comes before an error of its command

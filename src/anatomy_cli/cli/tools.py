@@ -18,7 +18,6 @@ from anatomy_cli.cli.app import (
     console,
     err_console,
     handle_errors,
-    safe_dir,
     styled,
     warn_short_runs,
 )
@@ -101,7 +100,7 @@ def _environment() -> tuple[str, str, str | None]:
 def _run_spec(s, plan, runs_dir: Path, workers: int | None) -> Path:
     from anatomy_cli.sweep.plan import default_workers, execute
 
-    sweep_dir = safe_dir(runs_dir) / s.name
+    sweep_dir = runs.runs_folder(runs_dir) / s.name
     warn_short_runs(p.config for p in plan)
     display = SweepDisplay(len(plan))
     with display.progress:  # SIGTERM/SIGHUP unwind like Ctrl-C (handle_errors): exit 130, workers end, lock freed

@@ -51,7 +51,7 @@ LAYER_RENAMES: dict[str, str] = {
     "ffn.down.weight": "mlp.down_proj.weight",
 }
 # QK-norm weights have no place in a Llama (export refuses qknorm); Qwen3, OLMo 2 and Gemma 3 name
-# them so, which the parity tests of parts Llama lacks (tests/test_swa.py) map onto.
+# them so, which the parity tests of parts Llama lacks (tests/model/test_swa.py) map onto.
 QK_NORM_RENAMES: dict[str, str] = {"attn.q_norm.weight": "self_attn.q_norm.weight",
                                    "attn.k_norm.weight": "self_attn.k_norm.weight"}
 GLOBAL_RENAMES: dict[str, str] = {

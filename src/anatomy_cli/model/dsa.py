@@ -43,9 +43,9 @@ dropped (rows summing to under 1), so p_t weighs a head by the share it gives ke
 Decode state: MLA's latent and rope key plus the indexer's key per position (DsaKV), r + p + D
 values per token per layer (ModelConfig.state_bytes).
 
-Mapping onto Hugging Face's DeepseekV32Attention (transformers 5.x), pinned by tests/test_dsa.py:
+Mapping onto Hugging Face's DeepseekV32Attention (transformers 5.x), pinned by tests/model/test_dsa.py:
 MLA's weights as in mla.py (DeepseekV32Attention always uses rope_interleave: the rope rows are
-permuted as tests/test_mla.py does), and the indexer's
+permuted as tests/model/test_mla.py does), and the indexer's
     wq = indexer.wq_b   wk = indexer.wk   k_norm = indexer.k_norm (LayerNorm, eps 1e-6)   w = indexer.weights_proj
   - the indexer's rope part is the FIRST p dims of each q_I and k_I (HF: (rot | pass)), half-split
     pairing (HF's indexer uses non-interleaved RoPE), the same angles as MLA's rope part.

@@ -21,7 +21,7 @@ Decode is the "naive" form: every step re-expands K and V from the cached latent
 "absorbed" form (fold kv_up's K half into the query and its V half into `out`) computes the same
 numbers with fewer FLOPs per step at large H; at anatomy's sizes the plain form is the readable one.
 
-Mapping onto Hugging Face's DeepseekV3Attention (transformers 5.x), pinned by tests/test_mla.py:
+Mapping onto Hugging Face's DeepseekV3Attention (transformers 5.x), pinned by tests/model/test_mla.py:
     q_down  = q_a_proj            q_norm  = q_a_layernorm (RMSNorm, eps 1e-6)   q_up = q_b_proj
     kv_down = kv_a_proj_with_mqa  kv_norm = kv_a_layernorm (RMSNorm, eps 1e-6)  kv_up = kv_b_proj
     out     = o_proj
@@ -33,7 +33,7 @@ Mapping onto Hugging Face's DeepseekV3Attention (transformers 5.x), pinned by te
   - RoPE: anatomy's half-split pairing (i with i + p/2) over the p dims, base cfg.rope_base, as HF's
     rope_interleave=False. HF's default rope_interleave=True pairs (2i, 2i+1) instead; the same
     model maps onto it by permuting the rope rows of q_up (per head) and of kv_down: HF row 2i =
-    our row i, HF row 2i+1 = our row i + p/2 (tests/test_mla.py maps it both ways).
+    our row i, HF row 2i+1 = our row i + p/2 (tests/model/test_mla.py maps it both ways).
 
 Two parts of softmax attention (attention.py) also fit here; neither is in a published MLA model, and
 both are off unless set (then the HF mapping above covers every other weight):

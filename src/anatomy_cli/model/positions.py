@@ -55,7 +55,7 @@ def turn_half(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> t
 
     rotate_half(x) * sin == roll(x, hd/2) * signed_sin with signed_sin = (-sin_1, sin_2): the roll
     swaps the halves, the sign lives in the table. Negation is exact, so the results are bit-identical
-    (tests/test_model.py checks values and gradients against the rotate_half form).
+    (tests/model/test_lm.py checks values and gradients against the rotate_half form).
     """
     return x * cos + x.roll(x.shape[-1] // 2, -1) * signed_sin
 

@@ -45,7 +45,7 @@ from pydantic import Field, ValidationError
 
 from anatomy_cli.report import stats
 from anatomy_cli.spec.errors import InputError
-from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, REFERENCE
+from anatomy_cli.spec.roles import END_OF, variant
 from anatomy_cli.store import runs as runs_mod
 
 DECIDE = "decide.json"
@@ -91,7 +91,7 @@ def futile(effects: pd.DataFrame, cap: int) -> pd.DataFrame:
             continue
         se_cap = se * math.sqrt(n / cap)
         crit = float(sps.t.ppf(1 - (1 - r.adj_level) / 2, df + cap - n))
-        th = r.threshold if math.isfinite(r.threshold) else 0.0
+        th = r.margin if math.isfinite(r.margin) else 0.0
         far, near = abs(r.gain) + se, max(0.0, abs(r.gain) - se)  # the gains most and least unlike zero
         decided = stats.call(cap, far, far - crit * se_cap, far + crit * se_cap, th) not in OPEN or \
             stats.call(cap, near, near - crit * se_cap, near + crit * se_cap, th) not in OPEN
@@ -109,7 +109,7 @@ def open_runs(grouped, effects: pd.DataFrame, cap: int | None = None) -> set[str
     out: set[str] = set()
     for group, members in grouped:
         for r in wanted[wanted["group"] == group].itertuples():
-            roles = (REFERENCE, f"+{r.flip}") if r.direction == ADD_ONE else (ALL_ON, f"-{r.flip}")
+            roles = (END_OF[r.direction], variant(r.flip, r.direction))
             out |= set(members.loc[members["role"].isin(roles), "run_id"])
     return out
 

@@ -32,7 +32,7 @@ from anatomy_cli.report import verdict as vd
 from anatomy_cli.report.frames import HIGHER_IS_BETTER, LOSS_METRIC, RELATIVE_METRICS, SPEED_METRIC, load_runs
 from anatomy_cli.spec import components as comp
 from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, DIRECTIONS, END_OF, REFERENCE, REMOVE_ONE, shown, variant
-from anatomy_cli.store.runs import COMPLETED, read_design
+from anatomy_cli.store.runs import COMPLETED, read_design, recorded_margin
 
 EFFECT_COLUMNS = ["metric", "flip", "direction", "against", "group", "n_pairs", "excluded", "unit", "gain",
                   "adj_low", "adj_high", "margin", "margin_basis", "call", "mde", "noise", "raw_low",
@@ -54,10 +54,12 @@ def component_effects(runs_df: pd.DataFrame, metric: str = "best_val_loss",
     reference-end seed sd, shown beside it. `excluded` counts pairs skipped because a run did not
     complete (or lacks the metric). alpha: each family's (a --decide study splits it over its looks).
     """
-    return effects_frame(_effect_rows(runs_df, metric), {metric: margin(metric, min_effect)}, alpha)
+    return effects_frame(paired_rows(runs_df, metric), {metric: margin(metric, min_effect)}, alpha)
 
 
-def _effect_rows(runs_df: pd.DataFrame, metric: str) -> list[dict]:
+def paired_rows(runs_df: pd.DataFrame, metric: str) -> list[dict]:
+    """Each effect's paired statistics before judging (gain, sd, raw interval, the group's noise), one row
+    per flip, direction and group: what effects_frame judges, and what the calibration harness shifts."""
     if metric not in runs_df.columns:
         raise ValueError(f"unknown metric {metric!r}: not a column of the runs frame")
     runs = runs_df[runs_df["role"] != ""]
@@ -247,19 +249,23 @@ def report_frames(root: Path, min_effect: float | None = None) -> tuple[pd.DataF
         spread = speed_mod.noise(record)
         speed = [r | {"noise": spread} for r in speed_mod.timing_effects(record)]
     else:
-        speed = _effect_rows(runs, SPEED_METRIC)
+        speed = paired_rows(runs, SPEED_METRIC)
         for row in speed:
             row["note"] = "; ".join(filter(None, [OVERLAP_NOTE, row["note"]]))
     if min_effect is None:
         min_effect = recorded_min_effect(Path(root))
     record = decide_mod.read_record(Path(root))  # a --decide study: each look's alpha (decide.py)
     alpha = record.alpha if record is not None else stats.ALPHA
-    effects = effects_frame(_effect_rows(runs, LOSS_METRIC) + speed, {LOSS_METRIC: margin(LOSS_METRIC, min_effect)},
+    effects = effects_frame(paired_rows(runs, LOSS_METRIC) + speed, {LOSS_METRIC: margin(LOSS_METRIC, min_effect)},
                             alpha)
     return runs, curves, effects
 
 
 def recorded_min_effect(root: Path) -> float | None:
-    """The min_effect the study's spec (or `ablate --min-effect`) gave, as sweep.json recorded it."""
+    """The margin the study was planned with (`ablate --min-effect`, else its spec's min_effect): sweep.json's
+    typed margin, written when the study started; a folder from before it has its invocation's min_effect."""
+    recorded = recorded_margin(root)
+    if recorded is not None:
+        return recorded
     value = ((read_design(root) or {}).get("invocation") or {}).get("min_effect")
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None

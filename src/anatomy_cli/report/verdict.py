@@ -189,7 +189,7 @@ def _estimate(root: Path, runs: pd.DataFrame, wanted: int) -> tuple[float, int] 
     (failed, interrupted), each as its finished runs measured here (their wall_s), plus the per-run and
     start-up times of this machine's calibration when one is cached; None without them."""
     from anatomy_cli.sweep.calibrate import cached_overheads, plan_seconds
-    from anatomy_cli.sweep.plan import default_workers
+    from anatomy_cli.sweep.plan import core_workers
 
     new = []
     run_s, startup_s = cached_overheads()
@@ -199,7 +199,7 @@ def _estimate(root: Path, runs: pd.DataFrame, wanted: int) -> tuple[float, int] 
         if todo > 0 and not math.isfinite(wall):
             return None
         new += [wall + run_s] * todo
-    workers = default_workers(len(new)) if new else 1
+    workers = core_workers(len(new)) if new else 1
     return plan_seconds(new, workers, startup_s), workers
 
 

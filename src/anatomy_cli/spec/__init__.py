@@ -5,6 +5,7 @@
   components   the component table (every part anatomy can switch, one row each) and the roles a
                run's settings give it in a design
   roles        the words runs and effects are named by: reference / all-on, add-one / remove-one
+  reference    the published reference size, and the parameters each component adds to it
 
 Imports: nothing of anatomy_cli outside spec/.
 """

@@ -45,6 +45,14 @@ class ConfigError(InputError):
     """A spec or option that does not validate; the message is one line per problem."""
 
 
+def choose(value: str, option: str, choices: tuple[str, ...]) -> str:
+    """A choice option's value, or a one-line refusal naming the option and its choices."""
+    if value not in choices:
+        listed = " or ".join(choices) if len(choices) == 2 else ", ".join(choices)
+        raise ConfigError(f"{option} must be {'' if len(choices) == 2 else 'one of '}{listed}, got {value!r}")
+    return value
+
+
 class _Frozen(BaseModel):
     # allow_inf_nan=False: `lr = inf` or `rope_base = nan` is a typo or an attack, never a setting.
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
@@ -53,7 +61,7 @@ class _Frozen(BaseModel):
 # The mark of a field added after runs already existed (every field not in the first set of the
 # run-id hash): at its default, which must reproduce the earlier model exactly, the field stays out
 # of the hash (runs.config_hash), so a finished run keeps its id and a rerun skips it. Set on the
-# field itself: `name: type = new(default, **bounds)`. tests/test_run_ids.py fails for a new field
+# field itself: `name: type = new(default, **bounds)`. tests/spec/test_config.py fails for a new field
 # without it, and pins the ids of every shipped spec.
 NEW = {"hash": "omit-at-default"}
 # The mark of a field that never changes a run's results (when to checkpoint): out of the hash at any value.

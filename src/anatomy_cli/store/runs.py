@@ -349,6 +349,34 @@ def read_design(sweep_dir: Path) -> dict | None:
     return data
 
 
+def runs_folder(path: Path) -> Path:
+    """A runs directory that is not a file (it may not exist yet)."""
+    if path.exists() and not path.is_dir():
+        raise InputError(f"runs directory is a file: {path}")
+    return path
+
+
+MARGIN = "margin"  # sweep.json's key: the margin (nats/char) the study was planned with
+
+
+class StudyMargin(FileModel):
+    """sweep.json's margin, typed: a positive number of nats/char, at most 10 (as a spec's min_effect)."""
+
+    margin: Annotated[float, Field(gt=0, le=10)]
+
+
+def recorded_margin(sweep_dir: Path) -> float | None:
+    """The margin sweep.json recorded when the study started (ablate's --min-effect, else its spec's
+    min_effect); None when it recorded none (the report's default margin then applies)."""
+    design = read_design(sweep_dir)
+    if not design or MARGIN not in design:
+        return None
+    try:
+        return StudyMargin.model_validate({MARGIN: design[MARGIN]}).margin
+    except ValidationError as err:
+        raise RunError(f"corrupt {SWEEP} in {Path(sweep_dir)}: {schema_problem(err)}") from None
+
+
 def run_status(run_dir: Path) -> str | None:
     """The summary's status; 'running' only while its owner lives (a killed run is 'interrupted')."""
     try:

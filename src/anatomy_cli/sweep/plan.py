@@ -402,7 +402,7 @@ def stack_size(choice: str, device_type: str) -> int:
         return 1
     if choice == "auto":
         return STACK_AUTO.get(device_type, 1)
-    if choice.isdigit() and int(choice) >= 1:
+    if choice.isascii() and choice.isdigit() and int(choice) >= 1:  # '²' is a digit to isdigit, not to int()
         return int(choice)
     raise ConfigError(f"--stack must be auto, off or a number of seeds per model (1 or more), got {choice!r}")
 
@@ -413,19 +413,48 @@ def stack_size(choice: str, device_type: str) -> int:
 STACK_AUTO = {"cpu": 1, "cuda": 1, "mps": 1}
 
 
-def default_workers(n_runs: int) -> int:
-    """Parallel processes: one per core up to the number of runs (measured: benchmarks/RESULTS.md)."""
+def core_workers(n_runs: int) -> int:
+    """Parallel processes on the CPU: one per core up to the number of runs (measured: benchmarks/RESULTS.md)."""
     return max(1, min(os.cpu_count() or 1, n_runs))
 
 
+def plan_workers(plan: list[PlannedRun], vocab: dict, models: int | None = None) -> int:
+    """A plan's default parallel processes, composed here once: on the CPU one per core up to the models
+    it trains (`models`: runs, or stacked models of several seeds); on a GPU as many runs as its free
+    memory holds (devices.device_workers)."""
+    names = {p.config.train.device for p in plan}
+    if names <= {"cpu"} or not plan:
+        return core_workers(len(plan) if models is None else models)
+    from anatomy_cli.training.devices import device_workers, resolve_device
+
+    device = resolve_device(names.pop() if len(names) == 1 else "auto")
+    return device_workers(device, [p.config for p in plan], vocab, len(plan))
+
+
+def plan_stack(choice: str, plan: list[PlannedRun], executor: str) -> int:
+    """Seeds per stacked model for this plan (1: alone): --stack on the plan's device; the dask
+    executor trains runs one by one."""
+    size = stack_size(choice, "cpu")  # refuses a bad value before anything else
+    if executor != "local" or choice == "off" or not plan:
+        return 1
+    if choice == "auto":
+        from anatomy_cli.training.devices import resolve_device
+
+        names = {p.config.train.device for p in plan}
+        size = stack_size(choice, resolve_device(names.pop() if len(names) == 1 else "auto").type)
+    return size
+
+
 def record_design(sweep_dir: Path, design: Design | None, invocation: dict | None = None,
-                  sizes: Iterable[PlannedSize] = ()) -> None:
+                  sizes: Iterable[PlannedSize] = (), margin: float | None = None) -> None:
     """Add the design's components (and sizes) to sweep_dir/sweep.json, which the report reads to
     tell roles (and which size a run is).
 
     A sweep directory may hold several invocations (other --flip choices, more seeds): the file keeps
     the union of their components and sizes. A spec component or a size redefined under the same
-    name is refused, since runs already written were planned with the old definition.
+    name is refused, since runs already written were planned with the old definition. The margin the
+    study was planned with (`margin`: --min-effect, else the spec's min_effect) is written once, when
+    the folder's first study starts, and kept by every later one (runs.recorded_margin reads it).
     """
     path = Path(sweep_dir) / runs.SWEEP
     old = runs.read_design(sweep_dir) or {"components": []}
@@ -441,10 +470,12 @@ def record_design(sweep_dir: Path, design: Design | None, invocation: dict | Non
         if rungs.setdefault(size.name, size.record()) != size.record():
             raise ConfigError(f"{path}: size {size.name} was defined differently by an earlier sweep in this "
                               f"directory; rename it or use another spec name")
-    keep = {k: v for k, v in old.items() if k not in ("components", "sizes")}
+    keep = {k: v for k, v in old.items() if k not in ("components", "sizes", runs.MARGIN)}
     extra = {"invocation": invocation} if invocation is not None else keep
+    first = runs.recorded_margin(sweep_dir) if runs.MARGIN in old else margin
     runs.atomic_write_json(path, {"components": list(rows.values()), **extra,
-                                  **({"sizes": list(rungs.values())} if rungs else {})})
+                                  **({"sizes": list(rungs.values())} if rungs else {}),
+                                  **({runs.MARGIN: first} if first is not None else {})})
 
 
 def pending_runs(plan: list[PlannedRun], sweep_dir: Path) -> list[PlannedRun]:
@@ -453,13 +484,14 @@ def pending_runs(plan: list[PlannedRun], sweep_dir: Path) -> list[PlannedRun]:
 
 def execute(plan: list[PlannedRun], sweep_dir: Path, workers: int = 1, on_event: Event | None = None,
             sweep_name: str | None = None, executor: str = "local", address: str | None = None,
-            invocation: dict | None = None, stop: Stop | None = None, stack: int = 1) -> list[dict]:
+            invocation: dict | None = None, stop: Stop | None = None, stack: int = 1,
+            margin: float | None = None) -> list[dict]:
     """Run every pending run of the plan into sweep_dir/<run_id>; return all summaries.
 
     executor 'local' runs in this process (workers=1) or a process pool; 'dask' submits each run
     to an existing dask.distributed cluster at `address` (see dask_exec.py). `invocation` (spec,
     flip, steps: how the CLI was called) goes into sweep.json, so a report can say the command
-    that adds seeds.
+    that adds seeds; `margin`, the study's margin, is recorded there once (record_design).
     When stop() turns true (local executor) the runs in flight save and end 'interrupted', no new
     run starts, and this returns after every worker has exited, with the lock released: a rerun
     resumes the sweep.
@@ -474,7 +506,7 @@ def execute(plan: list[PlannedRun], sweep_dir: Path, workers: int = 1, on_event:
         design = next((p.design for p in plan if p.design), None)
         sizes = list(dict.fromkeys(p.size for p in plan if p.size))
         if design is not None or sizes:
-            record_design(sweep_dir, design, invocation, sizes)
+            record_design(sweep_dir, design, invocation, sizes, margin)
         todo = pending_runs(plan, sweep_dir)
         emit({"event": "plan", "total": len(plan), "todo": len(todo), "skipped": len(plan) - len(todo)})
         threads = max(1, (os.cpu_count() or 1) // max(1, workers))

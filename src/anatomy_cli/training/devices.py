@@ -7,13 +7,13 @@
   matmul_precision   what fp32 matmuls really ran at: 'fp32', 'tf32' or 'bf16-autocast'
   sdpa_kernel        which scaled_dot_product_attention kernel family the run's shapes dispatch to
   compile_model      torch.compile with a fresh dynamo cache per run
-  share_compile_cache / default_workers   concurrent sweep runs sharing one GPU
+  share_compile_cache / device_workers    concurrent sweep runs sharing one GPU
   hardware / cpu_capability   what a run ran on: the device's name, the CPU's vector instruction set
   available_bytes / peak_memory / keep_freed_memory   memory: what is free, what a run used, glibc reuse
 
 Host-side tensors (the id arrays, the sampling generator, RoPE tables while they are built) stay
 on the CPU in whatever dtype is exact there; they are cast and moved once, never rebuilt on the
-device: MPS has no float64. tests/test_devices.py runs training, eval and sampling on a fake
+device: MPS has no float64. tests/training/test_devices.py runs training, eval and sampling on a fake
 accelerator that fails on any tensor left behind and on any float64 tensor on the device.
 """
 
@@ -292,7 +292,7 @@ def run_bytes(cfg, vocab_size: int) -> int:
     return 2 * (16 * m.num_params() + act)
 
 
-def default_workers(device: torch.device, configs: list, vocab_size: dict, n_runs: int) -> int:
+def device_workers(device: torch.device, configs: list, vocab_size: dict, n_runs: int) -> int:
     """Concurrent runs: CPU -> one per core; MPS -> 1; CUDA -> as many as fit in MEMORY_FILL of free memory
     (torch.cuda.mem_get_info) at the largest run's estimate, at most one per core (each process
     needs a core to launch its kernels) and one per run."""

@@ -1,0 +1,11 @@
+"""A study: a spec's plan trained and judged, as library calls the CLI renders (no printing, no exit).
+
+  ablation   `anatomy ablate`: the flags asked, the plan and its refusals, workers and stacking, the
+             estimate, the training (in --decide's rounds or at once), what it did
+  rounds     run_rounds: --decide's loop (looks, futility, budget, stop reason) over any trainer, the
+             one the CLI runs and benchmarks/calibrate_verdict.py --decide measures
+  reporting  `anatomy report`: where a report may write, its frames read once, the side files
+  sizes      a size ladder's plan per size (scale-plan, ablate --dry-run)
+
+Imports: report, sweep, exams, training, store, spec (everything below it but the model); never cli.
+"""

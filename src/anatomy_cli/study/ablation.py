@@ -1,0 +1,182 @@
+"""`anatomy ablate`'s study, as library calls the CLI renders: what was asked, the plan and its refusals,
+the workers, the estimate, the training (rounds with --decide) and the closing counts.
+
+  Ask         the flags of one `ablate` invocation, as given (None: the spec's)
+  Study       a planned study: spec, plan, sweep folder, rounds, margin, then corpora, stacking, workers
+  plan_study  every refusal before anything is shown or written, then the plan
+  size_study  the corpora read once, seeds per stacked model, the worker count
+  run_study   train the plan (rounds with --decide) through a trainer; what it did
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from anatomy_cli.report import decide
+from anatomy_cli.spec.config import AblationSpec, ConfigError, DecideSpec, choose
+from anatomy_cli.store import runs
+from anatomy_cli.study.rounds import Rounds, RoundsDone, looks_of, run_rounds
+from anatomy_cli.sweep import plan as plan_mod
+
+EXECUTORS = ("local", "dask")
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One `anatomy ablate` invocation's flags; None means the spec's (or the default's)."""
+
+    spec: Path | None = None
+    flip: str | None = None
+    seeds: int | None = None
+    steps: int | None = None
+    workers: int | None = None
+    runs_dir: Path = Path("runs")
+    executor: str = "local"
+    address: str | None = None
+    device: str | None = None
+    compile: bool = False
+    dtype: str | None = None
+    margin: float | None = None
+    stack: str = "auto"
+    decide: bool = False
+    max_seeds: int | None = None
+    decide_step: int | None = None
+    budget: str | None = None
+    time_pass: bool = False
+
+    def plan_at(self, seeds: int | None = None) -> tuple[AblationSpec, list]:
+        """The spec and plan these flags give (at `seeds` seeds instead of --seeds: a later look)."""
+        return plan_mod.load_plan(self.spec, self.flip, self.seeds if seeds is None else seeds, self.steps,
+                                  device=self.device, compile=self.compile or None, dtype=self.dtype)
+
+    @property
+    def invocation(self) -> dict:
+        """sweep.json's record of how the study was asked for (the report says the command that adds seeds)."""
+        return {"spec": None if self.spec is None else str(self.spec), "flip": self.flip, "steps": self.steps}
+
+
+@dataclass(frozen=True)
+class Study:
+    ask: Ask
+    spec: AblationSpec
+    plan: list
+    sweep_dir: Path
+    rounds: Rounds | None  # --decide's plan of looks, else None
+    margin: float | None  # the flag, else the spec's min_effect, else None (the report's default)
+    vocab: dict = field(default_factory=dict)  # corpus source -> vocabulary size (size_study)
+    per_model: int = 1  # seeds per stacked model
+    workers: int = 1
+
+
+def decide_plan(ask: Ask, spec: AblationSpec, margin: float | None) -> Rounds | None:
+    """--decide's rounds: each option given, else the spec's [decide] table's, else the defaults; None
+    without --decide or a [decide] table (and always with --time, which times instead of training)."""
+    rounds = (ask.decide or spec.decide is not None) and not ask.time_pass
+    if not rounds:
+        if ask.max_seeds is not None or ask.budget is not None or ask.decide_step is not None:
+            raise ConfigError("--max-seeds, --decide-step and --budget plan the rounds of --decide: add --decide")
+        return None
+    table = spec.decide or DecideSpec()
+    budget = ask.budget if ask.budget is not None else table.budget
+    max_seeds = ask.max_seeds if ask.max_seeds is not None else (table.max_seeds if spec.decide else None)
+    step = ask.decide_step if ask.decide_step is not None else table.step
+    if ask.seeds is None and not isinstance(spec.seeds, int):
+        raise ConfigError("--decide adds seeds by count: give the spec's seeds as a count, or --seeds N")
+    return Rounds(looks_of(ask.seeds or spec.seeds, max_seeds, step), margin, decide.parse_budget(budget), budget)
+
+
+def plan_study(ask: Ask) -> Study:
+    """The study these flags ask for, or the one-line refusal of a bad flag, spec or folder, before
+    anything is written."""
+    if ask.steps is not None and ask.steps <= 0:
+        raise ConfigError(f"--steps must be > 0, got {ask.steps}")
+    choose(ask.executor, "--executor", EXECUTORS)
+    plan_mod.stack_size(ask.stack, "cpu")  # refuses a bad --stack before anything else
+    if ask.decide and ask.time_pass:
+        raise ConfigError("--decide trains; --time times: run them one after the other")
+    decide.parse_budget(ask.budget)
+    spec, plan = ask.plan_at()
+    margin = ask.margin if ask.margin is not None else spec.min_effect
+    rounds = decide_plan(ask, spec, margin)
+    if ask.device not in (None, "auto", "cpu") and ask.executor == "local":  # here, not in each worker
+        from anatomy_cli.training.devices import resolve_device
+
+        resolve_device(ask.device, "--device")
+    sweep_dir = runs.runs_folder(ask.runs_dir) / spec.name
+    runs.refuse_inside_runs(sweep_dir, "--runs-dir", "sweep directory", itself="sweep")  # before the plan shows
+    return Study(ask, spec, plan, sweep_dir, rounds, margin)
+
+
+def size_study(study: Study) -> Study:
+    """The study with its corpora read (vocabularies), its seeds per stacked model and its workers:
+    --workers, else plan_mod.plan_workers for the models it trains."""
+    vocab = plan_mod.check_data(study.plan)
+    per_model = plan_mod.plan_stack(study.ask.stack, study.plan, study.ask.executor)
+    workers = study.ask.workers or plan_mod.plan_workers(study.plan, vocab, -(-len(study.plan) // per_model))
+    return replace(study, vocab=vocab, per_model=per_model, workers=workers)
+
+
+def estimate(study: Study, todo: list | None = None) -> tuple[dict[str, float], float]:
+    """({run id: seconds}, start-up seconds per worker) of `todo` (default: the runs still to do)."""
+    todo = plan_mod.pending_runs(study.plan, study.sweep_dir) if todo is None else todo
+    return plan_mod.plan_estimate(todo, study.workers, study.vocab)
+
+
+def round_seconds(study: Study, todo: list) -> float:
+    """The estimated wall time of training `todo` on the study's workers (0 for nothing)."""
+    from anatomy_cli.sweep.calibrate import plan_seconds
+
+    if not todo:
+        return 0.0
+    per_run, startup = estimate(study, todo)
+    return plan_seconds(list(per_run.values()), study.workers, startup)
+
+
+def train_runs(study: Study, todo: list, display=None, stop=None) -> list[str | None]:
+    """Train the pending runs of `todo` into the sweep folder; each run's status (display: progress
+    events; stop: asked between steps, a requested stop saves the runs in flight)."""
+    summaries = plan_mod.execute(todo, study.sweep_dir, study.workers, display, sweep_name=study.spec.name,
+                                 executor=study.ask.executor, address=study.ask.address,
+                                 invocation=study.ask.invocation, margin=study.margin, stop=stop,
+                                 stack=study.per_model)
+    return [x.get("status") for x in summaries]
+
+
+def check_record(study: Study) -> None:
+    """A folder decided with other looks is refused: a new plan after seeing the data spends its alpha twice."""
+    record = decide.read_record(study.sweep_dir)
+    if record is not None and study.rounds is not None and record.looks != study.rounds.looks:
+        raise ConfigError(f"{study.sweep_dir} was decided with looks at {', '.join(map(str, record.looks))} seeds: "
+                          f"rerun with the same --seeds, --max-seeds and --decide-step, or use another --runs-dir "
+                          f"(a new plan after seeing the data would spend its alpha twice)")
+
+
+@dataclass
+class StudyDone:
+    statuses: list[str | None]  # every run trained or found done, in plan order per round
+    seconds: float
+    rounds: RoundsDone | None = None
+
+    def count(self, status: str) -> int:
+        return self.statuses.count(status)
+
+
+def run_study(study: Study, train: Callable[[list], list], say: Callable[[str], None] = lambda line: None,
+              clock: Callable[[], float] = time.monotonic) -> StudyDone:
+    """Train the study's plan through `train` (todo -> statuses): at once, or in --decide's rounds
+    (run_rounds over the sweep folder); `say` tells the rounds' progress."""
+    from anatomy_cli.report.frames import load_runs
+
+    started = clock()
+    if study.rounds is None:
+        return StudyDone(train(study.plan), clock() - started)
+    check_record(study)
+    done = run_rounds(study.plan, study.rounds, train, lambda: load_runs(study.sweep_dir)[0],
+                      lambda n: study.ask.plan_at(n)[1],
+                      pending=lambda todo: plan_mod.pending_runs(todo, study.sweep_dir),
+                      cost=lambda todo: round_seconds(study, todo),
+                      save=lambda record: decide.write_record(study.sweep_dir, record), say=say, clock=clock)
+    return StudyDone(list(done.statuses.values()), clock() - started, done)

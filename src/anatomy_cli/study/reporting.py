@@ -1,0 +1,71 @@
+"""`anatomy report`'s study: where a report may write, its frames read once, the side files (no printing).
+
+  check_report_paths  refusals of --out and --results before anything is written
+  read_report         the frames of every run under a folder, TensorBoard back-filled and the results
+                      file written as asked: what the CLI then writes and renders
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from anatomy_cli.spec.config import ConfigError
+from anatomy_cli.store import runs
+
+
+@dataclass(frozen=True)
+class Report:
+    formats: tuple[str, ...]
+    frames: tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]  # runs, curves, effects (effects.report_frames)
+    events: dict | None  # TensorBoard back-fill counts, when asked
+
+
+def read_report(root: Path, out: Path | None, formats: tuple[str, ...], margin: float | None = None,
+                results: str | Path | None = None, tensorboard: bool = False) -> Report:
+    """Every refusal first (unknown formats, a missing folder, --out and --results where they may not
+    write), then the frames read once (judged at `margin`, else the study's), TensorBoard events
+    back-filled and the results file written when asked."""
+    from anatomy_cli.report import effects as effects_mod
+    from anatomy_cli.report import write
+    from anatomy_cli.training import tensorboard as tb_events
+
+    if tensorboard:
+        tb_events.require()
+    bad = [f for f in formats if f not in write.FORMATS]
+    if bad:
+        raise ConfigError(f"unknown --format {', '.join(bad)}; choose from {', '.join(write.FORMATS)}")
+    if not root.exists():
+        raise runs.RunError(f"runs directory not found: {root}")
+    check_report_paths(root, out, results)  # before anything is written
+    frames = effects_mod.report_frames(root, margin)  # read once: shown and written by the caller
+    events = tb_events.backfill(root) if tensorboard else None
+    if results is not None:
+        from anatomy_cli.report.results import write_results
+
+        write_results(Path(results), root, frames)
+    return Report(formats, frames, events)
+
+
+def check_report_paths(root: Path, out: Path | None, results: str | Path | None) -> None:
+    """Where `report ROOT` may write: its folder (--out) not in a run or a sweep unless it is ROOT/report,
+    its own, and not a folder of someone's files named as its own; --results not in a run or a sweep
+    (ROOT/report aside), nor a folder, nor an existing file other than a results file, nor one of the
+    report's own files in its folder (it would be written over)."""
+    from anatomy_cli.report import write
+    from anatomy_cli.report.results import is_results
+
+    own = root / "report"
+    folder = out if out is not None else own
+    runs.refuse_inside_runs(folder, "--out", "report folder", own=own)
+    runs.refuse_foreign(folder, "--out", "report folder", write.is_report, write.FILES.__contains__)
+    if results is None:
+        return
+    path = Path(results)
+    runs.refuse_inside_runs(path, "--results", "results file", own=own)
+    runs.refuse_replacing(path, "--results", "results file", is_results, given=str(results))
+    if path.name in write.FILES and path.resolve().parent == folder.resolve():
+        raise runs.RunError(f"{results} is the report's own {path.name}, which the report would write over; choose "
+                            f"another --results")
