@@ -33,9 +33,10 @@ test-fast: install
 # The numerics-heavy tests again on other kernel paths, so a test that holds on one CPU's rounding only
 # fails here too: each ATen CPU capability below this machine's (default; avx2 under AVX-512) and MKL's
 # COMPATIBLE conditional-numerical-reproducibility mode (the path MKL takes on neither vendor's fast code).
-KERNEL_TESTS ?= tests/test_model.py tests/test_rows.py tests/test_kv_cache.py tests/test_reference.py \
-	tests/test_stacked.py tests/test_mla.py tests/test_moe.py tests/test_gdn.py tests/test_swa.py \
-	tests/test_modern.py tests/test_mixers.py tests/test_export.py
+KERNEL_TESTS ?= tests/model/test_lm.py tests/model/test_rows.py tests/model/test_kv_cache.py \
+	tests/model/test_reference.py tests/training/test_stacked.py tests/model/test_mla.py tests/model/test_moe.py \
+	tests/model/test_gdn.py tests/model/test_swa.py tests/model/test_modern.py tests/model/test_mixers.py \
+	tests/exams/test_export.py
 test-kernels: install
 	@set -e; for lane in $$($(BIN)/python -c "import torch; c = torch.backends.cpu.get_cpu_capability(); \
 	    print(*['ATEN_CPU_CAPABILITY=' + l for l in ['default', 'avx2'][: {'AVX512': 2, 'AVX2': 1}.get(c, 1)]], \

@@ -1,5 +1,6 @@
 """The package's layout holds: a few rooms at the top, imports one way between them, no circles, and
-docs/layout.md says what the package's own docstrings say.
+docs/layout.md says what the package's own docstrings say, and tests/ mirrors the rooms
+(tests/ROOM/test_MODULE.py; suites across rooms in tests/behaviour/).
 
 Every import of anatomy_cli is read from the source (inside functions too: an import hidden in a
 function to dodge a circle is a circle), so nothing here depends on what a test happened to import.
@@ -154,6 +155,56 @@ def test_docs_layout_page_lists_each_subpackage_as_its_docstring_says():
     page = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8")
     assert page == layout_page(page), ("docs/layout.md differs from the package's docstrings: "
                                        "python tests/test_layout.py")
+
+
+TESTS = Path(__file__).resolve().parent
+HOUSE_TESTS = {"test_layout.py", "test_docs.py"}  # the house's own tests (its layout, its docs) stay at the top
+
+
+def misplaced_tests(tests: Path, rooms: set[str]) -> list[str]:
+    """Where tests/ stops mirroring the package: a folder that is neither a room (a subpackage) nor
+    behaviour/ (the suites that span rooms), a folder without __init__.py or below a room, a test
+    file at the top other than the house's own. The test of anatomy_cli/ROOM/MOD.py is tests/ROOM/test_MOD.py."""
+    bad = []
+    for path in sorted(tests.rglob("*")):
+        rel = path.relative_to(tests)
+        if "__pycache__" in rel.parts or any(part.startswith(".") for part in rel.parts):
+            continue
+        if path.is_dir():
+            if len(rel.parts) > 1 or rel.name not in rooms | {"behaviour"}:
+                bad.append(f"tests/{rel.as_posix()}/: neither a subpackage of anatomy_cli nor behaviour/")
+            elif not (path / "__init__.py").is_file():
+                bad.append(f"tests/{rel.as_posix()}/: no __init__.py")
+        elif len(rel.parts) == 1 and path.name.startswith("test_") and path.name not in HOUSE_TESTS:
+            bad.append(f"tests/{rel.as_posix()}: a module's test lives in tests/ROOM/, a suite across rooms in "
+                       "tests/behaviour/")
+    return bad
+
+
+def test_tests_mirror_the_rooms():
+    rooms = {p.name for p in PKG.iterdir() if (p / "__init__.py").is_file()}
+    bad = misplaced_tests(TESTS, rooms)
+    assert not bad, "\n".join(bad)
+
+
+def test_the_mirror_check_finds_a_stray_folder_a_deeper_one_and_a_test_at_the_top(tmp_path):
+    for folder in ("model", "behaviour", "tools", "model/deeper", "cli"):
+        (tmp_path / folder).mkdir()
+    for file in ("model/__init__.py", "behaviour/__init__.py", "conftest.py", "helpers.py", "test_layout.py",
+                 "test_mla.py"):
+        (tmp_path / file).touch()
+    assert misplaced_tests(tmp_path, {"model", "cli"}) == [
+        "tests/cli/: no __init__.py",
+        "tests/model/deeper/: neither a subpackage of anatomy_cli nor behaviour/",
+        "tests/test_mla.py: a module's test lives in tests/ROOM/, a suite across rooms in tests/behaviour/",
+        "tests/tools/: neither a subpackage of anatomy_cli nor behaviour/",
+    ]
+    for file in ("cli/__init__.py",):
+        (tmp_path / file).touch()
+    (tmp_path / "test_mla.py").unlink()
+    (tmp_path / "model" / "deeper").rmdir()
+    (tmp_path / "tools").rmdir()
+    assert misplaced_tests(tmp_path, {"model", "cli"}) == []
 
 
 MARK = re.compile(r"(<!-- layout (?P<pkg>\w+) -->\n)(?P<body>.*?)(<!-- /layout -->)", re.DOTALL)

@@ -16,7 +16,7 @@ import pytest
 
 from anatomy_cli.report import effects, stats
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import calibrate_verdict as cv  # noqa: E402
 
 FAMILIES = 200

@@ -328,7 +328,7 @@ def test_a_moe_run_records_its_metrics_and_routing(tmp_path):
     assert rows and all(r["moe_aux_loss"] >= 1.0 for r in rows)  # >= 1 for top-2 of 4 (k when balanced)
     assert not any("moe_aux_loss" in r for r in runs.read_metrics(tmp_path / "dense"))
     if tb_events.available():  # the balance loss is a TensorBoard scalar too
-        from test_tb import read_events
+        from tests.training.test_tensorboard import read_events
 
         tb = [e.value for e in read_events(tmp_path / "moe").Scalars("loss/moe_aux")]
         assert tb == pytest.approx([r["moe_aux_loss"] for r in rows])

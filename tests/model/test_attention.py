@@ -6,7 +6,7 @@ the layers equal transformers' through a prefill and single-token decode against
 fp32 and fp64, and each parity check is shown to fail on a planted mistake.
 
 The references are layers, not models: gpt-oss's model has MoE FFNs with clamped SwiGLU and
-Qwen3-Next's has Gated DeltaNet layers (its whole hybrid is tests/test_gdn.py's, with the real gate
+Qwen3-Next's has Gated DeltaNet layers (its whole hybrid is tests/model/test_gdn.py's, with the real gate
 and partial rotary). gpt-oss's checkpoints have biased q/k/v/o projections; anatomy's have none,
 so the reference is built with attention_bias=False (the same code path without the bias adds).
 fp32 runs transformers as it is (its own RoPE tables, computed in fp32); fp64 computes its tables

@@ -30,7 +30,7 @@ from anatomy_cli.spec.config import (
 from anatomy_cli.store import runs
 from anatomy_cli.sweep.plan import expand, load_spec
 
-EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
 
 # The fields that have always been in the hash (at any value). Every other field must be NEW-marked.
 HASHED = {

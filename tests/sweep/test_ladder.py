@@ -62,7 +62,7 @@ def test_a_spec_without_sizes_plans_exactly_as_before(tmp_path):
     assert all(p.size is None and "_" not in p.slug for p in plan)
     for p in plan:  # the id is the slug, the seed and the hash of the config, as it always was
         assert p.run_id == runs.run_id(p.slug, p.config.seed, p.config.model_dump(mode="json"))
-    five = expand(load_spec(Path(__file__).resolve().parents[1] / "experiments" / "five-flips.toml"))
+    five = expand(load_spec(Path(__file__).resolve().parents[2] / "experiments" / "five-flips.toml"))
     assert "2017-s1337-46b897f2" in {p.run_id for p in five}  # a pinned id of the default study
 
 

@@ -207,7 +207,7 @@ def test_gpu_sweep_fails_cleanly_without_cuda():
     import sys
     from pathlib import Path
 
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_sweep.sh"
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_sweep.sh"
     result = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=PATIENCE,
                             env={**os.environ, "PYTHON": sys.executable})
     assert result.returncode == 2, result.stdout + result.stderr

@@ -8,12 +8,12 @@ DeepSeek-V3's router (model.moe_router = "deepseek", inside the moe row).
   export          refuses each part by name, in one line, exit 2, writing nothing
   bad input       one line, exit 2: dsa_top_k > ctx_len, rope_fraction leaving an odd rotated count
 
-Checked elsewhere, not repeated here: the same bad settings at validate() (tests/test_dsa.py
-test_bad_settings_are_refused_in_one_line, tests/test_attention_parts.py test_bad_settings_are_one_line),
-a non-whole rope_fraction on the CLI (tests/test_attention_parts.py
+Checked elsewhere, not repeated here: the same bad settings at validate() (tests/model/test_dsa.py
+test_bad_settings_are_refused_in_one_line, tests/model/test_attention.py test_bad_settings_are_one_line),
+a non-whole rope_fraction on the CLI (tests/model/test_attention.py
 test_bad_rope_fraction_exits_2_with_one_line) and moe_router on a dense model on the CLI
-(tests/test_router.py test_bad_router_settings_exit_2_on_the_cli); check_llama_shaped's refusals
-(tests/test_attention_parts.py test_export_refuses_each_part_by_name, tests/test_dsa.py
+(tests/model/test_moe_router.py test_bad_router_settings_exit_2_on_the_cli); check_llama_shaped's refusals
+(tests/model/test_attention.py test_export_refuses_each_part_by_name, tests/model/test_dsa.py
 test_component_row_and_export_refusal).
 """
 

@@ -15,7 +15,7 @@ from helpers import PATIENCE
 from anatomy_cli.model import LM
 from anatomy_cli.spec.config import ModelConfig
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 import reference  # noqa: E402
 

@@ -58,7 +58,7 @@ def test_machine_warning_names_the_cpu_capability_behind_one_model_name():
 def test_a_baseline_without_a_capability_is_named_once_numbers_differ():
     """experiments/ci-baseline.json predates the field: identical numbers need no line, moved ones say
     this machine's capability and that the baseline cannot tell its own."""
-    base = gate.load_baseline(Path(__file__).parents[1] / "experiments" / "ci-baseline.json")
+    base = gate.load_baseline(Path(__file__).parents[2] / "experiments" / "ci-baseline.json")
     assert "cpu_capability" not in base
     machine = base["machine"]
     same = [{"config": "2017", "identical": True, "verdict": "ok"}]

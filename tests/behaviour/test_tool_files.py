@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 from helpers import invoke, one_error_line
-from test_report import called_sweep
 from toy_data import write_spec
 from typer.testing import CliRunner
 
 from anatomy_cli.report import gate, results, speed
 from anatomy_cli.store import runs
+from tests.report.test_report import called_sweep
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / results.RESULTS_DIR
 DOCS = {  # every block kind each study's file renders
     "demo": "".join(f"<!-- results demo {w} --><!-- /results -->\n" for w in (

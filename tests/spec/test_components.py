@@ -79,7 +79,7 @@ def test_components_command_lists_the_table_as_json():
 
 
 def test_five_flips_plan_keeps_its_slugs_roles_and_states():
-    plan = expand(load_spec(Path(__file__).resolve().parents[1] / "experiments" / "five-flips.toml"))
+    plan = expand(load_spec(Path(__file__).resolve().parents[2] / "experiments" / "five-flips.toml"))
     assert [p.slug for p in plan] == ["2017", *(f"2017+{f}" for f in comp.FIVE), "llama",
                                       *(f"llama-{f}" for f in comp.FIVE)]
     for p in plan:
@@ -91,7 +91,7 @@ def test_five_flips_plan_keeps_its_slugs_roles_and_states():
 
 def test_run_ids_of_existing_studies_do_not_change():
     """Fields added at their old-behaviour default stay out of the id: finished runs are still skipped."""
-    ci = expand(load_spec(Path(__file__).resolve().parents[1] / "experiments" / "ci-regression.toml"))
+    ci = expand(load_spec(Path(__file__).resolve().parents[2] / "experiments" / "ci-regression.toml"))
     ids = {p.slug: p.run_id for p in ci}
     assert ids["2017"] == "2017-s1337-01654518" and ids["llama-gqa"] == "llama-gqa-s1337-d9440539"
     tied = expand(spec(flips=["tied"]))
@@ -138,7 +138,7 @@ def test_two_components_setting_one_field_are_refused_naming_both():
 
 
 def test_modern_spec_adds_each_of_the_six_to_the_llama_end():
-    s = load_spec(Path(__file__).resolve().parents[1] / "experiments" / "modern.toml")
+    s = load_spec(Path(__file__).resolve().parents[2] / "experiments" / "modern.toml")
     plan = expand(s)
     assert len(s.seed_list) == 3 and len(plan) == 7 * 3
     ref = [p for p in plan if p.role == "reference"]

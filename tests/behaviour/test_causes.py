@@ -16,14 +16,14 @@ import re
 from pathlib import Path
 
 import pytest
-from test_report import make_run
-from test_scale import BUILT, REF_OFFSET, model
 
 from anatomy_cli.report import effects as effects_mod
 from anatomy_cli.report import results, scale, sections, write
 from anatomy_cli.report.verdict import verdict_frame
 from anatomy_cli.spec import components as comp
 from anatomy_cli.store import lockfile
+from tests.report.test_report import make_run
+from tests.report.test_scale import BUILT, REF_OFFSET, model
 
 # figures.py warns about an empty legend on a panel whose size has no points (not this issue's)
 pytestmark = pytest.mark.filterwarnings("ignore:No artists with labels:UserWarning")
@@ -192,7 +192,7 @@ def verdict_and_text(root: Path) -> tuple[str, str]:
      "no trend across sizes: no size trains (its budget rounds up from under one step to 1)"),
 ], ids=["one parameter count", "one size", "zero steps"])
 def test_scale_plan_warns_when_a_ladder_cannot_form_a_trend(tmp_path, sizes, extra, warning):
-    from test_sizes import invoke, sized_spec
+    from tests.sweep.test_ladder import invoke, sized_spec
 
     spec = sized_spec(tmp_path, sizes, top={"seeds": 3}, extra=extra)
     result = invoke("scale-plan", spec, "--no-estimate")
@@ -203,7 +203,7 @@ def test_scale_plan_warns_when_a_ladder_cannot_form_a_trend(tmp_path, sizes, ext
 
 
 def test_scale_plan_names_a_size_that_repeats_anothers_count_or_trains_no_step(tmp_path):
-    from test_sizes import invoke, sized_spec
+    from tests.sweep.test_ladder import invoke, sized_spec
 
     ladder = {"S": {"d_model": 16, "n_head": 2}, "M": {"ctx_len": 32}, "M2": {"ctx_len": 64}, "L": {"n_layer": 4}}
     doc = json.loads(invoke("scale-plan", sized_spec(tmp_path, ladder, top={"seeds": 3}), "--no-estimate",

@@ -9,11 +9,11 @@ import statistics
 from pathlib import Path
 
 import pytest
-from test_report import CALLED, called_sweep
 
 from anatomy_cli.report import effects, results
+from tests.report.test_report import CALLED, called_sweep
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]  # every page that may hold rendered results
 EACH_PAGE = pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])

@@ -227,9 +227,9 @@ def test_stacked_sweep_resumes_after_sigint_and_after_sigkill(tmp_path):
     import sys
 
     from helpers import wait_for
-    from test_signals import CLI, ENV
 
     from anatomy_cli.training.checkpoint import load_checkpoint, load_run_config
+    from tests.behaviour.test_signals import CLI, ENV
 
     spec = write_spec(tmp_path, top={"design": "list", "configs": [{"name": "c0"}], "seeds": 2},
                       train={"steps": 240, "eval_interval": 20, "log_interval": 10, "sample_len": 0})

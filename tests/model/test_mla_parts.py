@@ -17,7 +17,6 @@ import pytest
 import torch
 from helpers import LLAMA, invoke, scramble_with_sinks
 from lm_checks import assert_causal, assert_decodes_like_full, tokens, train_losses, trainer
-from test_mla import mla_params, scrambled
 from toy_data import write_spec
 
 from anatomy_cli.model import LM
@@ -27,6 +26,7 @@ from anatomy_cli.model.dsa import SparseLatentAttention, dsa_loss
 from anatomy_cli.model.mla import LatentAttention
 from anatomy_cli.spec.config import ModelConfig
 from anatomy_cli.store import runs
+from tests.model.test_mla import mla_params, scrambled
 
 pytestmark = [pytest.mark.filterwarnings("error"), pytest.mark.usefixtures("single_thread")]
 

@@ -26,7 +26,7 @@ from anatomy_cli.store import runs
 from anatomy_cli.sweep.plan import execute, expand
 from anatomy_cli.training.run import train
 
-SPEC = Path(__file__).resolve().parents[1] / "experiments" / "depth-stability.toml"
+SPEC = Path(__file__).resolve().parents[2] / "experiments" / "depth-stability.toml"
 CTX = 16
 GQA_BYTES = 536_870_912  # 2 x 32 layers x B 1 x G 8 x T 4096 x hd 128 x 2 bytes (bf16)
 LLAMA_ISH = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
@@ -258,7 +258,7 @@ def test_stability_missing_dir_exits_2(tmp_path):
 
 def test_bench_decode_cache_bytes_match_the_formula(threads_1):
     result = invoke("bench-decode", "--d-model", 32, "--n-layer", 2, "--n-head", 4, "--ctx", 64,
-                    "--new", 6, "--prefix-len", 10, "--kv-heads", "4,2,1", "--json")  # mla: tests/test_mla.py
+                    "--new", 6, "--prefix-len", 10, "--kv-heads", "4,2,1", "--json")  # mla: tests/model/test_mla.py
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     assert out["note"] is None and out["window"] == 16

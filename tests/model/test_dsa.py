@@ -14,7 +14,6 @@ import pytest
 import torch
 from helpers import LLAMA, deepseek_base_state
 from lm_checks import assert_causal, assert_decodes_like_full, decode_in_chunks, tokens, train_losses, trainer
-from test_mla import hf_rope, interleave_rows, rms_norm_in_input_dtype, scrambled
 
 from anatomy_cli.exams.export import ExportError, check_llama_shaped
 from anatomy_cli.model import dsa as dsa_module
@@ -22,6 +21,7 @@ from anatomy_cli.model.dsa import INDEX_EPS, SparseLatentAttention
 from anatomy_cli.spec import components as comp
 from anatomy_cli.spec.config import DSA_SIZES, MLA_SIZES, ConfigError, ModelConfig, RunConfig, TrainConfig, validate
 from anatomy_cli.training.trainer import add_terms
+from tests.model.test_mla import hf_rope, interleave_rows, rms_norm_in_input_dtype, scrambled
 
 pytestmark = [pytest.mark.filterwarnings("error"), pytest.mark.usefixtures("single_thread")]
 

@@ -321,7 +321,7 @@ def test_write_report_rerun_and_formats(tmp_path):
 
 @pytest.mark.process
 def test_import_does_not_load_torch():
-    src = Path(__file__).resolve().parents[1] / "src"
+    src = Path(__file__).resolve().parents[2] / "src"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(src), os.environ.get("PYTHONPATH")])))
     code = "import sys, anatomy_cli.report.write; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], env=env, check=True)

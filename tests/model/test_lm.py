@@ -43,7 +43,7 @@ def test_param_count_llama_exact():
     assert LM(cfg).num_params() == 1_178_496
 
 
-# the post-LLaMA parts (tests/test_modern.py), one at a time and all together
+# the post-LLaMA parts (tests/model/test_modern.py), one at a time and all together
 MODERN = [{}, {"qk_norm": True}, {"tie_embeddings": True}, {"parallel_block": True}, {"logit_softcap": 30.0},
           {"pos_type": "nope"},
           {"qk_norm": True, "tie_embeddings": True, "parallel_block": True, "logit_softcap": 30.0}]
