@@ -118,7 +118,7 @@ def test_dry_run_on_earlier_runs_says_the_seeds_the_margin_needs(tmp_path):
 def _open(flip: str, call: str, n: int, gain: float, se: float) -> dict:
     return {"metric": "best_val_loss", "flip": flip, "direction": "add-one", "group": "", "call": call,
             "n_pairs": n, "gain": gain, "se": se, "df": n - 1.0 if n > 1 else float("nan"),
-            "adj_level": 1 - 0.025 / 10, "threshold": 0.02}
+            "adj_level": 1 - 0.025 / 10, "margin": 0.02}
 
 
 def test_futile_effects_are_the_open_ones_the_cap_could_not_decide():

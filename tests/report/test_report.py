@@ -170,7 +170,7 @@ def test_add_one_mean_and_ci_by_hand(tmp_path):
     assert rope["adj_high"] - rope["adj_low"] == pytest.approx(2 * t_adj * 0.05 / math.sqrt(3), rel=1e-9)
     assert rope["family"] == 2 and rope["adj_level"] == pytest.approx(0.975)
     # two effects: nothing to moderate with (squeeze needs three), so each interval is its own t's
-    assert rope["threshold"] == stats.DEFAULT_MARGIN and rope["threshold_basis"] == "default"  # fixed before the data
+    assert rope["margin"] == stats.DEFAULT_MARGIN and rope["margin_basis"] == "default"  # fixed before the data
     assert rope["noise"] == pytest.approx(0.1)  # sd of 2.0, 2.1, 2.2: shown beside the margin, never used as it
     assert rope["call"] == "helps"
     assert set(effects["direction"]) == {"add-one"}  # no LLaMA end: no remove-one rows
@@ -220,7 +220,7 @@ def test_speed_effect_is_percent(tmp_path):
     assert row["metric"] == "tokens_per_s" and row["unit"] == "%"
     assert row["gain"] == pytest.approx(20.0)  # +10% and +30% faster with gqa
     llama = effects_mod.component_effects(frames.load_runs(tmp_path)[0], "tokens_per_s")
-    assert llama["threshold"].iloc[0] == stats.SPEED_MARGIN  # a fixed margin in percent
+    assert llama["margin"].iloc[0] == stats.SPEED_MARGIN  # a fixed margin in percent
     assert llama["noise"].iloc[0] == pytest.approx(0.0)  # the 2017 end ran at 1000 tokens/s both times
 
 
@@ -368,13 +368,13 @@ def test_p_values_and_quantiles_match_closed_forms():
         assert stats.paired(d)["p_value"] == pytest.approx(want, rel=1e-9)
     # simultaneous quantiles past any 95% table: df 2 has t_q = sqrt(2 / (1 - (2q - 1)^2) - 2) ... checked
     # through the closed-form CDF: P(|T| < t) = t / sqrt(2 + t^2) must equal 1 - alpha / m
-    rows = stats.judge([stats.paired([0.5, 0.1, 0.2])] * 10, threshold=0.0, moderate=False)  # each effect alone
+    rows = stats.judge([stats.paired([0.5, 0.1, 0.2])] * 10, margin=0.0, moderate=False)  # each effect alone
     half = rows[0]["adj_high"] - rows[0]["gain"]
     t = half / (np.std([0.5, 0.1, 0.2], ddof=1) / math.sqrt(3))
     assert t / math.sqrt(2 + t * t) == pytest.approx(1 - 0.05 / 10, rel=1e-9)
     assert rows[0]["family"] == 10 and rows[0]["adj_level"] == pytest.approx(0.995)
     # moderated: ten equal variances are one pooled variance on the family's 20 degrees of freedom
-    pooled = stats.judge([stats.paired([0.5, 0.1, 0.2])] * 10, threshold=0.0)[0]
+    pooled = stats.judge([stats.paired([0.5, 0.1, 0.2])] * 10, margin=0.0)[0]
     assert pooled["df"] == 20 and pooled["prior_df"] == math.inf
     # the prior variance from logs: E log s^2 = log s0^2 + digamma(1) - log(1) on 2 df, so s0^2 = s^2 e^-digamma(1)
     se = math.sqrt(np.var([0.5, 0.1, 0.2], ddof=1) * math.exp(-special.digamma(1.0)) / 3)
@@ -383,18 +383,18 @@ def test_p_values_and_quantiles_match_closed_forms():
     assert (big["raw_high"] - big["gain"]) / (big["sd"] / math.sqrt(61)) == pytest.approx(2.000298, rel=1e-5)
 
 
-def constructed(gains: dict[str, list[float]], threshold: float) -> dict[str, dict]:
+def constructed(gains: dict[str, list[float]], margin: float) -> dict[str, dict]:
     """stats.judge over effects whose paired gains are given by hand: {name: row}."""
     from anatomy_cli.report import stats
 
-    rows = stats.judge([stats.paired(g) for g in gains.values()], threshold)
+    rows = stats.judge([stats.paired(g) for g in gains.values()], margin)
     return dict(zip(gains, rows))
 
 
 def test_every_call_from_constructed_effects():
     from anatomy_cli.report import stats
 
-    rows = constructed({"big": [0.50, 0.45, 0.55],          # far beyond the threshold: helps
+    rows = constructed({"big": [0.50, 0.45, 0.55],          # far beyond the margin: helps
                         "bad": [-0.30, -0.32, -0.31],       # hurts
                         "tiny": [0.003, 0.002, 0.004],      # excludes 0 but inside +-0.05: negligible
                         "noisy": [0.4, -0.3, 0.1],          # straddles 0, wide: undecided
@@ -421,7 +421,7 @@ def test_every_call_from_constructed_effects():
     assert stats.call(3, -0.06, -0.11, -0.01, 0.05) == "hurts"
     assert stats.call(0, math.nan, math.nan, math.nan, 0.05) == "no completed pairs"
     unknown = constructed({"a": [0.01, 0.011, 0.012]}, math.nan)["a"]  # no noise floor: the interval alone decides
-    assert unknown["call"] == "helps" and math.isnan(unknown["threshold"])
+    assert unknown["call"] == "helps" and math.isnan(unknown["margin"])
 
 
 def test_holm_by_hand():
@@ -458,7 +458,7 @@ def test_effects_are_holm_corrected_by_hand(tmp_path):
         assert row["p_value"] == pytest.approx(want, rel=1e-9) and row["df"] == pytest.approx(df[i])
     assert effects["p_holm"].tolist() == pytest.approx(stats.holm(effects["p_value"]).tolist())
     sw = effect(effects, "swiglu", "add-one")
-    plain = stats.judge([stats.paired(d) for d in (rope, swiglu, gqa)], sw["threshold"], moderate=False)[1]
+    plain = stats.judge([stats.paired(d) for d in (rope, swiglu, gqa)], sw["margin"], moderate=False)[1]
     assert sw["raw_low"] > 0 and plain["adj_low"] < 0 and plain["call"] == "undecided"  # each effect alone: no call
     # borrowing the family's strength narrows swiglu's interval past 0: the power issue 28 asks for
     assert sw["adj_low"] > 0 and sw["call"] == "helps"
@@ -579,8 +579,8 @@ def test_timing_effects_pair_within_rounds(tmp_path):
         2 * T2 * np.std(add, ddof=1) / math.sqrt(3))
     # removing gqa from LLaMA: with it 900 / without 900, 1000/800, 900/810 -> +0%, +25%, +11.1%
     assert rows["remove-one"]["gain"] == pytest.approx(np.mean([0.0, 25.0, 100 * (900 / 810 - 1)]))
-    tps = [1000.0, 500.0, 1000.0]  # the 2017 end's rounds: the speed threshold is their sd in % of the mean
-    assert speed_mod.threshold(timing_record()) == pytest.approx(100 * np.std(tps, ddof=1) / np.mean(tps))
+    tps = [1000.0, 500.0, 1000.0]  # the 2017 end's rounds: the speed noise is their sd in % of the mean
+    assert speed_mod.noise(timing_record()) == pytest.approx(100 * np.std(tps, ddof=1) / np.mean(tps))
     assert rows["add-one"]["against"] == "2017 end" and rows["remove-one"]["against"] == "LLaMA end"
 
     sweep(tmp_path / "runs")
@@ -655,7 +655,7 @@ def test_words_markers_json_and_csv_follow_one_rule(tmp_path):
     v = verdict.verdict_frame(effects[effects["metric"] == "best_val_loss"])
     want = {flip: call for flip, (_, call) in CALLED.items()}
     assert dict(zip(v["flip"], v["call"])) == want
-    assert v["threshold"].tolist() == pytest.approx([0.02] * 5) and (v["family"] == 5).all()
+    assert v["margin"].tolist() == pytest.approx([0.02] * 5) and (v["family"] == 5).all()
     assert v["noise"].tolist() == pytest.approx([0.01] * 5)  # the 2017 end's sd, beside the margin
 
     fig = figures.forest_figure(v)  # the markers, read back from the figure's artists
@@ -666,7 +666,7 @@ def test_words_markers_json_and_csv_follow_one_rule(tmp_path):
         assert m.get_marker() == shape and (m.get_markerfacecolor() != "white") == filled
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert set(want.values()) <= set(legend) and any("smaller effects do not matter" in t for t in legend)
-    band = [p for p in fig.axes[0].patches]  # the +-threshold band
+    band = [p for p in fig.axes[0].patches]  # the +-margin band
     assert len(band) == 1 and band[0].get_x() == pytest.approx(-0.02) and band[0].get_width() == pytest.approx(0.04)
 
     paths = write.write_report(tmp_path, frames=(runs, curves, effects))
@@ -682,7 +682,7 @@ def test_words_markers_json_and_csv_follow_one_rule(tmp_path):
         loss = {r["flip"]: r for r in rows if r["metric"] == "best_val_loss"}
         assert {f: r["call"] for f, r in loss.items()} == want
         for f, r in loss.items():
-            assert r["threshold"] == pytest.approx(0.02) and r["threshold_basis"] == "default"
+            assert r["threshold"] == pytest.approx(0.02) and r["threshold_basis"] == "default"  # files keep the name
             assert {"adj_low", "adj_high", "raw_low", "raw_high", "gain"} <= set(r)
 
 

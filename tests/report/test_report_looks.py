@@ -13,7 +13,7 @@ from anatomy_cli.report import figures, page, textable
 
 def test_page_has_viewport_scroll_wrappers_and_scaling_images(tmp_path):
     png = tmp_path / "f.png"
-    figures.plot_forest(pd.DataFrame(columns=["flip", "call", "threshold"]), png)
+    figures.plot_forest(pd.DataFrame(columns=["flip", "call", "margin"]), png)
     table = pd.DataFrame({"component": ["rope"], "interval": ["[+0.1, +0.2]"], "call": ["helps"]})
     out = page.html_page("t", "lead", [("Verdict", [("table", table, False), ("img", png)]),
                                        ("Runs", [("table", table, True)])])
@@ -26,7 +26,7 @@ def test_page_has_viewport_scroll_wrappers_and_scaling_images(tmp_path):
 def _verdict(n: int, group: str = "") -> pd.DataFrame:
     return pd.DataFrame([dict(rank=i + 1, flip=f"component{i}", direction="add-one" if i % 2 else "remove-one",
                               against="2017" if i % 2 else "LLaMA", group=group, gain=0.1 * i - 0.2,
-                              adj_low=0.1 * i - 0.3, adj_high=0.1 * i - 0.1, threshold=0.02, n_pairs=3,
+                              adj_low=0.1 * i - 0.3, adj_high=0.1 * i - 0.1, margin=0.02, n_pairs=3,
                               call="helps" if i % 2 else "within noise") for i in range(n)])
 
 

@@ -21,7 +21,7 @@ from anatomy_cli.spec import components as comp
 pytestmark = pytest.mark.filterwarnings("error")
 
 SIZES = {"S": 1, "M": 2, "L": 4}  # name -> n_layer (d_model 32: 12,416 non-embedding parameters per layer)
-REF_OFFSET = (0.0, 0.01, -0.01)  # the 2017 end's loss per seed: sd 0.01, the threshold
+REF_OFFSET = (0.0, 0.01, -0.01)  # the 2017 end's loss per seed: sd 0.01, its noise
 # Per component: (gain per size and seed, the call it is built to have).
 BUILT = {
     "rope": ([[0.102, 0.099, 0.100], [0.201, 0.203, 0.197], [0.300, 0.298, 0.303]], scale.GROWS),
@@ -97,15 +97,15 @@ def test_each_call_comes_from_effects_built_to_have_it(tmp_path):
 def test_a_noisy_trend_and_a_trend_too_small_to_matter_are_no_trend():
     sizes = pd.DataFrame({"size": ["S", "M", "L"], "non_embedding_params": [1e4, 1e5, 1e6]})
 
-    def call(per_size, threshold=0.01):  # per_size[size][seed] gains -> (the call, the trend row)
+    def call(per_size, margin=0.01):  # per_size[size][seed] gains -> (the call, the trend row)
         rows = [{"series": "", "flip": "f", "direction": "add-one", "against": "2017 end", "seed": seed,
                  "size": s, "non_embedding_params": n, "gain": per_size[j][seed]}
                 for j, (s, n) in enumerate(zip(sizes["size"], sizes["non_embedding_params"]))
                 for seed in range(len(per_size[0]))]
         gains = pd.DataFrame(rows)
         cells = [stats.paired(gains[gains["size"] == s]["gain"]) | {"size": s} for s in sizes["size"]]
-        judged = pd.DataFrame(stats.judge(cells, threshold)).assign(series="", flip="f", direction="add-one")
-        t = scale.trends(gains, judged, threshold)
+        judged = pd.DataFrame(stats.judge(cells, margin)).assign(series="", flip="f", direction="add-one")
+        t = scale.trends(gains, judged, margin)
         return t["call"].iloc[0], t.iloc[0]
 
     # a mean that climbs 0 -> 0.2, but each seed's line goes its own way: no size helps, no trend
@@ -160,7 +160,7 @@ def test_a_trend_is_called_from_the_simultaneous_interval_it_shows(tmp_path):
     assert t["adj_level"].tolist() == pytest.approx([1 - 0.05 / m] * len(t))
     for r in t.itertuples():
         assert r.slope_adj_low <= r.slope_low <= r.slope <= r.slope_high <= r.slope_adj_high
-        trend = (r.slope_adj_low > 0 or r.slope_adj_high < 0) and abs(r.change) > r.threshold
+        trend = (r.slope_adj_low > 0 or r.slope_adj_high < 0) and abs(r.change) > r.margin
         assert (r.call in (scale.GROWS, scale.SHRINKS)) == trend or r.call == scale.REVERSES  # sign first
 
     # Two trends: a sure one, and one whose per-seed slopes (0.13, 0.20, 0.27) give p = 0.039. Holm
@@ -306,7 +306,7 @@ def test_a_sizes_calls_do_not_change_when_other_sizes_join(tmp_path):
 
 
 def test_each_groups_noise_is_its_own_and_the_margin_is_fixed(tmp_path):
-    """Issue 28: the threshold of a multi-group study was the sd of whichever reference end sorted first
+    """Issue 28: the margin of a multi-group study was the sd of whichever reference end sorted first
     (the most seeds, then the settings' JSON), so one size's noise judged every size. Now the margin is
     fixed before the data and each group shows its own end's sd beside it."""
     root = sized_study(tmp_path, seeds=(1, 2, 3))
@@ -314,7 +314,7 @@ def test_each_groups_noise_is_its_own_and_the_margin_is_fixed(tmp_path):
         sized_run(root, f"S_2017-s{seed}", (), SIZES["S"], seed, 2.5 + offset)
     effects = effects_mod.report_frames(root)[2]
     loss = effects[effects["metric"] == "best_val_loss"]
-    assert (loss["threshold"] == stats.DEFAULT_MARGIN).all() and (loss["threshold_basis"] == stats.DEFAULT).all()
+    assert (loss["margin"] == stats.DEFAULT_MARGIN).all() and (loss["margin_basis"] == stats.DEFAULT).all()
     noise = loss.groupby("group")["noise"].first()
     assert noise["size S"] == pytest.approx(np.std([2.5, 2.51, 2.49, 2.55, 2.45], ddof=1))
     assert noise["size M"] == pytest.approx(0.01) and noise["size L"] == pytest.approx(0.01)
