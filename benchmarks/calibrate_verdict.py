@@ -22,7 +22,7 @@ estimated from the data as the reference end's seed-to-seed sd of best_val_loss 
 Every scenario is judged on the same simulated families (common random numbers): pairing costs ~20 ms a
 family and judging ~2 ms, so the families are paired once with every true effect 0 and a scenario shifts
 the tested effect's paired differences by its truth (gain and raw interval move, sd does not), exactly
-what pairing runs with that truth gives: tests/test_calibration.py checks it against component_effects
+what pairing runs with that truth gives: tests/report/test_calibration.py checks it against component_effects
 on the runs frame simulated with the truth itself.
 
 Noise settings

@@ -22,11 +22,11 @@ import anatomy_cli
 PKG = Path(anatomy_cli.__file__).parent
 ROOT = PKG.parents[1]
 # Top to bottom: a subpackage may import those below it, never one above it or beside it.
-ORDER = ["cli", "report", "sweep", "exams", "training", ("model", "data"), "store", "spec"]
+ORDER = ["cli", "study", "report", "sweep", "exams", "training", ("model", "data"), "store", "spec"]
 RANK = {name: len(ORDER) - i for i, names in enumerate(ORDER) for name in ((names,) if isinstance(names, str)
                                                                             else names)}
 SUBPACKAGES = sorted(RANK)
-TORCH_FREE = ("spec", "store", "report")  # --help, --dry-run and report stay instant
+TORCH_FREE = ("spec", "store", "report", "study")  # --help, --dry-run and report stay instant
 
 
 def module_name(path: Path) -> str:
@@ -65,11 +65,12 @@ def room(name: str) -> str | None:
     return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in RANK) else None
 
 
-def test_at_most_ten_entries_at_the_top():
+def test_at_most_ten_rooms_at_the_top_and_no_loose_module():
     entries = sorted(p.name for p in PKG.iterdir() if p.name != "__pycache__" and not p.name.startswith("."))
-    rooms = [e for e in entries if e not in ("__init__.py",)]
+    rooms = [e for e in entries if (PKG / e).is_dir()]
     assert len(rooms) <= 10, rooms
-    assert {e for e in entries if (PKG / e).is_dir()} == set(SUBPACKAGES)
+    assert set(rooms) == set(SUBPACKAGES)
+    assert set(entries) - set(rooms) <= {"__init__.py", "__main__.py"}, "a module at the top belongs in a room"
 
 
 def test_no_import_runs_against_the_direction():

@@ -33,7 +33,8 @@ def test_schedule_alpha_and_budget():
 
 
 def test_open_calls_are_the_undecided_ones():
-    assert set(decide.OPEN) == {stats.UNDECIDED, stats.SMALL, stats.TOO_FEW}
+    """No completed pairs is open too: it was never decided (a study whose runs all diverged is not done)."""
+    assert set(decide.OPEN) == {stats.UNDECIDED, stats.SMALL, stats.TOO_FEW, stats.NONE}
     assert not {stats.HELPS, stats.HURTS, stats.NEGLIGIBLE} & set(decide.OPEN)
 
 
@@ -142,9 +143,9 @@ def test_futile_effects_are_the_open_ones_the_cap_could_not_decide():
 
 def test_the_stop_line_names_the_effects_given_up_on_once():
     a, b, c = "a add-one", "b add-one", "c add-one"
-    rounds = [{"seeds": 3, "trained": 9, "open": [a, b, c], "futile": [a]},
-              {"seeds": 4, "trained": 4, "open": [a, b], "futile": [a, b]},
-              {"seeds": 5, "trained": 0, "open": [a, b], "futile": []}]
+    rounds = [{"seeds": 3, "trained": 9, "seconds": 9.0, "open": [a, b, c], "futile": [a]},
+              {"seeds": 4, "trained": 4, "seconds": 4.0, "open": [a, b], "futile": [a, b]},
+              {"seeds": 5, "trained": 0, "seconds": 0.0, "open": [a, b], "futile": []}]
     record = decide.DecideRecord(looks=[3, 4, 5], alpha=0.05 / 3, rounds=rounds,
                                  stopped="the seed cap (5) reached with 2 effects open")
     text = decide.stop_text(record)

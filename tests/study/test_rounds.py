@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from anatomy_cli.report import decide
 from anatomy_cli.report import effects as effects_mod
 from anatomy_cli.store.runs import COMPLETED
 from anatomy_cli.study import ablation, rounds
@@ -36,6 +37,7 @@ class FakeStudy:
         self.loss = {(role, s): 3.0 - gains.get(role, 0.0) + sd.get(role, 0.01) * rng.normal()
                      for role in ROLES for s in range(1, 31)}
         self.trained: list[str] = []
+        self.status: dict[str, str] = {}  # a run's status when not completed
         self.now, self.per_run = 0.0, seconds_per_run
 
     def plan_at(self, n: int) -> list[Planned]:
@@ -52,7 +54,8 @@ class FakeStudy:
         for rid in self.trained:
             role, s = rid.rsplit("-s", 1)
             rows.append({"run_id": rid, "role": role, "design": "rope+swiglu", "settings": "{}", "size": "",
-                         "seed": int(s), "status": COMPLETED, "best_val_loss": self.loss[(role, int(s))]})
+                         "seed": int(s), "status": self.status.get(rid, COMPLETED),
+                         "best_val_loss": self.loss[(role, int(s))]})
         return pd.DataFrame(rows)
 
     def seeds(self) -> dict[str, int]:
@@ -68,7 +71,7 @@ def test_every_effect_decided_stops_at_the_first_look():
     study = FakeStudy({"+rope": 0.5, "+swiglu": -0.5}, {})
     done = study.run(Rounds([3, 5, 7]))
     assert done.record.stopped == "every effect decided"
-    assert [r["seeds"] for r in done.record.rounds] == [3] and done.record.rounds[0]["open"] == []
+    assert [r.seeds for r in done.record.rounds] == [3] and done.record.rounds[0].open == []
     assert study.seeds() == {"reference": 3, "+rope": 3, "+swiglu": 3}
 
 
@@ -78,18 +81,18 @@ def test_the_seed_cap_stops_an_open_effect_and_only_its_configs_get_seeds():
     saved = []
     done = study.run(Rounds([3, 5, 7], futility=False), save=saved.append)
     assert done.record.stopped == "the seed cap (7) reached with 1 effect open"
-    assert [r["seeds"] for r in done.record.rounds] == [3, 5, 7]
-    assert [r["trained"] for r in done.record.rounds] == [9, 4, 4]  # 3 configs x 3, then 2 configs x 2 twice
+    assert [r.seeds for r in done.record.rounds] == [3, 5, 7]
+    assert [r.trained for r in done.record.rounds] == [9, 4, 4]  # 3 configs x 3, then 2 configs x 2 twice
     assert study.seeds() == {"reference": 7, "+rope": 7, "+swiglu": 3}
-    assert all(r["open"] == ["rope add-one"] for r in done.record.rounds)
-    assert saved[-1] == done.record and saved[0].rounds == []  # the plan is on disk before the first look
+    assert all(r.open == ["rope add-one"] for r in done.record.rounds)
+    assert saved[-1] == done.record and saved[0].rounds == []  # the plan is on disk before the first round
     assert done.record.alpha == pytest.approx(0.05 / 3)
 
 
 def test_futility_stops_a_study_whose_open_effects_the_cap_could_not_decide():
     study = FakeStudy({"+swiglu": 0.5, "+rope": 0.0}, {"+rope": 0.3})
     done = study.run(Rounds([3, 4], futility=True))
-    assert done.record.rounds[0]["futile"] == ["rope add-one"]
+    assert done.record.rounds[0].futile == ["rope add-one"]
     assert done.record.stopped == "1 effect open, none of which 4 seeds would decide at the noise measured"
     assert study.seeds() == {"reference": 3, "+rope": 3, "+swiglu": 3}
 
@@ -130,7 +133,7 @@ def test_a_config_that_sat_out_a_round_catches_up_on_the_seeds_it_missed(monkeyp
     monkeypatch.setattr(effects_mod, "component_effects", scripted)
     study = FakeStudy({}, {})
     done = study.run(Rounds([3, 4, 5, 6], futility=False))
-    assert [r["trained"] for r in done.record.rounds] == [9, 3, 2, 3]  # round 4: +rope's seeds 5 and 6, the end's 6
+    assert [r.trained for r in done.record.rounds] == [9, 3, 2, 3]  # round 4: +rope's seeds 5 and 6, the end's 6
     assert study.seeds() == {"reference": 6, "+rope": 6, "+swiglu": 5}
     assert done.record.stopped == "every effect decided"
 
@@ -139,8 +142,8 @@ def test_a_rerun_over_the_same_runs_takes_the_same_decisions():
     study = FakeStudy({"+swiglu": 0.5, "+rope": 0.05}, {"+rope": 0.1})
     first = study.run(Rounds([3, 5, 7, 9], futility=False)).record
     again = study.run(Rounds([3, 5, 7, 9], futility=False)).record
-    strip = [{k: v for k, v in r.items() if k != "seconds"} for r in first.rounds]
-    assert [{k: v for k, v in r.items() if k != "seconds"} for r in again.rounds] == strip
+    strip = [r.model_dump(exclude={"seconds"}) for r in first.rounds]
+    assert [r.model_dump(exclude={"seconds"}) for r in again.rounds] == strip
     assert again.stopped == first.stopped
 
 
@@ -159,3 +162,58 @@ def test_looks_of_plans_from_the_first_count_to_the_cap():
     assert rounds.looks_of(12, None, 2) == [12]
     assert rounds.looks_of(3, 4, 1) == [3, 4]
     assert json.dumps(Rounds([3, 5]).alpha) == json.dumps(0.025)
+
+
+class LosingStudy(FakeStudy):
+    """A study whose trainer loses runs: `lose` maps a run id to the status it ends with (None: never started)."""
+
+    def __init__(self, lose: dict, *args, **kw):
+        super().__init__(*args, **kw)
+        self.lose = lose
+
+    def train(self, todo):
+        kept = [p for p in todo if self.lose.get(p.run_id, "diverged") == "diverged"]  # a diverged run is a result
+        super().train(kept)
+        self.status |= {p.run_id: "diverged" for p in kept if p.run_id in self.lose}
+        return [self.lose.get(p.run_id, COMPLETED) for p in todo]
+
+
+def test_a_round_with_lost_runs_is_not_judged_and_the_rounds_stop():
+    """A worker killed in round 1 (runs interrupted, never started, failed): no look, no next round planned
+    from half a round, and the stop line says how to resume."""
+    lose = {"+rope-s2": "interrupted", "+rope-s3": None, "+swiglu-s3": "failed"}
+    study = LosingStudy(lose, {"+swiglu": 0.5}, {"+rope": 0.3})
+    done = study.run(Rounds([3, 5, 7], futility=False))
+    assert done.record.rounds == []
+    assert done.record.stopped == ("round 1 lost 3 of 9 runs (1 interrupted, 1 never started, 1 failed): not "
+                                   "judged; rerun the same command to resume")
+    assert len(study.trained) == 6
+
+
+def test_no_completed_pairs_is_never_decided():
+    """Every variant run diverged: the effects have no completed pairs, which is open (not decided), and
+    the study stops saying so instead of 'every effect decided'."""
+    lose = {f"{role}-s{s}": "diverged" for role in ("+rope", "+swiglu") for s in range(1, 11)}
+    study = LosingStudy(lose, {}, {})
+    done = study.run(Rounds([3, 5], futility=True))
+    assert done.record.rounds[0].open == ["rope add-one", "swiglu add-one"]
+    assert done.record.stopped.startswith("no completed pairs: 2 effects without a pair of completed runs")
+    assert "every effect decided" not in decide.stop_text(done.record)
+
+
+def test_a_budget_the_first_round_overruns_trains_nothing():
+    study = FakeStudy({}, {})
+    done = study.run(Rounds([3, 5], budget_s=12.0, budget="12s"), cost=lambda todo: 17.0)
+    assert done.record.stopped == "the budget (12s) would be overrun by the first round (est. 17 s): nothing trained"
+    assert study.trained == [] and done.record.rounds == []
+
+
+def test_a_rerun_counts_the_seconds_its_earlier_rounds_took_against_the_budget():
+    """A budget-stopped study, rerun: its rounds are found done in no time, but the budget is already
+    spent by the time they took when they trained, so it stays stopped."""
+    plan = Rounds([3, 5, 7], futility=False, budget_s=120.0, budget="2m")
+    study = FakeStudy({"+swiglu": 0.5, "+rope": 0.01}, {"+rope": 0.3}, seconds_per_run=10.0)
+    first = study.run(plan).record
+    assert first.stopped == "the budget (2m) would be overrun by the next round"
+    again = study.run(plan, before=first).record
+    assert again.stopped == first.stopped and again.rounds[0].seconds == first.rounds[0].seconds

@@ -146,16 +146,16 @@ def test_eval_of_a_bf16_run_reproduces_its_best_val_loss(tmp_path):
 # ------------------------------------------------------------------------------- N runs on one device
 
 
-def test_default_workers_on_cuda_come_from_free_memory(tmp_path, monkeypatch):
+def test_device_workers_on_cuda_come_from_free_memory(tmp_path, monkeypatch):
     cfg = run_cfg(tmp_path, {"d_model": 128, "n_layer": 4, "ctx_len": 128}, batch_size=32)
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
     per_run = devices.run_bytes(cfg, 1719) + devices.PROCESS_BYTES
     cuda = torch.device("cuda")
     for free, expect in ((130 * 2**30, 12), (4 * per_run, 3), (per_run // 2, 1)):
         monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None, f=free: (f, 141 * 2**30))
-        assert devices.default_workers(cuda, [cfg] * 12, {cfg.data.source: 1719}, 12) == expect
-    assert devices.default_workers(torch.device("cpu"), [cfg], {}, 12) == 12
-    assert devices.default_workers(torch.device("mps"), [cfg], {}, 12) == 1
+        assert devices.device_workers(cuda, [cfg] * 12, {cfg.data.source: 1719}, 12) == expect
+    assert devices.device_workers(torch.device("cpu"), [cfg], {}, 12) == 12
+    assert devices.device_workers(torch.device("mps"), [cfg], {}, 12) == 1
 
 
 def test_compile_cache_is_shared_by_every_worker_of_a_sweep(tmp_path, monkeypatch):

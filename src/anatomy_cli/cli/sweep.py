@@ -133,7 +133,7 @@ def ablate(
                               f"{len(done.statuses)} and {others} more from earlier plans (for this plan alone, "
                               f"give --runs-dir another folder)", highlight=False, soft_wrap=True)
         _write_report(study.sweep_dir, None, ("md", "html", "csv", "json"), min_effect=study.margin)
-    if done.count(runs.FAILED) or done.count(runs.INTERRUPTED):
+    if done.count(runs.FAILED) or done.count(runs.INTERRUPTED) or done.count(None):
         raise typer.Exit(EXIT_FAILED)
 
 
@@ -160,10 +160,13 @@ def _dry_run(study, estimate) -> None:
 
 
 def closing_line(done, sweep_dir: Path) -> str:
-    """'36 completed, 0 diverged, 0 failed of 36 runs in runs/demo; took 9.5min' (and the interrupted)."""
+    """'36 completed, 0 diverged, 0 failed of 36 runs in runs/demo; took 9.5min' (and the interrupted and
+    never started: every run of the plan is counted)."""
     lost = done.count(runs.INTERRUPTED)  # a worker killed under its run (resumable)
+    idle = len(done.statuses) - sum(map(done.count, (runs.COMPLETED, runs.DIVERGED, runs.FAILED, runs.INTERRUPTED)))
     return (f"{done.count(runs.COMPLETED)} completed, {done.count(runs.DIVERGED)} diverged, "
             f"{done.count(runs.FAILED)} failed" + (f", {lost} interrupted (rerun to resume)" if lost else "")
+            + (f", {idle} never started (rerun to train them)" if idle else "")
             + f" of {len(done.statuses)} runs in {sweep_dir}; took {fmt_seconds(done.seconds)}")
 
 

@@ -41,7 +41,7 @@ from typing import Annotated
 
 import pandas as pd
 import scipy.stats as sps
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from anatomy_cli.report import stats
 from anatomy_cli.spec.errors import InputError
@@ -49,7 +49,9 @@ from anatomy_cli.spec.roles import END_OF, variant
 from anatomy_cli.store import runs as runs_mod
 
 DECIDE = "decide.json"
-OPEN = (stats.UNDECIDED, stats.SMALL, stats.TOO_FEW)
+# still open: more seeds may decide it (no completed pairs too: never decided, though seeds go to it only
+# where its runs can complete, study.rounds)
+OPEN = (stats.UNDECIDED, stats.SMALL, stats.TOO_FEW, stats.NONE)
 STEP, MAX_SEEDS = 2, 10  # the defaults: two seeds a round, up to ten
 
 
@@ -114,23 +116,48 @@ def open_runs(grouped, effects: pd.DataFrame, cap: int | None = None) -> set[str
     return out
 
 
-def parse_budget(text: str | None) -> float | None:
-    """'30m' | '2h' | '90s' | '45' (seconds) -> seconds; None for None."""
+def parse_budget(text: str | None, name: str = "--budget") -> float | None:
+    """'30m' | '2h' | '90s' | '45' (seconds) -> seconds; None for None. name: where the text came from
+    (the option, or a spec's decide.budget), for the refusal."""
     if text is None:
         return None
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
     if not m or float(m.group(1)) <= 0 or not math.isfinite(float(m.group(1))):
-        raise InputError(f"--budget {text!r}: give a time such as 30m, 2h, 90s or 600 (seconds)")
+        raise InputError(f"{name} {text!r}: give a time such as 30m, 2h, 90s or 600 (seconds)")
     return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
 
 
+class Round(runs_mod.FileModel):
+    """One look of decide.json: its seed count, the runs its round trained, how long it took, the effects
+    it left open and those of them it found futile."""
+
+    seeds: Annotated[int, Field(ge=1)]
+    trained: Annotated[int, Field(ge=0)]
+    seconds: Annotated[float, Field(ge=0)]
+    open: list[str]
+    futile: list[str] = []
+
+
 class DecideRecord(runs_mod.FileModel):
-    """decide.json: the looks planned, each look's alpha, the rounds run and why the study stopped."""
+    """decide.json: the looks planned, each look's alpha (stats.ALPHA split over them), the margin the
+    study was planned with (None: the default), the rounds run and why the study stopped."""
 
     looks: list[Annotated[int, Field(ge=1)]]
     alpha: Annotated[float, Field(gt=0, le=1)]
-    rounds: list[dict] = []
+    margin: Annotated[float, Field(gt=0, le=10)] | None = None
+    rounds: list[Round] = []
     stopped: str | None = None
+
+    @model_validator(mode="after")
+    def _planned(self) -> DecideRecord:
+        if not self.looks or self.looks != sorted(set(self.looks)):
+            raise ValueError(f"looks {self.looks} are not increasing seed counts")
+        if not math.isclose(self.alpha, alpha(self.looks), rel_tol=1e-9):
+            raise ValueError(f"alpha {self.alpha:g} is not {stats.ALPHA:g} split over the {len(self.looks)} looks "
+                             f"({alpha(self.looks):.4g})")
+        if [r.seeds for r in self.rounds] != self.looks[:len(self.rounds)]:
+            raise ValueError(f"rounds at {[r.seeds for r in self.rounds]} seeds are not the looks {self.looks}")
+        return self
 
 
 def read_record(root: Path) -> DecideRecord | None:
@@ -150,11 +177,11 @@ def write_record(root: Path, record: DecideRecord) -> None:
 
 def stop_text(record: DecideRecord) -> str:
     """'--decide: 3 rounds (3, 5, 7 seeds); stopped: every effect decided' for the report."""
-    seeds = ", ".join(str(r["seeds"]) for r in record.rounds)
-    still = set(record.rounds[-1]["open"]) if record.rounds else set()
+    seeds = ", ".join(str(r.seeds) for r in record.rounds)
+    still = set(record.rounds[-1].open) if record.rounds else set()
     first: dict[str, int] = {}  # each effect still open, at the look that first found it futile
     for r in record.rounds:
-        first |= {name: r["seeds"] for name in r.get("futile", []) if name in still and name not in first}
+        first |= {name: r.seeds for name in r.futile if name in still and name not in first}
     given_up = [f"{name} at {n}" for name, n in first.items()]
     futile_text = f"; seeds withheld as futile (the cap would not decide them): {', '.join(given_up)}" \
         if given_up else ""

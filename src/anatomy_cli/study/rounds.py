@@ -20,8 +20,9 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from anatomy_cli.report import decide
+from anatomy_cli.report import decide, stats
 from anatomy_cli.report import effects as effects_mod
+from anatomy_cli.store import runs
 
 
 def looks_of(first: int, max_seeds: int | None, step: int) -> list[int]:
@@ -62,45 +63,67 @@ def run_rounds(first: Sequence, rounds: Rounds, train: Callable[[list], list], r
                plan_at: Callable[[int], list], *, pending: Callable[[list], list] = list,
                cost: Callable[[list], float] = lambda todo: 0.0,
                save: Callable[[decide.DecideRecord], None] = lambda record: None,
-               say: Callable[[str], None] = lambda line: None, clock: Callable[[], float] = time.monotonic
-               ) -> RoundsDone:
+               say: Callable[[str], None] = lambda line: None, clock: Callable[[], float] = time.monotonic,
+               before: decide.DecideRecord | None = None) -> RoundsDone:
     """Train the first round (`first`: the planned runs at the first look's seeds; each has run_id and
     slug), then at each planned look judge the effects on the look's runs (the runs of its plan at n
     seeds, from `read()`: a runs frame) at the looks' alpha, and give the next round's seeds only to
-    the configs of open effects that are not futile.
+    the configs of open effects that are not futile and have completed pairs.
 
     train(todo) -> each run's status; plan_at(n) -> the planned runs at n seeds; pending(todo) -> those
     not yet done (a resumed study finds some); cost(todo) -> the estimated seconds of a round when no
-    run of this round trained to measure its pace by; save(record) persists decide.json (before each
-    look, so a report from then on knows the alpha, and at the end); say(line) tells progress.
+    run of this round trained to measure its pace by; save(record) persists decide.json (the plan before
+    the first round trains, so a report from then on knows the alpha; each look; the end); say(line)
+    tells progress; before: the record an earlier invocation of this study wrote (a rerun: the budget
+    counts the seconds its rounds took). A round whose runs did not all finish (failed, interrupted,
+    never started) is not judged: the rounds stop there, and a rerun resumes them.
     """
-    record = decide.DecideRecord(looks=rounds.looks, alpha=rounds.alpha)
+    record = decide.DecideRecord(looks=rounds.looks, alpha=rounds.alpha, margin=rounds.margin)
     started, statuses, todo, full = clock(), {}, list(first), list(first)  # full: every config at the look's n
     looks, cap = rounds.looks, rounds.looks[-1]
+    earlier = {r.seeds: r.seconds for r in before.rounds} if before is not None else {}
+    save(record)
+    ahead = pending(todo) if rounds.budget_s is not None else []
+    need = cost(ahead) if ahead else 0.0
+    if rounds.budget_s is not None and need > rounds.budget_s:
+        return _stop(record, f"the budget ({rounds.budget}) would be overrun by the first round (est. "
+                              f"{need:.0f} s): nothing trained", statuses, pd.DataFrame(), save, say)
     for k, n in enumerate(looks):
         began, trained = clock(), len(pending(todo))
-        statuses |= dict(zip((p.run_id for p in todo), train(todo)))
-        save(record)
+        got = dict(zip((p.run_id for p in todo), train(todo)))
+        statuses |= got
+        lost = [s for s in got.values() if s not in runs.DONE_STATES]
+        if lost:
+            return _stop(record, f"round {k + 1} lost {len(lost)} of {len(todo)} runs ({_tally(lost)}): not judged; "
+                                 f"rerun the same command to resume", statuses, pd.DataFrame(), save, say)
         ids = {p.run_id: p.slug for p in full}
         runs_k = read()
         runs_k = runs_k[runs_k["run_id"].isin(ids)]
         effects = effects_mod.component_effects(runs_k, min_effect=rounds.margin, alpha=record.alpha)
         still = decide.open_effects(effects)
         hopeless = decide.futile(effects, cap) if rounds.futility else still.iloc[0:0]
+        blank = still[still["call"] == stats.NONE]  # every pair lost (diverged): more seeds of it are no answer
         round_s = clock() - began
-        record = record.model_copy(update={"rounds": [*record.rounds, {
-            "seeds": n, "trained": len(todo), "seconds": round(round_s, 1), "open": decide.names(still),
-            "futile": decide.names(hopeless) if k < len(looks) - 1 else []}]})
+        if not trained and n in earlier:  # found done: the round took the time it took when it trained
+            round_s = max(round_s, earlier[n])
+        record = record.model_copy(update={"rounds": [*record.rounds, decide.Round(
+            seeds=n, trained=len(todo), seconds=round(round_s, 1), open=decide.names(still),
+            futile=decide.names(hopeless) if k < len(looks) - 1 else [])]})
+        save(record)
+        seeded = still.drop(hopeless.index.union(blank.index))
         if still.empty:
             stopped = "every effect decided"
+        elif len(blank) == len(still):
+            stopped = (f"no completed pairs: {len(blank)} effect{_plural(len(blank))} without a pair of completed "
+                       f"runs ({_tally(list(runs_k['status']))} of {len(runs_k)} runs)")
         elif k == len(looks) - 1:
             stopped = f"the seed cap ({n}) reached with {len(still)} effect{_plural(len(still))} open"
-        elif len(hopeless) == len(still):
+        elif seeded.empty:
             stopped = (f"{len(still)} effect{_plural(len(still))} open, none of which {cap} seeds would decide at "
-                       f"the noise measured")
+                       f"the noise measured" + (f" ({len(blank)} without completed pairs)" if len(blank) else ""))
         else:
             grouped = effects_mod.groups(runs_k[runs_k["role"] != ""])
-            slugs = {ids[r] for r in decide.open_runs(grouped, still.drop(hopeless.index))}
+            slugs = {ids[r] for r in decide.open_runs(grouped, seeded)}
             full = plan_at(looks[k + 1])  # planned once per look: this round's work and the next look's runs
             # every seed up to the next look of each config to seed, that no round gave it yet: a config
             # that sat out a round (its effects were decided then) catches up on the seeds it missed
@@ -109,14 +132,28 @@ def run_rounds(first: Sequence, rounds: Rounds, train: Callable[[list], list], r
             # the next round's time: at the pace of the runs this round trained, else (every run was found
             # done: a resumed study) the estimate from this machine's calibrated step times
             need = round_s / trained * len(ahead) if trained else cost(ahead)
-            if rounds.budget_s is not None and clock() - started + need > rounds.budget_s:
+            spent = max(clock() - started, sum(r.seconds for r in record.rounds))  # earlier invocations' too
+            if rounds.budget_s is not None and spent + need > rounds.budget_s:
                 stopped = f"the budget ({rounds.budget}) would be overrun by the next round"
             else:
-                spare = f" ({len(hopeless)} of them futile: no more seeds)" if len(hopeless) else ""
-                say(f"--decide: {len(still)} effect{_plural(len(still))} open at {n} seeds{spare}; round {k + 2} "
-                    f"trains {len(todo)} runs at {looks[k + 1]} seeds")
+                say(f"--decide: {len(still)} effect{_plural(len(still))} open at {n} seeds"
+                    + (f" ({len(hopeless)} of them futile: no more seeds)" if len(hopeless) else "")
+                    + (f" ({len(blank)} without completed pairs: no more seeds)" if len(blank) else "")
+                    + f"; round {k + 2} trains {len(todo)} runs at {looks[k + 1]} seeds")
                 continue
         break
+    return _stop(record, stopped, statuses, effects, save, say)
+
+
+def _tally(statuses: list) -> str:
+    """'2 failed, 1 interrupted, 3 never started' of a list of run statuses (None: never started)."""
+    counts: dict[str, int] = {}
+    for s in statuses:
+        counts[s or "never started"] = counts.get(s or "never started", 0) + 1
+    return ", ".join(f"{n} {s}" for s, n in counts.items())
+
+
+def _stop(record, stopped: str, statuses: dict, effects: pd.DataFrame, save, say) -> RoundsDone:
     record = record.model_copy(update={"stopped": stopped})
     save(record)
     say(decide.stop_text(record))
