@@ -129,9 +129,7 @@ def ablate(
     if not no_report:
         others = len(runs.find_runs(study.sweep_dir)) - len(done.statuses)
         if others > 0:  # the report reads the folder: say its verdict covers more than this plan
-            err_console.print(f"note: the report covers every run in {study.sweep_dir}: this plan's "
-                              f"{len(done.statuses)} and {others} more from earlier plans (for this plan alone, "
-                              f"give --runs-dir another folder)", highlight=False, soft_wrap=True)
+            err_console.print(scope_note(study.sweep_dir, len(done.statuses), others), highlight=False, soft_wrap=True)
         _write_report(study.sweep_dir, None, ("md", "html", "csv", "json"), min_effect=study.margin)
     if done.count(runs.FAILED) or done.count(runs.INTERRUPTED) or done.count(None):
         raise typer.Exit(EXIT_FAILED)
@@ -157,6 +155,11 @@ def _dry_run(study, estimate) -> None:
         console.print(f"per size (budget {study.spec.budget}):", highlight=False, markup=False)
         console.print(size_report(study.plan, study.workers, None)[1], highlight=False, markup=False,
                       soft_wrap=True)
+
+
+def scope_note(sweep_dir: Path, planned: int, others: int) -> str:
+    return (f"note: the report covers every run in {sweep_dir}: this plan's {planned} and {others} more from earlier "
+            f"plans (for this plan alone, give --runs-dir another folder)")
 
 
 def closing_line(done, sweep_dir: Path) -> str:

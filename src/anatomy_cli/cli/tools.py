@@ -98,13 +98,13 @@ def _environment() -> tuple[str, str, str | None]:
 
 
 def _run_spec(s, plan, runs_dir: Path, workers: int | None) -> Path:
-    from anatomy_cli.sweep.plan import default_workers, execute
+    from anatomy_cli.sweep.plan import check_data, execute, plan_workers
 
     sweep_dir = runs.runs_folder(runs_dir) / s.name
     warn_short_runs(p.config for p in plan)
     display = SweepDisplay(len(plan))
     with display.progress:  # SIGTERM/SIGHUP unwind like Ctrl-C (handle_errors): exit 130, workers end, lock freed
-        execute(plan, sweep_dir, workers or default_workers(len(plan)), display, sweep_name=s.name)
+        execute(plan, sweep_dir, workers or plan_workers(plan, check_data(plan)), display, sweep_name=s.name)
     return sweep_dir
 
 
