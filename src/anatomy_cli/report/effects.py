@@ -230,6 +230,7 @@ def group_noise(members: pd.DataFrame, metric: str) -> float:
     sd, _, mean = floor.get(REFERENCE) or floor.get(ALL_ON) or (math.nan, 0, math.nan)
     return 100.0 * sd / mean if metric in RELATIVE_METRICS else sd
 OVERLAP_NOTE = "from training runs that may have shared the CPU: not a fair timing"
+UNTIMED_NOTE = f"{OVERLAP_NOTE}, so no call (only a timing pass calls speed: anatomy ablate --time)"
 
 
 def report_frames(root: Path, min_effect: float | None = None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -241,7 +242,8 @@ def report_frames(root: Path, min_effect: float | None = None) -> tuple[pd.DataF
     Speed effects come from root/timing.json when a timing pass wrote one
     (`anatomy ablate --time`; noise: the reference end's round-to-round spread), else from the
     training runs' tokens/s, each row noted as not a fair timing (noise: the reference end's
-    seed-to-seed spread); their margin is stats.SPEED_MARGIN.
+    seed-to-seed spread); their margin is stats.SPEED_MARGIN. Only a timing pass's are called: the
+    training runs' keep gain and interval, with the call stats.NOT_TIMED and UNTIMED_NOTE.
     """
     runs, curves = load_runs(Path(root))
     record = speed_mod.read_timing(Path(root))
@@ -251,13 +253,15 @@ def report_frames(root: Path, min_effect: float | None = None) -> tuple[pd.DataF
     else:
         speed = paired_rows(runs, SPEED_METRIC)
         for row in speed:
-            row["note"] = "; ".join(filter(None, [OVERLAP_NOTE, row["note"]]))
+            row["note"] = "; ".join(filter(None, [UNTIMED_NOTE, row["note"]]))
     if min_effect is None:
         min_effect = recorded_min_effect(Path(root))
     record = decide_mod.read_record(Path(root))  # a --decide study: each look's alpha (decide.py)
     alpha = record.alpha if record is not None else stats.ALPHA
     effects = effects_frame(paired_rows(runs, LOSS_METRIC) + speed, {LOSS_METRIC: margin(LOSS_METRIC, min_effect)},
                             alpha)
+    untimed = (effects["metric"] == SPEED_METRIC) & effects["note"].fillna("").str.startswith(UNTIMED_NOTE)
+    effects.loc[untimed, "call"] = stats.NOT_TIMED  # the CPU was shared: no call on speed from training runs
     return runs, curves, effects
 
 

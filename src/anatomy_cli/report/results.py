@@ -40,6 +40,7 @@ from typing import Annotated
 from pydantic import Field, ValidationError, model_validator
 
 from anatomy_cli.report import decide as decide_mod
+from anatomy_cli.report import stats
 from anatomy_cli.report.decide import DecideRecord
 from anatomy_cli.spec.errors import InputError
 from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, REFERENCE, REMOVE_ONE, VERB, variant
@@ -478,6 +479,9 @@ def _moves(doc: dict, *_: str) -> str:
     return "\n".join(lines)
 
 
+UNFAIR = "not a fair timing"  # in effects.OVERLAP_NOTE: the training runs' own tokens/s (files before NOT_TIMED too)
+
+
 def _parts(doc: dict) -> str:
     """Each added part: its quality gain and call, its speed change and call (with a timing pass),
     its parameters (total, active) and its decode state at long context, against the reference end."""
@@ -488,7 +492,7 @@ def _parts(doc: dict) -> str:
              f"{ref.get('positions', 4096):,} positions |", "|---|---|---|---|---|"]
     for e in sorted((e for e in _loss(doc) if e["direction"] == ADD_ONE), key=lambda e: -(e["gain"] or 0)):
         c, s = cost.get(variant(e["flip"], ADD_ONE), {}), speed.get(e["flip"])  # the add-one config's cost
-        timed = s is not None and not s.get("note")  # the training runs' own tokens/s are no fair timing
+        timed = s is not None and s["call"] != stats.NOT_TIMED and UNFAIR not in (s.get("note") or "")
         fast = f"{_g(s['gain'], 1)} % {_interval(s, 1)} {s['call']}" if timed else "not timed"
         size = "—" if c.get("params") is None else f"{c['params']:,} ({c['active_params']:,})"
         state = "—" if c.get("state_bytes_4k") is None else _mib(c["state_bytes_4k"], ref.get("state_bytes_4k"))

@@ -58,6 +58,8 @@ SPEED_MARGIN = 5.0  # percent of tokens/s
 HELPS, HURTS, NEGLIGIBLE, SMALL, UNDECIDED, TOO_FEW, NONE = (
     "helps", "hurts", "negligible", "below margin", "undecided", "too few seeds", "no completed pairs")
 CALLS = (HELPS, HURTS, NEGLIGIBLE, SMALL, UNDECIDED, TOO_FEW)
+# No call, by design: a speed effect from training runs, which shared the CPU (only a timing pass calls speed)
+NOT_TIMED = "not timed"
 DEFAULT, GIVEN = "default", "min-effect"  # where a family's margin came from (margin_basis)
 
 
