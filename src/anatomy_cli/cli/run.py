@@ -170,6 +170,7 @@ def train(
     run_dir = out or runs.runs_folder(runs_dir) / "train" / runs.run_id(f"{cfg.name}-{label(cfg)}", cfg.seed,
                                                                   cfg.model_dump(mode="json"))
     runs.refuse_inside_runs(run_dir, "--out" if out else "--runs-dir", "run directory", itself="run")
+    runs.refuse_corpus_overlap([cfg.data.source], run_dir, "--out" if out else "--runs-dir")
     if cfg.train.warmup_note:  # after the refusals above: a warning never comes before an error of its command
         warn(cfg.train.warmup_note)
     from anatomy_cli.training import run as training
@@ -207,6 +208,8 @@ def _run_train(fn, run_dir: Path, total: int) -> None:
         err_console.print(f"interrupted at step {summary['steps_done']}; {resume_hint(run_dir)}", highlight=False)
         raise typer.Exit(EXIT_INTERRUPTED)
     render_summary(summary, run_dir)
+    if summary.get("warning"):
+        warn(f"{run_dir} {summary['warning']}")
     if status != runs.COMPLETED:
         raise typer.Exit(EXIT_FAILED)
 

@@ -31,7 +31,7 @@ from anatomy_cli.report import stats
 from anatomy_cli.report import verdict as vd
 from anatomy_cli.report.frames import HIGHER_IS_BETTER, LOSS_METRIC, RELATIVE_METRICS, SPEED_METRIC, load_runs
 from anatomy_cli.spec import components as comp
-from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, DIRECTIONS, END_OF, REFERENCE, REMOVE_ONE, shown, variant
+from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, DIRECTIONS, END_OF, REFERENCE, REMOVE_ONE, VERB, shown, variant
 from anatomy_cli.store.runs import COMPLETED, read_design, recorded_margin
 
 EFFECT_COLUMNS = ["metric", "flip", "direction", "against", "group", "n_pairs", "excluded", "unit", "gain",
@@ -95,7 +95,35 @@ def _ranged(design: list[str]) -> list[tuple[str, str]]:
 
 
 def _pairings(members: pd.DataFrame):
-    """(flip, direction, against, reference runs, variant runs) of one group, both indexed by seed."""
+    """(flip, direction, against, reference runs, variant runs) of one group, both indexed by seed; a
+    variant that builds the same model as its end (frames' `built`) is left out: a model compared with
+    itself measures nothing, so it gets no effect and no call (same_model_lines says which)."""
+    for pairing in _all_pairings(members):
+        if not _same_model(*pairing[3:]):
+            yield pairing
+
+
+def _same_model(ref: pd.DataFrame, var: pd.DataFrame) -> bool:
+    seeds = ref.index.intersection(var.index)
+    if seeds.empty or "built" not in ref.columns:
+        return False
+    return bool((ref.loc[seeds, "built"] == var.loc[seeds, "built"]).all())
+
+
+def same_model_lines(runs: pd.DataFrame) -> list[str]:
+    """'swa removed from the all-on end: the same model as the end, not measured', one per such variant."""
+    lines = []
+    for group, members in groups(runs[runs["role"] != ""]):
+        for flip, direction, against, ref, var in _all_pairings(members):
+            if _same_model(ref, var):
+                where = f" [{group}]" if group else ""
+                towards = "to" if direction == ADD_ONE else "from"
+                lines.append(f"{flip} {VERB[direction]} {towards} the {against}{where}: builds the same model as the "
+                             f"end (a setting it changes does nothing there), so it is not measured and gets no call")
+    return lines
+
+
+def _all_pairings(members: pd.DataFrame):
     # One run per role and seed: a config run twice (two sweeps) counts once, the first by id.
     members = members.sort_values("run_id").drop_duplicates(["role", "seed"])
     by_role = {role: sub.set_index("seed") for role, sub in members.groupby("role")}

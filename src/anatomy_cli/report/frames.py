@@ -12,6 +12,8 @@ components.role. A run without summary.json reads as INCOMPLETE; losses then com
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -19,8 +21,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from anatomy_cli.report.plateau import PLATEAU_COLUMNS
+from anatomy_cli.report.plateau import judged as plateau_judged
 from anatomy_cli.spec import components as comp
-from anatomy_cli.spec.config import ModelConfig, TrainConfig
+from anatomy_cli.spec.config import DataConfig, ModelConfig, RunConfig, TrainConfig
 from anatomy_cli.store.runs import (
     CONFIG,
     EVAL,
@@ -47,7 +51,8 @@ SAMPLE_CHARS = 2000  # a report shows at most this much of each samples.txt
 RUN_COLUMNS = [
     "run_id", "path", "label", "role", "size", *comp.BUILTIN_NAMES, "n_layer", "n_head", "n_kv_head", "d_model",
     "seed", "status", *COLUMNS, "non_embedding_params", "state_bytes_4k", "overfit_gap", "max_grad_norm",
-    "loss_spikes", "design", "settings",
+    "loss_spikes", "design", "settings", "corpus", "built", "warning",
+    *PLATEAU_COLUMNS,  # report/plateau.py: a run left on the unigram plateau
 ]  # + a column per spec component found in sweep.json files, one val_loss_ctx_<N> per eval.json length
 INT_COLUMNS = ("n_layer", "n_head", "n_kv_head", "d_model", "seed", "loss_spikes", "non_embedding_params",
                "state_bytes_4k", *(c for c in COLUMNS if RunSummary.kind(c) is int))
@@ -70,18 +75,50 @@ def load_runs(root: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     the run's study (`design`: its component names joined by '+'); `settings` is the JSON of every
     config value except name, seed and what the study's components switch: runs with equal design
     and settings differ only in components and seed. `size` names the run's rung of its study's
-    size ladder ('' without one): the size whose settings (sweep.json) its config holds.
+    size ladder ('' without one): the size whose settings (sweep.json) its config holds. `corpus` is
+    the fingerprint of the text the run trained on (split_corpora keeps two corpora apart); `built`
+    a hash of what it trains (equal: the same model trained alike, effects._pairings makes no call).
     """
     dirs = _run_dirs(Path(root))
     studies: dict[Path, tuple[tuple[comp.Component, ...], list[dict]]] = {}
-    rows, curves = [], []
+    rows, curves, corpora = [], [], {}
     for run_id, run_dir in zip(_run_ids(Path(root), dirs), dirs):
         if run_dir.parent not in studies:
             studies[run_dir.parent] = (_design(run_dir.parent), sweep_sizes(run_dir.parent))
         metrics = read_metrics(run_dir)
         rows.append(_run_row(run_id, run_dir, metrics, *studies[run_dir.parent]))
+        rows[-1] |= plateau_judged(run_dir, metrics, rows[-1]["status"], rows[-1]["best_val_loss"], corpora)
         curves.extend(_curve_rows(run_id, metrics))
-    return _runs_frame(rows), pd.DataFrame(curves, columns=CURVE_COLUMNS)
+    return _runs_frame(split_corpora(rows)), pd.DataFrame(curves, columns=CURVE_COLUMNS)
+
+
+def corpus_fingerprint(summary: dict | None) -> str | None:
+    """The short fingerprint of the text a run trained on (its summary's corpus_sha256, and a prepared
+    folder's files), None where the summary records none (older versions, a run killed before it)."""
+    summary = summary or {}
+    sha, files = summary.get("corpus_sha256"), summary.get("corpus_files")
+    if not isinstance(sha, str):
+        return None
+    if files:
+        sha = hashlib.sha256(json.dumps([sha, files], sort_keys=True, default=str).encode()).hexdigest()
+    return sha[:12]
+
+
+def split_corpora(rows: list[dict]) -> list[dict]:
+    """Runs trained on different corpora never share a group (effects.groups pairs within one): where the
+    runs of one study and settings hold two fingerprints or more, each run's settings get its corpus
+    ('corpus=...' in the group's name), so each corpus is its own group, paired within itself. Splitting,
+    not refusing: the report of such a folder still shows every run, and each corpus's calls hold for
+    it. A run that records no fingerprint joins the one corpus of its group, or with several is its own."""
+    known: dict[tuple, set] = {}
+    for row in rows:
+        known.setdefault((row["design"], row["settings"]), set()).add(row["corpus"])
+    for row in rows:
+        corpora = known[(row["design"], row["settings"])] - {None}
+        if len(corpora) > 1:
+            row["settings"] = json.dumps({**json.loads(row["settings"]), "corpus": row["corpus"] or "unknown"},
+                                         sort_keys=True, default=str)
+    return rows
 
 
 def _design(sweep_dir: Path) -> tuple[comp.Component, ...]:
@@ -146,14 +183,26 @@ def _run_row(run_id: str, run_dir: Path, metrics: list[dict], design: tuple[comp
     # decode state (KV cache, windows, recurrent memory) at LONG_POSITIONS positions, batch 1, fp32
     row["state_bytes_4k"] = model.cache_bytes(1, LONG_POSITIONS, 4)
     row |= {"seed": config.get("seed"), "design": "+".join(c.name for c in design),
-            "settings": comp.settings_key(flat, design)}
-    row |= _outcome(read_summary(run_dir), metrics)
+            "settings": comp.settings_key(flat, design), "built": _built(config, model)}
+    summary = read_summary(run_dir)
+    row |= _outcome(summary, metrics) | {"corpus": corpus_fingerprint(summary)}
     if row["active_params"] is None and not model.moe:  # summaries from before MoE: all of a dense model is active
         row["active_params"] = row["params"]
     warmup = config.get("train", {}).get("warmup", TrainConfig.model_fields["warmup"].default)
     row |= _stability(metrics, warmup)
     row |= _ctx_losses(run_dir)
     return row
+
+
+def _built(config: dict, model: ModelConfig) -> str:
+    """A short hash of what the run trains (components.built_model): two runs with one are the same model
+    trained alike, whatever settings they differ in that the model does nothing with."""
+    sections = {}
+    for name, cls in (("train", TrainConfig), ("data", DataConfig)):
+        given = config.get(name) if isinstance(config.get(name), dict) else {}
+        sections[name] = cls.model_construct(**{k: v for k, v in given.items() if k in cls.model_fields})
+    cfg = RunConfig.model_construct(model=model, **sections)
+    return hashlib.sha256(comp.built_model(cfg).encode()).hexdigest()[:12]
 
 
 def _model_config(config: dict, run_dir: Path) -> ModelConfig:
@@ -169,7 +218,7 @@ def _model_config(config: dict, run_dir: Path) -> ModelConfig:
 def _outcome(summary: dict | None, metrics: list[dict]) -> dict:
     """Summary fields; losses fall back to metrics.jsonl when there is no summary yet."""
     summary = summary or {}
-    out = {k: summary.get(k) for k in COLUMNS}
+    out = {k: summary.get(k) for k in (*COLUMNS, "warning")}  # warning: a run that learned nothing
     out["status"] = status_of(summary) or INCOMPLETE  # a killed run reads 'interrupted', not 'running'
     vals = [(m.get("step"), m["val_loss"]) for m in metrics if m.get("val_loss") is not None]
     finite = [(s, v) for s, v in vals if math.isfinite(v)]

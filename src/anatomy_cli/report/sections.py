@@ -28,6 +28,7 @@ from anatomy_cli.report import scale as scale_mod
 from anatomy_cli.report import speed as speed_mod
 from anatomy_cli.report import textable
 from anatomy_cli.report import verdict as vd
+from anatomy_cli.report.effects import same_model_lines
 from anatomy_cli.report.frames import CTX_PREFIX, RUN_COLUMNS, SAMPLE_CHARS
 from anatomy_cli.spec import components as comp
 from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, REFERENCE, REMOVE_ONE, VERB, shown
@@ -118,6 +119,7 @@ def verdict_blocks(p: Parts) -> list:
                     f"{directions_text(p.verdict, ref, top)}."),
               ("table", verdict_table(p.verdict), False),
               ("list", [vd.rule_line(p.verdict, "nats/char"), *decide_lines(p.root),
+                        *same_model_lines(p.runs), *warning_lines(p.runs),
                         budget_line(bud, ref, top) if p.scale is None else f"**Budget**: {budget_text(p.scale)}",
                         noise_line(vd.noise_floor(p.runs), ref, top)])]
     if p.scale is not None:
@@ -131,6 +133,13 @@ def verdict_blocks(p: Parts) -> list:
 
 def decide_lines(root: Path) -> list[str]:
     """A --decide study: its rounds, each look's alpha and why it stopped (the seeds column says what
+def warning_lines(runs: pd.DataFrame) -> list[str]:
+    """A run that completed yet learned nothing (summary.json's warning), one line each: its losses are no
+    measurement of its config."""
+    flagged = runs[runs["warning"].notna()] if "warning" in runs.columns else runs.iloc[:0]
+    return [f"**{r.run_id}** {r.warning}" for r in flagged.itertuples()]
+
+
     each effect got)."""
     record = decide_mod.read_record(root)
     return [decide_mod.stop_text(record)] if record is not None else []

@@ -328,6 +328,47 @@ def _plain(v: Any) -> Any:
     return str(v) if isinstance(v, Follows) else v
 
 
+# ------------------------------------------------------------------------------ the same model
+
+UNUSED = "(unused)"
+
+
+def built_model(cfg: Any) -> str:
+    """What a run config trains, as JSON: every setting but name and seed, those the model and training do
+    nothing with (RunConfig.unused_settings: a window no layer takes, K/V heads latent attention has not,
+    a router's loss another router ignores) replaced by UNUSED. Two configs with the same built_model
+    build the same parameters (names and shapes), the same mixer per layer and train them alike: their
+    runs at one seed are the same run (tests check this against the built modules)."""
+    flat = {k: v for k, v in flat_config(cfg).items() if k not in ("name", "seed")}
+    flat |= dict.fromkeys(cfg.unused_settings(), UNUSED)
+    flat["layers"] = list(cfg.model.layer_kinds)
+    return json.dumps(flat, sort_keys=True, default=str)
+
+
+def same_models(configs: Iterable[tuple[str, Any]]) -> list[str]:
+    """One line per planned config (slug, RunConfig) that builds the same model as an earlier one at the
+    same seed while its settings differ: a flip another flip cancels there, which no run can measure."""
+    first: dict[tuple[str, int], tuple[str, Any]] = {}
+    out = []
+    for slug, cfg in configs:
+        key = (built_model(cfg), cfg.seed)
+        if key not in first:
+            first[key] = (slug, cfg)
+            continue
+        other_slug, other = first[key]
+        a, b = flat_config(other), flat_config(cfg)
+        differ = [k for k in a if k not in ("name", "seed") and a[k] != b.get(k)]
+        if not differ or slug == other_slug:
+            continue
+        why = cfg.unused_settings()
+        shown = ", ".join(f"{k.removeprefix('model.')} ({b[k]!r} here, {a[k]!r} there)" for k in differ)
+        reasons = "; ".join(dict.fromkeys(why[k] for k in differ if k in why))
+        out.append(f"{slug} builds the same model as {other_slug}: they differ only in {shown}, which "
+                   f"{'does' if len(differ) == 1 else 'do'} nothing here ({reasons}); a flip that changes nothing "
+                   f"cannot be measured: drop it, or the flip that cancels it, from flips")
+    return out
+
+
 def from_record(row: Mapping[str, Any]) -> Component:
     """The inverse of record() for a spec's component (built-ins are looked up by name)."""
     if row.get("origin", "built-in") == "built-in" and row["name"] in BY_NAME:

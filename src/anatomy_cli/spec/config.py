@@ -649,6 +649,12 @@ class DataConfig(_Frozen):
 
 
 class RunConfig(_Frozen):
+# Settings a config may carry where they do nothing without a refusal: n_kv_head is the attention's head
+# layout the base sets for every config of a study (gqa switches it), not a knob of one part; under
+# latent attention it is unused, which components.built_model (a study's same-model check) accounts for.
+NOT_KNOBS = ("model.n_kv_head",)
+
+
     name: str = "run"
     seed: Seed = 1337
     model: ModelConfig = ModelConfig()
@@ -656,14 +662,46 @@ class RunConfig(_Frozen):
     data: DataConfig = DataConfig()
 
     @model_validator(mode="after")
-    def _check_balance(self) -> RunConfig:
-        # the deepseek router balances by its bias (train.moe_bias_rate); a balance loss would be silently unused
-        if self.model.moe_router == "deepseek" and self.train.moe_aux_loss:
-            raise ValueError(f"train.moe_aux_loss={self.train.moe_aux_loss:g} is the softmax-topk router's balance "
-                             f"loss; the deepseek router balances without one (train.moe_bias_rate): set "
-                             f"train.moe_aux_loss=0")
+    def _check_knobs(self) -> RunConfig:
+        # One policy for a knob that does nothing here (as for the mla, dsa and router sizes above): set to
+        # a value other than its default or 0 it is refused, so a default nobody set never is (issue 37)
+        for key, why in self.unused_settings().items():
+            section, name = key.split(".")
+            part = getattr(self, section)
+            value, default = getattr(part, name), type(part).model_fields[name].default
+            if key not in NOT_KNOBS and value != default and value != 0:
+                shown = f"{value:g}" if isinstance(value, float) else repr(value)
+                raise ValueError(f"{key.removeprefix('model.')}={shown} does nothing here: {why}; leave it out "
+                                 f"(its default is {default!r})")
         return self
 
+
+    def unused_settings(self) -> dict[str, str]:
+        """{dotted field: why} of the settings this config's model and training do nothing with, at any
+        value: what components.built_model normalises, and (knobs only) what _check_knobs refuses."""
+        m = self.model
+        kinds = m.layer_kinds
+        out = {}
+        if "local" not in kinds:
+            softmax = [i + 1 for i, k in enumerate(kinds) if k == "attn"]
+            why = ("window=0: every layer is global" if not m.window
+                   else f"attn_type={m.attn_type!r}: a window leaves latent attention global" if m.attn_type == "mla"
+                   and not softmax else f"gdn_pattern={m.gdn_pattern!r} leaves softmax attention in layer "
+                   f"{', '.join(map(str, softmax)) or 'none'} only, which window_pattern={m.window_pattern!r} makes "
+                   f"global" if m.gdn_pattern else f"window_pattern={m.window_pattern!r} makes every layer global")
+            out |= {"model.window": why, "model.window_pattern": why}
+        if not {"attn", "local"} & set(kinds):
+            out["model.n_kv_head"] = ("no layer is softmax attention (latent attention and Gated DeltaNet have no "
+                                      "K/V heads)")
+        router = "no router (model.moe=false)" if not m.moe else f"the {m.moe_router} router"
+        if not m.moe or m.moe_router != "softmax-topk":
+            out["train.moe_aux_loss"] = (f"it is the softmax-topk router's balance loss, and the model has {router}"
+                                         + (" (which balances by train.moe_bias_rate)" if m.moe else ""))
+        if m.moe_router != "deepseek":
+            out["train.moe_bias_rate"] = f"it moves the deepseek router's selection bias, and the model has {router}"
+        if not m.dsa:
+            out["train.dsa_indexer_loss"] = "it trains the dsa indexer, and the model has dsa=false"
+        return out
 
 class NamedConfig(_Frozen):
     """One entry of a `list` design: a name plus dotted overrides of the base run."""

@@ -524,6 +524,27 @@ def refuse_inside_runs(path: Path, option: str, what: str, own: Path | None = No
         raise RunError(f"{path} is inside the sweep directory {folder}{why}; choose another {option}")
 
 
+def refuse_corpus_overlap(sources, out: Path, option: str) -> None:
+    """Before anything is written: a run or sweep folder (`out`, from `option`) is never inside a folder
+    corpus it trains on (each finished run's samples.txt, and later report.md, would join the next run's
+    corpus), and a corpus is never a run or sweep folder, nor inside one (it changes as runs are written).
+    `sources`: each data.source of the plan (None, the default corpus, and hf: names are neither)."""
+    target = Path(out).resolve()
+    for source in dict.fromkeys(sources):
+        if source is None or str(source).startswith("hf:"):
+            continue
+        corpus = Path(source).resolve()
+        if corpus.is_dir() and (target == corpus or corpus in target.parents):
+            raise RunError(f"{out} is inside the corpus folder {source}: its runs' files would join the corpus "
+                           f"the next run trains on; choose a {option} outside it")
+        for folder in (corpus, *corpus.parents):
+            kind = "run" if holds_run(folder) else "sweep" if holds_sweep(folder) else None
+            if kind is not None:
+                where = "is" if folder == corpus else f"is inside the {kind} directory {folder}, which is"
+                raise RunError(f"the corpus {source} {where} a {kind} directory: its text changes as runs and "
+                               f"reports are written; train on a copy, or a prepared folder (anatomy prepare)")
+
+
 def refuse_replacing(path: Path, option: str, what: str, ours: Callable[[Path], bool],
                      given: str | None = None) -> None:
     """A command that writes one file (`what`, at `path` from `option`) replaces an existing file only

@@ -67,6 +67,9 @@ class RunSummary(BaseModel):
     stacked: int | None = _field(COLUMN)
     stack_note: str | None = _field(CARRIED)
     error: str | None = None
+    # A completed run that learned nothing (every gradient norm 0, or the train loss at ln V at every
+    # step: training.run.learned_nothing): flagged here, in the terminal and in the report.
+    warning: str | None = None
     corpus_sha256: str | None = _field(CARRIED)
     corpus_files: dict | None = _field(CARRIED)  # a prepared folder's files' fingerprint (data/prepared.py)
     # Resumes (training.run.resume): the step each one continued from, in order (0: killed before its

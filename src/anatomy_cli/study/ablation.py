@@ -107,6 +107,7 @@ def plan_study(ask: Ask) -> Study:
         resolve_device(ask.device, "--device")
     sweep_dir = runs.runs_folder(ask.runs_dir) / spec.name
     runs.refuse_inside_runs(sweep_dir, "--runs-dir", "sweep directory", itself="sweep")  # before the plan shows
+    runs.refuse_corpus_overlap((p.config.data.source for p in plan), sweep_dir, "--runs-dir")
     return Study(ask, spec, plan, sweep_dir, rounds, margin)
 
 
@@ -122,6 +123,7 @@ def size_study(study: Study) -> Study:
 def estimate(study: Study, todo: list | None = None) -> tuple[dict[str, float], float]:
     """({run id: seconds}, start-up seconds per worker) of `todo` (default: the runs still to do)."""
     todo = plan_mod.pending_runs(study.plan, study.sweep_dir) if todo is None else todo
+    plan_mod.refuse_other_corpus(study.plan, study.sweep_dir)  # new seeds never join runs of another corpus
     return plan_mod.plan_estimate(todo, study.workers, study.vocab)
 
 

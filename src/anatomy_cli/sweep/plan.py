@@ -118,6 +118,34 @@ def corpus_facts(plan) -> dict[str | None, dict]:
     return facts
 
 
+def refuse_other_corpus(plan, sweep_dir: Path) -> None:
+    """New runs never join finished ones trained on another corpus: where the plan has runs to train, a
+    finished run of sweep_dir on one of its sources whose summary records another fingerprint than the
+    source holds now is refused, one line naming the corpus and the run (the report would pool them)."""
+    from anatomy_cli.data.load import load_corpus
+    from anatomy_cli.data.prepared import changed_file
+
+    sweep_dir, by_source, now = Path(sweep_dir), {p.config.data.source: p for p in plan}, {}
+    if not sweep_dir.is_dir() or not pending_runs(plan, sweep_dir):
+        return
+    for run_dir in sorted(d for d in sweep_dir.iterdir() if runs.holds_run(d)):
+        summary = runs.json_object(run_dir / runs.SUMMARY) or {}
+        source = ((runs.json_object(run_dir / runs.CONFIG) or {}).get("data") or {}).get("source")
+        if summary.get("status") not in runs.DONE_STATES or not isinstance(summary.get("corpus_sha256"), str) \
+                or not isinstance(source, (str, type(None))) or source not in by_source:
+            continue
+        if source not in now:
+            cfg = by_source[source].config
+            meta = load_corpus(source, cfg.data.val_frac, cfg.model.ctx_len).meta
+            now[source] = (meta.get("sha256"), meta.get("fingerprint"))
+        sha, files = now[source]
+        if summary["corpus_sha256"] != sha or changed_file(summary.get("corpus_files"), files):
+            raise runs.RunError(f"{sweep_dir}: its run {run_dir.name} trained on another corpus than "
+                                f"{source or 'the default corpus'} holds now (sha256 {summary['corpus_sha256'][:12]}..."
+                                f", now {str(sha)[:12]}...); new runs would pool two corpora in one study: restore "
+                                f"the corpus, or use another --runs-dir")
+
+
 class SweepLocked(Locked):
     """Another live process holds the sweep directory."""
 
@@ -272,6 +300,8 @@ def expand(spec: AblationSpec, flips: list[str] | None = None, seeds: int | None
             if same not in seen:
                 seen.add(same)
                 plan.append(PlannedRun(rid, full_slug, role, flip, cfg, design, rung))
+    if design is not None and not errors:  # a flip another cancels at an end builds that end again
+        errors = components.same_models((p.slug, p.config) for p in plan)
     if errors:
         more = f"; and {len(errors) - 4} more" if len(errors) > 4 else ""
         raise ConfigError(f"invalid configs in the plan ({len(errors)}): " + "; ".join(errors[:4]) + more)

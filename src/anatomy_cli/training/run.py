@@ -297,6 +297,24 @@ def _finish(tr: Trainer, stop, carried: dict) -> dict:
 
 def finalize(tr, status: str, diverged_at: int | None, carried: dict) -> dict:
     """Last weights, samples, and summary.json (last) of a run that has stopped training; tr is a
+FLAT_LOSS = 1e-4  # nats: a train loss this close to ln V predicts uniformly (an initialised model is ~1e-2 off)
+
+
+def learned_nothing(metrics: list[dict], vocab_size: int | None) -> str | None:
+    """Why a finished run learned nothing, or None: every logged gradient norm is 0 (no weight moved), or every
+    train loss is ln V (uniform predictions at every step), over two logged steps or more. Numbers only read:
+    the run trained as it did."""
+    rows = [m for m in metrics if m.get("train_loss") is not None]
+    if len(rows) < 2:
+        return None
+    if all(m.get("grad_norm") == 0 for m in rows):
+        return f"did not learn: the gradient norm was 0 at every one of {len(rows)} steps (no weight moved)"
+    uniform = math.log(vocab_size) if vocab_size else None
+    if uniform is not None and all(abs(m["train_loss"] - uniform) < FLAT_LOSS for m in rows):
+        return f"did not learn: the train loss stayed at ln V = {uniform:.4f} (uniform predictions) at every step"
+    return None
+
+
     Trainer or a stacked member (stacked.Member), which hold the same attributes."""
     save_weights(tr.model, tr.run_dir / runs.LAST)
     if status == runs.COMPLETED:
@@ -306,5 +324,8 @@ def finalize(tr, status: str, diverged_at: int | None, carried: dict) -> dict:
     summary = summarize(tr, status, diverged_at, carried, load).record()
     runs.atomic_write_json(tr.run_dir / runs.SUMMARY, summary)  # last
     if status != runs.INTERRUPTED:  # only now: a kill before the summary still resumes from the checkpoint
+    warning = learned_nothing(runs.read_metrics(tr.run_dir), tr.cfg.model.vocab_size) if status == runs.COMPLETED \
+        else None
+    summary |= {"warning": warning} if warning else {}
         (tr.run_dir / runs.RESUME).unlink(missing_ok=True)
     return summary
