@@ -131,8 +131,6 @@ def verdict_blocks(p: Parts) -> list:
     return blocks
 
 
-def decide_lines(root: Path) -> list[str]:
-    """A --decide study: its rounds, each look's alpha and why it stopped (the seeds column says what
 def warning_lines(runs: pd.DataFrame) -> list[str]:
     """A run that completed yet learned nothing (summary.json's warning), one line each: its losses are no
     measurement of its config."""
@@ -140,6 +138,8 @@ def warning_lines(runs: pd.DataFrame) -> list[str]:
     return [f"**{r.run_id}** {r.warning}" for r in flagged.itertuples()]
 
 
+def decide_lines(root: Path) -> list[str]:
+    """A --decide study: its rounds, each look's alpha and why it stopped (the seeds column says what
     each effect got)."""
     record = decide_mod.read_record(root)
     return [decide_mod.stop_text(record)] if record is not None else []

@@ -648,13 +648,13 @@ class DataConfig(_Frozen):
     val_frac: float = Field(default=0.1, gt=0, lt=1)
 
 
-class RunConfig(_Frozen):
 # Settings a config may carry where they do nothing without a refusal: n_kv_head is the attention's head
 # layout the base sets for every config of a study (gqa switches it), not a knob of one part; under
 # latent attention it is unused, which components.built_model (a study's same-model check) accounts for.
 NOT_KNOBS = ("model.n_kv_head",)
 
 
+class RunConfig(_Frozen):
     name: str = "run"
     seed: Seed = 1337
     model: ModelConfig = ModelConfig()
@@ -674,7 +674,6 @@ NOT_KNOBS = ("model.n_kv_head",)
                 raise ValueError(f"{key.removeprefix('model.')}={shown} does nothing here: {why}; leave it out "
                                  f"(its default is {default!r})")
         return self
-
 
     def unused_settings(self) -> dict[str, str]:
         """{dotted field: why} of the settings this config's model and training do nothing with, at any
@@ -702,6 +701,7 @@ NOT_KNOBS = ("model.n_kv_head",)
         if not m.dsa:
             out["train.dsa_indexer_loss"] = "it trains the dsa indexer, and the model has dsa=false"
         return out
+
 
 class NamedConfig(_Frozen):
     """One entry of a `list` design: a name plus dotted overrides of the base run."""

@@ -115,6 +115,7 @@ def size_study(study: Study) -> Study:
     """The study with its corpora read (vocabularies), its seeds per stacked model and its workers:
     --workers, else plan_mod.plan_workers for the models it trains."""
     vocab = plan_mod.check_data(study.plan)
+    plan_mod.refuse_other_corpus(study.plan, study.sweep_dir)  # new seeds never join runs of another corpus
     per_model = plan_mod.plan_stack(study.ask.stack, study.plan, study.ask.executor)
     workers = study.ask.workers or plan_mod.plan_workers(study.plan, vocab, -(-len(study.plan) // per_model))
     return replace(study, vocab=vocab, per_model=per_model, workers=workers)
@@ -123,7 +124,6 @@ def size_study(study: Study) -> Study:
 def estimate(study: Study, todo: list | None = None) -> tuple[dict[str, float], float]:
     """({run id: seconds}, start-up seconds per worker) of `todo` (default: the runs still to do)."""
     todo = plan_mod.pending_runs(study.plan, study.sweep_dir) if todo is None else todo
-    plan_mod.refuse_other_corpus(study.plan, study.sweep_dir)  # new seeds never join runs of another corpus
     return plan_mod.plan_estimate(todo, study.workers, study.vocab)
 
 

@@ -295,8 +295,6 @@ def _finish(tr: Trainer, stop, carried: dict) -> dict:
     return finalize(tr, status, diverged_at, carried)
 
 
-def finalize(tr, status: str, diverged_at: int | None, carried: dict) -> dict:
-    """Last weights, samples, and summary.json (last) of a run that has stopped training; tr is a
 FLAT_LOSS = 1e-4  # nats: a train loss this close to ln V predicts uniformly (an initialised model is ~1e-2 off)
 
 
@@ -315,6 +313,8 @@ def learned_nothing(metrics: list[dict], vocab_size: int | None) -> str | None:
     return None
 
 
+def finalize(tr, status: str, diverged_at: int | None, carried: dict) -> dict:
+    """Last weights, samples, and summary.json (last) of a run that has stopped training; tr is a
     Trainer or a stacked member (stacked.Member), which hold the same attributes."""
     save_weights(tr.model, tr.run_dir / runs.LAST)
     if status == runs.COMPLETED:
@@ -322,10 +322,10 @@ def learned_nothing(metrics: list[dict], vocab_size: int | None) -> str | None:
     load = expert_load(tr) if status != runs.INTERRUPTED else None  # a resumed run measures it at its end
     tr.log.close()
     summary = summarize(tr, status, diverged_at, carried, load).record()
-    runs.atomic_write_json(tr.run_dir / runs.SUMMARY, summary)  # last
-    if status != runs.INTERRUPTED:  # only now: a kill before the summary still resumes from the checkpoint
     warning = learned_nothing(runs.read_metrics(tr.run_dir), tr.cfg.model.vocab_size) if status == runs.COMPLETED \
         else None
     summary |= {"warning": warning} if warning else {}
+    runs.atomic_write_json(tr.run_dir / runs.SUMMARY, summary)  # last
+    if status != runs.INTERRUPTED:  # only now: a kill before the summary still resumes from the checkpoint
         (tr.run_dir / runs.RESUME).unlink(missing_ok=True)
     return summary
