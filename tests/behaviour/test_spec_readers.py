@@ -83,7 +83,6 @@ def test_a_bad_spec_is_one_line_and_exit_2_from_every_reader(tmp_path, case):
 
 @pytest.mark.parametrize("body, field, value", [
     ('on = {"model.qk_norm" = true}', "model.qk_norm", True),
-    ('on = {"model.qk_norm" = "yes"}', "model.qk_norm", True),  # read as the config reads it
     ('on = {"train.schedule" = "constant"}', "train.schedule", "constant"),
     ('on = {"train.device" = "cpu"}', "train.device", "cpu"),
     ('on = {"train.threads" = 1}', "train.threads", 1),

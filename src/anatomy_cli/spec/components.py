@@ -261,9 +261,9 @@ def label(cfg: Any, components: Iterable[Component] = BUILTINS) -> str:
 def from_spec(name: str, spec: Mapping[str, Any], origin: str) -> Component:
     """A component declared in a spec's [components.NAME] table, validated like a built-in.
 
-    Each value is checked against its field's own type and bounds, and kept as that field holds it
-    (`qk_norm = "yes"` is kept as True, as the config would read it), so states compare like with
-    like. `off = {}` means what leaving `off` out means: the base's values.
+    Each value is checked against its field's own type (strictly, as `--set`: `qk_norm = "yes"` is
+    refused) and bounds, and kept as that field holds it (`weight_decay = 0` as 0.0), so states
+    compare like with like. `off = {}` means what leaving `off` out means: the base's values.
     """
     if name in BY_NAME:
         raise ConfigError(f"components.{name}: a built-in component has this name; choose another")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import json
 import math
 import re
 import tomllib
@@ -854,13 +855,24 @@ def format_validation_error(err: ValidationError, prefix: str = "", cls: type[Ba
         parts = tuple(p for p in e["loc"] if not str(p).startswith("function-after"))
         loc = ".".join(str(p) for p in parts)
         loc = f"{prefix}{loc}" if loc else prefix.rstrip(".")
-        msg = e["msg"].removeprefix("Value error, ")
+        msg = error_text(e)
         if e["type"] == "extra_forbidden":
             close = closest_key(cls, parts) if cls is not None else None
             where = prefix if prefix.endswith(".") else ""  # 'config.json: ' is not part of a key
             msg = "unknown key" + (f"; did you mean {where}{close}?" if close else "")
         lines.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(lines)
+
+
+def error_text(e: dict) -> str:
+    """One pydantic error's message without its 'Value error, ' prefix; a value of the wrong type is
+    shown as TOML writes it ('Input should be a valid integer, got 32.0': strictness explained)."""
+    msg = e["msg"].removeprefix("Value error, ")
+    given = e.get("input")
+    wrong_type = e["type"] in ("int_type", "float_type", "bool_type", "string_type")
+    if wrong_type and isinstance(given, (bool, int, float, str)):
+        return f"{msg}, got {json.dumps(given)}"
+    return msg
 
 
 def closest_key(cls: type[BaseModel], loc: tuple) -> str | None:
@@ -934,18 +946,21 @@ def validate_field(key: str, value: Any, name: str | None = None) -> Any:
     section, _, fld = key.partition(".")
     info = SECTIONS[section].model_fields[fld]
     # The FieldInfo carries the bounds (none for a bool or a Literal); the section's config says
-    # whether inf/nan are numbers (they are not, for every section).
+    # whether inf/nan are numbers (they are not, for every section). Strict, as `validate` is.
     allow = SECTIONS[section].model_config.get("allow_inf_nan", True)
-    adapter = TypeAdapter(Annotated[info.annotation, info], config=ConfigDict(allow_inf_nan=allow))
+    adapter = TypeAdapter(Annotated[info.annotation, info], config=ConfigDict(allow_inf_nan=allow, strict=True))
     try:
         return adapter.dump_python(adapter.validate_python(value), mode="json")
     except ValidationError as err:
-        raise ConfigError(f"{name or key}: {err.errors()[0]['msg']}") from None
+        raise ConfigError(f"{name or key}: {error_text(err.errors()[0])}") from None
 
 
 def validate(cls: type[_Frozen], data: dict, prefix: str = "") -> Any:
+    """`data` (a spec, a run's config.json, a planned config) as `cls`, read as strictly as `--set` is
+    (check_setting): true is not 1, "32" and 32.0 are not integers, "0.02" is not a number; an integer
+    is a number (`lr = 1` is 1.0). ConfigError with one line per problem, each naming its key."""
     try:
-        return cls.model_validate(data)
+        return cls.model_validate(data, strict=True)
     except ValidationError as err:
         raise ConfigError(format_validation_error(err, prefix, cls)) from None
 
