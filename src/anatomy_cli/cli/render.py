@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.table import Table
@@ -107,11 +109,23 @@ def plan_json(spec, plan, sweep_dir: Path) -> dict:
     }
 
 
-class LineDisplay:
-    """For a pipe or a log: one plain line per finished run, nothing while runs train."""
+HEARTBEAT_S = 60.0  # LineDisplay: the longest a pipe or a log goes without a line while runs train
 
-    def __init__(self, total: int):
+
+class LineDisplay:
+    """For a pipe or a log: one plain line per finished run and, while runs train, a line at most every
+    `every` seconds when nothing else was printed ('still training: 3 of 36 runs done, 2 in flight;
+    4.2min elapsed, est. 8.1min left'), at the first event after it is due (runs report progress at each
+    evaluation). est. left: from the progress of this invocation's runs (steps done of their steps), and
+    before any, `planned_s` (the plan line's estimate) less the time elapsed; `clock` is injectable."""
+
+    def __init__(self, total: int, every: float = HEARTBEAT_S, clock: Callable[[], float] = time.monotonic,
+                 planned_s: float | None = None):
         self.total, self.done, self.failed = total, 0, 0
+        self.every, self.clock, self.planned_s = every, clock, planned_s
+        self.began = self.said = clock()
+        self.skipped = 0
+        self.flight: dict[str, float] = {}  # run id -> fraction of its steps done, for runs in flight
 
     def __enter__(self):
         return self
@@ -120,10 +134,16 @@ class LineDisplay:
         return None
 
     def __call__(self, e: dict) -> None:
-        if e["event"] == "plan" and e["skipped"]:
-            self.done = e["skipped"]
-            err_console.print(f"{e['skipped']} of {self.total} runs already done", highlight=False)
-        elif e["event"] == "done":
+        kind = e["event"]
+        if kind == "plan" and e["skipped"]:
+            self.done = self.skipped = e["skipped"]
+            self._say(f"{e['skipped']} of {self.total} runs already done")
+        elif kind == "start":
+            self.flight.setdefault(e["run_id"], 0.0)
+        elif kind == "progress":
+            self.flight[e["run_id"]] = e["step"] / e["steps"] if e.get("steps") else 0.0
+        elif kind == "done":
+            self.flight.pop(e["run_id"], None)
             self.done += 1
             summary = e["summary"]
             self.failed += summary.get("status") == runs.FAILED
@@ -131,8 +151,27 @@ class LineDisplay:
             what = (f"best val {best:.4f}" if isinstance(best, float) and summary.get("status") == runs.COMPLETED
                     else summary.get("error") or summary.get("status"))
             took = f", {summary['wall_s']:.0f} s" if isinstance(summary.get("wall_s"), (int, float)) else ""
-            err_console.print(f"[{self.done}/{self.total}] {e['run_id']}: {what}{took}", highlight=False,
-                              markup=False, soft_wrap=True)
+            self._say(f"[{self.done}/{self.total}] {e['run_id']}: {what}{took}")
+        if self.clock() - self.said >= self.every:
+            self._say(self.heartbeat())
+
+    def heartbeat(self) -> str:
+        """'still training: 3 of 36 runs done, 2 in flight; 4.2min elapsed, est. 8.1min left'."""
+        elapsed = self.clock() - self.began
+        worked = self.done - self.skipped + sum(self.flight.values())  # runs' worth of steps trained here
+        left_runs = self.total - self.done - sum(self.flight.values())
+        if worked > 0:
+            left = f", est. {fmt_seconds(elapsed / worked * left_runs)} left"
+        elif self.planned_s is not None:
+            left = f", est. {fmt_seconds(max(0.0, self.planned_s - elapsed))} left"
+        else:
+            left = ""
+        return (f"still training: {self.done} of {self.total} runs done, {len(self.flight)} in flight; "
+                f"{fmt_seconds(elapsed)} elapsed{left}")
+
+    def _say(self, line: str) -> None:
+        self.said = self.clock()
+        err_console.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 class SweepDisplay:

@@ -112,7 +112,7 @@ def ablate(
         _time(study.plan, study.sweep_dir, study.workers, time_steps, time_rounds)
         return
     warn_short_runs(p.config for p in study.plan)  # after every refusal: a warning never precedes an error
-    estimate = ablation.estimate(study, study.plan if dry_run else None)
+    estimate = ablation.estimate(study, study.plan if dry_run else None, say=_say)  # a fresh machine measures first
     if dry_run:
         _dry_run(study, estimate)
         return
@@ -123,7 +123,7 @@ def ablate(
 
         share_compile_cache(study.sweep_dir, study.workers)
     on_interrupt(lambda: "rerun the same command to resume")  # a second signal, wherever it lands
-    done = ablation.run_study(study, functools.partial(_train, study),
+    done = ablation.run_study(study, functools.partial(_train, study, estimate),
                               lambda line: err_console.print(line, highlight=False, soft_wrap=True))
     err_console.print(closing_line(done, study.sweep_dir), highlight=False, soft_wrap=True)
     if not no_report:
@@ -173,13 +173,23 @@ def closing_line(done, sweep_dir: Path) -> str:
             + f" of {len(done.statuses)} runs in {sweep_dir}; took {fmt_seconds(done.seconds)}")
 
 
-def _train(study, todo) -> list[str | None]:
-    """Train a plan's pending runs (with bars on a terminal, lines elsewhere); the status of each run of
-    the plan. A stop signal saves the runs in flight and exits 130 (a rerun resumes)."""
+def _say(line: str) -> None:
+    err_console.print(line, highlight=False, markup=False, soft_wrap=True)
+
+
+def _train(study, estimate, todo) -> list[str | None]:
+    """Train a plan's pending runs (with bars on a terminal, lines elsewhere, a line a minute at least);
+    the status of each run of the plan. A stop signal saves the runs in flight and exits 130 (a rerun
+    resumes). estimate: the plan line's ({run id: seconds}, start-up), for the lines' est. left."""
     from anatomy_cli.study.ablation import train_runs
+    from anatomy_cli.sweep.calibrate import plan_seconds
+    from anatomy_cli.sweep.plan import pending_runs
 
     live = console.is_terminal and err_console.is_terminal  # bars only where someone watches them
-    display = SweepDisplay(len(todo)) if live else LineDisplay(len(todo))
+    per_run, startup = estimate
+    pending = [per_run.get(p.run_id) for p in pending_runs(todo, study.sweep_dir)]
+    planned = plan_seconds(pending, study.workers, startup) if None not in pending else None  # a later round: none
+    display = SweepDisplay(len(todo)) if live else LineDisplay(len(todo), planned_s=planned)
     with StopFlag(graceful=study.ask.executor == "local") as stop, display:
         statuses = train_runs(study, todo, display, stop)
     if stop.requested:

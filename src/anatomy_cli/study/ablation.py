@@ -121,10 +121,11 @@ def size_study(study: Study) -> Study:
     return replace(study, vocab=vocab, per_model=per_model, workers=workers)
 
 
-def estimate(study: Study, todo: list | None = None) -> tuple[dict[str, float], float]:
-    """({run id: seconds}, start-up seconds per worker) of `todo` (default: the runs still to do)."""
+def estimate(study: Study, todo: list | None = None, say=None) -> tuple[dict[str, float], float]:
+    """({run id: seconds}, start-up seconds per worker) of `todo` (default: the runs still to do); say(line):
+    what is measured first, where this machine's step times are not cached yet."""
     todo = plan_mod.pending_runs(study.plan, study.sweep_dir) if todo is None else todo
-    return plan_mod.plan_estimate(todo, study.workers, study.vocab)
+    return plan_mod.plan_estimate(todo, study.workers, study.vocab, say)
 
 
 def round_seconds(study: Study, todo: list) -> float:

@@ -143,21 +143,30 @@ def cached_overheads() -> tuple[float, float]:
     return (last["run_s"], last["startup_s"]) if last else (0.0, 0.0)
 
 
-def calibrations(configs: dict[str, object], threads: int) -> dict[str, dict]:
+def calibrations(configs: dict[str, object], threads: int, say=None) -> dict[str, dict]:
     """{shape key: calibration} for each (key -> representative RunConfig), from the cache or measured now.
 
     A calibration taken on a busy machine is cached as such and measured again once the machine is
-    idle, so a busy spell costs one calibration per shape, not one per plan.
+    idle, so a busy spell costs one calibration per shape, not one per plan. say(line), before a
+    measurement: what is measured (it takes a worker's start and a run per shape, before any estimate).
     """
     path = cache_path()
     cache = read_cache(path)
     idle = busy() is None
     todo = {k: c for k, c in configs.items() if k not in cache or (idle and cache[k]["busy"])}
     if todo:
+        if say is not None:
+            say(measuring_line(len(todo), path))
         for key, cal in zip(todo, _measure(list(todo.values()), threads)):
             cache[key] = cal | {"busy": not idle}
         _write_cache(path, cache)
     return {k: cache[k] for k in configs}
+
+
+def measuring_line(shapes: int, path: Path) -> str:
+    """What a plan says while it calibrates, before its estimate."""
+    return (f"measuring this machine's step times for the estimate: a {N}-step run of each of {shapes} model "
+            f"shape{'s' * (shapes > 1)} in a worker (once per shape, cached in {path})...")
 
 
 def _measure(configs: list, threads: int) -> list[dict]:

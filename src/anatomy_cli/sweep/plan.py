@@ -394,9 +394,10 @@ def role_errors(cfg: RunConfig, design: Design | None, want: dict[str, bool], ax
     return "; ".join(problems)
 
 
-def plan_estimate(plan: list[PlannedRun], workers: int, vocab: dict) -> tuple[dict[str, float], float]:
+def plan_estimate(plan: list[PlannedRun], workers: int, vocab: dict, say=None) -> tuple[dict[str, float], float]:
     """({run id: estimated seconds}, start-up seconds per worker) from this machine's calibration
-    (calibrate.py: measured step, evaluation and per-run times of each shape class, cached)."""
+    (calibrate.py: measured step, evaluation and per-run times of each shape class, cached; say(line):
+    what is measured, before a measurement)."""
     from anatomy_cli.sweep import calibrate
 
     threads = max(1, (os.cpu_count() or 1) // max(1, workers))  # what each run of the sweep trains with
@@ -406,7 +407,7 @@ def plan_estimate(plan: list[PlannedRun], workers: int, vocab: dict) -> tuple[di
     reps: dict[str, RunConfig] = {}
     for rid, key in keys.items():
         reps.setdefault(key, sized[rid])
-    cals = calibrate.calibrations(reps, threads)
+    cals = calibrate.calibrations(reps, threads, say)
     per_run = {rid: calibrate.run_seconds(cfg, cals[keys[rid]], cfg.model.flops_per_token()
                                           / reps[keys[rid]].model.flops_per_token()) for rid, cfg in sized.items()}
     return per_run, max((c["startup_s"] for c in cals.values()), default=0.0)
