@@ -17,7 +17,7 @@ from anatomy_cli.spec.config import MAX_SEEDS
 @app.command("scale-plan")
 @handle_errors
 def scale_plan(
-    spec: Annotated[Path, typer.Argument(help="Ablation spec (TOML), usually with [[sizes]].")],
+    spec: Annotated[Path, typer.Argument(help="Ablation spec (TOML), usually with \\[\\[sizes]].")],
     seeds: Annotated[Optional[int], typer.Option(
         min=1, max=MAX_SEEDS, help="Number of seeds (overrides the spec).")] = None,
     workers: Annotated[Optional[int], typer.Option(

@@ -80,7 +80,7 @@ def ablate(
     decide: Annotated[bool, typer.Option(
         "--decide", help="Train in rounds: after each, add --decide-step seeds only to the configs whose effects are "
         "still undecided, until every effect is decided, --max-seeds or --budget is reached (alpha split over the "
-        "planned rounds). A spec with a [decide] table does this by default.")] = False,
+        "planned rounds). A spec with a \\[decide] table does this by default.")] = False,
     max_seeds: Annotated[Optional[int], typer.Option(
         min=2, max=MAX_SEEDS, help="With --decide: the most seeds a config gets \\[default: the spec's, else 10].",
         show_default=False)] = None,
@@ -287,7 +287,7 @@ def report(
 @app.command("components")
 @handle_errors
 def components_cmd(
-    spec: Annotated[Optional[Path], typer.Argument(help="Also list this spec's own [components.NAME].")] = None,
+    spec: Annotated[Optional[Path], typer.Argument(help="Also list this spec's own \\[components.NAME].")] = None,
     json_out: JsonOut = False,
     wide: Annotated[bool, typer.Option("--wide", help="Every column in full, whatever the terminal's width.")] = False,
 ):
