@@ -48,9 +48,9 @@ def dsa_lm(seed: int = 0, **overrides):
 
 def test_default_sizes():
     s = ModelConfig(attn_type="mla", dsa=True, ctx_len=64).dsa_dims  # d 128, 4 heads of 32, rope part 16
-    assert tuple(s) == (16, 2, 32)  # a quarter of the context's keys; half of n_head; head_dim
+    assert tuple(s) == (16, 8, 32)  # a quarter of the context's keys; half of n_head, at least 8; head_dim
     assert ModelConfig(attn_type="mla", dsa=True, **DSA).dsa_dims == (5, 3, 14)  # given sizes win
-    assert dsa_config(d_model=8, n_head=8, ctx_len=3).dsa_dims == (1, 4, 2)  # at least 1 key, head >= rope part
+    assert dsa_config(d_model=8, n_head=8, ctx_len=3).dsa_dims == (1, 8, 2)  # at least 1 key, head >= rope part
     assert dsa_config().layer_kinds == ("dsa", "dsa") and dsa_config(dsa=False).layer_kinds == ("mla", "mla")
 
 

@@ -92,7 +92,7 @@ PINNED_IDS = {
         "reference-s1337-5cabdddd", "reference-s1338-f0d06a56", "reference-s1339-f268e66b",
     ],
     "long-context": [
-        "reference+dsa64-s1337-d55c2881", "reference+dsa64-s1338-07d5286e", "reference+dsa64-s1339-418aeb54",
+        "reference+dsa64-s1337-b6291549", "reference+dsa64-s1338-12480273", "reference+dsa64-s1339-139dbce2",
         "reference+gdn-s1337-c899cc5f", "reference+gdn-s1338-03083434", "reference+gdn-s1339-e94cc5ab",
         "reference+swa64-s1337-109aae8e", "reference+swa64-s1338-0f847dca", "reference+swa64-s1339-9d487eed",
         "reference-s1337-417bfde1", "reference-s1338-fdc5bbae", "reference-s1339-4754ad97",

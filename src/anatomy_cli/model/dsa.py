@@ -12,7 +12,10 @@ sizes ModelConfig.dsa_dims) and ONE key per token, shared by its heads as MLA's 
 Attention (MLA's, unchanged) then reads the k keys of highest score per query and nothing else; a
 query with k or fewer earlier keys (itself included) reads all of them. Equal scores go to the
 earlier key (a stable sort), so the full forward and cached decode pick the same keys even where
-ReLU zeroes every head of several keys; HF's torch.topk leaves such ties to the kernel. In training
+ReLU zeroes every head of several keys; HF's torch.topk leaves such ties to the kernel, so the two
+match where no tie sits at the top-k boundary. With the default of at least 8 indexer heads such ties
+are rare (0.0-0.3 % of the queries where top-k binds at init; with 2 heads a quarter: issue 37,
+benchmarks/dsa_ties.py, tests/model/test_dsa_ties.py). In training
 the selection is a bool mask over the dense scores, so the FLOPs are MLA's; the saving is DeepSeek's
 kernel reading only k keys, which anatomy does not model (context_flops counts the k keys read).
 

@@ -96,6 +96,20 @@ def hash_neutral(cls: type[BaseModel] | None = None) -> dict[str, Any]:
     return {k: v for k, v in out.items() if v != {}}
 
 
+def hash_resolved(config: dict) -> dict:
+    """A resolved config (a RunConfig dump) as runs.config_hash hashes it: each derived size whose rule
+    changed after runs existed written out at its value, so those runs' ids move with their model and
+    no other id does. dsa_index_heads (None: n_head // 2 before issue 37, dsa_index_heads_for since) of a
+    dsa model; a config that gives the size, or has no dsa, is hashed as it is."""
+    model = config.get("model") if isinstance(config, dict) else None
+    if not (isinstance(model, dict) and model.get("dsa") is True and model.get("dsa_index_heads") is None):
+        return config
+    n_head = model.get("n_head", ModelConfig.model_fields["n_head"].default)
+    if not isinstance(n_head, int) or isinstance(n_head, bool):
+        return config
+    return {**config, "model": {**model, "dsa_index_heads": dsa_index_heads_for(n_head)}}
+
+
 # Every seed torch.manual_seed accepts; past these it raises an overflow deep inside a run.
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 Seed = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)]
@@ -145,6 +159,16 @@ class DsaDims(NamedTuple):
 
 
 DSA_SIZES = ("dsa_top_k", "dsa_index_heads", "dsa_index_head_dim")  # the fields behind DsaDims, in order
+# The fewest indexer heads a derived dsa_index_heads has (issue 37). A key's index score is exactly 0 when
+# every head's ReLU is 0, and keys tied at the top-k boundary are read by a tie rule, not by their
+# scores: with n_head / 2 = 2 heads a quarter of the queries where top-k binds had such a tie at the
+# default study's shape, with 8 almost none (benchmarks/dsa_ties.py, RESULTS.md). DeepSeek-V3.2 has 64.
+MIN_INDEX_HEADS = 8
+
+
+def dsa_index_heads_for(n_head: int) -> int:
+    """The derived dsa_index_heads: DeepSeek-V3.2's half of n_head (64 of 128), at least MIN_INDEX_HEADS."""
+    return max(MIN_INDEX_HEADS, n_head // 2)
 ROUTER_SETTINGS = ("moe_n_group", "moe_topk_group", "moe_routed_scaling_factor")  # the deepseek router's
 
 
@@ -384,10 +408,10 @@ class ModelConfig(_Frozen):
         DeepSeek-V3.2 reads 2048 keys of a 128K context (1/64) through 64 indexer heads of 128 (half
         its 128 attention heads; 64 dims rotated, its qk_rope_head_dim). At contexts of 64-256 a
         1/64 share would be one key, so top_k is a quarter of ctx_len (16 of the default study's 64),
-        well below the context yet more than a handful; the indexer has half of n_head heads (at least
-        1) of head_dim (at least the rope part, which it rotates).
+        well below the context yet more than a handful; the indexer has dsa_index_heads_for(n_head)
+        heads (half of n_head, at least 8) of head_dim (at least the rope part, which it rotates).
         """
-        derived = {"dsa_top_k": max(1, self.ctx_len // 4), "dsa_index_heads": max(1, self.n_head // 2),
+        derived = {"dsa_top_k": max(1, self.ctx_len // 4), "dsa_index_heads": dsa_index_heads_for(self.n_head),
                    "dsa_index_head_dim": max(self.head_dim, self.mla_dims.qk_rope_head_dim)}
         return DsaDims(*(getattr(self, f) or derived[f] for f in DSA_SIZES))
 

@@ -43,7 +43,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from anatomy_cli.spec.config import ANY, hash_neutral
+from anatomy_cli.spec.config import ANY, hash_neutral, hash_resolved
 from anatomy_cli.spec.errors import InputError
 from anatomy_cli.store import lockfile
 from anatomy_cli.store.summary import RunSummary
@@ -608,8 +608,9 @@ def slugify(text: str) -> str:
 
 def config_hash(config: dict) -> str:
     """A short hash of a resolved config; fields marked config.NEW are left out at their default, those
-    marked config.NO_RESULT at any value."""
-    blob = json.dumps(_without(config, hash_neutral()), sort_keys=True, separators=(",", ":"))
+    marked config.NO_RESULT at any value; a derived size whose rule changed is hashed at its value
+    (config.hash_resolved)."""
+    blob = json.dumps(_without(hash_resolved(config), hash_neutral()), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:8]
 
 
