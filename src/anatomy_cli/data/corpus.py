@@ -206,6 +206,23 @@ class Corpus:
     meta: dict
 
 
+def unigram_loss(corpus: Corpus) -> float:
+    """The val loss (nats/char) of a model that knows only how often each character occurs: the
+    cross-entropy on the val split of the train split's character frequencies, add-one smoothed over the
+    vocabulary (a character only the val split holds still gets a probability). A property of the corpus
+    and its split, not of any model: a run that has learned nothing but these frequencies sits at it
+    (the unigram plateau, report/plateau.py). Counts only, one pass over each split's ids."""
+    import numpy as np
+
+    def counts(ids) -> np.ndarray:
+        view = ids if isinstance(ids, np.ndarray) else np.frombuffer(ids, dtype=np.dtype(ids.typecode))
+        return np.bincount(view, minlength=len(corpus.vocab)).astype(np.float64)
+
+    train, val = counts(corpus.train), counts(corpus.val)
+    p = (train + 1.0) / (train.sum() + len(train))
+    return float(-(val * np.log(p)).sum() / val.sum())
+
+
 def id_typecode(vocab_size: int) -> str:
     return next(code for code in ID_TYPES if vocab_size <= 1 << (8 * array(code).itemsize))
 

@@ -3,6 +3,7 @@
   frames     run directories -> a runs frame and a long curves frame
   effects    paired gains per component, judged one family per question (stats); report_frames
   stats      the one rule every call follows, and the paired statistics it rests on
+  plateau    runs left on the unigram plateau: the rule, and the effects they enter
   decide     ablate --decide: rounds of seeds where effects are open, alpha split over the looks
   verdict    the answer a report leads with: each component's worth, ranked
   speed      speed effects from a timing pass's record
@@ -15,5 +16,5 @@
   results    a study's results file, and the README/docs numbers rendered from it
   gate       the CI regression gate: best val loss per config against a committed baseline
 
-Imports: sweep (the verdict's cost of more seeds), store, spec; never torch.
+Imports: sweep (the verdict's cost of more seeds), data (an old run's unigram loss), store, spec; never torch.
 """

@@ -72,6 +72,9 @@ class RunSummary(BaseModel):
     warning: str | None = None
     corpus_sha256: str | None = _field(CARRIED)
     corpus_files: dict | None = _field(CARRIED)  # a prepared folder's files' fingerprint (data/prepared.py)
+    # The val loss of the corpus's character frequencies alone (data.corpus.unigram_loss, nats/char): where a
+    # run that learned nothing else sits (report/plateau.py flags a run that ends there).
+    unigram_loss: float | None = _field(CARRIED)
     # Resumes (training.run.resume): the step each one continued from, in order (0: killed before its
     # first checkpoint, trained again from the start). None: never resumed.
     resumed_at: list[int] | None = _field(CARRIED)

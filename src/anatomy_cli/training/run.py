@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from anatomy_cli.data.corpus import Corpus
+from anatomy_cli.data.corpus import Corpus, unigram_loss
 from anatomy_cli.data.load import load_corpus
 from anatomy_cli.model.generate import generate
 from anatomy_cli.spec import components
@@ -249,9 +249,11 @@ def has_checkpoint(run_dir: Path) -> bool:
 
 def corpus_identity(corpus: Corpus) -> dict:
     """What a summary records of its corpus: the sha256 of its text and, for a prepared folder, its
-    files' fingerprint (data/prepared.py), so a resume can tell other data from the same."""
+    files' fingerprint (data/prepared.py), so a resume can tell other data from the same; and its unigram
+    loss (data.corpus.unigram_loss), the plateau a report measures each run's curve against."""
     files = corpus.meta.get("fingerprint")
-    return {"corpus_sha256": corpus.meta.get("sha256")} | ({"corpus_files": files} if files else {})
+    return ({"corpus_sha256": corpus.meta.get("sha256")} | ({"corpus_files": files} if files else {})
+            | {"unigram_loss": unigram_loss(corpus)})
 
 
 def check_corpus(run_dir: Path, cfg: RunConfig, before: RunSummary, corpus: Corpus) -> None:
