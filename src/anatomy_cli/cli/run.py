@@ -79,7 +79,7 @@ def prepare(
     for key, value in info.items():
         if key != "fingerprint":
             shown = json.dumps(value) if key == "separator" else value
-            console.print(styled(f"{key:>13}", "bold", f"  {shown}"), highlight=False)
+            console.print(styled(f"{key:>13}", "bold", f"  {shown}"), highlight=False, soft_wrap=True)  # paths whole
 
 
 class PrepareProgress:
@@ -130,7 +130,25 @@ def train_progress():
     )
 
 
-@app.command()
+def default_run() -> str:
+    """What `anatomy train` trains when no SPEC or --set says otherwise, from the config's defaults: 'the
+    2017 end (layernorm post-norm, learned positions, gelu; 4 heads, 4 K/V heads) at d_model 128, 4 layers,
+    ctx_len 128, batch 32, 2000 steps, on the embedded corpus'."""
+    from anatomy_cli.spec.config import RunConfig
+
+    cfg = RunConfig()
+    m, t = cfg.model, cfg.train
+    return (f"the {label(cfg)} end ({m.norm_type} {m.norm_pos}-norm, {m.pos_type} positions, {m.ffn_type}; "
+            f"{m.n_head} heads, {m.n_kv_head} K/V heads) at d_model {m.d_model}, {m.n_layer} layers, ctx_len "
+            f"{m.ctx_len}, batch {t.batch_size}, {t.steps} steps, on the embedded corpus")
+
+
+TRAIN_HELP = (f"Train one model and write config, metrics, weights, samples and summary to its run directory.\n\n"
+              f"Every setting SPEC and --set leave out is the default; with neither: {default_run()} (the demo's "
+              f"runs are smaller: experiments/demo.toml).")
+
+
+@app.command(help=TRAIN_HELP)
 @handle_errors
 def train(
     spec: Annotated[Optional[Path], typer.Argument(help="TOML run spec (sections model, train, data).")] = None,
@@ -147,7 +165,7 @@ def train(
     overwrite: Annotated[bool, typer.Option(
         "--overwrite", help="Replace the run (or other files) already in the run directory.")] = False,
 ):
-    """Train one model and write config, metrics, weights, samples and summary to its run directory."""
+    """Train one model into its run directory (--help: TRAIN_HELP, which says the default run)."""
     from anatomy_cli.spec.config import load_run_config, validate_field
 
     options = {"--steps": ("train.steps", steps), "--device": ("train.device", device),
@@ -189,8 +207,9 @@ def _train_resume(run_dir: Path) -> None:
         raise runs.RunError(f"{run_dir} is {status or 'not a finished or interrupted run'}; only interrupted runs "
                             f"can be resumed")
     if runs.run_status(run_dir) == runs.INTERRUPTED and not training.has_checkpoint(run_dir):
-        err_console.print(f"{run_dir} was killed before it could save a checkpoint: training it again from step 0")
-    note = functools.partial(err_console.print, highlight=False)  # 'resuming RUN at step N of M (...)'
+        err_console.print(f"{run_dir} was killed before it could save a checkpoint: training it again from step 0",
+                          highlight=False, soft_wrap=True)
+    note = functools.partial(err_console.print, highlight=False, soft_wrap=True)  # 'resuming RUN at step N of M (...)'
     _run_train(functools.partial(training.resume, run_dir, note=note), run_dir, cfg.train.steps)
 
 
@@ -205,7 +224,8 @@ def _run_train(fn, run_dir: Path, total: int) -> None:
         summary = fn(progress=on_progress, stop=stop)
     status = summary["status"]
     if status == runs.INTERRUPTED:
-        err_console.print(f"interrupted at step {summary['steps_done']}; {resume_hint(run_dir)}", highlight=False)
+        err_console.print(f"interrupted at step {summary['steps_done']}; {resume_hint(run_dir)}", highlight=False,
+                          soft_wrap=True)
         raise typer.Exit(EXIT_INTERRUPTED)
     render_summary(summary, run_dir)
     if summary.get("warning"):
@@ -227,9 +247,11 @@ def resume_hint(run_dir: Path) -> str | None:
 
 
 def render_summary(s: dict, run_dir: Path) -> None:
+    """'run: PATH' on one line, never wrapped (it is copied into `sample` and `--resume`), then the summary."""
     from rich.table import Table
 
-    table = Table(title=f"{run_dir}", show_header=False)
+    console.print(f"run: {run_dir}", highlight=False, soft_wrap=True)
+    table = Table(show_header=False)
     for key in ("status", "label", "params", "best_val_loss", "best_step", "final_val_loss", "bits_per_char",
                 "tokens_seen", "tokens_per_s", "wall_s", "device", "error"):
         value = s.get(key)

@@ -99,10 +99,22 @@ def load_run_config(run_dir: Path) -> RunConfig:
         raise runs.RunError(f"run directory not found: {run_dir}")
     if not run_dir.is_dir():
         raise runs.RunError(f"not a run directory: {run_dir}")
+    if not (run_dir / runs.CONFIG).exists() and runs.holds_sweep(run_dir):  # `anatomy sample runs/demo`
+        raise runs.RunError(f"{run_dir} is a sweep folder: pass one of its runs, e.g. {example_run(run_dir)}")
     try:
         return validate(RunConfig, runs.read_json(run_dir / runs.CONFIG), prefix="config.json: ")
     except ConfigError as err:
         raise runs.RunError(f"{run_dir}: {err}") from None
+
+
+def example_run(sweep_dir: Path) -> Path:
+    """A run of a sweep folder to name (its first completed one, else its first), or SWEEP/<a run id>."""
+    try:
+        found = sorted(child for child in Path(sweep_dir).iterdir() if runs.holds_run(child))
+    except OSError:
+        found = []
+    done = [d for d in found if runs.run_status(d) == runs.COMPLETED]
+    return (done or found or [Path(sweep_dir) / "<a run id>"])[0]
 
 
 def load_run(run_dir: Path, which: str = "best", device: str | torch.device = "cpu"):

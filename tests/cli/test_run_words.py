@@ -1,0 +1,76 @@
+"""What train, sample and prepare say (issue 38): a path is printed on one line whatever the width (it
+is copied into `sample` and `--resume`); `train --help` and the README say the default run, from the
+config's defaults; `sample` on a sweep folder names one of its runs."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from helpers import flat, invoke, one_error_line, run_sets
+from toy_data import write_corpus
+from typer.testing import CliRunner
+
+from anatomy_cli.cli.main import app
+from anatomy_cli.spec.config import RunConfig
+from anatomy_cli.store import runs
+
+ROOT = Path(__file__).resolve().parents[2]
+LONG = "a-folder-whose-name-is-long-enough-to-wrap-at-sixty-columns"
+
+
+def _narrow(*args):
+    return CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": "60"})
+
+
+def test_train_prints_its_run_path_on_one_line_at_60_columns(tmp_path):
+    run = tmp_path / LONG / "run"
+    result = _narrow("train", *run_sets(write_corpus(tmp_path)), "--out", run)
+    assert result.exit_code == 0, result.output
+    assert f"run: {run}" in result.stdout.splitlines(), result.stdout
+
+
+def test_prepare_prints_its_out_path_on_one_line_at_60_columns(tmp_path):
+    out = tmp_path / LONG / "data"
+    result = _narrow("prepare", write_corpus(tmp_path), "--out", out)
+    assert result.exit_code == 0, result.output
+    assert any(line.split() == ["out", str(out)] for line in result.stdout.splitlines()), result.stdout
+
+
+def test_train_help_says_the_default_run_from_the_config_defaults():
+    m, t = RunConfig().model, RunConfig().train
+    said = flat(invoke("train", "--help").stdout)
+    assert (f"the 2017 end ({m.norm_type} {m.norm_pos}-norm, {m.pos_type} positions, {m.ffn_type}; {m.n_head} heads, "
+            f"{m.n_kv_head} K/V heads) at d_model {m.d_model}, {m.n_layer} layers, ctx_len {m.ctx_len}, batch "
+            f"{t.batch_size}, {t.steps} steps, on the embedded corpus") in said, said
+
+
+def test_the_readme_train_line_says_the_default_run():
+    m, t = RunConfig().model, RunConfig().train
+    line = next(line for line in (ROOT / "README.md").read_text().splitlines() if re.match(r"anatomy train\s+#", line))
+    assert line.split("#", 1)[1].strip() == (f"the 2017 end, d_model {m.d_model}, {m.n_layer} layers, ctx {m.ctx_len}, "
+                                             f"batch {t.batch_size}, {t.steps} steps")
+
+
+def _sweep(tmp_path: Path) -> Path:
+    sweep = tmp_path / "runs" / "demo"
+    for rid, status in (("2017-s1337-aaaa", runs.FAILED), ("2017-s1338-bbbb", runs.COMPLETED)):
+        (sweep / rid).mkdir(parents=True)
+        (sweep / rid / runs.CONFIG).write_text("{}")
+        (sweep / rid / runs.SUMMARY).write_text(json.dumps({"status": status, "sweep": "demo"}))
+    (sweep / runs.SWEEP).write_text(json.dumps({"components": []}))
+    return sweep
+
+
+def test_sample_on_a_sweep_folder_names_one_of_its_runs(tmp_path):
+    sweep = _sweep(tmp_path)
+    one_error_line(invoke("sample", sweep),
+                   f"{sweep} is a sweep folder: pass one of its runs, e.g. {sweep / '2017-s1338-bbbb'}")
+
+
+def test_sample_on_an_empty_sweep_folder_says_where_a_run_goes(tmp_path):
+    sweep = tmp_path / "runs" / "demo"
+    sweep.mkdir(parents=True)
+    (sweep / runs.SWEEP).write_text(json.dumps({"components": []}))
+    one_error_line(invoke("sample", sweep), f"{sweep} is a sweep folder: pass one of its runs, e.g. {sweep}/<a run id>")
