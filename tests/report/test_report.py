@@ -526,7 +526,7 @@ def test_verdict_three_seeds(tmp_path):
     top = md[md.index("## Verdict"):md.index("## Curves")]
     assert f"[{0.25 - half:+.3f}, {0.25 + half:+.3f}]" in top and "one seed" not in top
     assert "2017 end sd 0.1000 over 3 seeds" in top
-    assert "simultaneous 97.5% interval over seeds (Bonferroni over the 2 effects" in top
+    assert "**The rule**: each interval at 97.5 % (Bonferroni: 0.05 split over the 2 effects), so all 2 hold" in top
     assert "larger than the margin, 0.020 nats/char (the default, fixed before the data)" in top
     assert "80 % of the time" in top  # the family's minimum detectable effect, said up front
     assert md.index("## Effects over training") < md.index("## Speed") < md.index("## Runs")

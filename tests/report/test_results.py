@@ -78,7 +78,7 @@ def test_results_file_renders_every_kind_and_drift_fails(tmp_path):
     assert (f"| 1 | prenorm | added to 2017 | +0.405 | [{pre['adj_low']:+.3f}, {pre['adj_high']:+.3f}] | too few "
             f"seeds |") in text  # 2 seeds: no call
     assert "the 2017 end reaches 2.010, seed-to-seed sd 0.010" in text
-    assert "simultaneous 99% intervals (Bonferroni over the 5 effects of the group" in text
+    assert "Each interval at 99 % (Bonferroni: 0.05 split over the 5 effects), so all 5 hold together" in text
     mde = statistics.median(e["mde"] for e in doc["effects"] if e["metric"] == "best_val_loss" and e["mde"] is not None)
     assert f"An effect of {mde:.3f} nats/char is called 80 % of the time" in text
     assert results.drifted(text, tmp_path / "doc") == [] and results.update(text, tmp_path / "doc") == text

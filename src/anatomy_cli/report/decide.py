@@ -26,6 +26,8 @@ error bound above holds unchanged (a non-binding futility boundary); what it cos
 the effects it gives up on, which benchmarks/calibrate_verdict.py --decide measures.
 
   schedule       the planned seed counts of the looks
+  planned_looks  how many looks a study planned (1 without --decide)
+  turned_on_by   where its rounds came from: the spec's [decide] table or the flag
   open_effects   the effects whose call is still open
   futile         those no seed count up to the cap would plausibly decide
   open_runs      the run ids of the configs such an effect is paired from
@@ -37,7 +39,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import pandas as pd
 import scipy.stats as sps
@@ -66,6 +68,34 @@ def schedule(first: int, max_seeds: int, step: int = STEP) -> list[int]:
 def alpha(looks: list[int]) -> float:
     """The family-wise alpha of each look: stats.ALPHA split equally over the planned looks."""
     return stats.ALPHA / max(1, len(looks))
+
+
+def planned_looks(root: Path) -> int:
+    """How many looks the study at root planned (decide.json's), 1 for a study run without --decide:
+    what its loss families' alpha was split over (stats.rule_text says it)."""
+    record = read_record(root)
+    return len(record.looks) if record is not None else 1
+
+
+def turned_on_by(root: Path) -> str:
+    """Where a --decide study's rounds came from, for the terminal: its spec's [decide] table (which turns
+    --decide on by default: sweep.json's invocation names the spec, none = the default spec) or the flag,
+    as the words after 'turned on by'."""
+    import tomllib
+
+    how = (runs_mod.read_design(Path(root)) or {}).get("invocation")
+    if how is None:
+        return "the --decide flag or its spec's [decide] table"
+    spec = Path(how["spec"]) if how.get("spec") else None
+    if spec is None:
+        from anatomy_cli.sweep.plan import DEFAULT_SPEC, experiments_dir
+
+        spec = experiments_dir() / DEFAULT_SPEC
+    try:
+        table = "decide" in tomllib.loads(spec.read_text(encoding="utf-8-sig"))
+    except (OSError, ValueError):
+        return f"the --decide flag or {spec}'s [decide] table"
+    return f"{spec}'s [decide] table" if table else "the --decide flag"
 
 
 def open_effects(effects: pd.DataFrame) -> pd.DataFrame:
@@ -145,6 +175,7 @@ class DecideRecord(runs_mod.FileModel):
     looks: list[Annotated[int, Field(ge=1)]]
     alpha: Annotated[float, Field(gt=0, le=1)]
     margin: Annotated[float, Field(gt=0, le=10)] | None = None
+    by: Literal["flag", "spec"] | None = None  # what turned the rounds on: --decide, or the spec's [decide] table
     rounds: list[Round] = []
     stopped: str | None = None
 

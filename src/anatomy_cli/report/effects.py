@@ -227,13 +227,14 @@ def seed_gains(runs_df: pd.DataFrame, metric: str = "best_val_loss") -> pd.DataF
 
 def effects_frame(rows: list[dict], margins: dict[str, tuple[float, str]], alpha: float = stats.ALPHA) -> pd.DataFrame:
     """Rows -> EFFECT_COLUMNS: the effects of each metric and group judged as one family (stats.judge:
-    one question each, at family-wise `alpha`) against the metric's (margin, basis)."""
+    one question each, at family-wise `alpha`) against the metric's (margin, basis). `alpha` is the loss
+    families': a --decide study splits it over its looks; speed is timed once, so its families keep stats.ALPHA."""
     judged = []
     for metric, group in dict.fromkeys((r["metric"], r["group"]) for r in rows):
         value, basis = margins.get(metric, margin(metric))
         judged += [r | {"margin_basis": basis}
                    for r in stats.judge([r for r in rows if r["metric"] == metric and r["group"] == group], value,
-                                        alpha)]
+                                        alpha if metric == LOSS_METRIC else stats.ALPHA)]
     df = pd.DataFrame(judged, columns=EFFECT_COLUMNS)
     order = {"flip": {f: i for i, f in enumerate(comp.BUILTIN_NAMES)}}  # built-ins in table order, then others
     df = df.sort_values(["metric", "direction", "flip", "group"], kind="stable",

@@ -13,7 +13,8 @@ what to show; the text between the markers is the tool's, never typed by hand:
   <!-- results five-flips directions -->   ...table...   <!-- /results -->
   gain <!-- results five-flips gain rope add-one -->+0.445<!-- /results --> nats
 Kinds: verdict, directions, ends, rule, moves, scale, parts (blocks); gain FLIP DIRECTION [STEP], interval
-FLIP DIRECTION, call FLIP DIRECTION, trend FLIP DIRECTION (the call across sizes) (inline).
+FLIP DIRECTION, call FLIP DIRECTION, trend FLIP DIRECTION (the call across sizes), family (the rule's
+level, family, looks and family-wise error: stats.rule_text, as the terminal and the report say them) (inline).
 
 The file (FORMAT, VERSION 1): study, runs {total, completed}, seeds, budget, ends {role: {name,
 mean, sd, seeds, best_step, last_step, final}}, effects [{metric, unit, flip, direction, against,
@@ -351,9 +352,12 @@ def render(doc: dict, what: str) -> str:
     kind, *args = what.split()
     if kind in BLOCKS:
         return "\n" + globals()[f"_{kind}"](doc, *args) + "\n"
+    if kind == "family":
+        return _family(doc)
     if kind in ("gain", "interval", "call", "trend"):
         return _inline(doc, kind, *args)
-    raise ResultsError(f"unknown results block {kind!r}; choose from {', '.join(BLOCKS)}, gain, interval, call, trend")
+    raise ResultsError(f"unknown results block {kind!r}; choose from {', '.join(BLOCKS)}, gain, interval, call, trend, "
+                       f"family")
 
 
 def _loss(doc: dict) -> list[dict]:
@@ -443,25 +447,39 @@ def _margin(e: dict) -> tuple[float | None, str | None]:
     return e["threshold"], e["threshold_basis"]
 
 
+def _family(doc: dict) -> str:
+    """stats.rule_text with the study's numbers: its loss family's level and size, the looks its
+    decide record planned (1 without one) and how many groups it judged apart."""
+    from anatomy_cli.report.stats import rule_text
+
+    tested = [e for e in _loss(doc) if e["family"]]
+    if not tested:
+        return "no intervals: every effect has fewer than two seeds"
+    looks = len((doc.get("decide") or {}).get("looks") or [1])
+    return rule_text(min(e["adj_level"] for e in tested), int(max(e["family"] for e in tested)), looks,
+                     len({e["group"] for e in tested}))
+
+
 def _rule(doc: dict) -> str:
     e = next((e for e in _loss(doc) if e["family"]), None)
     if e is None:
         return "No intervals: every effect has fewer than two seeds."
     margin, basis = _margin(e)
     edge = "unknown" if margin is None else f"±{margin:.3f} nats/char"
+    family = _family(doc)
+    family = family[:1].upper() + family[1:]
     if basis == "noise floor":  # a file written by the rule before issue 28
-        return (f"Intervals are simultaneous {100 * e['adj_level']:.4g}% intervals (Bonferroni over the {e['family']} "
-                f"effects); a call needs the interval to exclude 0 and the gain to lie beyond {edge} (the reference "
+        return (f"{family}; a call needs the interval to exclude 0 and the gain to lie beyond {edge} (the reference "
                 f"end's seed-to-seed sd); negligible: the interval lies inside it.")
     basis = "given by min_effect" if basis == "min-effect" else "the default margin, fixed before the data"
     mdes = sorted(x["mde"] for x in _loss(doc) if x.get("mde") is not None and x["group"] == e["group"])
     mde = (f" An effect of {statistics.median(mdes):.3f} nats/char is called 80 % of the time (the median minimum "
            f"detectable effect)." if mdes else "")
     borrowed = e.get("prior_df") != 0  # null: infinite prior degrees of freedom (one pooled variance)
-    how = ("variances moderated across them: empirical Bayes, Smyth 2004" if borrowed else
-           "each effect's own variance: Bartlett's test found the group's variances unequal, so none borrows")
-    return (f"Intervals are simultaneous {100 * e['adj_level']:.4g}% intervals (Bonferroni over the {e['family']} "
-            f"effects of the group, {how}); a call needs the "
+    how = ("moderated t: the variances of the group borrow strength from each other (empirical Bayes, Smyth 2004)"
+           if borrowed else "each effect's own t: Bartlett's test found the group's variances unequal, so each effect "
+           "is judged on its own variance and degrees of freedom, none borrows")
+    return (f"{family}; {how}. A call needs the "
             f"interval to exclude 0 and the gain to lie beyond {edge} ({basis}); negligible: the interval lies inside "
             f"it; below margin: the interval excludes 0, the gain lies inside it; undecided: the rest.{mde}")
 

@@ -118,7 +118,8 @@ def verdict_blocks(p: Parts) -> list:
                     f"(nats/char; positive = the component helps), largest first; "
                     f"{directions_text(p.verdict, ref, top)}."),
               ("table", verdict_table(p.verdict), False),
-              ("list", [vd.rule_line(p.verdict, "nats/char"), *decide_lines(p.root),
+              ("list", [vd.rule_line(p.verdict, "nats/char", looks=decide_mod.planned_looks(p.root)),
+                        *decide_lines(p.root),
                         *same_model_lines(p.runs), *warning_lines(p.runs),
                         budget_line(bud, ref, top) if p.scale is None else f"**Budget**: {budget_text(p.scale)}",
                         noise_line(vd.noise_floor(p.runs), ref, top)])]
@@ -175,15 +176,12 @@ def verdict_text(verdict: pd.DataFrame, runs: pd.DataFrame, root: Path, max_widt
     if verdict.empty:
         return "verdict: no paired runs yet (an end and a variant with a shared seed)."
     ref, top = end_names(runs)
-    shown = verdict_table(verdict)
-    body = textable.table(list(shown.columns), shown.values.tolist(), max_width,
-                          fit=[("drop", "seeds"), ("drop", "rank"), ("cut", "change", 7), ("cut", "component", 6)],
-                          right={"rank", "gain", "seeds"})
-    head = ("verdict: gain in best val loss (nats/char; > 0 = the component helps), largest first; "
-            + directions_text(verdict, ref, top))
-    rule = vd.rule_line(verdict, "nats/char", short=True)
-    out = [textable.wrap(head, max_width), "", body, "", textable.wrap(rule, max_width)]
-    out += [textable.wrap(line, max_width) for line in decide_lines(root)]
+    head = "verdict: gain in best val loss (nats/char; > 0 = the component helps), largest first"
+    ends = vd.ends_text(runs, ref, top)
+    rule = vd.rule_line(verdict, "nats/char", short=True, looks=decide_mod.planned_looks(root), calls=False)
+    out = [textable.wrap(head, max_width), *([textable.wrap(ends, max_width)] if ends else []), "",
+           directions_table(verdict, ref, top, max_width), "", textable.wrap(rule, max_width)]
+    out += words_text(verdict, root, max_width)
     if across is not None:
         out += ["", "Across sizes (gain at the smallest -> the largest size):"]
         out += [textable.wrap(line, max_width) for line in scale_lines(across, bold=False)]
@@ -191,6 +189,59 @@ def verdict_text(verdict: pd.DataFrame, runs: pd.DataFrame, root: Path, max_widt
     if advice is not None:
         out += [textable.wrap(advice.text, max_width)] + ([f"  {advice.command}"] if advice.command else [])
     return "\n".join(out)
+
+
+def directions_table(verdict: pd.DataFrame, ref: str, top: str, max_width: int | None) -> str:
+    """Both directions of each component side by side (added to the reference end | removed from the
+    all-on end: gain [interval] call), components by their larger gain; where that is wider than
+    max_width, one table per direction, each ranked."""
+    heads = {ADD_ONE: f"added to the {ref} end", REMOVE_ONE: f"removed from the {top} end"}
+    dirs = [d for d in heads if d in set(verdict["direction"])]
+    cell = {(r.flip, r.group, r.direction): r for r in verdict.itertuples()}
+    names = list(dict.fromkeys((r.flip, r.group) for r in verdict.itertuples()))  # ranked: the larger gain first
+
+    def said(r) -> str:
+        interval = f" [{r.adj_low:+.3f}, {r.adj_high:+.3f}]" if math.isfinite(r.adj_low) else ""
+        return (f"{r.gain:+.3f}" if math.isfinite(r.gain) else "-") + f"{interval} {r.call}"
+
+    rows = []
+    for flip, group in names:
+        got = [cell.get((flip, group, d)) for d in dirs]
+        seeds = list(dict.fromkeys(str(r.n_pairs) for r in got if r is not None))
+        rows.append([flip + (f" [{group}]" if group else "")] + ["" if r is None else said(r) for r in got]
+                    + [" | ".join(seeds)])
+    wide = textable.table(["component", *(heads[d] for d in dirs), "seeds"], rows, max_width,
+                          fit=[("drop", "seeds")], right={"seeds"})
+    if max_width is None or max(map(len, wide.splitlines())) <= max_width:
+        return wide
+    parts = []
+    for d in dirs:
+        mine = [r for r in verdict.itertuples() if r.direction == d]
+        body = textable.table(["component", "gain", "interval", "call"],
+                              [[r.flip + (f" [{r.group}]" if r.group else ""), f"{r.gain:+.3f}",
+                                f"[{r.adj_low:+.3f}, {r.adj_high:+.3f}]" if math.isfinite(r.adj_low) else "-", r.call]
+                               for r in mine], max_width, fit=[("cut", "component", 6)], right={"gain"})
+        parts.append(f"{heads[d]}:\n{body}")
+    return "\n\n".join(parts)
+
+
+def words_text(verdict: pd.DataFrame, root: Path, max_width: int | None) -> list[str]:
+    """The verdict's words, one line each (verdict.words), and where --decide came from; on a terminal,
+    where a newcomer meets them, not behind a flag they would have to know of."""
+    import textwrap
+
+    pairs = vd.words(verdict, "nats/char")
+    record = decide_mod.read_record(root)
+    if record is not None:
+        pairs.append(("look", f"a judgement after a round of seeds; {len(record.looks)} planned, at "
+                              f"{', '.join(map(str, record.looks))} seeds"))
+    w = max(len(word) for word, _ in pairs) + 4
+    out = ["The words:"] + [textwrap.fill(text, max(40, max_width or 10**6), initial_indent=f"  {word:<{w - 2}}",
+                                          subsequent_indent=" " * w) for word, text in pairs]
+    if record is not None:
+        out += [textable.wrap(f"--decide (turned on by {decide_mod.turned_on_by(root)})"
+                              + decide_mod.stop_text(record).removeprefix("--decide"), max_width)]
+    return out
 
 
 def speed_text(record: dict, max_width: int | None) -> str:
@@ -255,8 +306,10 @@ def speed_blocks(p: Parts) -> list:
                       "overlapped them (effects.csv keeps them, noted). For a fair timing, each config timed for a "
                       "few steps in one idle worker, interleaved in rounds:"), ("code", cmd)]
     head = (speed_mod.summary_line(record) + ". Gain = 100 x (tokens/s with the component / without - 1), paired "
-            "within a round; positive = faster. The same rule as the verdict, with the reference end's "
-            "round-to-round spread of tokens/s as the smallest effect that matters.")
+            "within a round; positive = faster. The same rule as the verdict, against the speed margin (the "
+            "smallest change that matters, fixed before the data); the timing pass is judged once, so its family "
+            "spends the whole 0.05. The reference end's round-to-round spread of tokens/s is the effects' noise, "
+            "shown beside the margin, never used as it.")
     rule = vd.rule_line(p.speed, "%", seeds="rounds")
     return [("p", head), ("table", verdict_table(p.speed, "{:+.1f}%"), False), ("list", [rule]),
             ("img", p.images["speed.png"])]

@@ -37,6 +37,7 @@ detects 80 % of the time at its seeds and noise: (t_crit + t_0.8) x the effect's
   judge      a family of paired effects -> moderated intervals, Holm p-values, MDE and calls
   seeds_for  the seeds a family needs to detect an effect of a given size 80 % of the time
   holm       Holm-Bonferroni adjusted p-values
+  rule_text  the rule's numbers in one clause: the only wording of them (terminal, report, README, docs)
 
 Distributions come from scipy.stats and scipy.special (t quantiles, digamma, trigamma).
 """
@@ -245,3 +246,22 @@ def holm(p_values) -> np.ndarray:
     scaled = np.minimum(1.0, (m - np.arange(m)) * p[order])
     out[order] = np.maximum.accumulate(scaled)
     return out
+
+
+def rule_text(level: float, m: int, looks: int = 1, groups: int = 1) -> str:
+    """The rule's numbers in one clause, the one wording every page uses (the terminal verdict, the
+    report, its speed section, the README's and docs' rendered blocks): each interval's level, the
+    family it is simultaneous over (the m effects of one group), the planned looks (a --decide study's), and
+    the family-wise error they add up to by the union bound, (1 - level) x m x looks."""
+    alpha = (1 - level) * m * looks
+    one = m == 1
+    family = (f"the {m} effects" if not one else "the one effect") + (" of a group" if groups > 1 else "")
+    over = (f"{looks} looks and " if looks > 1 else "") + family
+    whom = ("it" if one else f"all {m}") + (" of a group" if groups > 1 and not one else "")
+    every = ", at every look," if looks > 1 else ""
+    return (f"each interval at {_percent(level)} (Bonferroni: {alpha:.3g} split over {over}), so {whom}{every} "
+            f"{'holds' if one else 'hold together'} with {_percent(1 - alpha)} confidence")
+
+
+def _percent(x: float) -> str:
+    return f"{100 * x:.4g} %"

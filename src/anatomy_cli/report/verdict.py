@@ -9,7 +9,9 @@
                   add seeds (a command that trains them), train unfinished runs again, wait for a
                   study still running, or change a config whose runs diverged; never a command that
                   would train nothing
-  rule_line       the rule of stats.py in one sentence, with a family's numbers
+  rule_line       the rule of stats.py in one sentence, with a family's numbers (stats.rule_text)
+  words           the verdict's words, one line each: margin and every call
+  ends_text       the two ends' mean best val loss: the scale a gain reads against
   power_lines     what earlier runs say about power: the seeds an effect the size of the margin needs
 
 Sign convention (everywhere: report, CLI, CSV/JSON, README): the gain is the loss reduction of
@@ -125,40 +127,83 @@ def estimate_text(est: tuple[float, int] | None) -> str:
     return f" (est. {when} with {workers} worker{'s' * (workers > 1)})"
 
 
-def rule_line(judged: pd.DataFrame, unit: str, seeds: str = "seeds", short: bool = False) -> str:
-    """The rule (stats.py) in one sentence, with a family's numbers: level, m, the margin and its
-    basis, and the effect it detects 80 % of the time (the median mde)."""
+def rule_line(judged: pd.DataFrame, unit: str, seeds: str = "seeds", short: bool = False, looks: int = 1,
+              calls: bool = True) -> str:
+    """The rule (stats.py) in one sentence, with a family's numbers: its level, m and looks in
+    stats.rule_text's one wording, how its variances were read, the margin and its basis, and the
+    effect it detects 80 % of the time (the median mde). looks: the study's planned looks
+    (decide.planned_looks; 1 for a timing pass, which is judged once). calls=False (short): without what
+    a call needs, for a terminal that defines each call below it (words)."""
     if judged.empty or not (judged["family"] > 0).any():
         return f"The rule: no intervals yet (a call needs {stats.MIN_PAIRS} {seeds} or more)."
     tested = judged[judged["family"] > 0]
     m, level = int(tested["family"].max()), float(tested["adj_level"].min())
-    margin, basis = float(judged["margin"].iloc[0]), judged["margin_basis"].iloc[0]
-    where = "given by min_effect" if basis == stats.GIVEN else "the default, fixed before the data"
-    size = (f"{margin:.1f}%" if unit == "%" else f"{margin:.3f} {unit}") if math.isfinite(margin) else None
+    size, where = margin_text(judged, unit)
     mde = float(np.nanmedian(tested["mde"])) if "mde" in tested and tested["mde"].notna().any() else math.nan
     mde_text = ((f"{mde:.1f}%" if unit == "%" else f"{mde:.3f} {unit}") if math.isfinite(mde) else "")
     groups = tested["group"].nunique() if "group" in tested else 1
-    family = f"the {m} effects of each group" if groups > 1 else f"the {m} effects tested together"
+    family = stats.rule_text(level, m, looks, groups)
     borrowed = "prior_df" not in tested or bool((tested["prior_df"] != 0).any())
-    method = "moderated t" if borrowed else "each effect's own t: their variances differ too much to pool"
     if short:
+        method = "moderated t" if borrowed else "each effect's own t: their variances differ too much to pool"
         practical = f"|gain| > {size} ({where})" if size else "nothing more"
         detect = f"; 80 % power at {mde_text}" if mde_text else ""
-        return (f"Intervals: simultaneous {100 * level:.4g}% over {family} ({method}); a call needs the interval "
-                f"to exclude 0 and {practical}{detect}; fewer than {stats.MIN_PAIRS} {seeds}: no call.")
+        if not calls:
+            return (f"The rule: {family} ({method})" + (f"; an effect of {mde_text} is called 80 % of the time at "
+                                                         f"these {seeds} (the median minimum detectable effect)"
+                                                         if mde_text else "") + ".")
+        return (f"The rule: {family} ({method}); a call needs the interval to exclude 0 and {practical}{detect}; "
+                f"fewer than {stats.MIN_PAIRS} {seeds}: no call.")
     practical = f"its gain is larger than the margin, {size} ({where})" if size else "(no margin: the interval decides)"
     detect = (f" With these {seeds} and this noise an effect of {mde_text} is called 80 % of the time (median "
               f"minimum detectable effect)." if mde_text else "")
-    return (f"**The rule**: each interval is a simultaneous {100 * level:.4g}% interval over {seeds} (Bonferroni over "
-            f"{family}, so all hold at once with 95% confidence), "
-            + ("its variance moderated across the family (empirical Bayes, Smyth 2004). " if borrowed else
-               "each on its own variance (Bartlett's test found the family's variances unequal, so none borrows "
-               "from the others). ")
+    return (f"**The rule**: {family}, over {seeds}; "
+            + ("each variance moderated across the family (empirical Bayes, Smyth 2004). " if borrowed else
+               "each on its own variance and degrees of freedom (Bartlett's test found the family's variances "
+               "unequal, so none borrows from the others). ")
             + f"A component helps or hurts when its interval excludes 0 and {practical}; "
             f"negligible: the interval lies inside ±{size or '0'}; below margin: the interval excludes 0 but the gain "
             f"is inside the margin; undecided: the interval holds 0 and reaches past the margin; fewer than "
             f"{stats.MIN_PAIRS} {seeds}: too few for a call.{detect} Raw 95% intervals and Holm p-values: Effect "
             f"details.")
+
+
+def margin_text(judged: pd.DataFrame, unit: str) -> tuple[str | None, str]:
+    """(the family's margin as shown, '0.020 nats/char' or '5.0%', None when unknown; where it came from)."""
+    margin, basis = float(judged["margin"].iloc[0]), judged["margin_basis"].iloc[0]
+    where = "given by min_effect" if basis == stats.GIVEN else "the default, fixed before the data"
+    return ((f"{margin:.1f}%" if unit == "%" else f"{margin:.3f} {unit}") if math.isfinite(margin) else None), where
+
+
+def words(judged: pd.DataFrame, unit: str, seeds: str = "seeds") -> list[tuple[str, str]]:
+    """(word, what it means) for the terminal verdict: the margin, then every call (stats.CALLS), the
+    rare ones (too few seeds, no completed pairs) only where the verdict uses them."""
+    size, where = margin_text(judged, unit) if len(judged) else (None, "")
+    said = set(judged["call"]) if len(judged) else set()
+    out = [("margin", f"{size or 'none'}: the smallest gain that matters ({where})" if size else
+            "none given: only the interval decides")]
+    out += [("helps", "the interval excludes 0 and the gain is beyond +margin"),
+            ("hurts", "the interval excludes 0 and the gain is beyond -margin"),
+            ("negligible", "the interval lies inside ±margin: confidently smaller than what matters"),
+            ("below margin", "the interval excludes 0, but the gain is inside ±margin"),
+            ("undecided", "the interval holds 0 and reaches past the margin: more seeds would tell")]
+    if stats.TOO_FEW in said:
+        out.append((stats.TOO_FEW, f"fewer than {stats.MIN_PAIRS} {seeds}: no call"))
+    if stats.NONE in said:
+        out.append((stats.NONE, "no seed where both the end and the variant completed"))
+    return out
+
+
+def ends_text(runs: pd.DataFrame, ref_name: str, top_name: str) -> str:
+    """'ends: the 2017 end reaches 3.799, the LLaMA end 2.851 (mean best val loss over 3 seeds, 0.948
+    apart)': the scale a gain reads against; '' without both ends."""
+    floor = noise_floor(runs)
+    if REFERENCE not in floor or ALL_ON not in floor:
+        return ""
+    (_, n_ref, ref), (_, n_top, top) = floor[REFERENCE], floor[ALL_ON]
+    n = f"{n_ref} seeds" if n_ref == n_top else f"{n_ref} and {n_top} seeds"
+    return (f"ends: the {ref_name} end reaches {ref:.3f} nats/char, the {top_name} end {top:.3f} (mean best val "
+            f"loss over {n}; {ref - top:+.3f} apart)")
 
 
 def power_lines(root: Path, runs: pd.DataFrame, effects: pd.DataFrame) -> list[str]:
