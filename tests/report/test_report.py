@@ -694,7 +694,7 @@ def test_min_effect_moves_the_practical_part(tmp_path):
     called_sweep(tmp_path / "s")
     result = CliRunner().invoke(app, ["report", str(tmp_path / "s"), "--min-effect", "0.5", "--json"])
     assert result.exit_code == 0, result.output
-    loss = {e["flip"]: e for e in json.loads(result.output)["effects"] if e["metric"] == "best_val_loss"}
+    loss = {e["flip"]: e for e in json.loads(result.stdout)["effects"] if e["metric"] == "best_val_loss"}
     # rope's +0.305 [+0.26, +0.35] is now confidently smaller than 0.5; gqa's -0.205 too
     assert loss["rope"]["call"] == "negligible" and loss["gqa"]["call"] == "negligible"
     assert loss["rope"]["threshold"] == 0.5 and loss["rope"]["threshold_basis"] == "min-effect"

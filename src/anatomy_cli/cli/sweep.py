@@ -259,12 +259,25 @@ def report(
     results: Annotated[Optional[Path], typer.Option(  # path_type=str: as typed, so a trailing '/' (a folder) shows
         "--results", path_type=str, help="Also write the study's small results file (effects, calls, ends, budget: "
         "what the README's numbers are rendered from) to this path.")] = None,
+    runs_table: Annotated[bool, typer.Option(
+        "--runs", help="Also print the runs table (run id, label, seed, status, best val loss...) before the verdict.")
+    ] = False,
 ):
-    """Turn run directories into comparison tables, component effects with CIs, and figures."""
+    """Turn run directories into comparison tables, component effects with CIs, and figures.
+
+    With --min-effect other than the study's margin (and no --out), the report is written beside the
+    study's own, into RUNS_DIR/report-min-effect-M: RUNS_DIR/report stays as the study wrote it.
+    """
     from anatomy_cli.report import write
     from anatomy_cli.study import reporting
 
+    beside = reporting.margin_folder(runs_dir, min_effect) if out is None else None
+    out = beside or out
     done = reporting.read_report(runs_dir, out, tuple(format or write.FORMATS), min_effect, results, tensorboard)
+    if beside is not None:  # after every refusal: a note never precedes an error
+        err_console.print(f"note: --min-effect {min_effect:g} is not the margin the study's report is judged at: "
+                          f"this report is written beside it, into {out} ({runs_dir / 'report'} is left as it was)",
+                          highlight=False, markup=False, soft_wrap=True)
     if json_out:  # exactly report.json's document (the files are in the report folder)
         paths = write.write_report(runs_dir, out, done.formats, done.frames)
         text = (paths["report.json"].read_text() if "report.json" in paths
@@ -274,8 +287,9 @@ def report(
         if done.events is not None:  # not part of the document: said on stderr
             err_console.print(f"tensorboard: event files written for {done.events['written']} runs", highlight=False)
         return
-    console.print(frame_table(done.frames[0], ["run_id", "label", "seed", "status", "best_val_loss", "best_step",
-                                               "overfit_gap", "tokens_per_s"], "runs"))
+    if runs_table:
+        console.print(frame_table(done.frames[0], ["run_id", "label", "seed", "status", "best_val_loss", "best_step",
+                                                   "overfit_gap", "tokens_per_s"], "runs"))
     _write_report(runs_dir, out, done.formats, done.frames)  # the answer last, where the terminal leaves it
     if results is not None:
         console.print(f"results: {results}", highlight=False, markup=False, soft_wrap=True)

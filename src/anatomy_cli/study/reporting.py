@@ -1,5 +1,6 @@
 """`anatomy report`'s study: where a report may write, its frames read once, the side files (no printing).
 
+  margin_folder       where a report at another margin than the study's goes, beside its own report
   check_report_paths  refusals of --out and --results before anything is written
   read_report         the frames of every run under a folder, TensorBoard back-filled and the results
                       file written as asked: what the CLI then writes and renders
@@ -49,6 +50,18 @@ def read_report(root: Path, out: Path | None, formats: tuple[str, ...], margin: 
     return Report(formats, frames, events)
 
 
+def margin_folder(root: Path, margin: float | None) -> Path | None:
+    """Where `report ROOT --min-effect M` writes without --out: ROOT/report-min-effect-M, beside the study's
+    own report (left as the study wrote it), when M is not the margin that report is judged at; else None."""
+    from anatomy_cli.report.effects import recorded_min_effect
+    from anatomy_cli.report.stats import DEFAULT_MARGIN
+
+    study = recorded_min_effect(root) if root.is_dir() else None
+    if margin is None or margin == (study if study is not None else DEFAULT_MARGIN):
+        return None
+    return root / f"report-min-effect-{margin:g}"
+
+
 def check_report_paths(root: Path, out: Path | None, results: str | Path | None) -> None:
     """Where `report ROOT` may write: its folder (--out) not in a run or a sweep unless it is ROOT/report,
     its own, and not a folder of someone's files named as its own; --results not in a run or a sweep
@@ -59,7 +72,8 @@ def check_report_paths(root: Path, out: Path | None, results: str | Path | None)
 
     own = root / "report"
     folder = out if out is not None else own
-    runs.refuse_inside_runs(folder, "--out", "report folder", own=own)
+    beside = folder.parent == root and folder.name.startswith("report-min-effect-")  # margin_folder's
+    runs.refuse_inside_runs(folder, "--out", "report folder", own=folder if beside else own)
     runs.refuse_foreign(folder, "--out", "report folder", write.is_report, write.FILES.__contains__)
     if results is None:
         return
