@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from anatomy_cli.report import decide as decide_mod
+from anatomy_cli.report import plateau as plateau_mod
 from anatomy_cli.report import speed as speed_mod
 from anatomy_cli.report import stats
 from anatomy_cli.report import verdict as vd
@@ -205,8 +206,10 @@ def _paired(ref: pd.DataFrame, var: pd.DataFrame, metric: str, direction: str) -
     seeds, gain, ok = _pair_gains(ref, var, metric, direction)
     if seeds.empty:
         return None
+    counted = seeds[ok]  # a loss effect notes the runs of its pairs left on the unigram plateau (plateau.py)
+    note = "" if metric in RELATIVE_METRICS else plateau_mod.plateau_note(ref.loc[counted], var.loc[counted])
     return {"metric": metric, "excluded": int((~ok).sum()), "unit": "%" if metric in RELATIVE_METRICS else "abs",
-            "note": "", **stats.paired(gain[ok])}
+            "note": note, **stats.paired(gain[ok])}
 
 
 SEED_GAIN_COLUMNS = ["group", "size", "flip", "direction", "against", "seed", "gain"]
@@ -291,7 +294,7 @@ def report_frames(root: Path, min_effect: float | None = None) -> tuple[pd.DataF
                             alpha)
     untimed = (effects["metric"] == SPEED_METRIC) & effects["note"].fillna("").str.startswith(UNTIMED_NOTE)
     effects.loc[untimed, "call"] = stats.NOT_TIMED  # the CPU was shared: no call on speed from training runs
-    return runs, curves, effects
+    return plateau_mod.entered(runs, effects), curves, effects
 
 
 def recorded_min_effect(root: Path) -> float | None:

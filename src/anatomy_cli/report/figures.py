@@ -102,7 +102,9 @@ def forest_figure(verdict: pd.DataFrame, unit: str = "nats/char") -> Figure:
         marker, filled = CALL_MARKERS.get(r.call, CALL_MARKERS[stats.UNDECIDED])
         ax.plot([r.gain], [yi], marker, color=c, markersize=9, zorder=3, markeredgewidth=1.8,
                 markerfacecolor=c if filled else "white", gid=f"call:{r.call}")
-    _forest_limits(ax, verdict, margin)
+    lo, hi = forest_limits(verdict, margin)
+    ax.set_xlim(lo, hi)
+    _mark_off_axis(ax, verdict, y, lo, hi, unit)
     labels = [f"{r.flip} ({'added to' if r.direction == 'add-one' else 'removed from'} {r.against})"
               + (f" [{r.group}]" if r.group else "") for r in verdict.itertuples()]
     ax.set_yticks(y, labels)
@@ -123,16 +125,51 @@ def forest_figure(verdict: pd.DataFrame, unit: str = "nats/char") -> Figure:
     return fig
 
 
-def _forest_limits(ax, verdict: pd.DataFrame, margin: float) -> None:
-    """x range from the gains, the margin and the intervals of called rows: a two-seed interval
-    (t at 1 degree of freedom) may be 20x wider and would flatten the rest; it runs off the axis."""
+OUTLIER_WIDTH = 4.0  # an interval this many times wider than the called ones' median runs off the axis
+
+
+def forest_limits(verdict: pd.DataFrame, margin: float) -> tuple[float, float]:
+    """The forest plot's x range: every gain, 0 and +-margin, and the informative intervals, padded 8 %.
+
+    Informative: the interval of a called row (n_pairs >= stats.MIN_PAIRS; a two-seed interval, t at 1
+    degree of freedom, may be 20x wider) no wider than OUTLIER_WIDTH times the median width of the called
+    rows' intervals, or than that times the margin band's width where it is wider (one run left on the
+    unigram plateau, report/plateau.py, makes its effects' intervals 8 nats wide). Any other interval runs
+    off the axis, its far ends marked and printed (_mark_off_axis), so that one wide interval cannot
+    squeeze the rest onto 0 and hide the margin's band."""
     called = verdict[verdict["n_pairs"] >= stats.MIN_PAIRS]
-    values = np.concatenate([verdict["gain"].to_numpy(float), called["adj_low"].to_numpy(float),
-                             called["adj_high"].to_numpy(float), [margin, -margin, 0.0]])
+    low, high = called["adj_low"].to_numpy(float), called["adj_high"].to_numpy(float)
+    width = high - low
+    finite = np.isfinite(width)
+    if finite.any():  # an interval within a few margins' width is always informative
+        typical = max(float(np.median(width[finite])), 2 * margin if math.isfinite(margin) else 0.0)
+        keep = finite & (width <= OUTLIER_WIDTH * typical)
+        low, high = low[keep], high[keep]
+    values = np.concatenate([verdict["gain"].to_numpy(float), low, high, [margin, -margin, 0.0]])
     values = values[np.isfinite(values)]
     lo, hi = float(values.min()), float(values.max())
     pad = 0.08 * (hi - lo or 1.0)
-    ax.set_xlim(lo - pad, hi + pad)
+    return lo - pad, hi + pad
+
+
+def _mark_off_axis(ax, verdict: pd.DataFrame, y, lo: float, hi: float, unit: str) -> None:
+    """An interval that runs past the axis: an arrow at each edge it crosses, and its numbers printed above
+    its line (gid 'off-axis:FLIP:DIRECTION', the arrows 'off-axis-arrow:...')."""
+    fmt = "{:+.1f}%" if unit == "%" else "{:+.3f}"
+    span = hi - lo
+    for yi, r in zip(y, verdict.itertuples()):
+        if not (math.isfinite(r.adj_low) and math.isfinite(r.adj_high)) or (r.adj_low >= lo and r.adj_high <= hi):
+            continue
+        c, gid = colour(r.flip), f"{r.flip}:{r.direction}"
+        for edge, inward, off in ((lo, lo + 0.04 * span, r.adj_low < lo), (hi, hi - 0.04 * span, r.adj_high > hi)):
+            if off:
+                ax.annotate("", xy=(edge, yi), xytext=(inward, yi), gid=f"off-axis-arrow:{gid}",
+                            arrowprops={"arrowstyle": "-|>", "color": c, "lw": 2.2, "shrinkA": 0, "shrinkB": 0})
+        left, right = r.adj_low < lo, r.adj_high > hi
+        x, ha = (lo + 0.01 * span, "left") if left and not right else (hi - 0.01 * span, "right") if right and \
+            not left else ((lo + hi) / 2, "center")
+        ax.text(x, yi - 0.3, f"interval [{fmt.format(r.adj_low)}, {fmt.format(r.adj_high)}] runs off the axis",
+                ha=ha, va="bottom", fontsize="small", color=c, gid=f"off-axis:{gid}")
 
 
 # --------------------------------------------------------------------------- curves

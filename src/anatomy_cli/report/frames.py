@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from anatomy_cli.report.plateau import PLATEAU_COLUMNS
+from anatomy_cli.report.plateau import judged as plateau_judged
 from anatomy_cli.spec import components as comp
 from anatomy_cli.spec.config import DataConfig, ModelConfig, RunConfig, TrainConfig
 from anatomy_cli.store.runs import (
@@ -50,6 +52,7 @@ RUN_COLUMNS = [
     "run_id", "path", "label", "role", "size", *comp.BUILTIN_NAMES, "n_layer", "n_head", "n_kv_head", "d_model",
     "seed", "status", *COLUMNS, "non_embedding_params", "state_bytes_4k", "overfit_gap", "max_grad_norm",
     "loss_spikes", "design", "settings", "corpus", "built", "warning",
+    *PLATEAU_COLUMNS,  # report/plateau.py: a run left on the unigram plateau
 ]  # + a column per spec component found in sweep.json files, one val_loss_ctx_<N> per eval.json length
 INT_COLUMNS = ("n_layer", "n_head", "n_kv_head", "d_model", "seed", "loss_spikes", "non_embedding_params",
                "state_bytes_4k", *(c for c in COLUMNS if RunSummary.kind(c) is int))
@@ -78,12 +81,13 @@ def load_runs(root: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """
     dirs = _run_dirs(Path(root))
     studies: dict[Path, tuple[tuple[comp.Component, ...], list[dict]]] = {}
-    rows, curves = [], []
+    rows, curves, corpora = [], [], {}
     for run_id, run_dir in zip(_run_ids(Path(root), dirs), dirs):
         if run_dir.parent not in studies:
             studies[run_dir.parent] = (_design(run_dir.parent), sweep_sizes(run_dir.parent))
         metrics = read_metrics(run_dir)
         rows.append(_run_row(run_id, run_dir, metrics, *studies[run_dir.parent]))
+        rows[-1] |= plateau_judged(run_dir, metrics, rows[-1]["status"], rows[-1]["best_val_loss"], corpora)
         curves.extend(_curve_rows(run_id, metrics))
     return _runs_frame(split_corpora(rows)), pd.DataFrame(curves, columns=CURVE_COLUMNS)
 

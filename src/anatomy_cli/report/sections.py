@@ -30,6 +30,7 @@ from anatomy_cli.report import textable
 from anatomy_cli.report import verdict as vd
 from anatomy_cli.report.effects import same_model_lines
 from anatomy_cli.report.frames import CTX_PREFIX, RUN_COLUMNS, SAMPLE_CHARS
+from anatomy_cli.report.plateau import plateau_lines
 from anatomy_cli.spec import components as comp
 from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, REFERENCE, REMOVE_ONE, VERB, shown
 from anatomy_cli.store.runs import SAMPLES
@@ -77,7 +78,8 @@ def sections(p: Parts) -> list[tuple[str, list]]:
                                                   if "grad-norm.png" in p.images else [])
     across = [("Effects across scale", scale_blocks(p))] if p.scale is not None else []
     return [
-        ("Verdict", verdict_blocks(p) + [("img", p.images["forest.png"])] + component_blocks(p)),
+        ("Verdict", verdict_blocks(p) + ([("img", p.images["forest.png"])] if p.verdict.empty else [])  # else in it
+         + component_blocks(p)),
         *across,
         ("Curves", [("p", ("One panel per component: the runs with it flipped (its colour) against the end they "
                            "are compared with (grey); mean over seeds."))] + curves),
@@ -123,6 +125,8 @@ def verdict_blocks(p: Parts) -> list:
                         *same_model_lines(p.runs), *warning_lines(p.runs),
                         budget_line(bud, ref, top) if p.scale is None else f"**Budget**: {budget_text(p.scale)}",
                         noise_line(vd.noise_floor(p.runs), ref, top)])]
+    # the forest plot beside its table, then the runs left on the unigram plateau by name: on a phone's first screen
+    blocks[2:2] = [("img", p.images["forest.png"])] + [("p", line) for line in plateau_lines(p.runs)]
     if p.scale is not None:
         blocks += [("p", "Across sizes (the call across sizes; Effects across scale has the rule):"),
                    ("list", scale_lines(p.scale))]
@@ -182,6 +186,7 @@ def verdict_text(verdict: pd.DataFrame, runs: pd.DataFrame, root: Path, max_widt
     out = [textable.wrap(head, max_width), *([textable.wrap(ends, max_width)] if ends else []), "",
            directions_table(verdict, ref, top, max_width), "", textable.wrap(rule, max_width)]
     out += words_text(verdict, root, max_width)
+    out += [textable.wrap(line, max_width) for line in plateau_lines(runs, bold=False)]
     if across is not None:
         out += ["", "Across sizes (gain at the smallest -> the largest size):"]
         out += [textable.wrap(line, max_width) for line in scale_lines(across, bold=False)]

@@ -21,6 +21,7 @@ from anatomy_cli.report import speed as speed_mod
 from anatomy_cli.report import verdict as vd
 from anatomy_cli.report.effects import _pairings, effects_by_eval, groups, report_frames
 from anatomy_cli.report.frames import LOSS_METRIC, SPEED_METRIC, as_written, components_of, records
+from anatomy_cli.report.plateau import plateau_record
 from anatomy_cli.spec.roles import ADD_ONE
 from anatomy_cli.store.runs import (
     atomic_write_text,
@@ -44,7 +45,8 @@ def is_report(folder: Path) -> bool:
 def _document(root, runs, effects, verdict, eval_effects, across) -> dict:
     return {"root": str(root), "runs": records(runs), "effects": records(as_written(effects)),
             "verdict": records(as_written(verdict)),
-            "eval_effects": records(eval_effects), **({"scale": across.record()} if across is not None else {})}
+            "eval_effects": records(eval_effects), **({"scale": across.record()} if across is not None else {}),
+            "plateau": plateau_record(runs)}
 
 
 def json_text(doc: dict) -> str:
@@ -68,7 +70,8 @@ def write_report(root: Path, out_dir: Path | None = None, formats: tuple[str, ..
     expert-load.png when a run is a mixture of experts); 'csv' adds runs.csv, effects.csv (loss and
     speed, told apart by `metric`), eval-effects.csv and, with sizes, effects-by-size.csv; 'md'
     report.md, 'html' a self-contained report.html, 'json' report.json ({"root", "runs", "effects",
-    "verdict", "eval_effects"}, and "scale" with sizes: scale.Scale.record; NaN -> null). `frames`,
+    "verdict", "eval_effects", "plateau": plateau.plateau_record}, and "scale" with sizes:
+    scale.Scale.record; NaN -> null). `frames`,
     from report_frames(root), spares reading the runs again.
     """
     from anatomy_cli.report import sections
