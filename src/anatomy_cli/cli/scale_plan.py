@@ -1,5 +1,5 @@
-"""`anatomy scale-plan SPEC`: a size ladder's plan per size before anything trains (ladder.py), also
-printed by `ablate --dry-run` for a spec with [[sizes]]."""
+"""`anatomy scale-plan SPEC`: a size ladder's plan per size before anything trains (study/sizes.py over
+sweep/ladder.py), also printed by `ablate --dry-run` for a spec with [[sizes]]."""
 
 from __future__ import annotations
 

@@ -83,6 +83,9 @@ def turned_on_by(root: Path) -> str:
     as the words after 'turned on by'."""
     import tomllib
 
+    record = read_record(root)
+    if record is not None and record.by is not None:  # decide.json says (studies from before it: the spec)
+        return "the --decide flag" if record.by == "flag" else f"{_spec_of(root)}'s [decide] table"
     how = (runs_mod.read_design(Path(root)) or {}).get("invocation")
     if how is None:
         return "the --decide flag or its spec's [decide] table"
@@ -96,6 +99,16 @@ def turned_on_by(root: Path) -> str:
     except (OSError, ValueError):
         return f"the --decide flag or {spec}'s [decide] table"
     return f"{spec}'s [decide] table" if table else "the --decide flag"
+
+
+def _spec_of(root: Path) -> str:
+    """The spec a study at root was run from, as sweep.json's invocation names it (none: the default spec)."""
+    how = (runs_mod.read_design(Path(root)) or {}).get("invocation") or {}
+    if how.get("spec"):
+        return str(how["spec"])
+    from anatomy_cli.sweep.plan import DEFAULT_SPEC, experiments_dir
+
+    return str(experiments_dir() / DEFAULT_SPEC)
 
 
 def open_effects(effects: pd.DataFrame) -> pd.DataFrame:
@@ -203,6 +216,8 @@ def read_record(root: Path) -> DecideRecord | None:
 
 
 def write_record(root: Path, record: DecideRecord) -> None:
+    """decide.json, atomically (the plan is written before the first round trains: the folder may be new)."""
+    Path(root).mkdir(parents=True, exist_ok=True)
     runs_mod.atomic_write_json(Path(root) / DECIDE, record.model_dump(mode="json"))
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from anatomy_cli.report import decide
+from anatomy_cli.report import decide, stats
 from anatomy_cli.spec.config import AblationSpec, ConfigError, DecideSpec, choose
 from anatomy_cli.store import runs
 from anatomy_cli.study.rounds import Rounds, RoundsDone, looks_of, run_rounds
@@ -81,11 +81,17 @@ def decide_plan(ask: Ask, spec: AblationSpec, margin: float | None) -> Rounds | 
         return None
     table = spec.decide or DecideSpec()
     budget = ask.budget if ask.budget is not None else table.budget
+    budget_s = decide.parse_budget(budget, "--budget" if ask.budget is not None else "decide.budget")
     max_seeds = ask.max_seeds if ask.max_seeds is not None else (table.max_seeds if spec.decide else None)
     step = ask.decide_step if ask.decide_step is not None else table.step
     if ask.seeds is None and not isinstance(spec.seeds, int):
         raise ConfigError("--decide adds seeds by count: give the spec's seeds as a count, or --seeds N")
-    return Rounds(looks_of(ask.seeds or spec.seeds, max_seeds, step), margin, decide.parse_budget(budget), budget)
+    first = ask.seeds or spec.seeds
+    if first < stats.MIN_PAIRS:  # a look with fewer pairs can call nothing and would spend alpha for it
+        raise ConfigError(f"--decide starts from {first} seed{'s' * (first > 1)}, but a call needs {stats.MIN_PAIRS}: "
+                          f"give --seeds {stats.MIN_PAIRS} or more")
+    return Rounds(looks_of(first, max_seeds, step), margin, budget_s, budget,
+                  by="flag" if ask.decide or spec.decide is None else "spec")
 
 
 def plan_study(ask: Ask) -> Study:
@@ -108,7 +114,9 @@ def plan_study(ask: Ask) -> Study:
     sweep_dir = runs.runs_folder(ask.runs_dir) / spec.name
     runs.refuse_inside_runs(sweep_dir, "--runs-dir", "sweep directory", itself="sweep")  # before the plan shows
     runs.refuse_corpus_overlap((p.config.data.source for p in plan), sweep_dir, "--runs-dir")
-    return Study(ask, spec, plan, sweep_dir, rounds, margin)
+    study = Study(ask, spec, plan, sweep_dir, rounds, margin)
+    check_record(study)
+    return study
 
 
 def size_study(study: Study) -> Study:
@@ -148,13 +156,19 @@ def train_runs(study: Study, todo: list, display=None, stop=None) -> list[str | 
     return [x.get("status") for x in summaries]
 
 
-def check_record(study: Study) -> None:
-    """A folder decided with other looks is refused: a new plan after seeing the data spends its alpha twice."""
+def check_record(study: Study) -> decide.DecideRecord | None:
+    """The folder's decide.json, if any. A folder decided with other looks is refused (a new plan after
+    seeing the data spends its alpha twice), and so is training it without --decide (seeds the rounds
+    withheld would join calls made at the looks' alpha, and the report's stop line would no longer hold)."""
     record = decide.read_record(study.sweep_dir)
+    if record is not None and study.rounds is None and not study.ask.time_pass:
+        raise ConfigError(f"{study.sweep_dir} was decided in rounds (decide.json): add --decide with the same "
+                          f"--seeds, --max-seeds and --decide-step to go on, or use another --runs-dir")
     if record is not None and study.rounds is not None and record.looks != study.rounds.looks:
         raise ConfigError(f"{study.sweep_dir} was decided with looks at {', '.join(map(str, record.looks))} seeds: "
                           f"rerun with the same --seeds, --max-seeds and --decide-step, or use another --runs-dir "
                           f"(a new plan after seeing the data would spend its alpha twice)")
+    return record
 
 
 @dataclass
@@ -174,12 +188,13 @@ def run_study(study: Study, train: Callable[[list], list], say: Callable[[str], 
     from anatomy_cli.report.frames import load_runs
 
     started = clock()
+    before = check_record(study)  # again: the folder may have changed since the plan was shown
     if study.rounds is None:
         return StudyDone(train(study.plan), clock() - started)
-    check_record(study)
     done = run_rounds(study.plan, study.rounds, train, lambda: load_runs(study.sweep_dir)[0],
                       lambda n: study.ask.plan_at(n)[1],
                       pending=lambda todo: plan_mod.pending_runs(todo, study.sweep_dir),
                       cost=lambda todo: round_seconds(study, todo),
-                      save=lambda record: decide.write_record(study.sweep_dir, record), say=say, clock=clock)
+                      save=lambda record: decide.write_record(study.sweep_dir, record), say=say, clock=clock,
+                      before=before)
     return StudyDone(list(done.statuses.values()), clock() - started, done)

@@ -42,6 +42,7 @@ class Rounds:
     budget_s: float | None = None
     budget: str | None = None
     futility: bool = True
+    by: str | None = None  # "flag" (--decide) or "spec" (the spec's [decide] table), recorded in decide.json
 
     @property
     def alpha(self) -> float:
@@ -78,7 +79,7 @@ def run_rounds(first: Sequence, rounds: Rounds, train: Callable[[list], list], r
     counts the seconds its rounds took). A round whose runs did not all finish (failed, interrupted,
     never started) is not judged: the rounds stop there, and a rerun resumes them.
     """
-    record = decide.DecideRecord(looks=rounds.looks, alpha=rounds.alpha, margin=rounds.margin)
+    record = decide.DecideRecord(looks=rounds.looks, alpha=rounds.alpha, margin=rounds.margin, by=rounds.by)
     started, statuses, todo, full = clock(), {}, list(first), list(first)  # full: every config at the look's n
     looks, cap = rounds.looks, rounds.looks[-1]
     earlier = {r.seeds: r.seconds for r in before.rounds} if before is not None else {}

@@ -1,6 +1,6 @@
 """Ablation sweeps: expand(spec) -> [PlannedRun] (pure, no torch), then execute the plan.
 
-Designs (components from components.py, built-in or declared in the spec):
+Designs (components from spec/components.py, built-in or declared in the spec):
   one-at-a-time  the reference end (every component off; "2017" for the five), each flip added
                  alone to it, the all-on end ("llama"), each flip removed alone
   factorial      every combination of the chosen flips (others keep the base's values)
