@@ -108,7 +108,8 @@ def test_dry_run_on_earlier_runs_says_the_seeds_the_margin_needs(tmp_path):
         need = stats.seeds_for(sd, float(loss["prior_df"].iloc[0]), len(loss), margin)
         out = invoke(*base, "--dry-run", "--min-effect", margin).output
         line = " ".join(next(x for x in out.split("power: ")[1:]).split())
-        assert f"median moderated paired sd is {sd:.3f} nats/char" in line
+        pooled = "moderated " if float(loss["prior_df"].iloc[0]) > 0 else ""  # only where the verdict pooled
+        assert f"the plan's {len(loss)} effects' median {pooled}paired sd is {sd:.3f} nats/char" in line
         if need > 3:
             assert f"needs {need} seeds" in line and f"--seeds {need}" in line
         else:

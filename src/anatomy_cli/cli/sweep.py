@@ -149,7 +149,8 @@ def _dry_run(study, estimate) -> None:
         from anatomy_cli.report.verdict import power_lines
 
         found = effects_mod.report_frames(study.sweep_dir, study.margin)
-        for line in power_lines(study.sweep_dir, found[0], found[2]):
+        flips = {p.flip for p in study.plan if p.flip}  # the plan's own effects, not every one the folder holds
+        for line in power_lines(study.sweep_dir, found[0], found[2], flips or None):
             console.print(f"power: {line}", highlight=False, soft_wrap=True)
     if study.spec.sizes:
         console.print(f"per size (budget {study.spec.budget}):", highlight=False, markup=False)

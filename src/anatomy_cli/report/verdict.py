@@ -206,19 +206,34 @@ def ends_text(runs: pd.DataFrame, ref_name: str, top_name: str) -> str:
             f"loss over {n}; {ref - top:+.3f} apart)")
 
 
-def power_lines(root: Path, runs: pd.DataFrame, effects: pd.DataFrame) -> list[str]:
+def power_lines(root: Path, runs: pd.DataFrame, effects: pd.DataFrame, flips=None) -> list[str]:
     """What the runs already in a sweep folder say about power, one line per group: the family's
     median minimum detectable effect now, and the seeds (with their estimated cost on this machine)
-    at which an effect the size of the margin is called 80 % of the time (stats.seeds_for)."""
+    at which an effect the size of the margin is called 80 % of the time (stats.seeds_for).
+
+    flips: only the effects of these flips (a plan's own: `--flip rope,swiglu` has 4 effects where the
+    folder holds 10), a family of their count at the folder's alpha. 'moderated' only where the verdict
+    pooled variances (prior_df > 0); where it did not, each effect's own variance."""
+    from scipy import stats as sps
+
     loss = effects[(effects["metric"] == "best_val_loss") & (effects["family"] > 0) & effects["se"].notna()]
+    if flips is not None:
+        loss = loss[loss["flip"].isin(list(flips))]
     lines = []
     for group, fam in loss.groupby("group", sort=False):
-        n_now, margin = int(fam["n_pairs"].median()), float(fam["margin"].iloc[0])
+        n_now, margin, m = int(fam["n_pairs"].median()), float(fam["margin"].iloc[0]), len(fam)
         sd = float(np.median(fam["se"] * np.sqrt(fam["n_pairs"])))
-        need = stats.seeds_for(sd, float(fam["prior_df"].iloc[0]), len(fam), margin)
+        prior_df = float(fam["prior_df"].iloc[0])
+        alpha = float(((1 - fam["adj_level"]) * fam["family"]).iloc[0])  # the verdict's: level = 1 - alpha / family
+        need = stats.seeds_for(sd, prior_df, m, margin, alpha)
+        mde = np.median([(sps.t.ppf(1 - alpha / (2 * m), df) + sps.t.ppf(stats.POWER, df)) * se  # as judge's
+                         for se, df in zip(fam["se"], fam["df"])])
+        pooled = "moderated " if prior_df > 0 else ""
+        own = "" if prior_df > 0 else " (each effect's own variance: the verdict pooled none)"
         where = f"{group}: " if group else ""
-        now = (f"{where}at {n_now} seeds the {len(fam)} effects' median moderated paired sd is {sd:.3f} nats/char; "
-               f"an effect of {float(fam['mde'].median()):.3f} is called 80 % of the time")
+        whose = ("the plan's " if flips is not None else "the ") + (f"{m} effects'" if m > 1 else "1 effect's")
+        now = (f"{where}at {n_now} seeds {whose} median {pooled}paired sd is {sd:.3f} nats/char{own}; an effect "
+               f"of {float(mde):.3f} is called 80 % of the time")
         if need is None:
             lines.append(f"{now}; one of {margin:.3f} (the margin) needs more seeds than anatomy runs")
         elif need <= n_now:
