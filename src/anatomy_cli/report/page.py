@@ -70,7 +70,7 @@ td{text-align:right}td.t{text-align:left}th{background:#f3f3f3;position:sticky;t
 img{max-width:100%;height:auto}.fig{overflow-x:auto}.tw{overflow-x:auto;max-width:100%}
 td{white-space:nowrap}td.w{white-space:normal;min-width:18em}
 @media (max-width:760px){body{padding:0 .8em}}
-@media (max-width:600px){table{font-size:12px}td,th{padding:2px 4px}.c-rank,.c-seeds{display:none}
+@media (max-width:600px){table{font-size:12px}td,th{padding:2px 4px}.c-rank{display:none}
 .tw td{white-space:normal}.tw td.c-run-id,.tw td.c-label{white-space:nowrap}}code{background:#f3f3f3;padding:0 .25em}
 pre{white-space:pre-wrap;background:#f7f7f7;padding:.6em;font-size:12px}pre.cmd{background:#eef3fb}
 .samples{display:grid;gap:1em;grid-template-columns:repeat(auto-fill,minmax(24em,1fr))}
@@ -114,9 +114,11 @@ def _html_block(block: tuple) -> str:
         return f'<div class="{"scroll" if len(block) > 2 and block[2] else "tw"}">{body}</div>'
     if kind == "img":
         data = base64.b64encode(Path(block[1]).read_bytes()).decode("ascii")
-        # A figure scales down to the screen's width (max-width: 100%); .fig scrolls if ever wider.
-        return (f'<div class="fig"><img alt="{html.escape(Path(block[1]).stem)}" '
-                f'src="data:image/png;base64,{data}"></div>')
+        # A figure scales down to the screen's width (max-width: 100%); .fig scrolls if ever wider. It links to
+        # its own PNG beside the page (write.write_report always writes the figures), which opens full size.
+        name = html.escape(Path(block[1]).name)
+        return (f'<div class="fig"><a href="{name}" title="{name}: open full size"><img '
+                f'alt="{html.escape(Path(block[1]).stem)}" src="data:image/png;base64,{data}"></a></div>')
     if kind == "samples":
         cards = "".join(f"<figure><figcaption>{html.escape(h)}</figcaption><pre>{html.escape(t)}</pre></figure>"
                         for h, t in block[1])
@@ -125,7 +127,7 @@ def _html_block(block: tuple) -> str:
 
 
 def _html_table(table: pd.DataFrame) -> str:
-    # c-NAME classes: a narrow screen hides the columns it can spare (rank: the order says it; seeds)
+    # c-NAME classes: a narrow screen hides the columns it can spare (rank: the order says it)
     head = "".join(f'<th class="c-{_anchor(str(c))}">{html.escape(str(c))}</th>' for c in table.columns)
     cls = [(("t w " if c in WRAP_COLUMNS else "t ") if c in TEXT_COLUMNS else "") + f"c-{_anchor(str(c))}"
            for c in table.columns]
