@@ -43,7 +43,7 @@ Scenarios (per n and noise setting; the other effects 0 unless said)
   power k        the tested effect = k x SIGMA, k in POWER_K (0.5, 1, 2, 3, 4, 8): P(it is called helps); the
                  80%-power effect is interpolated linearly in log k (">8" when never reached)
   boundary +/-   the tested effect = +/- the rule's margin: P(it is called negligible). New rule: 0.02;
-                 today's: the end's true seed sd END_SD (the threshold it estimates)
+                 today's: the end's true seed sd END_SD (the margin it estimates)
   coverage       P(all simultaneous intervals hold their truths), pooled over every scenario judged; with
                  collapses prenorm's two effects are left out (one side collapses, the other never: their
                  paired gains are a skewed mixture whose mean no 3..10-seed t interval pins down)

@@ -136,10 +136,10 @@ def futile(effects: pd.DataFrame, cap: int) -> pd.DataFrame:
             continue
         se_cap = se * math.sqrt(n / cap)
         crit = float(sps.t.ppf(1 - (1 - r.adj_level) / 2, df + cap - n))
-        th = r.margin if math.isfinite(r.margin) else 0.0
+        margin = r.margin if math.isfinite(r.margin) else 0.0
         far, near = abs(r.gain) + se, max(0.0, abs(r.gain) - se)  # the gains most and least unlike zero
-        decided = stats.call(cap, far, far - crit * se_cap, far + crit * se_cap, th) not in OPEN or \
-            stats.call(cap, near, near - crit * se_cap, near + crit * se_cap, th) not in OPEN
+        decided = stats.call(cap, far, far - crit * se_cap, far + crit * se_cap, margin) not in OPEN or \
+            stats.call(cap, near, near - crit * se_cap, near + crit * se_cap, margin) not in OPEN
         keep.append(not decided)
     return still[keep] if len(still) else still
 

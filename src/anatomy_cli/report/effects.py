@@ -33,7 +33,7 @@ from anatomy_cli.report import verdict as vd
 from anatomy_cli.report.frames import HIGHER_IS_BETTER, LOSS_METRIC, RELATIVE_METRICS, SPEED_METRIC, load_runs
 from anatomy_cli.spec import components as comp
 from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, DIRECTIONS, END_OF, REFERENCE, REMOVE_ONE, VERB, shown, variant
-from anatomy_cli.store.runs import COMPLETED, read_design, recorded_margin
+from anatomy_cli.store.runs import COMPLETED, RunError, read_design, recorded_margin
 
 EFFECT_COLUMNS = ["metric", "flip", "direction", "against", "group", "n_pairs", "excluded", "unit", "gain",
                   "adj_low", "adj_high", "margin", "margin_basis", "call", "mde", "noise", "raw_low",
@@ -278,7 +278,8 @@ def report_frames(root: Path, min_effect: float | None = None) -> tuple[pd.DataF
     training runs' keep gain and interval, with the call stats.NOT_TIMED and UNTIMED_NOTE.
     """
     runs, curves = load_runs(Path(root))
-    record = speed_mod.read_timing(Path(root))
+    folder = study_folder(Path(root), runs)  # the study's records judge it, from whatever folder it is reported
+    record = speed_mod.read_timing(folder if runs["path"].map(lambda p: Path(p).parent).nunique() == 1 else root)
     if record is not None:
         spread = speed_mod.noise(record)
         speed = [r | {"noise": spread} for r in speed_mod.timing_effects(record)]
@@ -286,15 +287,35 @@ def report_frames(root: Path, min_effect: float | None = None) -> tuple[pd.DataF
         speed = paired_rows(runs, SPEED_METRIC)
         for row in speed:
             row["note"] = "; ".join(filter(None, [UNTIMED_NOTE, row["note"]]))
-    if min_effect is None:
-        min_effect = recorded_min_effect(Path(root))
-    record = decide_mod.read_record(Path(root))  # a --decide study: each look's alpha (decide.py)
+    recorded = recorded_min_effect(folder)
+    loss_margin = margin(LOSS_METRIC, recorded if min_effect is None else min_effect)
+    if min_effect is not None and recorded is not None and not math.isclose(min_effect, recorded):
+        loss_margin = (min_effect, f"{stats.AFTER} (the study's: {recorded:.3f})")
+    record = decide_mod.read_record(folder)  # a --decide study: each look's alpha (decide.py)
     alpha = record.alpha if record is not None else stats.ALPHA
-    effects = effects_frame(paired_rows(runs, LOSS_METRIC) + speed, {LOSS_METRIC: margin(LOSS_METRIC, min_effect)},
-                            alpha)
+    effects = effects_frame(paired_rows(runs, LOSS_METRIC) + speed, {LOSS_METRIC: loss_margin}, alpha)
     untimed = (effects["metric"] == SPEED_METRIC) & effects["note"].fillna("").str.startswith(UNTIMED_NOTE)
     effects.loc[untimed, "call"] = stats.NOT_TIMED  # the CPU was shared: no call on speed from training runs
     return plateau_mod.entered(runs, effects), curves, effects
+
+
+def study_folder(root: Path, runs: pd.DataFrame) -> Path:
+    """The folder whose records (decide.json's alpha, sweep.json's margin, timing.json) judge the runs under
+    root: root itself, or the one study folder below it that holds them all (a report of runs/ judges
+    runs/demo as runs/demo's report does). Studies recorded with other alphas or margins are not judged
+    as one: refused, naming them (report each study's folder)."""
+    folders = sorted({Path(p).parent for p in runs["path"]}) if len(runs) else []
+    if len(folders) == 1:
+        return folders[0]
+    rules = {}
+    for f in folders:
+        record = decide_mod.read_record(f)
+        rules[f] = (record.alpha if record is not None else stats.ALPHA, recorded_min_effect(f))
+    if len(set(rules.values())) > 1:
+        named = "; ".join(f"{f} (alpha {a:.4g}, margin {m if m is not None else stats.DEFAULT_MARGIN:.3f})"
+                          for f, (a, m) in rules.items())
+        raise RunError(f"{root} holds studies judged by different rules: {named}: report each study's folder")
+    return folders[0] if folders else Path(root)  # alike: any of them states the rule
 
 
 def recorded_min_effect(root: Path) -> float | None:

@@ -62,6 +62,7 @@ CALLS = (HELPS, HURTS, NEGLIGIBLE, SMALL, UNDECIDED, TOO_FEW)
 # No call, by design: a speed effect from training runs, which shared the CPU (only a timing pass calls speed)
 NOT_TIMED = "not timed"
 DEFAULT, GIVEN = "default", "min-effect"  # where a family's margin came from (margin_basis)
+AFTER = "chosen after the runs"  # a report's --min-effect other than the margin the study recorded
 
 
 def paired(diffs) -> dict:

@@ -171,7 +171,8 @@ def rule_line(judged: pd.DataFrame, unit: str, seeds: str = "seeds", short: bool
 def margin_text(judged: pd.DataFrame, unit: str) -> tuple[str | None, str]:
     """(the family's margin as shown, '0.020 nats/char' or '5.0%', None when unknown; where it came from)."""
     margin, basis = float(judged["margin"].iloc[0]), judged["margin_basis"].iloc[0]
-    where = "given by min_effect" if basis == stats.GIVEN else "the default, fixed before the data"
+    where = ("given by min_effect" if basis == stats.GIVEN else basis if str(basis).startswith(stats.AFTER)
+             else "the default, fixed before the data")
     return ((f"{margin:.1f}%" if unit == "%" else f"{margin:.3f} {unit}") if math.isfinite(margin) else None), where
 
 
