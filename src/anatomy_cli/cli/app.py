@@ -15,14 +15,16 @@ Exit codes (stable, for scripts):
 
 from __future__ import annotations
 
+import codecs
 import contextlib
+import errno
 import functools
 import os
 import signal
 import sys
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -81,10 +83,30 @@ class _Console(Console):
         raise BrokenPipeError
 
 
+class _Environ(Mapping):
+    """os.environ as the consoles read it, live: a COLUMNS or LINES that is not a positive number is
+    unset, as the shell and shutil.get_terminal_size read it. rich takes COLUMNS=0 (some CI containers
+    export it) for a terminal 0 columns wide and prints nothing at all, errors included."""
+
+    SIZES = ("COLUMNS", "LINES")
+
+    def __getitem__(self, key: str) -> str:
+        value = os.environ[key]
+        if key in self.SIZES and not (value.strip().isdigit() and int(value) > 0):
+            raise KeyError(key)
+        return value
+
+    def __iter__(self) -> Iterator[str]:
+        return (k for k in os.environ if k in self)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 # User text (paths, spec and component descriptions, error messages) is printed as it is: markup and
 # emoji codes are off, so "[/bold]" or ":x:" in a name is never parsed. Styled words use rich Text.
-console = _Console(markup=False, emoji=False)
-err_console = _Console(stderr=True, markup=False, emoji=False)
+console = _Console(markup=False, emoji=False, _environ=_Environ())
+err_console = _Console(stderr=True, markup=False, emoji=False, _environ=_Environ())
 # debug: --debug was given. hint: what an interrupted command tells the user (see on_interrupt).
 # aborted: a StopFlag has raised KeyboardInterrupt in this command (later signals are let be).
 STATE: dict = {"debug": False, "hint": None, "aborted": False}
@@ -157,6 +179,8 @@ def handle_errors(fn):
         from anatomy_cli.store.lockfile import Locked
 
         STATE["hint"], STATE["aborted"] = None, False
+        if sys.stdout is None:  # fd 1 closed (`>&-`): Python gives no stdout, and every print would fail
+            raise fail("standard output is closed; send it to a file or /dev/null (> out.txt) instead")
         try:
             with StopFlag(graceful=False), quiet_warnings():
                 return fn(*args, **kwargs)
@@ -179,6 +203,10 @@ def handle_errors(fn):
             if STATE["debug"]:
                 raise
             raise fail(os_error_line(err)) from None
+        except UnicodeEncodeError as err:
+            if STATE["debug"] or not output_encoding(err):
+                raise
+            raise fail(encoding_line(err)) from None
         except Exception as err:  # a bug, not bad input: still one line unless --debug
             if interrupt_behind(err):
                 raise fail(_interrupted(), EXIT_INTERRUPTED) from None
@@ -213,10 +241,37 @@ def keep_exit_code() -> None:
 
 def os_error_line(err: OSError) -> str:
     """'No space left on device: runs/x/metrics.jsonl' (the path when the error knows it)."""
+    from anatomy_cli.store.runs import file_size_limit
+
     where = f": {err.filename}" if getattr(err, "filename", None) else ""
     if isinstance(err, (FileExistsError, NotADirectoryError)) and where:  # mkdir met a file where a folder goes
         return f"not a directory (a file is in the way){where}"
+    limit = file_size_limit() if err.errno == errno.EFBIG else None
+    if limit is not None:  # `ulimit -f` stopped the write (SIGXFSZ is ignored by Python, so write() fails)
+        return (f"{err.strerror or 'File too large'}{where} (the file-size limit, ulimit -f, is {limit / 1024:,.0f} "
+                f"KiB; raise it or write elsewhere)")
     return f"{err.strerror or one_line(err) or err.__class__.__name__}{where}"
+
+
+def output_encoding(err: UnicodeEncodeError) -> str | None:
+    """The encoding of stdout or stderr when `err` is theirs failing on a character they cannot show."""
+    for stream in (sys.stdout, sys.stderr):
+        encoding = getattr(stream, "encoding", None)
+        if encoding and codecs.lookup(encoding).name == codecs.lookup(err.encoding).name:
+            return encoding
+    return None
+
+
+def encoding_line(err: UnicodeEncodeError) -> str:
+    """One line for output that its encoding cannot show, naming the fix. Not replaced with '?': a
+    sample's text and a report's numbers would be changed without a word (the JSON of --json is
+    ASCII-escaped and shows in any encoding)."""
+    char = err.object[err.start:err.end][:1]
+    if "\ud800" <= char <= "\udfff":  # a byte of a file name or setting that was not valid text when read
+        return (f"cannot print {ascii(char)}: a name or text read from outside holds bytes that are not valid "
+                f"{err.encoding}")
+    return (f"the output's encoding ({output_encoding(err)}) cannot show {ascii(char)}; set "
+            f"PYTHONIOENCODING=utf-8 (or a UTF-8 locale) to see it")
 
 
 @contextlib.contextmanager

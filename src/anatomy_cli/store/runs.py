@@ -104,7 +104,8 @@ def writing(path: Path):
     """Whatever fails while writing `path` inside this block is an OSError naming it: a bare write()
     error names no file, safetensors says "os error 28" in its own words, and torch.save a full
     disk as "unexpected pos" (a RuntimeError) or not at all, so the CLI could not say which file or
-    why. A failure of another kind on a full filesystem is reported as the full disk it is."""
+    why. A failure of another kind on a full filesystem is reported as the full disk it is, and one
+    whose file (or its temp copy) stopped at the file-size limit (`ulimit -f`) as that limit (EFBIG)."""
     try:
         yield
     except OSError as err:
@@ -112,9 +113,35 @@ def writing(path: Path):
             err.filename = str(path)
         raise
     except Exception as err:
-        if not _disk_full(Path(path), err):
+        said = re.search(r"os error (\d+)", str(err))  # safetensors' (Rust's) words for an errno
+        code = int(said.group(1)) if said else errno.ENOSPC if _disk_full(Path(path), err) \
+            else errno.EFBIG if _at_size_limit(Path(path)) else None
+        if code is None:
             raise
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from err
+        raise OSError(code, os.strerror(code), str(path)) from err
+
+
+def file_size_limit() -> int | None:
+    """The process's file-size limit in bytes (`ulimit -f`; a write past it fails with EFBIG, since
+    Python ignores SIGXFSZ); None when there is none."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    except (ImportError, OSError, ValueError):  # no resource module (Windows)
+        return None
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def _at_size_limit(path: Path) -> bool:
+    """`path`, or a temp copy beside it (.NAME.*.tmp), has reached the file-size limit."""
+    limit = file_size_limit()
+    if limit is None:
+        return False
+    try:
+        return any(p.stat().st_size >= limit for p in [path, *path.parent.glob(f".{path.name}.*.tmp")] if p.is_file())
+    except OSError:
+        return False
 
 
 def _disk_full(path: Path, err: Exception) -> bool:
