@@ -1,4 +1,5 @@
-"""The five-flips study at the seed article's settings on one GPU, at --workers 1 and at the best N.
+"""The five-flips study at the corpus articles' settings (corpus/anatomy.md) on one GPU, at --workers 1
+and at the best N.
 
 Run through benchmarks/gpu_sweep.sh, which installs carried wheels if needed and bounds everything
 with `timeout`. Sub-commands:

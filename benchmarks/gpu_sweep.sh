@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu_sweep.sh: the five-flips study at the seed article's settings (experiments/five-flips-seed.toml:
+# gpu_sweep.sh: the five-flips study at the corpus articles' settings (experiments/five-flips-seed.toml:
 # 12 configs x 2000 steps) on one CUDA GPU with --compile, at --workers 1 and at the best N
 # (anatomy's default from free memory and model size), all within a hard 8-minute `timeout`.
 # Prints each pass's wall time, aggregate tokens/s and best val losses, and checks that the two

@@ -157,7 +157,7 @@ def test_a_results_file_missing_keys_is_one_line_and_exit_2(tmp_path, capsys):
 
 
 def test_ends_say_where_each_end_was_best_and_where_it_ended():
-    """The seed article's result read from the file: one end overfits, the other still improves; a
+    """The corpus articles' result read from the file: one end overfits, the other still improves; a
     file written before best_step/last_step/final existed renders as it did."""
     def doc(**ends):
         return {"study": "s", "budget": {"steps": 2000, "tokens": 8_192_000}, "seeds": [1],

@@ -468,7 +468,7 @@ def _rule(doc: dict) -> str:
     edge = "unknown" if margin is None else f"±{margin:.3f} nats/char"
     family = _family(doc)
     family = family[:1].upper() + family[1:]
-    if basis == "noise floor":  # a file written by the rule before issue 28
+    if basis == "noise floor":  # a file written by the old rule (margin: the reference end's seed-to-seed sd)
         return (f"{family}; a call needs the interval to exclude 0 and the gain to lie beyond {edge} (the reference "
                 f"end's seed-to-seed sd); negligible: the interval lies inside it.")
     basis = "given by min_effect" if basis == "min-effect" else "the default margin, fixed before the data"

@@ -124,7 +124,7 @@ def _show(v: Any) -> str:
 
 
 # The five parts of the 2017 -> LLaMA question first (their order is the canonical flip order),
-# then six parts of today's dense models, then the parts of 2024-2026 (issue 22).
+# then six parts of today's dense models, then the eight parts of 2024-2026 models (gdn to dsa).
 BUILTINS: tuple[Component, ...] = (
     Component("rmsnorm", "RMSNorm instead of LayerNorm: scale only, no mean, no bias",
               "Zhang & Sennrich 2019; LLaMA", on={"model.norm_type": "rmsnorm"},

@@ -1,0 +1,77 @@
+"""What a newcomer reads is true (issue 38): every `anatomy ablate ...` command demo.toml's comments
+advise runs on a demo already decided (its dry run is not refused), and the components' counts the
+README and docs/components.md say are the component table's."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+from helpers import invoke
+
+from anatomy_cli.report import decide
+from anatomy_cli.sweep import calibrate
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _advised(spec: Path) -> list[list[str]]:
+    """The `anatomy ablate ...` commands in a spec's comments (backquoted), as argument lists."""
+    comments = " ".join(line.lstrip("#").strip() for line in spec.read_text().splitlines() if line.startswith("#"))
+    return [shlex.split(cmd)[2:] for cmd in re.findall(r"`(anatomy ablate[^`]*)`", comments)]
+
+
+@pytest.fixture
+def decided_demo(tmp_path, monkeypatch):
+    """A checkout's cwd whose runs/demo was decided at the demo's looks (3 and 4 seeds)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "demo.toml").write_text((ROOT / "experiments" / "demo.toml").read_text())
+    decide.write_record(tmp_path / "runs" / "demo", decide.DecideRecord(looks=[3, 4], alpha=decide.alpha([3, 4]),
+                                                                        by="spec"))
+    monkeypatch.setenv("ANATOMY_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(calibrate, "busy", lambda: None)
+    monkeypatch.setattr(calibrate, "_measure", lambda configs, threads: [
+        {"step_s": 0.01, "eval_s": 0.1, "run_s": 1.0, "startup_s": 2.0, "when": "2024-01-01 00:00:00"}
+        for _ in configs])
+    return tmp_path
+
+
+def test_every_command_demo_toml_advises_runs_on_a_decided_demo(decided_demo):
+    advised = _advised(decided_demo / "experiments" / "demo.toml")
+    assert any("--max-seeds" in args for args in advised), advised  # how to go past the cap is said
+    for args in advised:
+        result = invoke("ablate", *args, "--dry-run")
+        assert result.exit_code == 0, (args, result.output)
+
+
+WORDS = {n: w for n, w in enumerate(["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine",
+                                     "ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen",
+                                     "seventeen", "eighteen", "nineteen", "twenty"])}
+
+
+def _counts() -> tuple[int, int, int]:
+    """(today's, 2024-2026's, all) in the component table: today's are modern.toml's flips, 2024-2026's
+    the rest after the five parts from 2017 to LLaMA."""
+    import tomllib
+
+    from anatomy_cli.spec import components
+
+    today = tomllib.loads((ROOT / "experiments" / "modern.toml").read_text())["flips"]
+    names = [c.name for c in components.BUILTINS]
+    assert names[len(components.FIVE):len(components.FIVE) + len(today)] == today  # the table's order
+    return len(today), len(names) - len(components.FIVE) - len(today), len(names)
+
+
+def _flat(path: Path) -> str:
+    return " ".join(path.read_text().split())
+
+
+def test_the_readme_and_docs_count_the_component_table():
+    today, recent, total = _counts()
+    readme, docs = _flat(ROOT / "README.md"), _flat(ROOT / "docs" / "components.md")
+    assert (f"{WORDS[today].capitalize()} parts of today's models and {WORDS[recent]} of 2024-2026 models are "
+            f"measured the same way: {WORDS[total]} components in all") in readme
+    assert f"{WORDS[today]} of today's models, {WORDS[recent]} of 2024-2026 models," in docs
