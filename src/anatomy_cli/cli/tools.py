@@ -152,6 +152,7 @@ def export(
 
     # never into a run or a sweep, nor over files of the export's names that no export wrote, --overwrite or not
     runs.refuse_inside_runs(out_dir, "output folder", "export folder")
+    runs.refuse_holding_runs(out_dir, "output folder", "export folder")  # an earlier export's config.json or not
     runs.refuse_foreign(out_dir, "output folder", "export folder", is_export, EXPORT_FILES.__contains__)
     info = export_hf(run_dir, out_dir, weights, overwrite=overwrite)
     console.print(f"exported {info['label']} ({info['params']:,} params) -> {info['out_dir']}: "

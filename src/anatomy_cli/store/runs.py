@@ -551,6 +551,24 @@ def refuse_inside_runs(path: Path, option: str, what: str, own: Path | None = No
         raise RunError(f"{path} is inside the sweep directory {folder}{why}; choose another {option}")
 
 
+def run_below(folder: Path) -> Path | None:
+    """The first run folder (holds_run) anywhere below `folder`, itself left out; None when none."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return None
+    return next((c.parent for c in folder.rglob(CONFIG) if c.parent != folder and holds_run(c.parent)), None)
+
+
+def refuse_holding_runs(folder: Path, option: str, what: str) -> None:
+    """A folder holding runs (a runs directory, a sweep, with or without its sweep.json) is never one
+    that a command writes `what` into, --overwrite or not: a config.json there would make `report`
+    read the folder as one run and pass over the runs in it (find_runs)."""
+    inside = run_below(folder)
+    if inside is not None:
+        raise RunError(f"{folder} holds runs ({inside.relative_to(folder)}), so it is not {_a(what)}; choose another "
+                       f"{option}")
+
+
 def refuse_corpus_overlap(sources, out: Path, option: str) -> None:
     """Before anything is written: a run or sweep folder (`out`, from `option`) is never inside a folder
     corpus it trains on (each finished run's samples.txt, and later report.md, would join the next run's
