@@ -1,6 +1,7 @@
 """What a newcomer reads is true (issue 38): every `anatomy ablate ...` command demo.toml's comments
-advise runs on a demo already decided (its dry run is not refused), and the components' counts the
-README and docs/components.md say are the component table's."""
+advise runs on a demo already decided (its dry run is not refused), the components' counts the
+README and docs/components.md say are the component table's, no page names an issue number or an
+unnamed article, and a removal reads as what the component does."""
 
 from __future__ import annotations
 
@@ -75,3 +76,20 @@ def test_the_readme_and_docs_count_the_component_table():
     assert (f"{WORDS[today].capitalize()} parts of today's models and {WORDS[recent]} of 2024-2026 models are "
             f"measured the same way: {WORDS[total]} components in all") in readme
     assert f"{WORDS[today]} of today's models, {WORDS[recent]} of 2024-2026 models," in docs
+
+
+def _pages() -> dict[str, str]:
+    """What a reader sees of README, docs and the shipped specs' comments: link targets left out."""
+    paths = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "experiments").glob("*.toml"))]
+    return {p.name: re.sub(r"\]\([^)]*\)", "]", _flat(p)) for p in paths}
+
+
+def test_no_page_names_an_issue_number_or_an_unnamed_article():
+    for name, text in _pages().items():
+        assert not re.search(r"issue #?2\d\b|#2\d\b", text), name  # plain words say what the change was
+        assert "seed article" not in text, name  # named: the corpus's own articles
+
+
+def test_a_removal_reads_as_what_the_component_does():
+    for name, text in _pages().items():
+        assert not re.search(r"[Rr]emoving [^.;]* helps", text), name  # it means the component helps
