@@ -74,3 +74,20 @@ def test_export_into_a_fresh_folder_beside_the_runs_still_works(tmp_path, traine
     result = invoke("export", trained, root / "hf")
     assert result.exit_code == 0, result.output
     assert (root / "hf" / "model.safetensors").is_file()
+
+
+# ------------------------------------------------------------------------------ the weak list
+
+
+@pytest.mark.parametrize("case", ["not-empty", "holds-runs"])
+def test_no_warning_before_the_error_of_a_train_into_a_folder_it_refuses(tmp_path, trained, case):
+    out = tmp_path / "out"
+    if case == "not-empty":
+        out.mkdir()
+        (out / "notes.txt").write_text("mine\n")
+    else:
+        shutil.copytree(trained, out / "a")
+    # --steps 1 ends inside the warmup: a warning, which must not come before the refusal
+    result = invoke("train", *run_sets(Path(trained).parents[2] / "tiny.txt"), "--steps", 1, "--out", out)
+    line = one_error_line(result, "not empty" if case == "not-empty" else "holds other runs")
+    assert result.output.strip() == line.strip(), result.output  # the error alone: no warning, no progress bar
