@@ -29,13 +29,16 @@ The call needs the statistical part (the interval) and the practical one (the ma
   too few seeds  fewer than MIN_PAIRS paired differences: no call
 The interval shown beside a call is the one it is made from; the raw 95% interval and the
 Holm-Bonferroni p-value (Holm 1979, on the moderated t) are details. `mde` is the effect the family
-detects 80 % of the time at its seeds and noise: (t_crit + t_0.8) x the effect's standard error.
+calls helps 80 % of the time at its seeds and noise (call_mde): the power of the call, margin included
+(not of "the interval excludes 0", (t_crit + t_0.8) x se, which a call at the margin meets half the time).
 
   gain       the sign convention: what having the component is worth, positive = it helps
   paired     mean, sd, raw 95% interval and two-sided p of one effect's paired differences
   squeeze    the moderated variances of a family (Smyth 2004)
   judge      a family of paired effects -> moderated intervals, Holm p-values, MDE and calls
-  seeds_for  the seeds a family needs to detect an effect of a given size 80 % of the time
+  seeds_for  the seeds a family needs to call an effect of a given size helps 80 % of the time
+  call_power / call_mde   the power of the call (interval and margin), and the effect it reaches 80 % at
+  estimated_mde           the mde printed from an estimated se (median-unbiased: median_sd_ratio)
   holm       Holm-Bonferroni adjusted p-values
   rule_text  the rule's numbers in one clause: the only wording of them (terminal, report, README, docs)
 
@@ -44,10 +47,11 @@ Distributions come from scipy.stats and scipy.special (t quantiles, digamma, tri
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
-from scipy import special
+from scipy import optimize, special
 from scipy import stats as sps
 
 ALPHA = 0.05
@@ -182,14 +186,14 @@ def judge(effects: list[dict], margin: float, alpha: float = ALPHA, min_pairs: i
         post, dfs, d0, _ = squeeze([r["sd"] ** 2 for r in tested], [r["n_pairs"] - 1 for r in tested])
     else:
         post, dfs, d0 = np.array([r["sd"] ** 2 for r in tested]), np.array([r["n_pairs"] - 1.0 for r in tested]), 0.0
+    known = margin if math.isfinite(margin) else 0.0
     for r, v, df in zip(tested, post, dfs):
         se = math.sqrt(v / r["n_pairs"])
         crit = float(sps.t.ppf(1 - alpha / (2 * m), df))
         p = 2 * float(sps.t.sf(abs(r["gain"]) / se, df)) if se > 0 else float(r["gain"] == 0)
         r |= {"adj_low": r["gain"] - crit * se, "adj_high": r["gain"] + crit * se, "df": float(df), "se": se,
-              "mde": (crit + float(sps.t.ppf(POWER, df))) * se, "p_value": p}
+              "mde": estimated_mde(se, float(df), crit, known), "p_value": p}
     p_holm = holm([r["p_value"] if r["n_pairs"] >= 2 else math.nan for r in rows])
-    known = margin if math.isfinite(margin) else 0.0
     for r, ph in zip(rows, p_holm):
         r.setdefault("adj_low", math.nan)
         r.setdefault("adj_high", math.nan)
@@ -201,16 +205,60 @@ def judge(effects: list[dict], margin: float, alpha: float = ALPHA, min_pairs: i
     return rows
 
 
-def seeds_for(sd: float, prior_df: float, m: int, effect: float, alpha: float = ALPHA, most: int = 1000) -> int | None:
+def seeds_for(sd: float, prior_df: float, m: int, effect: float, alpha: float = ALPHA, most: int = 1000,
+              margin: float = 0.0) -> int | None:
     """The fewest seeds at which a family of m effects with moderated paired sd `sd` (prior on
-    prior_df degrees of freedom) detects `effect` 80 % of the time; None past `most`."""
-    if not (sd > 0 and effect > 0 and m > 0):
+    prior_df degrees of freedom) calls `effect` helps 80 % of the time (call_mde: the interval past 0
+    and the gain past `margin`); None past `most`."""
+    if not (sd > 0 and effect > 0 and m > 0) or effect <= margin:
         return None
     for n in range(MIN_PAIRS, most + 1):
         df = min(n - 1 + prior_df, m * (n - 1))
-        if (sps.t.ppf(1 - alpha / (2 * m), df) + sps.t.ppf(POWER, df)) * sd / math.sqrt(n) <= effect:
+        if call_mde(sd / math.sqrt(n), df, float(sps.t.ppf(1 - alpha / (2 * m), df)), margin) <= effect:
             return n
     return None
+
+
+_U = (np.arange(400) + 0.5) / 400  # quantile levels of the variance estimate's sampling distribution
+
+
+def call_power(effect: float, se: float, df: float, crit: float, margin: float) -> float:
+    """P(an effect of true size `effect` is called helps): its gain ~ N(effect, se^2) must pass both the
+    margin and crit x its estimated standard error, which varies as se x sqrt(chi2_df / df), independent
+    of the gain (a normal sample's mean and variance). The power of the call, not of 'the interval
+    excludes 0': a gain at the margin is called at most half the time."""
+    if not (se > 0 and math.isfinite(df) and df > 0):
+        return math.nan
+    se_hat = se * _spread(float(df))
+    return float(np.mean(special.ndtr((effect - np.maximum(margin, crit * se_hat)) / se)))
+
+
+def estimated_mde(se: float, df: float, crit: float, margin: float) -> float:
+    """The mde a report prints from an estimated se: call_mde at se / median_sd_ratio(df)."""
+    return call_mde(se / median_sd_ratio(df), df, crit, margin)
+
+
+def median_sd_ratio(df: float) -> float:
+    """median(s) / sigma for a variance estimate on df degrees of freedom: sqrt(median(chi2_df) / df), 0.83
+    at 2 df, near 1 past 20. The printed mde divides the estimated se by it, so that the mde printed is
+    the call's 80 % effect as often too high as too low (plugged in as it is, the estimated sd is below
+    the true one more often than not, and so is the mde)."""
+    return float(math.sqrt(sps.chi2.median(df) / df)) if math.isfinite(df) and df > 0 else 1.0
+
+
+@functools.lru_cache(maxsize=512)
+def _spread(df: float) -> np.ndarray:
+    """sqrt(chi2_df / df) at the quantile levels _U: how an estimated sd varies around the true one."""
+    return np.sqrt(sps.chi2.ppf(_U, df) / df)
+
+
+def call_mde(se: float, df: float, crit: float, margin: float, power: float = POWER) -> float:
+    """The true effect called helps with probability `power` (call_power): the minimum detectable effect
+    of the call, margin included; NaN without a standard error."""
+    if not (se > 0 and math.isfinite(df) and df > 0):
+        return math.nan
+    low, high = max(margin, 0.0), max(margin, 0.0) + (crit * math.sqrt(sps.chi2.ppf(0.9999, df) / df) + 10) * se
+    return float(optimize.brentq(lambda x: call_power(x, se, df, crit, margin) - power, low, high, xtol=1e-9 * se))
 
 
 def call(n: int, gain: float, low: float, high: float, margin: float, min_pairs: int = MIN_PAIRS) -> str:

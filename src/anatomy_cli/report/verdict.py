@@ -209,8 +209,9 @@ def ends_text(runs: pd.DataFrame, ref_name: str, top_name: str) -> str:
 
 def power_lines(root: Path, runs: pd.DataFrame, effects: pd.DataFrame, flips=None) -> list[str]:
     """What the runs already in a sweep folder say about power, one line per group: the family's
-    median minimum detectable effect now, and the seeds (with their estimated cost on this machine)
-    at which an effect the size of the margin is called 80 % of the time (stats.seeds_for).
+    median minimum detectable effect now (of the call: stats.call_mde), and the seeds (with their estimated
+    cost on this machine) at which an effect of twice the margin is called helps 80 % of the time
+    (stats.seeds_for; a gain at the margin itself is called at most half the time, whatever the seeds).
 
     flips: only the effects of these flips (a plan's own: `--flip rope,swiglu` has 4 effects where the
     folder holds 10), a family of their count at the folder's alpha. 'moderated' only where the verdict
@@ -226,8 +227,9 @@ def power_lines(root: Path, runs: pd.DataFrame, effects: pd.DataFrame, flips=Non
         sd = float(np.median(fam["se"] * np.sqrt(fam["n_pairs"])))
         prior_df = float(fam["prior_df"].iloc[0])
         alpha = float(((1 - fam["adj_level"]) * fam["family"]).iloc[0])  # the verdict's: level = 1 - alpha / family
-        need = stats.seeds_for(sd, prior_df, m, margin, alpha)
-        mde = np.median([(sps.t.ppf(1 - alpha / (2 * m), df) + sps.t.ppf(stats.POWER, df)) * se  # as judge's
+        target = 2 * margin  # a gain at the margin itself passes it at most half the time: no call reaches 80 % there
+        need = stats.seeds_for(sd, prior_df, m, target, alpha, margin=margin)
+        mde = np.median([stats.estimated_mde(se, df, float(sps.t.ppf(1 - alpha / (2 * m), df)), margin)  # as judge's
                          for se, df in zip(fam["se"], fam["df"])])
         pooled = "moderated " if prior_df > 0 else ""
         own = "" if prior_df > 0 else " (each effect's own variance: the verdict pooled none)"
@@ -235,13 +237,14 @@ def power_lines(root: Path, runs: pd.DataFrame, effects: pd.DataFrame, flips=Non
         whose = ("the plan's " if flips is not None else "the ") + (f"{m} effects'" if m > 1 else "1 effect's")
         now = (f"{where}at {n_now} seeds {whose} median {pooled}paired sd is {sd:.3f} nats/char{own}; an effect "
                f"of {float(mde):.3f} is called 80 % of the time")
+        twice = f"one of {target:.3f} (twice the margin)"
         if need is None:
-            lines.append(f"{now}; one of {margin:.3f} (the margin) needs more seeds than anatomy runs")
+            lines.append(f"{now}; {twice} needs more seeds than anatomy runs")
         elif need <= n_now:
-            lines.append(f"{now}, the margin ({margin:.3f}) included")
+            lines.append(f"{now}, {twice} included")
         else:
             cost = estimate_text(_estimate(Path(root), runs, need))
-            lines.append(f"{now}; one of {margin:.3f} (the margin) needs {need} seeds{cost}: --seeds {need}")
+            lines.append(f"{now}; {twice} needs {need} seeds{cost}: --seeds {need}")
     return lines
 
 
