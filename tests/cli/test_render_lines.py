@@ -5,7 +5,7 @@ no test waits a minute)."""
 from __future__ import annotations
 
 import pytest
-from helpers import invoke
+from helpers import flat, invoke
 from toy_data import write_spec
 
 from anatomy_cli.cli import render
@@ -92,9 +92,10 @@ def test_ablate_says_what_it_measures_before_the_plan_line(tmp_path, monkeypatch
                     "--runs-dir", tmp_path / "runs")
     assert result.exit_code == 0, result.output
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert lines[0].startswith("measuring this machine's step times for the estimate: a 30-step run of each of "
-                               "1 model shape in a worker (once per shape, cached in "), lines
-    assert lines[1].startswith("plan: 4 runs -> "), lines
+    plan = next(i for i, line in enumerate(lines) if line.startswith("plan: 4 runs -> "))
+    said = flat(" ".join(lines[:plan]))  # wrapped to the terminal: the measuring line may take several
+    assert said.startswith("measuring this machine's step times for the estimate: a 30-step run of each of 1 model "
+                           "shape in a worker (once per shape, cached in "), lines
     assert fresh_cache == [1]
     again = invoke("ablate", spec, "--flip", "rope", "--seeds", "1", "--workers", "1", "--no-report",
                    "--runs-dir", tmp_path / "runs2")
@@ -107,3 +108,4 @@ def test_a_dry_run_says_what_it_measures_too(tmp_path, fresh_cache):
                     "--runs-dir", tmp_path / "runs")
     assert result.exit_code == 0, result.output
     assert result.stderr.startswith("measuring this machine's step times"), result.stderr
+    assert max(map(len, result.output.splitlines())) <= 80  # wrapped to the terminal, as everything else

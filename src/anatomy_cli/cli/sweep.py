@@ -175,7 +175,8 @@ def closing_line(done, sweep_dir: Path) -> str:
 
 
 def _say(line: str) -> None:
-    err_console.print(line, highlight=False, markup=False, soft_wrap=True)
+    """A line on stderr, wrapped to the terminal (what is measured before the plan line)."""
+    err_console.print(line, highlight=False, markup=False)
 
 
 def _train(study, estimate, todo) -> list[str | None]:
