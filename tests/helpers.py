@@ -73,6 +73,20 @@ def invoke(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
+def fake_calibration(tmp_path: Path, monkeypatch, calibration: dict) -> list[int]:
+    """An empty calibration cache of this test, an idle machine, and step times measured instantly as
+    `calibration` (sweep.calibrate._measure faked); the list it returns grows by the configs measured
+    at each measurement."""
+    from anatomy_cli.sweep import calibrate
+
+    monkeypatch.setenv("ANATOMY_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(calibrate, "busy", lambda: None)
+    measured: list[int] = []
+    monkeypatch.setattr(calibrate, "_measure", lambda configs, threads: measured.append(len(configs)) or [
+        dict(calibration) for _ in configs])
+    return measured
+
+
 def run_sets(corpus: Path, **model) -> list[str]:
     """--set options for a toy run on `corpus`: TINY_MODEL with `model` over it, TINY_TRAIN."""
     sets = [f"--set=data.source={json.dumps(str(corpus))}"]

@@ -5,12 +5,11 @@ no test waits a minute)."""
 from __future__ import annotations
 
 import pytest
-from helpers import flat, invoke
+from helpers import fake_calibration, flat, invoke
 from toy_data import write_spec
 
 from anatomy_cli.cli import render
 from anatomy_cli.store import runs
-from anatomy_cli.sweep import calibrate
 
 CAL = {"step_s": 0.01, "eval_s": 0.1, "run_s": 1.0, "startup_s": 2.0, "when": "2024-01-01 00:00:00"}
 
@@ -75,12 +74,7 @@ def test_without_an_estimate_or_progress_the_line_leaves_the_time_left_out(capsy
 @pytest.fixture
 def fresh_cache(tmp_path, monkeypatch):
     """No cached calibration; measuring it is instant (a fake) and counted."""
-    monkeypatch.setenv("ANATOMY_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(calibrate, "busy", lambda: None)
-    measured: list[int] = []
-    monkeypatch.setattr(calibrate, "_measure", lambda configs, threads: measured.append(len(configs)) or [
-        dict(CAL) for _ in configs])
-    return measured
+    return fake_calibration(tmp_path, monkeypatch, CAL)
 
 
 def test_ablate_says_what_it_measures_before_the_plan_line(tmp_path, monkeypatch, fresh_cache):

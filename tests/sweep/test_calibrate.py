@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+from helpers import fake_calibration
 
 from anatomy_cli.sweep import calibrate
 
@@ -22,12 +23,7 @@ class _Cfg:  # the part of a RunConfig that run_seconds reads
 
 @pytest.fixture
 def measured(tmp_path, monkeypatch):
-    monkeypatch.setenv("ANATOMY_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(calibrate, "busy", lambda: None)
-    calls: list[int] = []
-    monkeypatch.setattr(calibrate, "_measure", lambda configs, threads: calls.append(len(configs)) or [
-        dict(NEW) for _ in configs])
-    return calls
+    return fake_calibration(tmp_path, monkeypatch, NEW)
 
 
 def _write(entries) -> Path:
