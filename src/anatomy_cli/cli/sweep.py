@@ -175,8 +175,11 @@ def closing_line(done, sweep_dir: Path) -> str:
 
 
 def _say(line: str) -> None:
-    """A line on stderr, wrapped to the terminal (what is measured before the plan line)."""
-    err_console.print(line, highlight=False, markup=False)
+    """A line on stderr, wrapped to the width the plan table below it is fitted to (what is measured before
+    the plan line)."""
+    from anatomy_cli.report.textable import wrap
+
+    err_console.print(wrap(line, console.width), highlight=False, markup=False, soft_wrap=True)
 
 
 def _train(study, estimate, todo) -> list[str | None]:
