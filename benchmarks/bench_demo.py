@@ -21,6 +21,12 @@ runs, so the scaled ratio is an upper bound of the full-size one.
     python benchmarks/bench_demo.py                    # ~5 minutes a round on 2 idle cores
     python benchmarks/bench_demo.py --scale 0.1        # a tenth of the budget, on a loaded machine
     python benchmarks/bench_demo.py --configs llama,2017 --rounds 3
+
+--whole times what a newcomer waits for: `anatomy ablate` on the demo spec exactly as `make demo` runs it
+(its rounds, every run, the report), in a fresh folder, in a process of its own, once; it records the wall
+time in minutes with the load average before and after (run it on an idle machine: nothing else running).
+
+    python benchmarks/bench_demo.py --whole            # ~10-15 minutes on 2 idle cores
 """
 
 from __future__ import annotations
@@ -51,7 +57,37 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--scale", type=float, default=1.0, help="multiply both budgets by this (an upper bound below 1)")
     p.add_argument("--no-append", action="store_true")
+    p.add_argument("--whole", action="store_true", help="time `anatomy ablate` on the demo spec, as make demo runs it")
     return p.parse_args(argv)
+
+
+def whole(append: bool) -> None:
+    """`anatomy ablate` (the demo, as `make demo` runs it) once in a fresh folder: its wall time in minutes."""
+    import json
+    import subprocess
+
+    folder = Path(tempfile.mkdtemp(prefix="bench-demo-whole-"))
+    before = os.getloadavg()
+    try:
+        t0 = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "anatomy_cli", "ablate", "--runs-dir", str(folder)],
+                              capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        after = os.getloadavg()
+        if done.returncode != 0:
+            sys.exit(f"bench_demo --whole: anatomy ablate exited {done.returncode}: {done.stderr[-2000:]}")
+        record = json.loads((folder / "demo" / "decide.json").read_text())
+        summaries = [json.loads(p.read_text()) for p in (folder / "demo").glob("*/summary.json")]
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    rounds = ", ".join(f"{r['seeds']} seeds: {r['trained']} runs in {r['seconds'] / 60:.1f} min"
+                       for r in record["rounds"])
+    lines = [f"- `anatomy ablate` (experiments/demo.toml, as `make demo` runs it), one process, {os.cpu_count()} "
+             f"cores; load average {before[0]:.2f} before, {after[0]:.2f} after (1 min)",
+             f"- {len(summaries)} runs ({sum(s.get('status') == 'completed' for s in summaries)} completed); "
+             f"rounds: {rounds}; stopped: {record.get('stopped')}",
+             "", f"make demo's study, start to report: **{wall / 60:.1f} min** ({wall:.0f} s)"]
+    common.publish("bench_demo --whole: make demo's wall time", lines, append)
 
 
 SCALED = ("steps", "warmup", "eval_interval", "eval_batches", "sample_len")
@@ -93,6 +129,8 @@ def timed(plan, workers: int) -> tuple[float, str]:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.whole:
+        return whole(not args.no_append)
     slugs = [s.strip() for s in args.configs.split(",") if s.strip()]
     studies = plans(slugs, args.scale)
     rows, ratios = [], []
