@@ -135,3 +135,14 @@ def test_slugs_follow_github():
     assert slug("The demo's budget: why 300 steps") == "the-demos-budget-why-300-steps"
     assert slug("Four parts of 2024-2026 models") == "four-parts-of-2024-2026-models"
     assert slug("moe_aux_loss and [links](x.md)") == "moe_aux_loss-and-links"
+
+
+def test_the_readme_says_how_long_make_demo_takes_in_minutes_from_the_benchmark():
+    """A newcomer's first question: beside `make demo`, its wall time in minutes on a named machine, the
+    number benchmarks/bench_demo.py --whole wrote into benchmarks/RESULTS.md (the latest such section)."""
+    results = (ROOT / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8")
+    sections = results.split("\n## bench_demo --whole: make demo's wall time")[1:]
+    assert sections, "benchmarks/RESULTS.md has no bench_demo --whole section: python benchmarks/bench_demo.py --whole"
+    minutes = re.search(r"start to report: \*\*([0-9.]+) min\*\*", sections[-1]).group(1)
+    setup = next(line for line in README.read_text(encoding="utf-8").splitlines() if line.startswith("make demo "))
+    assert f"{minutes} min" in setup, f"the README's make demo line must say {minutes} min (RESULTS.md): {setup}"
