@@ -65,3 +65,18 @@ def test_a_margin_given_after_the_runs_says_so(tmp_path):
     doc = json.loads(result.stdout)
     bases = {e["threshold_basis"] for e in doc["effects"] if e["metric"] == "best_val_loss"}
     assert bases == {f"{stats.AFTER} (the study's: 0.040)"}
+
+
+def test_trends_are_judged_at_the_studys_alpha():
+    """A --decide study's trends use its looks' alpha, as its size effects do (they used 0.05)."""
+    import pandas as pd
+
+    from anatomy_cli.report import scale
+
+    gains = pd.DataFrame([{"series": "", "flip": "rope", "direction": "add-one", "against": "2017 end", "seed": s,
+                           "size": size, "gain": 0.1 * i + 0.01 * s, "non_embedding_params": n}
+                          for s in (1, 2, 3) for i, (size, n) in enumerate((("S", 1e5), ("M", 1e6)))])
+    placed = pd.DataFrame(columns=["series", "flip", "direction", "call"])
+    wide, narrow = (scale.trends(gains, placed, 0.02, alpha=a).iloc[0] for a in (0.05, 0.01))
+    assert narrow["adj_level"] == pytest.approx(0.99) and wide["adj_level"] == pytest.approx(0.95)
+    assert narrow["slope_adj_low"] < wide["slope_adj_low"]

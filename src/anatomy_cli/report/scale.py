@@ -163,12 +163,13 @@ def by_size(loss_effects: pd.DataFrame, gains: pd.DataFrame, sizes: pd.DataFrame
 
 
 def trends(gains: pd.DataFrame, effects_by_size: pd.DataFrame, margin: float,
-           runs: pd.DataFrame | None = None) -> pd.DataFrame:
+           runs: pd.DataFrame | None = None, alpha: float = stats.ALPHA) -> pd.DataFrame:
     """TREND_COLUMNS: per series, component and direction, the per-seed slopes of gain on log10 N
     (gains: effects.seed_gains rows with series and non_embedding_params), judged together as one
     family (stats.judge: simultaneous intervals, Holm p), and the call (scale_call) with the verdict's
     calls at each size (effects_by_size). runs (the sized runs with series, as scale_frames gives
-    them): what a call without a trend names as its cause (trend_cause); None: too few seeds."""
+    them): what a call without a trend names as its cause (trend_cause); None: too few seeds. alpha: the
+    study's family-wise alpha, as its size effects were judged (a --decide study's looks' alpha)."""
     rows = []
     for (series, flip, direction), cell in gains.groupby(["series", "flip", "direction"], sort=False):
         table = cell.pivot_table(index="seed", columns="size", values="gain", aggfunc="first")
@@ -190,7 +191,7 @@ def trends(gains: pd.DataFrame, effects_by_size: pd.DataFrame, margin: float,
                      "cause": cause, "span": float(np.ptp(x)) if len(x) else 0.0, "st": st})
     for series in dict.fromkeys(r["series"] for r in rows):  # one family per ladder
         family = [r for r in rows if r["series"] == series]
-        for r, judged in zip(family, stats.judge([r["st"] for r in family], math.nan)):
+        for r, judged in zip(family, stats.judge([r["st"] for r in family], math.nan, alpha)):
             r |= {"slope_adj_low": judged["adj_low"], "slope_adj_high": judged["adj_high"],
                   "adj_level": judged["adj_level"], "p_value": judged["p_value"], "p_holm": judged["p_holm"]}
     df = pd.DataFrame(rows, columns=[*TREND_COLUMNS, "calls", "cause", "span"])
@@ -323,7 +324,10 @@ def scale_frames(runs: pd.DataFrame, curves: pd.DataFrame, effects: pd.DataFrame
     sized = sized.assign(series=[series_of(g, s) for g, s in zip(_group_labels(sized), sized["size"])])
     sized = sized.drop(columns="non_embedding_params").merge(sizes[["series", "size", "non_embedding_params"]],
                                                              on=["series", "size"], how="left")
-    return Scale(sizes, placed, trends(gains, placed, margin, sized), budget_rule(runs),
+    # the study's alpha, as its loss families were judged: level = 1 - alpha / family (a --decide study's looks')
+    tested = loss[loss["family"] > 0]
+    alpha = float(((1 - tested["adj_level"]) * tested["family"]).iloc[0]) if len(tested) else stats.ALPHA
+    return Scale(sizes, placed, trends(gains, placed, margin, sized, alpha), budget_rule(runs),
                  tuple(ladder_notes(sizes, sized, ladder_names(runs))))
 
 
