@@ -217,3 +217,13 @@ def test_a_rerun_counts_the_seconds_its_earlier_rounds_took_against_the_budget()
     assert first.stopped == "the budget (2m) would be overrun by the next round"
     again = study.run(plan, before=first).record
     assert again.stopped == first.stopped and again.rounds[0].seconds == first.rounds[0].seconds
+
+
+def test_a_rerun_leaves_the_record_on_disk_until_its_first_look():
+    """The plan is saved before the first round only for a new study: a second process started on a running
+    study's folder must not blank its rounds before the sweep lock refuses it."""
+    study = FakeStudy({"+swiglu": 0.5, "+rope": 0.01}, {"+rope": 0.3})
+    first = study.run(Rounds([3, 5], futility=False)).record
+    saved = []
+    study.run(Rounds([3, 5], futility=False), save=saved.append, before=first)
+    assert saved and saved[0].rounds  # the first save of a rerun is its first look, never an empty plan

@@ -83,7 +83,8 @@ def run_rounds(first: Sequence, rounds: Rounds, train: Callable[[list], list], r
     started, statuses, todo, full = clock(), {}, list(first), list(first)  # full: every config at the look's n
     looks, cap = rounds.looks, rounds.looks[-1]
     earlier = {r.seeds: r.seconds for r in before.rounds} if before is not None else {}
-    save(record)
+    if before is None:  # a new study's plan, before its first round trains; a record already there stays (it
+        save(record)    # may be a running study's, whose rounds this one must not blank before its lock refuses it)
     ahead = pending(todo) if rounds.budget_s is not None else []
     need = cost(ahead) if ahead else 0.0
     if rounds.budget_s is not None and need > rounds.budget_s:
