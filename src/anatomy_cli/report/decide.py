@@ -86,14 +86,9 @@ def turned_on_by(root: Path) -> str:
     record = read_record(root)
     if record is not None and record.by is not None:  # decide.json says (studies from before it: the spec)
         return "the --decide flag" if record.by == "flag" else f"{_spec_of(root)}'s [decide] table"
-    how = (runs_mod.read_design(Path(root)) or {}).get("invocation")
-    if how is None:
+    if (runs_mod.read_design(Path(root)) or {}).get("invocation") is None:
         return "the --decide flag or its spec's [decide] table"
-    spec = Path(how["spec"]) if how.get("spec") else None
-    if spec is None:
-        from anatomy_cli.sweep.plan import DEFAULT_SPEC, experiments_dir
-
-        spec = experiments_dir() / DEFAULT_SPEC
+    spec = Path(_spec_of(root))
     try:
         table = "decide" in tomllib.loads(spec.read_text(encoding="utf-8-sig"))
     except (OSError, ValueError):
