@@ -6,6 +6,7 @@
              one the CLI runs and benchmarks/calibrate_verdict.py --decide measures
   reporting  `anatomy report`: where a report may write, its frames read once, the side files
   sizes      a size ladder's plan per size (scale-plan, ablate --dry-run)
+  tuning     fair learning rates: the LR grid, the rule, run_selection (the loop over any trainer)
 
 Imports: report, sweep, exams, training, store, spec (everything below it but the model); never cli.
 """
