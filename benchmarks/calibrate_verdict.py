@@ -13,37 +13,37 @@ small) and the variant's, chosen so the effect's paired sd is what the noise set
 What runs through the real report code. The synthetic losses are generated vectorised, as a runs frame
 (role, design, settings, size, seed, status, run_id, best_val_loss) with many families stacked as separate
 groups (a `family` setting). That frame is paired by `effects.paired_rows` (the pairing
-`component_effects` uses: same seed, both runs completed; gain, sd, the group's noise). The NEW rule then
-judges those rows with `effects.effects_frame(rows, {metric: effects.margin(metric)})`, which is the body of
-`effects.component_effects` (every group its own family, moderated t, the fixed margin DEFAULT_MARGIN).
-TODAY'S rule is a REPLICA of the rule before issue 28 on the same rows: one family of all effects (here
-one group's ten), Bonferroni on each effect's own t (`stats.judge(..., moderate=False)`), the margin
-estimated from the data as the reference end's seed-to-seed sd of best_val_loss (the row's `noise`).
-Every scenario is judged on the same simulated families (common random numbers): pairing costs ~20 ms a
-family and judging ~2 ms, so the families are paired once with every true effect 0 and a scenario shifts
-the tested effect's paired differences by its truth (gain and raw interval move, sd does not), exactly
-what pairing runs with that truth gives: tests/report/test_calibration.py checks it against component_effects
-on the runs frame simulated with the truth itself.
+`component_effects` uses: same seed, both runs completed; gain, sd, the group's noise) and judged by
+`effects.effects_frame(rows, {metric: effects.margin(metric)})`, the body of `effects.component_effects`:
+every group its own family, each effect on its own variance (stats.judge), the margin DEFAULT_MARGIN.
+Every scenario of a cell is judged on the same simulated families (common random numbers): the families
+are paired once with every true effect 0 and a scenario shifts the tested effect's paired differences by
+its truth (gain and raw interval move, sd does not), exactly what pairing runs with that truth gives:
+tests/report/test_calibration.py checks it against component_effects on runs simulated with the truth.
 
-Noise settings
-  homogeneous                every effect's paired sd = SIGMA (0.04, the demo's end seed sd and the median
-                             paired sd of its ten effects; margin 0.02 = SIGMA / 2)
-  heterogeneous              the nine other effects' paired sds log-uniform in 0.1x..7x END_SD, drawn per
-                             family (the demo's ten span 0.005..0.33 with an end seed sd of 0.046)
-  heterogeneous + collapses  the same, and each seed of a post-norm config (2017 end, +rmsnorm, +rope,
-                             +swiglu, +gqa, -prenorm) collapses with probability COLLAPSE_P: +COLLAPSE_LOSS
-                             nats/char, a completed run (an outlier, not a divergence)
-The tested effect (rope added to the 2017 end: post-norm on both sides) has paired sd SIGMA in every
-setting, so power rows read in its paired sds. With collapses, an effect's truth is its expected paired
-gain: prenorm's two effects then carry +COLLAPSE_P x COLLAPSE_LOSS (pre-norm does not collapse), the rest 0.
-
-Scenarios (per n and noise setting; the other effects 0 unless said)
+The grid of noise settings (issue 35): the tested effect (rope added to the 2017 end) has paired sd SIGMA
+in every setting (so power rows read in its paired sds), the nine others as the setting says:
+  alike                      all ten SIGMA (0.04, the demo's end seed sd; margin 0.02 = SIGMA / 2)
+  one kx noisier             one other effect (gqa added) k x SIGMA, k in 1.5, 2, 3, 4, 6, 10: the case a
+                             variance test on ten 2-df variances cannot see, where pooling failed
+  two 4x noisier             gqa added and rope removed 4 x SIGMA
+  spread sx                  the nine log-uniform over SIGMA / sqrt(s) .. SIGMA x sqrt(s), s in 2..70, drawn
+                             per family (70x: the shipped studies' spread)
+  t(3) tails                 alike, each config's own noise Student t on 3 df (scaled to the same sd)
+  3 % collapses              alike, and each seed of a post-norm config (2017 end, +rmsnorm, +rope, +swiglu,
+                             +gqa, -prenorm) collapses with probability 3 %: +1.5 nats/char, a completed run
+                             (an outlier, not a divergence); prenorm's two effects then carry its expected
+                             part (pre-norm does not collapse) as their truth, the rest 0
+  alike, quiet               all ten at SIGMA / 8 (0.005): noise where `negligible` is reachable at 3-10 seeds,
+                             for the boundary rows
+Scenarios per cell (the other effects 0 unless said)
   null           every effect 0 (but prenorm's collapse part): family-wise error P(any false helps/hurts),
                  a false call being one on an effect whose truth is 0 or of the other sign
-  power k        the tested effect = k x SIGMA, k in POWER_K (0.5, 1, 2, 3, 4, 8): P(it is called helps); the
-                 80%-power effect is interpolated linearly in log k (">8" when never reached)
-  boundary +/-   the tested effect = +/- the rule's margin: P(it is called negligible). New rule: 0.02;
-                 today's: the end's true seed sd END_SD (the margin it estimates)
+  power k        the tested effect = k x its sd, k in POWER_K: P(it is called helps); the 80%-power effect
+                 is interpolated linearly in log k (">16" when never reached)
+  at the mde     the tested effect = the median mde the report prints for it under the null (estimated
+                 from its seeds: stats.estimated_mde): P(helps), which the printed mde promises is 80 %
+  boundary +/-   the tested effect = +/- the margin: P(it is called negligible)
   coverage       P(all simultaneous intervals hold their truths), pooled over every scenario judged; with
                  collapses prenorm's two effects are left out (one side collapses, the other never: their
                  paired gains are a skewed mixture whose mean no 3..10-seed t interval pins down)
@@ -54,17 +54,24 @@ trainer that marks simulated runs trained, a reader that returns them). Each fam
 seed count; at each look only the seeds each config has been given so far are paired and judged (at the
 looks' alpha, decide.alpha), and the next look's seeds go to the configs of the open effects (with
 futility: those decide.futile at the cap leaves; without: every open effect's). A family's calls are those of
-the last look it reached (what its report says). Per plan, noise setting (homogeneous, heterogeneous) and futility
-on/off: the family-wise error under the null, P(helps) at 1, 2, 4 paired sds, P(negligible) at the margin,
-coverage, and the runs a study trained relative to 3 seeds of every config.
+the last look it reached (what its report says). Per plan, noise setting and futility on/off: the
+family-wise error under the null, P(helps) at 1, 2, 4 paired sds, P(negligible) at the margin, coverage, and
+the runs a study trained relative to 3 seeds of every config.
 
-Cost: ~50 ms per family and (noise, n) cell on one loaded core (pairing ~20 ms, then 18 judgements of ~2 ms);
-the default, 1200 families: 9 cells, ~10 minutes at load ~2.5 (562 s; 1065 s at load 4-6); --quick: 300
-families, n = 3 only, ~1 minute.
+Trends: a size ladder of 3 sizes (log10 N 5, 5.5, 6), ten trends (the ten effects' per-seed gains), judged by
+scale.trends, the report's code: each seed's gains at the sizes fitted by a line, the slopes judged as one
+family by stats.judge, scale_call. Null: every slope 0 and the gains at each size inside the margin (every
+size's call undecided), per-seed gain noise sd SIGMA at every size, one trend's (or none's) k x noisier: the
+false grows / shrinks / reverses sign rate, and holds called for a flat trend at the margin.
 
-    python benchmarks/calibrate_verdict.py                        # prints the table
+Cost: ~45 ms per family and cell on one loaded core (pairing ~20 ms, then ~12 judgements of ~2 ms);
+--families 1000 over the whole grid (4 seed counts x 15 settings) ~45 minutes on one core; --quick: 300
+families, n = 3 only, a few minutes.
+
+    python benchmarks/calibrate_verdict.py                        # prints the grid's table
     python benchmarks/calibrate_verdict.py --quick
-    python benchmarks/calibrate_verdict.py --families 4000 --json calib.json --append   # ~35 minutes
+    python benchmarks/calibrate_verdict.py --decide --families 300 --null-families 1000
+    python benchmarks/calibrate_verdict.py --trends --families 4000
 """
 
 from __future__ import annotations
@@ -80,7 +87,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from anatomy_cli.report import effects, stats
+from anatomy_cli.report import effects, scale, stats
 from anatomy_cli.spec.components import FIVE
 from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, DIRECTIONS, REFERENCE, REMOVE_ONE, variant
 from anatomy_cli.store.runs import COMPLETED
@@ -89,32 +96,51 @@ from anatomy_cli.study.rounds import Rounds, run_rounds
 METRIC = "best_val_loss"
 END_SD = 0.04  # true seed-to-seed sd of an end's best val loss (the demo's: 0.046 and 0.040)
 END_OWN = 0.0025  # the part of it that is the end config's own noise; the rest is the shared seed effect
-SIGMA = 0.04  # homogeneous paired sd, and the tested effect's in every setting
-SD_RANGE = (0.1, 7.0)  # heterogeneous paired sds, in END_SD
-COLLAPSE_P, COLLAPSE_LOSS = 0.1, 1.0
+SIGMA = 0.04  # the tested effect's paired sd, and every effect's when alike
+COLLAPSE_P, COLLAPSE_LOSS = 0.03, 1.5
 BASE = {REFERENCE: 3.8, ALL_ON: 2.9}
-POWER_K = (0.5, 1.0, 2.0, 3.0, 4.0, 8.0)  # 3: the 80 % crossing of n = 3 lies between 2 and 4
-NS = (3, 5, 10)
+POWER_K = (1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)  # 80 % at 3 seeds, each effect alone: ~11 sds
+NS = (3, 4, 5, 10)
 EFFECTS = [(f, ADD_ONE) for f in FIVE] + [(f, REMOVE_ONE) for f in FIVE]
 INDEX = {e: i for i, e in enumerate(EFFECTS)}
 TESTED = INDEX[("rope", ADD_ONE)]
+NOISY = (INDEX[("gqa", ADD_ONE)], INDEX[("rope", REMOVE_ONE)])  # the effects a "noisier" setting makes noisy
 VARIANTS = [variant(f, d) for d in DIRECTIONS for f in FIVE]  # config of effect i
 ROLES = [REFERENCE, ALL_ON, *VARIANTS]
 POST_NORM = np.array([r in {REFERENCE, "+rmsnorm", "+rope", "+swiglu", "+gqa", "-prenorm"} for r in ROLES])
-NEW, TODAY = "new", "today"
-RULES = (TODAY, NEW)
-NEW_MARGIN = stats.DEFAULT_MARGIN
+MARGIN = stats.DEFAULT_MARGIN
 
 
 @dataclass(frozen=True)
 class Noise:
+    """A noise setting: the ten effects' paired sds and the shape of each run's own noise."""
+
     name: str
-    heterogeneous: bool
-    collapse: float  # probability a post-norm config's seed collapses
+    kind: str = "alike"  # alike | one | two | spread
+    k: float = 1.0  # one / two: the noisy effects' sd in SIGMAs; spread: the ratio of the largest sd to the smallest
+    tails: str = "normal"  # or "t3"
+    collapse: float = 0.0  # probability a post-norm config's seed collapses
+    sigma: float = SIGMA  # the tested effect's paired sd (and every effect's when alike)
+
+    def sds(self, rng: np.random.Generator, families: int) -> np.ndarray:
+        """(families, 10) paired sds."""
+        sd = np.full((families, len(EFFECTS)), self.sigma)
+        if self.kind == "one":
+            sd[:, NOISY[0]] *= self.k
+        elif self.kind == "two":
+            sd[:, list(NOISY)] *= self.k
+        elif self.kind == "spread":
+            half = math.log(self.k) / 2
+            sd = self.sigma * np.exp(rng.uniform(-half, half, size=sd.shape))
+            sd[:, TESTED] = self.sigma
+        return sd
 
 
-NOISES = (Noise("homogeneous", False, 0.0), Noise("heterogeneous", True, 0.0),
-          Noise("heterogeneous + collapses", True, COLLAPSE_P))
+GRID = (Noise("alike"), *(Noise(f"one {k:g}x noisier", "one", k) for k in (1.5, 2, 3, 4, 6, 10)),
+        Noise("two 4x noisier", "two", 4.0), *(Noise(f"spread {s}x", "spread", s) for s in (2, 4, 8, 16, 70)),
+        Noise("t(3) tails", tails="t3"), Noise("3 % collapses", collapse=COLLAPSE_P),
+        Noise("alike, quiet", sigma=SIGMA / 8))
+NOISES = {n.name: n for n in GRID}
 
 
 # ------------------------------------------------------------------------------- synthetic studies
@@ -127,16 +153,16 @@ def simulate(rng: np.random.Generator, n: int, noise: Noise, families: int, firs
     b = families
     truth = np.zeros(len(EFFECTS)) if truth is None else np.asarray(truth, dtype=float)
     seed_sd = math.sqrt(END_SD**2 - END_OWN**2)
-    sd = np.full((b, len(EFFECTS)), SIGMA)
-    if noise.heterogeneous:
-        lo, hi = np.log(SD_RANGE[0] * END_SD), np.log(SD_RANGE[1] * END_SD)
-        sd = np.exp(rng.uniform(lo, hi, size=sd.shape))
-        sd[:, TESTED] = SIGMA
-    own = np.concatenate([np.full((b, 2), END_OWN), np.sqrt(np.maximum(sd**2 - END_OWN**2, 0.0))], axis=1)
+    sd = noise.sds(rng, b)
+    end_own = min(END_OWN, float(sd.min()) / 2)  # the end's own part never exceeds an effect's paired sd
+    own = np.concatenate([np.full((b, 2), end_own), np.sqrt(np.maximum(sd**2 - end_own**2, 0.0))], axis=1)
     offset = np.concatenate([[0.0, 0.0], -truth[:5], truth[5:]])  # +f: lower loss by its gain; -f: higher
     base = np.array([BASE[REFERENCE], BASE[ALL_ON]] + [BASE[REFERENCE]] * 5 + [BASE[ALL_ON]] * 5)
-    loss = (base[None, :, None] + offset[None, :, None] + rng.normal(0, seed_sd, (b, 1, n))
-            + own[:, :, None] * rng.normal(size=(b, len(ROLES), n)))
+    if noise.tails == "t3":
+        draw = rng.standard_t(3, size=(b, len(ROLES), n)) / math.sqrt(3.0)  # unit variance
+    else:
+        draw = rng.normal(size=(b, len(ROLES), n))
+    loss = base[None, :, None] + offset[None, :, None] + rng.normal(0, seed_sd, (b, 1, n)) + own[:, :, None] * draw
     expected = np.broadcast_to(truth, (b, len(EFFECTS))).copy()
     if noise.collapse:
         loss += COLLAPSE_LOSS * (POST_NORM[None, :, None] & (rng.random(loss.shape) < noise.collapse))
@@ -185,46 +211,49 @@ def shifted(rows: list[list[dict]], value: float, effect: int = TESTED) -> list[
 
 def _arrays(judged: list[dict], first: int, families: int) -> dict[str, np.ndarray]:
     out = {"call": np.full((families, len(EFFECTS)), "", dtype=object),
-           "low": np.full((families, len(EFFECTS)), np.nan), "high": np.full((families, len(EFFECTS)), np.nan)}
+           **{k: np.full((families, len(EFFECTS)), np.nan) for k in ("low", "high", "mde")}}
     for r in judged:
         f, i = family_of(r["group"], first, families), INDEX[(r["flip"], r["direction"])]
         out["call"][f, i], out["low"][f, i], out["high"][f, i] = r["call"], r["adj_low"], r["adj_high"]
+        out["mde"][f, i] = r["mde"]
     return out
 
 
-def judge(rows: list[list[dict]], rule: str, first: int) -> dict[str, np.ndarray]:
-    """{call, low, high} arrays (families, 10) of one rule on paired_rows()' rows.
-
-    NEW: effects.effects_frame with the loss metric's default margin (effects.margin), the body of
-    effects.component_effects: every group its own family, moderated t, margin stats.DEFAULT_MARGIN.
-    TODAY (a replica of the rule before issue 28): all effects one family (here: one group's ten), each
-    effect's own variance (stats.judge(moderate=False)), the margin = the group's reference-end seed sd.
-    """
-    if rule == NEW:
-        judged = effects.effects_frame([r for fam in rows for r in fam], {METRIC: effects.margin(METRIC)})
-        judged = judged.to_dict("records")
-    else:
-        judged = [r for fam in rows for r in stats.judge(fam, fam[0]["noise"], moderate=False)]
-    return _arrays(judged, first, len(rows))
+def judge(rows: list[list[dict]], first: int) -> dict[str, np.ndarray]:
+    """{call, low, high, mde} arrays (families, 10) of the report's rule on paired_rows()' rows:
+    effects.effects_frame with the loss metric's default margin (effects.margin), the body of
+    effects.component_effects (every group its own family, each effect on its own variance)."""
+    judged = effects.effects_frame([r for fam in rows for r in fam], {METRIC: effects.margin(METRIC)})
+    return _arrays(judged.to_dict("records"), first, len(rows))
 
 
-def run_cell(rng: np.random.Generator, n: int, noise: Noise, families: int,
-             scenarios: dict[str, tuple[float, tuple[str, ...]]], batch: int = 200) -> dict[str, dict]:
-    """{scenario: {rule: {call, low, high, truth}}} for scenarios {name: (tested effect's truth, rules)}.
+def run_cell(rng: np.random.Generator, n: int, noise: Noise, families: int, scenarios: dict[str, float],
+             batch: int = 200, at_mde: bool = False) -> dict[str, dict]:
+    """{scenario: {call, low, high, mde, truth, counted}} for scenarios {name: the tested effect's truth}.
 
     Every scenario is judged on the same simulated families (common random numbers): the runs of a batch
-    are paired once through the report code, and each scenario shifts the tested effect's pairs."""
-    parts: dict = {s: {rule: [] for rule in rules} for s, (_, rules) in scenarios.items()}
+    are paired once through the report code, and each scenario shifts the tested effect's pairs. at_mde:
+    also "at the mde", the tested effect at the median of the mde printed for it under the null (which
+    needs the whole null first, so the batches' pairs are kept)."""
+    parts: dict = {s: [] for s in scenarios}
+    kept = []
     for first in range(0, families, batch):
         b = min(batch, families - first)
         runs, expected = simulate(rng, n, noise, b, first)
         rows = paired_rows(runs, first, b)
-        for s, (value, rules) in scenarios.items():
-            extra = {"truth": expected + tested_only(value), "counted": np.broadcast_to(counted(noise), expected.shape)}
-            for rule in rules:
-                parts[s][rule].append(judge(shifted(rows, value), rule, first) | extra)
-    return {s: {rule: {k: np.concatenate([p[k] for p in ps]) for k in ps[0]} for rule, ps in by.items()}
-            for s, by in parts.items()}
+        extra = {"counted": np.broadcast_to(counted(noise), expected.shape)}
+        for s, value in scenarios.items():
+            parts[s].append(judge(shifted(rows, value), first) | extra | {"truth": expected + tested_only(value)})
+        if at_mde:
+            kept.append((first, rows, expected, extra))
+    out = {s: {k: np.concatenate([p[k] for p in ps]) for k in ps[0]} for s, ps in parts.items()}
+    if at_mde:
+        null = out.get("null") or out[next(iter(out))]
+        value = float(np.nanmedian(null["mde"][:, TESTED]))
+        parts = [judge(shifted(rows, value), first) | extra | {"truth": expected + tested_only(value)}
+                 for first, rows, expected, extra in kept]
+        out["at the mde"] = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]} | {"value": value}
+    return out
 
 
 def tested_only(value: float) -> np.ndarray:
@@ -275,48 +304,47 @@ def detectable(power: dict[float, float], target: float = stats.POWER) -> float:
     return math.inf
 
 
-def boundary(rule: str) -> float:
-    """The true effect at the rule's margin: the new rule's fixed one, today's estimated one's truth."""
-    return NEW_MARGIN if rule == NEW else END_SD
+def scenarios(noise: Noise, power: bool = True) -> dict[str, float]:
+    """{name: the tested effect's truth}: the null, power at POWER_K of its sd, the margin's boundary."""
+    out = {"null": 0.0} | ({f"power {k:g}": k * noise.sigma for k in POWER_K} if power else {})
+    return out | {"edge +1": MARGIN, "edge -1": -MARGIN}
 
 
-def scenarios() -> dict[str, tuple[float, tuple[str, ...]]]:
-    """{name: (the tested effect's truth, the rules judged)}: the null, power at POWER_K paired sds, and
-    each rule's margin boundary (judged by that rule only)."""
-    out = {"null": (0.0, RULES)} | {f"power {k:g}": (k * SIGMA, RULES) for k in POWER_K}
-    return out | {f"edge {rule} {s:+d}": (s * boundary(rule), (rule,)) for rule in RULES for s in (1, -1)}
+def summarise(cell: dict, noise: Noise) -> dict:
+    """fwer, power {k: P(helps)}, mde80 (sds), the printed mde (sds) and P(helps) there, coverage,
+    negligible_plus/minus of one run_cell()."""
+    pw = {k: rate(cell[f"power {k:g}"], stats.HELPS) for k in POWER_K if f"power {k:g}" in cell}
+    judged = [j for j in cell.values()]
+    out = {"fwer": fwer(cell["null"]), "power": pw, "mde80": detectable(pw) if pw else math.nan,
+           "coverage": float(np.concatenate([covered(j) for j in judged]).mean()),
+           "negligible_plus": rate(cell["edge +1"], stats.NEGLIGIBLE),
+           "negligible_minus": rate(cell["edge -1"], stats.NEGLIGIBLE)}
+    if "at the mde" in cell:
+        out |= {"printed_mde": cell["at the mde"]["value"] / noise.sigma,
+                "at_mde": rate(cell["at the mde"], stats.HELPS)}
+    return out
 
 
-def summarise(cell: dict, rule: str) -> dict:
-    """fwer, power {k: P(helps)}, mde80, coverage, negligible_plus/minus of one rule in one run_cell()."""
-    pw = {k: rate(cell[f"power {k:g}"][rule], stats.HELPS) for k in POWER_K}
-    judged = [by[rule] for by in cell.values() if rule in by]
-    return {"fwer": fwer(cell["null"][rule]), "power": pw, "mde80": detectable(pw),
-            "coverage": float(np.concatenate([covered(j) for j in judged]).mean()),
-            "negligible_plus": rate(cell[f"edge {rule} +1"][rule], stats.NEGLIGIBLE),
-            "negligible_minus": rate(cell[f"edge {rule} -1"][rule], stats.NEGLIGIBLE)}
-
-
-def calibrate(families: int, ns=NS, noises=NOISES, seed: int = 28, log=None) -> list[dict]:
-    """One row per (noise setting, n, rule): summarise()'s numbers."""
+def calibrate(families: int, ns=NS, noises=GRID, seed: int = 35, log=None) -> list[dict]:
+    """One row per (noise setting, n): summarise()'s numbers. Power rows only for the settings whose tested
+    effect's power they read (alike, quiet, t(3), collapses): elsewhere the tested effect is judged alone
+    on its own variance exactly as when alike (no variance borrows), so its power is alike's."""
     rng = np.random.default_rng(seed)
     out = []
     for noise in noises:
         for n in ns:
             t0 = time.perf_counter()
-            cell = run_cell(rng, n, noise, families, scenarios())
-            out += [{"noise": noise.name, "n": n, "rule": rule, "families": families, **summarise(cell, rule)}
-                    for rule in RULES]
+            power = noise.kind == "alike"
+            cell = run_cell(rng, n, noise, families, scenarios(noise, power), at_mde=True)
+            out.append({"noise": noise.name, "n": n, "families": families, **summarise(cell, noise)})
             if log:
                 log(f"{noise.name}, n={n}: {time.perf_counter() - t0:.0f} s")
     return out
-
-
 # ------------------------------------------------------------------------------- --decide
 
 PLANS = {"demo": [3, 4], "default": [3, 5, 7, 9, 10]}
 DECIDE_K = (1.0, 2.0, 4.0)
-DECIDE_NOISES = NOISES[:2]  # homogeneous, heterogeneous
+DECIDE_NOISES = tuple(NOISES[name] for name in ("alike", "one 4x noisier", "spread 70x", "t(3) tails"))
 
 
 @dataclass(frozen=True)
@@ -370,9 +398,9 @@ def calibrate_decide(families: int, plans=PLANS, noises=DECIDE_NOISES, seed: int
             for futility in (True, False):
                 t0 = time.perf_counter()
                 cells = {"null": decide_cell(rng, looks, noise, null_families or families, 0.0, futility)}
-                cells |= {f"power {k:g}": decide_cell(rng, looks, noise, families, k * SIGMA, futility)
+                cells |= {f"power {k:g}": decide_cell(rng, looks, noise, families, k * noise.sigma, futility)
                           for k in DECIDE_K}
-                cells["edge"] = decide_cell(rng, looks, noise, families, NEW_MARGIN, futility)
+                cells["edge"] = decide_cell(rng, looks, noise, families, MARGIN, futility)
                 pw = {k: rate(cells[f"power {k:g}"], stats.HELPS) for k in DECIDE_K}
                 out.append({"plan": plan, "looks": looks, "noise": noise.name, "futility": futility,
                             "families": families, "null_families": null_families or families,
@@ -398,6 +426,72 @@ def decide_table(rows: list[dict]) -> list[str]:
                                f"{r['runs_power2']:.2f}x"] for r in rows])
 
 
+# ------------------------------------------------------------------------------- trends
+
+LADDER = (5.0, 5.5, 6.0)  # log10 non-embedding parameters of the simulated sizes
+TREND_K = (1.0, 2.0, 4.0, 10.0)
+
+
+def trend_cell(rng: np.random.Generator, n: int, k: float, families: int, slope: float = 0.0,
+               batch: int = 100) -> dict[str, np.ndarray]:
+    """scale.trends on `families` simulated ladders of ten trends (the ten effects), n seeds, every size's
+    gain inside the margin so every size's call is undecided (what lets a trend alone be called): per seed
+    and size, gain = slope x (x - centre) + noise (sd SIGMA / 4, the noisy trend's k x that), tested trend
+    (rope added) at `slope` nats/char per decade, the rest 0. {call (families, 10), slope_true (10,)}."""
+    sd = np.full(len(EFFECTS), SIGMA / 4)
+    sd[NOISY[0]] *= k
+    truth = np.zeros(len(EFFECTS))
+    truth[TESTED] = slope
+    x = np.array(LADDER)
+    calls = []
+    for first in range(0, families, batch):
+        b = min(batch, families - first)
+        g = (truth[None, :, None, None] * (x - x.mean())[None, None, None, :]
+             + sd[None, :, None, None] * rng.normal(size=(b, len(EFFECTS), n, len(x))))
+        fam, eff, seed, size = (a.reshape(-1) for a in np.indices(g.shape))
+        flips = np.array([f for f, _ in EFFECTS], dtype=object)
+        dirs = np.array([d for _, d in EFFECTS], dtype=object)
+        gains = pd.DataFrame({"series": [f"f{f}" for f in fam + first], "flip": flips[eff], "direction": dirs[eff],
+                              "against": "", "seed": seed, "size": [f"s{i}" for i in size], "gain": g.reshape(-1),
+                              "non_embedding_params": 10.0 ** x[size]})
+        by_size = gains.drop_duplicates(["series", "flip", "direction", "size"])[["series", "flip", "direction"]]
+        by_size = by_size.assign(call=stats.UNDECIDED)
+        out = np.full((b, len(EFFECTS)), "", dtype=object)
+        for series, fam_rows in gains.groupby("series", sort=False):
+            judged = scale.trends(fam_rows, by_size[by_size["series"] == series], MARGIN)
+            f = int(series[1:]) - first
+            for r in judged.itertuples():
+                out[f, INDEX[(r.flip, r.direction)]] = r.call
+        calls.append(out)
+    return {"call": np.concatenate(calls), "slope_true": truth}
+
+
+def calibrate_trends(families: int, ns=(3, 5, 10), seed: int = 35, log=None) -> list[dict]:
+    """One row per (n, k): P(any false grows / shrinks / reverses sign) with every slope 0 and one trend k x
+    noisier, and that noisy trend's own rate."""
+    rng = np.random.default_rng(seed)
+    out = []
+    moving = {scale.GROWS, scale.SHRINKS, scale.REVERSES}
+    for n in ns:
+        for k in TREND_K:
+            t0 = time.perf_counter()
+            cell = trend_cell(rng, n, k, families)
+            false = np.isin(cell["call"], list(moving))
+            out.append({"n": n, "k": k, "families": families, "fwer": float(false.any(axis=1).mean()),
+                        "noisy": float(false[:, NOISY[0]].mean())})
+            if log:
+                log(f"trends n={n}, k={k:g}: {time.perf_counter() - t0:.0f} s")
+    return out
+
+
+def trends_table(rows: list[dict]) -> list[str]:
+    return _markdown(["n seeds", "one trend k x noisier", "false grows/shrinks/reverses, any % (MC sd)",
+                      "of the noisy trend %"],
+                     [[str(r["n"]), f"{r['k']:g}", f"{_pct(r['fwer'])} "
+                       f"({_pct(math.sqrt(max(r['fwer'], 0.05) * (1 - max(r['fwer'], 0.05)) / r['families']))})",
+                       _pct(r["noisy"])] for r in rows])
+
+
 # ------------------------------------------------------------------------------- output
 
 
@@ -407,15 +501,18 @@ def _pct(x: float) -> str:
 
 def table(rows: list[dict]) -> list[str]:
     """The markdown table of calibrate()'s rows."""
-    ks = list(rows[0]["power"])
-    head = (["noise", "n", "rule", "FWER %"] + [f"P(helps) {k:g} sd %" for k in ks]
-            + ["80% power at (sd)", "coverage %", "negl. at +m %", "negl. at -m %"])
+    ks = list(POWER_K)
+    head = (["noise", "n", "FWER % (MC sd)"] + [f"P(helps) {k:g} sd %" for k in ks]
+            + ["80% power at (sd)", "printed mde (sd)", "P(helps) at it %", "coverage %", "negl. at +m %",
+               "negl. at -m %"])
     body = []
     for r in rows:
-        mde = ">" + f"{max(ks):g}" if math.isinf(r["mde80"]) else f"{r['mde80']:.2f}"
-        body.append([r["noise"], str(r["n"]), "new" if r["rule"] == NEW else "today (replica)", _pct(r["fwer"])]
-                    + [_pct(r["power"][k]) for k in ks]
-                    + [mde, _pct(r["coverage"]), _pct(r["negligible_plus"]), _pct(r["negligible_minus"])])
+        mc = math.sqrt(max(r["fwer"], 0.05) * (1 - max(r["fwer"], 0.05)) / r["families"])
+        mde = ("" if not r["power"] else ">" + f"{max(ks):g}" if math.isinf(r["mde80"]) else f"{r['mde80']:.2f}")
+        body.append([r["noise"], str(r["n"]), f"{_pct(r['fwer'])} ({_pct(mc)})"]
+                    + [_pct(r["power"][k]) if k in r["power"] else "" for k in ks]
+                    + [mde, f"{r['printed_mde']:.2f}", _pct(r["at_mde"]), _pct(r["coverage"]),
+                       _pct(r["negligible_plus"]), _pct(r["negligible_minus"])])
     return _markdown(head, body)
 
 
@@ -427,20 +524,22 @@ def _markdown(head: list[str], body: list[list[str]]) -> list[str]:
 
 def legend(families: int) -> list[str]:
     mc = math.sqrt(0.05 * 0.95 / families)
-    return [f"{families} families per scenario (Monte-Carlo sd: {100 * mc:.1f} points at 5 %, at most "
-            f"{50 / math.sqrt(families):.1f} points); margin: new {NEW_MARGIN} (fixed), today the 2017 end's "
-            f"estimated seed sd (true {END_SD}); SIGMA (paired sd of the tested effect) {SIGMA}; "
-            f"heterogeneous paired sds {SD_RANGE[0]}x..{SD_RANGE[1]}x {END_SD}; collapses: p {COLLAPSE_P}, "
+    return [f"{families} families per cell and scenario (Monte-Carlo sd of a rate near 5 %: {100 * mc:.2f} points; "
+            f"of a rate near 80 %: {100 * math.sqrt(0.16 / families):.2f}); margin {MARGIN} nats/char (fixed); "
+            f"the tested effect's paired sd {SIGMA} ({SIGMA / 8} in 'alike, quiet'); collapses: p {COLLAPSE_P}, "
             f"+{COLLAPSE_LOSS} nats/char on post-norm configs. FWER: P(any false helps/hurts) with every effect 0; "
-            "P(helps) k sd: the tested effect at k paired sds, the other nine 0; coverage: all simultaneous "
-            "intervals hold their truths, over every scenario (with collapses: all but prenorm's two); "
-            "negl. at +/-m: P(negligible) for a true effect exactly at +/- the rule's margin."]
+            "P(helps) k sd: the tested effect at k paired sds, the other nine 0 (only where the tested effect's "
+            "noise differs from alike's: with no variance borrowed, the other effects' noise cannot move its calls); "
+            "printed mde: the median mde the report prints for the tested effect under the null, in its sds, and "
+            "P(helps) for a true effect of that size; coverage: all simultaneous intervals hold their truths, over "
+            "every scenario (with collapses: all but prenorm's two); negl. at +/-m: P(negligible) for a true "
+            "effect exactly at +/- the margin."]
 
 
 def decide_legend(families: int, null_families: int) -> list[str]:
     return [f"{families} families per scenario ({null_families} under the null: Monte-Carlo sd "
             f"{100 * math.sqrt(0.05 * 0.95 / null_families):.1f} points at 5 %); noise settings and margin as in "
-            "the fixed-seed table; every look judged at 0.05 / (number of looks). FWER: P(any false helps/hurts "
+            "the fixed-seed grid; every look judged at 0.05 / (number of looks). FWER: P(any false helps/hurts "
             "in the calls of each family's last look) with every effect 0; P(helps) k sd: the tested effect at k "
             "paired sds; coverage: all intervals of a family's last look hold their truths, over the power and "
             "margin scenarios; negl. at +m: P(negligible) for the tested effect exactly at the margin 0.02; runs: "
@@ -450,8 +549,11 @@ def decide_legend(families: int, null_families: int) -> list[str]:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--families", type=int, default=1200, help="simulated studies per scenario (default 1200)")
+    p.add_argument("--families", type=int, default=1000, help="simulated studies per scenario (default 1000)")
     p.add_argument("--quick", action="store_true", help="300 families, n = 3 only")
+    p.add_argument("--noise", action="append", choices=list(NOISES), help="only these noise settings (repeatable)")
+    p.add_argument("--n", type=int, action="append", help="only these seed counts (repeatable)")
+    p.add_argument("--trends", action="store_true", help="the trends table instead (scale.trends on size ladders)")
     p.add_argument("--decide", action="store_true", help="the --decide table instead (rounds of seeds, futility "
                    "on and off)")
     p.add_argument("--null-families", type=int, help="with --decide: families of the null scenario (default: "
@@ -464,15 +566,20 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    families, ns = (300, (3,)) if args.quick else (args.families, NS)
+    families, ns = (300, (3,)) if args.quick else (args.families, tuple(args.n or NS))
+    noises = tuple(NOISES[name] for name in args.noise) if args.noise else GRID
     t0 = time.perf_counter()
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     if args.decide:
         rows = calibrate_decide(families, seed=args.seed, log=log, null_families=args.null_families)
         lines = [*decide_legend(families, args.null_families or families), "", *decide_table(rows), "",
                  f"wall time {time.perf_counter() - t0:.0f} s"]
+    elif args.trends:
+        rows = calibrate_trends(families, tuple(args.n or (3, 5, 10)), seed=args.seed, log=log)
+        lines = [f"{families} ladders per cell (3 sizes, 10 trends, every size's call undecided); margin {MARGIN}",
+                 "", *trends_table(rows), "", f"wall time {time.perf_counter() - t0:.0f} s"]
     else:
-        rows = calibrate(families, ns, seed=args.seed, log=log)
+        rows = calibrate(families, ns, noises, seed=args.seed, log=log)
         lines = [*legend(families), "", *table(rows), "", f"wall time {time.perf_counter() - t0:.0f} s"]
     print("\n".join(lines))
     if args.json:
@@ -483,7 +590,7 @@ def main(argv=None) -> None:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         import common  # noqa: PLC0415 (torch: only when appending)
 
-        common.append_results("Verdict calibration (issue 28)", common.command_line(), lines)
+        common.append_results("Verdict calibration over the noise grid (issue 35)", common.command_line(), lines)
 
 
 if __name__ == "__main__":

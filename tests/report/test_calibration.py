@@ -1,8 +1,9 @@
-"""The verdict rule's calibration (benchmarks/calibrate_verdict.py, issue 28) at a test's size.
+"""The verdict rule's calibration (benchmarks/calibrate_verdict.py, issues 28 and 35) at a test's size.
 
 Synthetic studies with known true effects go through the real pairing and judging code; the numbers
 are Monte-Carlo estimates from a fixed seed, so every bound carries three Monte-Carlo sds of slack.
-The full table (n = 3, 5, 10; homogeneous and heterogeneous noise) is the benchmark's.
+The full grid (one effect 1.5-10x noisier, spreads to 70x, heavy tails, collapses; n = 3, 4, 5, 10) is
+the benchmark's.
 """
 
 from __future__ import annotations
@@ -27,83 +28,91 @@ def slack(p: float, n: int = FAMILIES) -> float:
 
 
 @pytest.fixture(scope="module")
-def homogeneous_n3():
-    """Null, 4 paired sds and the new rule's margin boundary, n = 3, homogeneous noise."""
-    scenarios = {"null": (0.0, (cv.NEW,)), "power 4": (4 * cv.SIGMA, cv.RULES),
-                 "edge +": (cv.NEW_MARGIN, (cv.NEW,)), "edge -": (-cv.NEW_MARGIN, (cv.NEW,))}
-    return cv.run_cell(np.random.default_rng(2028), 3, cv.NOISES[0], FAMILIES, scenarios)
+def alike_n3():
+    """Null, 12 paired sds, the margin's boundary and the printed mde, n = 3, alike noise."""
+    scenarios = {"null": 0.0, "power 12": 12 * cv.SIGMA, "edge +1": cv.MARGIN, "edge -1": -cv.MARGIN}
+    return cv.run_cell(np.random.default_rng(2035), 3, cv.NOISES["alike"], FAMILIES, scenarios, at_mde=True)
 
 
-def test_the_new_rule_holds_its_family_wise_error_and_coverage(homogeneous_n3):
-    assert cv.fwer(homogeneous_n3["null"][cv.NEW]) <= 0.05 + slack(0.05)
-    judged = [by[cv.NEW] for by in homogeneous_n3.values()]
+def test_the_rule_holds_its_family_wise_error_and_coverage(alike_n3):
+    assert cv.fwer(alike_n3["null"]) <= 0.05 + slack(0.05)
+    judged = [j for j in alike_n3.values()]
     # the scenarios share their families (common random numbers): the independent units are the families
     assert np.concatenate([cv.covered(j) for j in judged]).mean() >= 0.95 - slack(0.05)
 
 
-def test_an_effect_at_the_margin_is_almost_never_called_negligible(homogeneous_n3):
-    for edge in ("edge +", "edge -"):
-        assert cv.rate(homogeneous_n3[edge][cv.NEW], stats.NEGLIGIBLE) <= 0.01 + slack(0.01)
+def test_an_effect_at_the_margin_is_almost_never_called_negligible(alike_n3):
+    for edge in ("edge +1", "edge -1"):
+        assert cv.rate(alike_n3[edge], stats.NEGLIGIBLE) <= 0.01 + slack(0.01)
 
 
-def test_moderation_detects_at_three_seeds_what_todays_rule_missed(homogeneous_n3):
-    """At 4 paired sds and 3 seeds the moderated t (about 20 df) calls it; each effect's own t (2 df,
-    t quantile ~14 at Bonferroni 10) rarely does. Fails if the moderation is taken out of stats.judge."""
-    new = cv.rate(homogeneous_n3["power 4"][cv.NEW], stats.HELPS)
-    today = cv.rate(homogeneous_n3["power 4"][cv.TODAY], stats.HELPS)
-    assert new >= 0.8, (new, today)
-    assert new >= today + 0.4, (new, today)
+def test_the_printed_mde_is_met(alike_n3):
+    """A true effect of the mde the report prints (the median over the null's families) is called helps
+    about 80 % of the time; each effect alone on 2 df needs about 11 of its paired sds at 3 seeds."""
+    at = alike_n3["at the mde"]
+    assert 0.8 - slack(0.8) <= cv.rate(at, stats.HELPS) <= 0.8 + slack(0.8)
+    assert 9 < at["value"] / cv.SIGMA < 13
+    assert cv.rate(alike_n3["power 12"], stats.HELPS) >= 0.8 - slack(0.8)
 
 
-@pytest.mark.slow  # a thousand families: half a minute
-def test_heterogeneous_noise_keeps_the_family_wise_error():
-    """Paired sds spread over 70x, as in the shipped studies, at 3 seeds: moderating every family called
-    a false effect in 8 % of them (the prior fits d0 near 1 and shrinks the largest variances toward the
-    rest). The gate (Bartlett's test, stats.squeeze) leaves such families unmoderated. Fails without it."""
-    families = 1000
-    cell = cv.run_cell(np.random.default_rng(2029), 3, cv.NOISES[1], families, {"null": (0.0, (cv.NEW,))})
-    assert cv.fwer(cell["null"][cv.NEW]) <= 0.05 + slack(0.05, families)
+def test_one_effect_four_times_noisier_keeps_the_family_wise_error():
+    """The family a variance test on ten 2-df variances cannot tell from alike (Bartlett passed 43 % of
+    them): pooling behind the test called a false effect in 15 % of such families at 3 seeds. Each
+    effect on its own variance holds 5 %. Fails with the pooled rule of issues 28-34 put back."""
+    families = 400
+    cell = cv.run_cell(np.random.default_rng(2036), 3, cv.NOISES["one 4x noisier"], families, {"null": 0.0})
+    assert cv.fwer(cell["null"]) <= 0.05 + slack(0.05, families)
 
 
-def test_the_gate_is_bartletts_test_and_leaves_unequal_variances_unmoderated():
-    rng = np.random.default_rng(4)
-    groups = [rng.normal(0, 1 + i, 4) for i in range(6)]
-    var = [np.var(g, ddof=1) for g in groups]
-    assert stats.bartlett_p(var, [3] * 6) == pytest.approx(stats.sps.bartlett(*groups).pvalue, rel=1e-12)
-    spread = [0.0001, 0.0004, 0.01, 0.04, 0.09, 0.3]  # sds over 50x: p far below the gate
-    post, df, d0, _ = stats.squeeze(spread, [2] * 6)
-    assert stats.bartlett_p(spread, [2] * 6) < stats.HOMOGENEITY_P and d0 == 0
-    assert post.tolist() == spread and df.tolist() == [2] * 6
-    equal = [0.04, 0.05, 0.03, 0.045, 0.035, 0.04]
-    assert stats.squeeze(equal, [2] * 6)[2] > 0  # alike: moderated
-    assert stats.bartlett_p([0.0, 0.0, 0.0], [2] * 3) == 1.0 and stats.bartlett_p([0.0, 1.0, 1.0], [2] * 3) == 0.0
+def test_heavy_tails_keep_the_family_wise_error():
+    families = 300
+    cell = cv.run_cell(np.random.default_rng(2037), 3, cv.NOISES["t(3) tails"], families, {"null": 0.0})
+    assert cv.fwer(cell["null"]) <= 0.05 + slack(0.05, families)
 
 
-@pytest.mark.parametrize("noise", [cv.NOISES[0], cv.NOISES[2]], ids=lambda n: n.name)
+def test_an_effect_is_judged_on_its_own_variance_whatever_the_others_are():
+    """No variance borrows: one effect's interval and call do not move when the others' noise does."""
+    one = stats.paired([0.30, 0.18, 0.25])
+    quiet = [stats.paired(np.array([0.01, -0.01, 0.0]) * (i + 1)) for i in range(9)]
+    loud = [stats.paired(np.array([1.0, -1.0, 0.3]) * (i + 1)) for i in range(9)]
+    a, b = stats.judge([one, *quiet], 0.02)[0], stats.judge([one, *loud], 0.02)[0]
+    for key in ("adj_low", "adj_high", "df", "mde", "call", "p_value"):
+        assert a[key] == b[key], key
+    half = stats.sps.t.ppf(1 - 0.05 / 20, 2) * one["sd"] / math.sqrt(3)
+    assert a["adj_high"] == pytest.approx(one["gain"] + half, rel=1e-12) and a["df"] == 2
+
+
+def test_a_noisy_trend_keeps_the_trends_family_wise_error():
+    families = 300
+    cell = cv.trend_cell(np.random.default_rng(2038), 3, 4.0, families)
+    false = np.isin(cell["call"], [cv.scale.GROWS, cv.scale.SHRINKS, cv.scale.REVERSES])
+    assert false.any(axis=1).mean() <= 0.05 + slack(0.05, families)
+    assert (cell["call"] != "").all()  # every trend of every ladder was judged
+
+
+@pytest.mark.parametrize("noise", ["alike", "3 % collapses"])
 def test_shifting_the_paired_rows_is_what_component_effects_gives_on_runs_with_that_truth(noise):
     """The harness pairs each family once and shifts the tested effect's pairs per scenario; the same
     families simulated with the truth in their losses, through component_effects, call them alike."""
-    families, value = 12, 2.5 * cv.SIGMA
-    runs, _ = cv.simulate(np.random.default_rng(7), 3, noise, families, truth=cv.tested_only(value))
+    families, value = 12, 12 * cv.SIGMA
+    runs, _ = cv.simulate(np.random.default_rng(7), 3, cv.NOISES[noise], families, truth=cv.tested_only(value))
     direct = effects.component_effects(runs, cv.METRIC).to_dict("records")
     direct = cv._arrays(direct, 0, families)
-    runs0, _ = cv.simulate(np.random.default_rng(7), 3, noise, families)
-    harness = cv.judge(cv.shifted(cv.paired_rows(runs0, 0, families), value), cv.NEW, 0)
+    runs0, _ = cv.simulate(np.random.default_rng(7), 3, cv.NOISES[noise], families)
+    harness = cv.judge(cv.shifted(cv.paired_rows(runs0, 0, families), value), 0)
     assert (direct["call"] == harness["call"]).all()
     np.testing.assert_allclose(direct["low"], harness["low"], rtol=0, atol=1e-9)
     np.testing.assert_allclose(direct["high"], harness["high"], rtol=0, atol=1e-9)
 
 
-def test_todays_replica_is_one_family_of_own_variance_intervals_against_the_ends_seed_sd():
-    runs, _ = cv.simulate(np.random.default_rng(3), 5, cv.NOISES[1], 1)
-    rows = cv.paired_rows(runs, 0, 1)
-    judged = cv.judge(rows, cv.TODAY, 0)
-    noise = runs[runs["role"] == "reference"]["best_val_loss"].std(ddof=1)
-    for i, r in enumerate(rows[0]):
-        assert r["noise"] == pytest.approx(noise)
-        half = stats.sps.t.ppf(1 - 0.05 / 20, 4) * r["sd"] / math.sqrt(5)
-        assert judged["low"][0, i] == pytest.approx(r["gain"] - half)
-        assert judged["call"][0, i] == stats.call(5, r["gain"], r["gain"] - half, r["gain"] + half, noise)
+def test_the_grid_sets_the_paired_sds_it_names():
+    rng = np.random.default_rng(1)
+    sd = cv.NOISES["one 4x noisier"].sds(rng, 3)
+    assert sd[:, cv.NOISY[0]].tolist() == [4 * cv.SIGMA] * 3 and (np.delete(sd, cv.NOISY[0], axis=1) == cv.SIGMA).all()
+    spread = cv.NOISES["spread 16x"].sds(rng, 500)
+    assert (spread[:, cv.TESTED] == cv.SIGMA).all()
+    others = np.delete(spread, cv.TESTED, axis=1)
+    assert cv.SIGMA / 4 <= others.min() and others.max() <= 4 * cv.SIGMA and others.max() / others.min() > 12
 
 
 def test_detectable_interpolates_in_log_effect():
@@ -113,21 +122,8 @@ def test_detectable_interpolates_in_log_effect():
 
 
 def test_one_look_of_decide_is_the_fixed_seed_rule_at_its_seeds():
-    """decide_cell with a single planned look judges exactly what run_cell's new rule judges at n = 3."""
-    fixed = cv.run_cell(np.random.default_rng(7), 3, cv.NOISES[0], 30, {"power 2": (2 * cv.SIGMA, (cv.NEW,))})
-    one = cv.decide_cell(np.random.default_rng(7), [3], cv.NOISES[0], 30, 2 * cv.SIGMA)
-    assert (one["call"] == fixed["power 2"][cv.NEW]["call"]).all()
-    assert np.allclose(one["low"], fixed["power 2"][cv.NEW]["low"], equal_nan=True)
-    assert (one["runs"] == 3 * len(cv.ROLES)).all()
-
-
-def test_decide_keeps_the_family_wise_error_and_futility_only_saves_runs():
-    """Under the null with the default looks (3, 5, ..., 10): few false calls with futility on or off,
-    and futility trains far fewer runs (it withholds seeds, it never calls)."""
-    looks = cv.PLANS["default"]
-    on = cv.decide_cell(np.random.default_rng(11), looks, cv.NOISES[0], 60, 0.0, futility=True)
-    off = cv.decide_cell(np.random.default_rng(11), looks, cv.NOISES[0], 60, 0.0, futility=False)
-    for cell in (on, off):
-        assert cv.fwer(cell) <= 0.05 + slack(0.05, 60)
-    assert on["runs"].mean() < 0.8 * off["runs"].mean()
-    assert off["runs"].min() > 3 * len(cv.ROLES)  # without futility an undecided null always gets seeds
+    """decide_cell with a single planned look judges exactly what run_cell judges at n = 3."""
+    fixed = cv.run_cell(np.random.default_rng(7), 3, cv.NOISES["alike"], 30, {"power 12": 12 * cv.SIGMA})
+    one = cv.decide_cell(np.random.default_rng(7), [3], cv.NOISES["alike"], 30, 12 * cv.SIGMA)
+    assert (one["call"] == fixed["power 12"]["call"]).all()
+    assert np.allclose(one["low"], fixed["power 12"]["low"], equal_nan=True)

@@ -106,11 +106,10 @@ def test_dry_run_on_earlier_runs_says_the_seeds_the_margin_needs(tmp_path):
     sd = float(np.median(loss["se"] * np.sqrt(loss["n_pairs"])))
     for margin in (0.02, 50.0):
         # the seeds at which twice the margin is called helps 80 % of the time (the margin itself: at most half)
-        need = stats.seeds_for(sd, float(loss["prior_df"].iloc[0]), len(loss), 2 * margin, margin=margin)
+        need = stats.seeds_for(sd, len(loss), 2 * margin, margin=margin)
         out = invoke(*base, "--dry-run", "--min-effect", margin).output
         line = " ".join(next(x for x in out.split("power: ")[1:]).split())
-        pooled = "moderated " if float(loss["prior_df"].iloc[0]) > 0 else ""  # only where the verdict pooled
-        assert f"the plan's {len(loss)} effects' median {pooled}paired sd is {sd:.3f} nats/char" in line
+        assert f"the plan's {len(loss)} effects' median paired sd is {sd:.3f} nats/char" in line
         if need is None:
             assert "needs more seeds than anatomy runs" in line
         elif need > 3:
@@ -157,19 +156,19 @@ def test_the_stop_line_names_the_effects_given_up_on_once():
 
 
 def test_seeds_for_is_the_first_count_whose_mde_reaches_the_effect():
-    """seeds_for: the first n whose call_mde (the power of the call, margin included) reaches the effect."""
+    """seeds_for: the first n whose call_mde (the power of the call, margin included, each effect's own
+    variance on n - 1 df) reaches the effect."""
     from scipy import stats as sps
 
     def mde(k, margin=0.0):
-        df = min(k - 1 + 4, 10 * (k - 1))
-        return stats.call_mde(0.05 / np.sqrt(k), df, float(sps.t.ppf(1 - 0.0025, df)), margin)
+        return stats.call_mde(0.05 / np.sqrt(k), k - 1, float(sps.t.ppf(1 - 0.0025, k - 1)), margin)
 
-    n = stats.seeds_for(0.05, 4.0, 10, 0.05)
-    assert mde(n - 1) > 0.05 >= mde(n)
-    n = stats.seeds_for(0.05, 4.0, 10, 0.05, margin=0.02)
+    n = stats.seeds_for(0.05, 10, 0.05)
+    assert n > 3 and mde(n - 1) > 0.05 >= mde(n)
+    n = stats.seeds_for(0.05, 10, 0.05, margin=0.02)
     assert mde(n - 1, 0.02) > 0.05 >= mde(n, 0.02)
-    assert stats.seeds_for(0.05, 4.0, 10, 0.0) is None and stats.seeds_for(1.0, 0.0, 10, 1e-6, most=50) is None
-    assert stats.seeds_for(0.05, 4.0, 10, 0.02, margin=0.02) is None  # a gain at the margin: half the time at most
+    assert stats.seeds_for(0.05, 10, 0.0) is None and stats.seeds_for(1.0, 10, 1e-6, most=50) is None
+    assert stats.seeds_for(0.05, 10, 0.02, margin=0.02) is None  # a gain at the margin: half the time at most
 
 
 def test_the_printed_mde_is_the_power_of_the_call():

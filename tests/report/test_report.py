@@ -12,8 +12,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from scipy import special
-from scipy import stats as sps
 
 from anatomy_cli.report import effects as effects_mod
 from anatomy_cli.report import figures, frames, stats, verdict, write
@@ -169,7 +167,7 @@ def test_add_one_mean_and_ci_by_hand(tmp_path):
     t_adj = 0.975 * math.sqrt(2 / (1 - 0.975**2))  # df 2 closed form at 1 - 0.05/2 (Bonferroni over 2 effects)
     assert rope["adj_high"] - rope["adj_low"] == pytest.approx(2 * t_adj * 0.05 / math.sqrt(3), rel=1e-9)
     assert rope["family"] == 2 and rope["adj_level"] == pytest.approx(0.975)
-    # two effects: nothing to moderate with (squeeze needs three), so each interval is its own t's
+    # each interval is its own t's (no variance borrows from another's: issue 35)
     assert rope["margin"] == stats.DEFAULT_MARGIN and rope["margin_basis"] == "default"  # fixed before the data
     assert rope["noise"] == pytest.approx(0.1)  # sd of 2.0, 2.1, 2.2: shown beside the margin, never used as it
     assert rope["call"] == "helps"
@@ -368,17 +366,13 @@ def test_p_values_and_quantiles_match_closed_forms():
         assert stats.paired(d)["p_value"] == pytest.approx(want, rel=1e-9)
     # simultaneous quantiles past any 95% table: df 2 has t_q = sqrt(2 / (1 - (2q - 1)^2) - 2) ... checked
     # through the closed-form CDF: P(|T| < t) = t / sqrt(2 + t^2) must equal 1 - alpha / m
-    rows = stats.judge([stats.paired([0.5, 0.1, 0.2])] * 10, margin=0.0, moderate=False)  # each effect alone
+    rows = stats.judge([stats.paired([0.5, 0.1, 0.2])] * 10, margin=0.0)  # each effect alone
     half = rows[0]["adj_high"] - rows[0]["gain"]
     t = half / (np.std([0.5, 0.1, 0.2], ddof=1) / math.sqrt(3))
     assert t / math.sqrt(2 + t * t) == pytest.approx(1 - 0.05 / 10, rel=1e-9)
     assert rows[0]["family"] == 10 and rows[0]["adj_level"] == pytest.approx(0.995)
-    # moderated: ten equal variances are one pooled variance on the family's 20 degrees of freedom
-    pooled = stats.judge([stats.paired([0.5, 0.1, 0.2])] * 10, margin=0.0)[0]
-    assert pooled["df"] == 20 and pooled["prior_df"] == math.inf
-    # the prior variance from logs: E log s^2 = log s0^2 + digamma(1) - log(1) on 2 df, so s0^2 = s^2 e^-digamma(1)
-    se = math.sqrt(np.var([0.5, 0.1, 0.2], ddof=1) * math.exp(-special.digamma(1.0)) / 3)
-    assert pooled["adj_high"] - pooled["gain"] == pytest.approx(sps.t.ppf(1 - 0.05 / 20, 20) * se, rel=1e-9)
+    # ten equal variances stay ten variances on 2 df each: alike as they look, none is pooled (issue 35)
+    assert [r["df"] for r in rows] == [2.0] * 10 and "prior_df" not in rows[0]
     big = stats.paired(np.linspace(-1, 1, 61) + 0.1)  # df 60: the 95% quantile is 2.0003, not the normal 1.96
     assert (big["raw_high"] - big["gain"]) / (big["sd"] / math.sqrt(61)) == pytest.approx(2.000298, rel=1e-5)
 
@@ -448,21 +442,13 @@ def test_effects_are_holm_corrected_by_hand(tmp_path):
     holm["gqa"] = min(1.0, max(holm["swiglu"], p["gqa"]))
     for name, p_hand in p.items():
         row = effect(effects, name, "add-one")
-        alone = stats.judge([stats.paired(d) for d in (rope, swiglu, gqa)], math.nan, moderate=False)
-        assert alone[list(p).index(name)]["p_value"] == pytest.approx(p_hand, rel=1e-6)  # each effect's own t
-        assert alone[list(p).index(name)]["p_holm"] == pytest.approx(holm[name], rel=1e-6)
-        # the report's rule: the t of each effect's moderated variance (stats.squeeze), then Holm over the three
-        post, df, _, _ = stats.squeeze([np.var(d, ddof=1) for d in (rope, swiglu, gqa)], [2, 2, 2])
-        i = list(p).index(name)
-        want = 2 * sps.t.sf(abs(np.mean(d := (rope, swiglu, gqa)[i])) / math.sqrt(post[i] / 3), df[i])
-        assert row["p_value"] == pytest.approx(want, rel=1e-9) and row["df"] == pytest.approx(df[i])
+        # the report's rule: each effect's own t on 2 df, then Holm over the three
+        assert row["p_value"] == pytest.approx(p_hand, rel=1e-6) and row["df"] == 2
+        assert row["p_holm"] == pytest.approx(holm[name], rel=1e-6)
     assert effects["p_holm"].tolist() == pytest.approx(stats.holm(effects["p_value"]).tolist())
     sw = effect(effects, "swiglu", "add-one")
-    plain = stats.judge([stats.paired(d) for d in (rope, swiglu, gqa)], sw["margin"], moderate=False)[1]
-    assert sw["raw_low"] > 0 and plain["adj_low"] < 0 and plain["call"] == "undecided"  # each effect alone: no call
-    # borrowing the family's strength narrows swiglu's interval past 0: the power issue 28 asks for
-    assert sw["adj_low"] > 0 and sw["call"] == "helps"
-    assert sw["adj_high"] - sw["adj_low"] < plain["adj_high"] - plain["adj_low"]
+    # significant uncorrected, not once its interval is simultaneous over the three: no call
+    assert sw["raw_low"] > 0 and sw["adj_low"] < 0 and sw["call"] == "undecided"
 
 
 def five_sweep_json(root, **invocation):

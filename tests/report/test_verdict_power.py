@@ -1,6 +1,5 @@
 """The dry run's power lines (issue 38): they count the plan's own effects (`--flip rope,swiglu` on a
-folder of five flips has 2 of them, not the folder's 5) and say 'moderated' only where the verdict
-pooled variances."""
+folder of five flips has 2 of them, not the folder's 5), each effect on its own variance."""
 
 from __future__ import annotations
 
@@ -20,13 +19,11 @@ SDS = [0.01, 0.02, 0.03, 0.05, 0.08, 0.013, 0.021, 0.034, 0.055, 0.089]
 NO_RUNS = pd.DataFrame({"role": [], "design": [], "settings": [], "status": [], "wall_s": [], "seed": []})
 
 
-def _effects(moderate: bool, n: int = 3) -> pd.DataFrame:
+def _effects(n: int = 3) -> pd.DataFrame:
     """The folder's 10 loss effects (five flips, both directions), judged as the report judges them."""
     rows = [{"metric": "best_val_loss", "flip": f, "direction": d, "group": "", "n_pairs": n, "gain": 0.05,
              "sd": sd} for (f, d), sd in zip([(f, d) for d in ("add-one", "remove-one") for f in FLIPS], SDS)]
-    judged = stats.judge(rows, 0.02, moderate=moderate)
-    if moderate:
-        assert judged[0]["prior_df"] > 0  # the test's premise: these variances are pooled
+    judged = stats.judge(rows, 0.02)
     return pd.DataFrame(judged)
 
 
@@ -35,26 +32,20 @@ def _mde(line: str) -> float:
 
 
 def test_the_plan_own_effects_are_counted_and_judged_as_their_family():
-    effects = _effects(moderate=False)
+    effects = _effects()
     (line,) = power_lines(".", NO_RUNS, effects, {"rope", "swiglu"})
     assert "the plan's 4 effects' median paired sd" in line and "moderated" not in line, line
-    assert "(each effect's own variance: the verdict pooled none)" in line
     mine = stats.judge(effects[effects["flip"].isin(["rope", "swiglu"])][["metric", "flip", "direction", "group",
                                                                           "n_pairs", "gain", "sd"]].to_dict("records"),
-                       0.02, moderate=False)
+                       0.02)
     assert _mde(line) == pytest.approx(np.median([r["mde"] for r in mine]), abs=6e-4)  # as the plan's verdict would
 
 
 def test_without_a_plan_every_effect_counts_and_the_mde_is_the_verdict_own():
-    effects = _effects(moderate=False)
+    effects = _effects()
     (line,) = power_lines(".", NO_RUNS, effects)
     assert "at 3 seeds the 10 effects' median paired sd" in line, line
     assert _mde(line) == pytest.approx(float(effects["mde"].median()), abs=6e-4)
-
-
-def test_moderated_only_where_the_verdict_pooled():
-    (line,) = power_lines(".", NO_RUNS, _effects(moderate=True))
-    assert "median moderated paired sd" in line and "pooled none" not in line, line
 
 
 @pytest.fixture

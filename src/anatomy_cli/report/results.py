@@ -52,7 +52,7 @@ RESULTS_DIR = Path("experiments") / "results"
 MARK = re.compile(r"<!-- results (?P<study>[\w.-]+) (?P<what>[^>]*?) -->(?P<body>.*?)<!-- /results -->", re.DOTALL)
 EFFECT_KEYS = ("metric", "unit", "flip", "direction", "against", "group", "n_pairs", "gain", "adj_low", "adj_high",
                "adj_level", "family", "threshold", "threshold_basis", "call", "raw_low", "raw_high", "p_holm",
-               "mde", "noise", "df", "prior_df", "note")
+               "mde", "noise", "df", "note")
 BLOCKS = ("verdict", "directions", "ends", "rule", "moves", "scale", "parts", "decide")
 
 
@@ -119,7 +119,7 @@ class Effect(FileModel):  # EFFECT_KEYS
     mde: Amount | None = None
     noise: Amount | None = None
     df: Amount | None = None
-    prior_df: float | None = None  # squeeze's d0: 0 when the family's variances borrowed nothing; inf -> null
+    prior_df: float | None = None  # files judged before issue 35: the moderation's d0 (0: none borrowed; null: inf)
     note: str | None = None  # speed from the training runs, not a timing pass: effects.OVERLAP_NOTE
 
 
@@ -475,10 +475,12 @@ def _rule(doc: dict) -> str:
     mdes = sorted(x["mde"] for x in _loss(doc) if x.get("mde") is not None and x["group"] == e["group"])
     mde = (f" An effect of {statistics.median(mdes):.3f} nats/char is called 80 % of the time (the median minimum "
            f"detectable effect)." if mdes else "")
-    borrowed = e.get("prior_df") != 0  # null: infinite prior degrees of freedom (one pooled variance)
-    how = ("moderated t: the variances of the group borrow strength from each other (empirical Bayes, Smyth 2004)"
-           if borrowed else "each effect's own t: Bartlett's test found the group's variances unequal, so each effect "
-           "is judged on its own variance and degrees of freedom, none borrows")
+    # prior_df: a file judged by the rule of issues 28-34 (variances moderated behind Bartlett's test; null:
+    # one pooled variance); absent or 0: each effect on its own variance, the rule since issue 35
+    borrowed = "prior_df" in e and e["prior_df"] != 0
+    how = ("moderated t: the variances of the group borrow strength from each other (empirical Bayes, Smyth 2004; "
+           "the rule before issue 35)" if borrowed else "each effect's own t: each effect is judged on its own "
+           "variance and degrees of freedom, none borrows")
     return (f"{family}; {how}. A call needs the "
             f"interval to exclude 0 and the gain to lie beyond {edge} ({basis}); negligible: the interval lies inside "
             f"it; below margin: the interval excludes 0, the gain lies inside it; undecided: the rest.{mde}")

@@ -16,8 +16,8 @@ size's runs, whose configs differ by a few percent). For each component and dire
   per seed that has a completed pair at every size, the OLS slope of its gains on x (nats/char per
   tenfold parameters); the trend is the mean slope over seeds, and the trends of one ladder (a
   series) are one family judged by stats.judge, the rule of every call in the report: each gets a
-  simultaneous interval (slope_adj_low/high, level 1 - 0.05/m over the ladder's m trends, moderated
-  t; slope_low/high keep the raw 95% one) and a Holm p as a detail. A trend counts when its
+  simultaneous interval (slope_adj_low/high, level 1 - alpha/m over the ladder's m trends, each
+  trend's own t; slope_low/high keep the raw 95% one) and a Holm p as a detail. A trend counts when its
   simultaneous interval excludes 0 and the fitted change across the ladder (slope x decades
   spanned) is larger than the margin (the verdict's): the same two parts as every call of the
   report, so no trend is called from an interval that holds 0, nor left uncalled beside one that

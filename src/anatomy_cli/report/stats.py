@@ -9,16 +9,23 @@ The margin. The smallest effect that matters is fixed before the data: `min_effe
 reported beside it, never used as it: a margin estimated from the same few seeds makes "negligible"
 a claim the data chose (at the true margin it was called negligible 3-15 % of the time).
 
-The interval. Each effect's paired differences (n seeds) give a variance on n - 1 degrees of freedom.
-Three seeds give 2, and a t quantile at 2 df is huge, so the family's variances borrow strength from
-each other: the empirical-Bayes moderated t of Smyth (2004; limma's squeezeVar): the variances are
-fitted by a scaled F distribution, whose prior s0^2 on d0 df each variance is shrunk toward,
-    s~^2 = (d0 s0^2 + d s^2) / (d0 + d)      on d0 + d degrees of freedom (at most the family's total),
-with d0 estimated from how much the family's variances spread beyond what sampling alone gives
-(d0 -> infinity: one pooled variance; d0 -> 0: each effect alone, as before). Each interval is then
-a simultaneous Bonferroni interval: level 1 - alpha/m, the t quantile at 1 - alpha/(2m), so all m
-hold together with probability >= 1 - alpha. benchmarks/calibrate_verdict.py measures the rule:
-family-wise error, power, coverage and the negligible boundary, homogeneous and heterogeneous noise.
+The interval. Each effect's paired differences (n seeds) give a variance on n - 1 degrees of freedom,
+and each effect is judged on its own variance alone: a paired t on n - 1 df, its interval a
+simultaneous Bonferroni interval (level 1 - alpha/m, the t quantile at 1 - alpha/(2m)), so all m hold
+together with probability >= 1 - alpha whatever the effects' variances are and however they correlate.
+No variance borrows from another's (issue 35). Borrowing (the empirical-Bayes moderated t of Smyth
+2004, limma's squeezeVar, shipped behind Bartlett's test from issue 28 to 35) shrinks each variance
+toward a prior fitted to the family, on d0 prior degrees of freedom. An effect far noisier than the
+rest, which the fit does not see, then has its interval narrowed by sqrt(d / (d + d0)) on d + d0 df:
+at 3 seeds and m = 10 its false-call probability goes from its 0.5 % share to 1.35 / 2.6 / 5.8 / 13 / 25 %
+at d0 = 0.5 / 1 / 2 / 4 / 8 (to 1.15 % at 10 seeds and d0 = 2), and ten 2-df variances cannot show
+which effect that is (Bartlett's test passes a 4x outlier 43 % of the time): one such family called
+false effects 15 % of the time. So no prior df > 0 keeps the family-wise error at alpha under every
+variance; the price is power at few seeds (at 3 seeds and m = 10 the call's 80 % effect is 10.4 paired
+sds on 2 df, 2.3 pooled), paid by seeds: `--decide` adds them where an effect is open (3.2 sds at 5
+seeds, 1.5 at 10). benchmarks/calibrate_verdict.py measures the rule over a grid of noise settings
+(one effect 1.5-10x noisier, spreads to 70x, two noisy effects, heavy tails, collapses; 3-10 seeds,
+fixed seeds, --decide and trends): family-wise error, power, coverage and the negligible boundary.
 
 The call needs the statistical part (the interval) and the practical one (the margin):
   helps          interval > 0 and gain > +margin
@@ -28,21 +35,20 @@ The call needs the statistical part (the interval) and the practical one (the ma
   undecided      the interval holds 0 and reaches past the margin: more seeds would tell
   too few seeds  fewer than MIN_PAIRS paired differences: no call
 The interval shown beside a call is the one it is made from; the raw 95% interval and the
-Holm-Bonferroni p-value (Holm 1979, on the moderated t) are details. `mde` is the effect the family
+Holm-Bonferroni p-value (Holm 1979, on each effect's t) are details. `mde` is the effect the family
 calls helps 80 % of the time at its seeds and noise (call_mde): the power of the call, margin included
 (not of "the interval excludes 0", (t_crit + t_0.8) x se, which a call at the margin meets half the time).
 
   gain       the sign convention: what having the component is worth, positive = it helps
   paired     mean, sd, raw 95% interval and two-sided p of one effect's paired differences
-  squeeze    the moderated variances of a family (Smyth 2004)
-  judge      a family of paired effects -> moderated intervals, Holm p-values, MDE and calls
+  judge      a family of paired effects -> simultaneous intervals, Holm p-values, MDE and calls
   seeds_for  the seeds a family needs to call an effect of a given size helps 80 % of the time
   call_power / call_mde   the power of the call (interval and margin), and the effect it reaches 80 % at
   estimated_mde           the mde printed from an estimated se (median-unbiased: median_sd_ratio)
   holm       Holm-Bonferroni adjusted p-values
   rule_text  the rule's numbers in one clause: the only wording of them (terminal, report, README, docs)
 
-Distributions come from scipy.stats and scipy.special (t quantiles, digamma, trigamma).
+Distributions come from scipy.stats and scipy.special (t and chi-square quantiles, the normal cdf).
 """
 
 from __future__ import annotations
@@ -57,7 +63,6 @@ from scipy import stats as sps
 ALPHA = 0.05
 POWER = 0.8
 MIN_PAIRS = 3
-HOMOGENEITY_P = 0.1  # squeeze's gate: a family whose variances Bartlett's test finds unequal borrows nothing
 DEFAULT_MARGIN = 0.02  # nats/char: the smallest loss effect that matters unless the spec or --min-effect says
 SPEED_MARGIN = 5.0  # percent of tokens/s
 HELPS, HURTS, NEGLIGIBLE, SMALL, UNDECIDED, TOO_FEW, NONE = (
@@ -103,77 +108,9 @@ def gain(end, variant, add_one: bool, relative: bool = False, higher_is_better: 
     return without - with_
 
 
-def squeeze(var, df, gate: float = HOMOGENEITY_P) -> tuple[np.ndarray, np.ndarray, float, float]:
-    """Moderated variances of one family (Smyth 2004, limma's fitFDist and squeezeVar): (posterior
-    variances, their degrees of freedom, d0, s0^2). var: each effect's sample variance on df degrees
-    of freedom (df >= 1). With fewer than three variances there is nothing to borrow: d0 = 0.
-
-    log s^2 has mean log s0^2 + digamma(d/2) - log(d/2) and variance trigamma(d/2) + trigamma(d0/2)
-    under the prior; the excess of the observed spread of the centred logs over the sampling part
-    gives trigamma(d0/2), solved for d0 (no excess: d0 = infinity, one pooled variance s0^2).
-
-    The gate: a family whose variances Bartlett's test finds unequal (p < gate) borrows nothing (d0 =
-    0, each effect its own variance). Measured (benchmarks/RESULTS.md): under noise as heterogeneous
-    as the shipped studies' (paired sds over 70x) the fitted prior has d0 near 1, and shrinking a
-    variance far above the others toward them called false effects in 8 % of families at 3 seeds;
-    screening the largest variances out first made it worse (12 %), since what remains then looks
-    homogeneous and is shrunk harder.
-    """
-    var, df = np.asarray(var, dtype=float), np.asarray(df, dtype=float)
-    if len(var) < 3 or (gate > 0 and bartlett_p(var, df) < gate):
-        return var.copy(), df.copy(), 0.0, math.nan
-    d0, s0 = _fit_prior(var, df)
-    post = (d0 * s0 + df * var) / (d0 + df) if math.isfinite(d0) else np.full(len(var), s0)
-    return post, np.minimum(df + d0, df.sum()), d0, s0  # never more degrees of freedom than the family has
-
-
-def bartlett_p(var, df) -> float:
-    """Bartlett's test that variances on df degrees of freedom share one variance: its p-value (0 when
-    a variance is 0 and another is not; 1 when all are 0)."""
-    var, df = np.asarray(var, dtype=float), np.asarray(df, dtype=float)
-    pooled = float((df * var).sum() / df.sum())
-    if pooled == 0:
-        return 1.0
-    if (var <= 0).any():
-        return 0.0
-    k, total = len(var), float(df.sum())
-    stat = total * math.log(pooled) - float((df * np.log(var)).sum())
-    correction = 1 + (float((1 / df).sum()) - 1 / total) / (3 * (k - 1))
-    return float(sps.chi2.sf(stat / correction, k - 1))
-
-
-def _fit_prior(var: np.ndarray, df: np.ndarray) -> tuple[float, float]:
-    """(d0, s0^2) of the scaled inverse chi-square prior fitted to variances by moments of their logs."""
-    floor = 1e-5 * float(np.median(var)) if np.median(var) > 0 else 1e-30  # limma's guard against log(0)
-    e = np.log(np.maximum(var, floor)) - special.digamma(df / 2) + np.log(df / 2)
-    mean = float(e.mean())
-    excess = float(np.var(e, ddof=1) - np.mean(special.polygamma(1, df / 2)))
-    if excess <= 0:
-        return math.inf, math.exp(mean)
-    d0 = 2 * _trigamma_inverse(excess)
-    return d0, math.exp(mean + special.digamma(d0 / 2) - math.log(d0 / 2))
-
-
-def _trigamma_inverse(y: float) -> float:
-    """x with trigamma(x) = y (Newton's method on 1/x, as limma's trigammaInverse)."""
-    if y > 1e7:
-        return 1 / math.sqrt(y)
-    if y < 1e-6:
-        return 1 / y
-    x = 0.5 + 1 / y
-    for _ in range(50):
-        tri = float(special.polygamma(1, x))
-        step = tri * (1 - tri / y) / float(special.polygamma(2, x))
-        x += step
-        if -step / x < 1e-8:
-            break
-    return x
-
-
-def judge(effects: list[dict], margin: float, alpha: float = ALPHA, min_pairs: int = MIN_PAIRS,
-          moderate: bool = True) -> list[dict]:
-    """One family: each dict of `paired` gets adj_low/adj_high, adj_level, family, df, mde, p_holm,
-    margin and call, by the rule above (moderate=False: each effect's own variance alone).
+def judge(effects: list[dict], margin: float, alpha: float = ALPHA, min_pairs: int = MIN_PAIRS) -> list[dict]:
+    """One family: each dict of `paired` gets adj_low/adj_high, adj_level, family, df, se, mde, p_value,
+    p_holm, margin and call, by the rule above (each effect's own variance, on n - 1 df).
 
     The family size m counts the effects that have an interval (two pairs or more); an unknown
     (NaN) margin counts as 0, so only the statistical part decides.
@@ -182,13 +119,10 @@ def judge(effects: list[dict], margin: float, alpha: float = ALPHA, min_pairs: i
     tested = [r for r in rows if r["n_pairs"] >= 2]
     m = len(tested)
     level = 1 - alpha / max(1, m)
-    if moderate:
-        post, dfs, d0, _ = squeeze([r["sd"] ** 2 for r in tested], [r["n_pairs"] - 1 for r in tested])
-    else:
-        post, dfs, d0 = np.array([r["sd"] ** 2 for r in tested]), np.array([r["n_pairs"] - 1.0 for r in tested]), 0.0
     known = margin if math.isfinite(margin) else 0.0
-    for r, v, df in zip(tested, post, dfs):
-        se = math.sqrt(v / r["n_pairs"])
+    for r in tested:
+        df = r["n_pairs"] - 1.0
+        se = r["sd"] / math.sqrt(r["n_pairs"])
         crit = float(sps.t.ppf(1 - alpha / (2 * m), df))
         p = 2 * float(sps.t.sf(abs(r["gain"]) / se, df)) if se > 0 else float(r["gain"] == 0)
         r |= {"adj_low": r["gain"] - crit * se, "adj_high": r["gain"] + crit * se, "df": float(df), "se": se,
@@ -200,20 +134,19 @@ def judge(effects: list[dict], margin: float, alpha: float = ALPHA, min_pairs: i
         r.setdefault("df", math.nan)
         r.setdefault("mde", math.nan)
         r.setdefault("se", math.nan)
-        r |= {"adj_level": level, "family": m, "prior_df": d0, "p_holm": float(ph), "margin": margin}
+        r |= {"adj_level": level, "family": m, "p_holm": float(ph), "margin": margin}
         r["call"] = call(r["n_pairs"], r["gain"], r["adj_low"], r["adj_high"], known, min_pairs)
     return rows
 
 
-def seeds_for(sd: float, prior_df: float, m: int, effect: float, alpha: float = ALPHA, most: int = 1000,
+def seeds_for(sd: float, m: int, effect: float, alpha: float = ALPHA, most: int = 1000,
               margin: float = 0.0) -> int | None:
-    """The fewest seeds at which a family of m effects with moderated paired sd `sd` (prior on
-    prior_df degrees of freedom) calls `effect` helps 80 % of the time (call_mde: the interval past 0
-    and the gain past `margin`); None past `most`."""
+    """The fewest seeds at which a family of m effects with paired sd `sd` calls `effect` helps 80 % of
+    the time (call_mde at n - 1 df: the interval past 0 and the gain past `margin`); None past `most`."""
     if not (sd > 0 and effect > 0 and m > 0) or effect <= margin:
         return None
     for n in range(MIN_PAIRS, most + 1):
-        df = min(n - 1 + prior_df, m * (n - 1))
+        df = n - 1
         if call_mde(sd / math.sqrt(n), df, float(sps.t.ppf(1 - alpha / (2 * m), df)), margin) <= effect:
             return n
     return None

@@ -39,7 +39,7 @@ from anatomy_cli.store import runs as runs_mod
 SEEDS_WANTED = 3
 VERDICT_COLUMNS = ["rank", "flip", "direction", "against", "group", "n_pairs", "gain", "adj_low", "adj_high",
                    "margin", "margin_basis", "call", "mde", "noise", "raw_low", "raw_high", "p_holm", "df",
-                   "prior_df", "adj_level", "family"]
+                   "adj_level", "family"]
 
 
 def verdict_frame(loss_effects: pd.DataFrame) -> pd.DataFrame:
@@ -143,9 +143,8 @@ def rule_line(judged: pd.DataFrame, unit: str, seeds: str = "seeds", short: bool
     mde_text = ((f"{mde:.1f}%" if unit == "%" else f"{mde:.3f} {unit}") if math.isfinite(mde) else "")
     groups = tested["group"].nunique() if "group" in tested else 1
     family = stats.rule_text(level, m, looks, groups)
-    borrowed = "prior_df" not in tested or bool((tested["prior_df"] != 0).any())
     if short:
-        method = "moderated t" if borrowed else "each effect's own t: their variances differ too much to pool"
+        method = "each effect's own t"
         practical = f"|gain| > {size} ({where})" if size else "nothing more"
         detect = f"; 80 % power at {mde_text}" if mde_text else ""
         if not calls:
@@ -158,9 +157,8 @@ def rule_line(judged: pd.DataFrame, unit: str, seeds: str = "seeds", short: bool
     detect = (f" With these {seeds} and this noise an effect of {mde_text} is called 80 % of the time (median "
               f"minimum detectable effect)." if mde_text else "")
     return (f"**The rule**: {family}, over {seeds}; "
-            + ("each variance moderated across the family (empirical Bayes, Smyth 2004). " if borrowed else
-               "each on its own variance and degrees of freedom (Bartlett's test found the family's variances "
-               "unequal, so none borrows from the others). ")
+            + "each on its own variance and degrees of freedom (none borrows from the others: 3 seeds cannot show "
+            "that the effects' noise is alike, and pooling it where it is not calls false effects). "
             + f"A component helps or hurts when its interval excludes 0 and {practical}; "
             f"negligible: the interval lies inside ±{size or '0'}; below margin: the interval excludes 0 but the gain "
             f"is inside the margin; undecided: the interval holds 0 and reaches past the margin; fewer than "
@@ -214,8 +212,7 @@ def power_lines(root: Path, runs: pd.DataFrame, effects: pd.DataFrame, flips=Non
     (stats.seeds_for; a gain at the margin itself is called at most half the time, whatever the seeds).
 
     flips: only the effects of these flips (a plan's own: `--flip rope,swiglu` has 4 effects where the
-    folder holds 10), a family of their count at the folder's alpha. 'moderated' only where the verdict
-    pooled variances (prior_df > 0); where it did not, each effect's own variance."""
+    folder holds 10), a family of their count at the folder's alpha, each effect on its own variance."""
     from scipy import stats as sps
 
     loss = effects[(effects["metric"] == "best_val_loss") & (effects["family"] > 0) & effects["se"].notna()]
@@ -225,17 +222,14 @@ def power_lines(root: Path, runs: pd.DataFrame, effects: pd.DataFrame, flips=Non
     for group, fam in loss.groupby("group", sort=False):
         n_now, margin, m = int(fam["n_pairs"].median()), float(fam["margin"].iloc[0]), len(fam)
         sd = float(np.median(fam["se"] * np.sqrt(fam["n_pairs"])))
-        prior_df = float(fam["prior_df"].iloc[0])
         alpha = float(((1 - fam["adj_level"]) * fam["family"]).iloc[0])  # the verdict's: level = 1 - alpha / family
         target = 2 * margin  # a gain at the margin itself passes it at most half the time: no call reaches 80 % there
-        need = stats.seeds_for(sd, prior_df, m, target, alpha, margin=margin)
+        need = stats.seeds_for(sd, m, target, alpha, margin=margin)
         mde = np.median([stats.estimated_mde(se, df, float(sps.t.ppf(1 - alpha / (2 * m), df)), margin)  # as judge's
                          for se, df in zip(fam["se"], fam["df"])])
-        pooled = "moderated " if prior_df > 0 else ""
-        own = "" if prior_df > 0 else " (each effect's own variance: the verdict pooled none)"
         where = f"{group}: " if group else ""
         whose = ("the plan's " if flips is not None else "the ") + (f"{m} effects'" if m > 1 else "1 effect's")
-        now = (f"{where}at {n_now} seeds {whose} median {pooled}paired sd is {sd:.3f} nats/char{own}; an effect "
+        now = (f"{where}at {n_now} seeds {whose} median paired sd is {sd:.3f} nats/char; an effect "
                f"of {float(mde):.3f} is called 80 % of the time")
         twice = f"one of {target:.3f} (twice the margin)"
         if need is None:
