@@ -13,13 +13,15 @@ from toy_data import TINY_MODEL, write_corpus, write_spec
 from typer.testing import CliRunner
 
 from anatomy_cli.cli.main import app
+from anatomy_cli.data.load import load_corpus
 from anatomy_cli.spec.config import ConfigError, RunConfig, validate
 from anatomy_cli.store import runs
 from anatomy_cli.sweep.jobs import Job, group_jobs, run_group
 from anatomy_cli.sweep.plan import STACK_AUTO, stack_size
 from anatomy_cli.training import stacked
-from anatomy_cli.training.run import train
+from anatomy_cli.training.run import resolve_config, train
 from anatomy_cli.training.stacked import clip_members, stack_problem, train_group
+from anatomy_cli.training.trainer import Trainer
 
 runner = CliRunner()
 
@@ -33,6 +35,7 @@ ENDS = {
     "gdn": {**LLAMA, "gdn_pattern": "DA"},
     "swa": {**LLAMA, "window": 8, "window_pattern": "LG"},
     "mla": {**LLAMA, "attn_type": "mla"},
+    "keyed": {**LLAMA, "init_key": "name"},  # keyed init (model.init_key): each slice is its lone run's too
 }
 TIMING = set(runs.TIMING_KEYS)
 
@@ -77,6 +80,21 @@ def test_each_member_equals_its_run_alone(tmp_path, end):
         assert runs.read_summary(alone).get("stacked") is None
         # the same files as a lone run (no resume.pt once completed)
         assert files(d) == files(alone)
+
+
+@pytest.mark.parametrize("model", [{**LLAMA, "init_key": "name"}, {**LLAMA, "gdn_pattern": "DA", "init_key": "name"},
+                                   LLAMA], ids=["keyed", "keyed-gdn", "order"])
+def test_each_stacked_slice_starts_from_its_lone_runs_weights(tmp_path, model):
+    """Before any step: slice i of every stacked parameter is, bit for bit, the weights Trainer builds
+    for seed i alone (keyed: from (seed, name); order: from the seed's stream)."""
+    path = write_corpus(tmp_path)
+    corpus = load_corpus(str(path), 0.1, TINY_MODEL["ctx_len"])
+    group = [resolve_config(c, corpus) for c in cfgs(path, seeds=(4, 9), model=model)]
+    stack = stacked.StackedTrainer(group, [tmp_path / f"s{c.seed}" for c in group], corpus)
+    for i, c in enumerate(group):
+        alone = Trainer(c, tmp_path / "alone" / f"s{c.seed}", corpus).model
+        for name, p in alone.named_parameters():
+            assert torch.equal(stack.params[name][i], p), (c.seed, name)
 
 
 # ------------------------------------------------------------------ divergence: masked, recorded

@@ -47,6 +47,12 @@ def l2norm(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + L2_EPS)
 
 
+def decay_log(n: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """A_log [n]: A = exp(A_log) ~ U(0.01, 16) per head (transformers' init), decay rates from slow to
+    fast; drawn from `generator` (None: the global one). LM.reset_parameters redraws it under keyed init."""
+    return torch.empty(n).uniform_(0.01, 16, generator=generator).log()
+
+
 class GDNState:
     """One layer's decode state (kv_cache.py's protocol): the conv's last K-1 inputs and the memory.
     Its size does not depend on how many positions it has seen, so it bounds none (capacity None)."""
@@ -149,8 +155,7 @@ class GatedDeltaNet(nn.Module):
         self.conv = nn.Parameter(torch.empty(self.conv_dim, 1, self.kernel))  # depthwise [C, 1, K]
         nn.init.normal_(self.conv, std=0.02)  # LM.reset_parameters draws it again (as HF's init does)
         self.dt_bias = nn.Parameter(torch.ones(self.v_heads))
-        # A = exp(A_log) ~ U(0.01, 16) per head (transformers' init): decay rates from slow to fast
-        self.A_log = nn.Parameter(torch.empty(self.v_heads).uniform_(0.01, 16).log())
+        self.A_log = nn.Parameter(decay_log(self.v_heads))
         self.norm_weight = nn.Parameter(torch.ones(self.head_dim))  # the gated RMSNorm over d_v
         self.eps = cfg.norm_eps
         self.out = nn.Linear(value_dim, cfg.d_model, bias=False)

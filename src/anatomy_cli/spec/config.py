@@ -257,6 +257,12 @@ class ModelConfig(_Frozen):
     dsa_top_k: int | None = new(None, gt=0, le=MAX_SIZE)
     dsa_index_heads: int | None = new(None, gt=0, le=MAX_SIZE)
     dsa_index_head_dim: int | None = new(None, gt=0, le=MAX_SIZE)
+    # How the initial weights are drawn from the run's seed (LM.reset_parameters; the distributions are
+    # the same either way). "order": one stream, every parameter in turn after torch.manual_seed(seed), so
+    # a part added early (a position table) shifts every later draw. "name": each parameter from its own
+    # generator keyed by (seed, its qualified name), so two models that share a parameter's name and
+    # shape start from the identical tensor: the two arms of a pair share batches and initial weights.
+    init_key: Literal["order", "name"] = new("order")
 
     @field_validator("ctx_len")
     @classmethod

@@ -15,7 +15,8 @@ a second implementation of each part to keep equal to the first. A part that vma
 and its runs train alone, with the reason in summary.json's stack_note.
 
 Each member is the run trained alone, as far as anything downstream can tell:
-- init: member i's LM is built after torch.manual_seed(seed_i), exactly as Trainer builds it;
+- init: member i's LM is built after torch.manual_seed(seed_i) with seed_i as keyed init's key,
+  exactly as Trainer builds it, and stacked from there (stack_module_state copies each member's);
 - batches: its own BatchSampler(seed_i); validation windows are seed-free, so shared;
 - AdamW: elementwise, so one optimizer over [S, ...] tensors is S optimizers; the decay groups
   are decided on the member's shapes (make_optimizer lead=1); the state a member checkpoints is
@@ -93,8 +94,8 @@ class Member:
     def __init__(self, cfg: RunConfig, run_dir: Path, corpus: Corpus, device: torch.device):
         t = cfg.train
         self.cfg, self.run_dir, self.corpus, self.device = cfg, Path(run_dir), corpus, device
-        torch.manual_seed(cfg.seed)  # the lone run's init (Trainer does the same)
-        self.model = LM(cfg.model).to(device)
+        torch.manual_seed(cfg.seed)  # the lone run's init, order or keyed (Trainer does the same)
+        self.model = LM(cfg.model, cfg.seed).to(device)
         self.sampler = BatchSampler(corpus.train, t.batch_size, cfg.model.ctx_len, cfg.seed, device)
         self.log = RunLog(cfg, run_dir)
         self.step, self.elapsed, self.train_time = 0, 0.0, 0.0

@@ -382,8 +382,8 @@ class Trainer:
         t = cfg.train
         self.cfg, self.run_dir, self.corpus, self.progress = cfg, Path(run_dir), corpus, progress
         self.device = training_device(t)
-        torch.manual_seed(cfg.seed)  # model init depends on the seed alone
-        self.model = LM(cfg.model).to(self.device)
+        torch.manual_seed(cfg.seed)  # model init depends on the seed alone (model.init_key: how)
+        self.model = LM(cfg.model, cfg.seed).to(self.device)
         set_expand_kv(self.model, gqa_expanded(cfg, self.device))
         self.fwd = compile_model(self.model, t.compile_mode) if t.compile else self.model
         self.graphs = uses_graphs(t)
