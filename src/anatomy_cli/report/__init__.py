@@ -14,6 +14,7 @@
   page       a report as data, rendered to markdown and to one self-contained HTML file
   write      write_report: every report file
   results    a study's results file, and the README/docs numbers rendered from it
+  rejudge    a results file judged again by today's rule, from what it records (no runs needed)
   gate       the CI regression gate: best val loss per config against a committed baseline
 
 Imports: sweep (the verdict's cost of more seeds), data (an old run's unigram loss), store, spec; never torch.

@@ -1,0 +1,171 @@
+"""A results file judged again by today's rule, from what it records (no runs needed; no torch).
+
+A shipped study's runs are not kept, but its results file holds what the rule needs: each effect's
+seeds, gain and raw 95 % interval (so its paired sd: sd = half-width x sqrt(n) / t_{n-1}(0.975)), its
+family's alpha ((1 - level) x family) and margin, and each trend's per-seed slope statistics. So when
+the rule changes (issue 35: no variance borrows from another's), every shipped call can be judged again
+exactly as `anatomy report` would judge the same runs today:
+
+  rejudge   a results document -> (the document judged again, one line per call that changed)
+  main      python -m anatomy_cli.report.rejudge FILE ... [--check]: rewrite each file (or only list
+            the changes, exit 1 if any), printing a markdown table of the calls that changed
+
+What is judged again: the loss effects of every group (stats.judge at the family's recorded alpha and
+margin), the speed effects (a speed effect from training runs is `not timed`, as report_frames says
+since issue 37; a timing pass's are judged like the loss), and a size ladder's by-size calls and trends
+(scale.scale_call on the slopes judged again). What is not: a --decide study's rounds (which seeds each
+look trained was decided by the rule of its day; decide.json keeps that record as it was).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+from scipy import stats as sps
+
+from anatomy_cli.report import results, stats
+from anatomy_cli.spec.errors import InputError
+
+LOSS_METRIC, SPEED_METRIC = "best_val_loss", "tokens_per_s"  # frames' names (frames imports pandas)
+OVERLAP = "from training runs that may have shared the CPU"  # effects.OVERLAP_NOTE's opening
+
+
+def paired_of(row: dict, n: float, gain: float, low: float, high: float) -> dict:
+    """A stats.paired dict from a recorded effect: n pairs, gain and raw 95 % interval [low, high]."""
+    out = dict(row) | {"n_pairs": int(n), "gain": gain, "raw_low": low, "raw_high": high, "sd": math.nan}
+    if n >= 2 and all(isinstance(v, (int, float)) and math.isfinite(v) for v in (gain, low, high)):
+        out["sd"] = (high - low) / 2 * math.sqrt(n) / float(sps.t.ppf(1 - stats.ALPHA / 2, n - 1))
+    return out
+
+
+def _alpha(rows: list[dict]) -> float:
+    """The family-wise alpha a family was judged at: (1 - level) x m, from any of its tested rows."""
+    for r in rows:
+        if r.get("adj_level") is not None and r.get("family"):
+            return round((1 - r["adj_level"]) * r["family"], 6)
+    return stats.ALPHA
+
+
+def _judged(rows: list[dict], margin: float, alpha: float) -> list[dict]:
+    fresh = stats.judge([paired_of(r, r["n_pairs"], r["gain"], r["raw_low"], r["raw_high"]) for r in rows],
+                        margin, alpha)
+    out = []
+    for old, new in zip(rows, fresh):
+        row = {k: v for k, v in old.items() if k != "prior_df"}
+        for key in ("adj_low", "adj_high", "adj_level", "family", "df", "mde", "p_holm", "call"):
+            value = new[key]
+            row[key] = None if isinstance(value, float) and not math.isfinite(value) else results._plain(value)
+        out.append(row)
+    return out
+
+
+def rejudge(doc: dict) -> tuple[dict, list[dict]]:
+    """(the document with every call judged again, the changes: {study, what, before, after, gain, interval})."""
+    doc = json.loads(json.dumps(doc))  # a copy
+    effects = doc.get("effects") or []
+    changes = []
+    families = {}
+    for i, e in enumerate(effects):
+        families.setdefault((e["metric"], e["group"]), []).append(i)
+    for (metric, group), idx in families.items():
+        rows = [effects[i] for i in idx]
+        if metric == SPEED_METRIC and all(OVERLAP in (r.get("note") or "") for r in rows):
+            judged = [r | {"call": stats.NOT_TIMED} for r in rows]
+        else:
+            margin = rows[0].get("threshold")
+            judged = _judged(rows, margin if margin is not None else math.nan, _alpha(rows))
+        for i, new in zip(idx, judged):
+            old = effects[i]
+            if new["call"] != old["call"]:
+                changes.append({"study": doc.get("study"), "what": _name(new, metric), "before": old["call"],
+                                "after": new["call"], "gain": new["gain"],
+                                "interval": (new.get("adj_low"), new.get("adj_high"))})
+            effects[i] = new
+    if doc.get("scale"):
+        changes += _rejudge_scale(doc)
+    return doc, changes
+
+
+def _name(e: dict, metric: str) -> str:
+    where = f" [{e['group']}]" if e.get("group") else ""
+    return f"{e['flip']} {e['direction']}{where}" + (" (tokens/s)" if metric == SPEED_METRIC else "")
+
+
+def _rejudge_scale(doc: dict) -> list[dict]:
+    """A size ladder's by-size calls (from the rejudged loss effects) and its trends (slopes judged again)."""
+    from anatomy_cli.report import scale  # pandas: only for a ladder
+
+    sc = doc["scale"]
+    calls = {(e["flip"], e["direction"], e["group"]): e["call"] for e in doc["effects"] if e["metric"] == LOSS_METRIC}
+    for row in sc.get("effects") or []:
+        row["call"] = calls.get((row["flip"], row["direction"], f"size {row['size']}"), row["call"])
+    changes = []
+    by_series: dict[str, list[dict]] = {}
+    for t in sc.get("trends") or []:
+        by_series.setdefault(t["series"], []).append(t)
+    for series, trends in by_series.items():
+        sizes = [s for s in sc.get("sizes") or [] if s["series"] == series]
+        logs = [math.log10(s["non_embedding_params"]) for s in sizes if s.get("non_embedding_params")]
+        span = max(logs) - min(logs) if logs else 0.0
+        tested = [t for t in trends if t["sizes"] >= 2 and t["n_seeds"] >= 2]
+        alpha = _alpha([{"adj_level": t.get("adj_level"), "family": len(tested)} for t in tested])
+        fresh = stats.judge([paired_of({}, t["n_seeds"], t["slope"], t["slope_low"], t["slope_high"])
+                             for t in tested], math.nan, alpha)
+        for t, new in zip(tested, fresh):
+            t |= {"slope_adj_low": new["adj_low"], "slope_adj_high": new["adj_high"], "adj_level": new["adj_level"],
+                  "p_holm": new["p_holm"]}
+        for t in trends:
+            if t["sizes"] < 2 or t["n_seeds"] < stats.MIN_PAIRS:
+                continue  # its call names a cause or too few seeds: no interval decides it
+            size_calls = [r["call"] for r in sc.get("effects") or []
+                          if r["series"] == series and r["flip"] == t["flip"] and r["direction"] == t["direction"]]
+            margin = t.get("threshold")
+            call = scale.scale_call(size_calls, t["n_seeds"], t["sizes"], (t["slope_adj_low"], t["slope_adj_high"]),
+                                    (t["fit_smallest"], t["fit_largest"]), math.nan if margin is None else margin,
+                                    span)
+            if call != t["call"]:
+                changes.append({"study": doc.get("study"), "what": f"{t['flip']} {t['direction']} across sizes",
+                                "before": t["call"], "after": call, "gain": t["slope"],
+                                "interval": (t["slope_adj_low"], t["slope_adj_high"])})
+            t["call"] = call
+    return changes
+
+
+def table(changes: list[dict]) -> list[str]:
+    """The markdown table of the calls that changed."""
+    out = ["| study | effect | before | after | gain | interval |", "|---|---|---|---|---|---|"]
+    for c in changes:
+        low, high = c["interval"]
+        shown = "" if low is None or high is None else f"[{low:+.3f}, {high:+.3f}]"
+        out.append(f"| {c['study']} | {c['what']} | {c['before']} | {c['after']} | {c['gain']:+.3f} | {shown} |")
+    return out
+
+
+def main(argv: list[str]) -> int:
+    check = "--check" in argv
+    paths = [Path(a) for a in argv if a != "--check"]
+    if not paths:
+        print("usage: python -m anatomy_cli.report.rejudge FILE ... [--check]", file=sys.stderr)
+        return 2
+    changed = []
+    for path in paths:
+        try:
+            doc = results.load(path)
+        except (OSError, InputError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        new, changes = rejudge(doc)
+        changed += changes
+        if not check and new != doc:
+            from anatomy_cli.store.runs import atomic_write_text
+
+            atomic_write_text(path, json.dumps(new, indent=1, allow_nan=False) + "\n")
+    print("\n".join(table(changed)) if changed else "no call changes")
+    return 1 if check and changed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
