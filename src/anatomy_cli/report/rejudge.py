@@ -99,9 +99,11 @@ def _rejudge_scale(doc: dict) -> list[dict]:
     from anatomy_cli.report import scale  # pandas: only for a ladder
 
     sc = doc["scale"]
-    calls = {(e["flip"], e["direction"], e["group"]): e["call"] for e in doc["effects"] if e["metric"] == LOSS_METRIC}
-    for row in sc.get("effects") or []:
-        row["call"] = calls.get((row["flip"], row["direction"], f"size {row['size']}"), row["call"])
+    judged = {(e["flip"], e["direction"], e["group"]): e for e in doc["effects"] if e["metric"] == LOSS_METRIC}
+    for row in sc.get("effects") or []:  # each size's row repeats its effect's interval and call
+        e = judged.get((row["flip"], row["direction"], f"size {row['size']}"))
+        if e is not None:
+            row |= {k: e[k] for k in ("adj_low", "adj_high", "call")}
     changes = []
     by_series: dict[str, list[dict]] = {}
     for t in sc.get("trends") or []:
