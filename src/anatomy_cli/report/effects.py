@@ -29,6 +29,7 @@ from anatomy_cli.report import decide as decide_mod
 from anatomy_cli.report import plateau as plateau_mod
 from anatomy_cli.report import speed as speed_mod
 from anatomy_cli.report import stats
+from anatomy_cli.report import tuning as tuning_mod
 from anatomy_cli.report import verdict as vd
 from anatomy_cli.report.frames import HIGHER_IS_BETTER, LOSS_METRIC, RELATIVE_METRICS, SPEED_METRIC, load_runs
 from anatomy_cli.spec import components as comp
@@ -279,6 +280,7 @@ def report_frames(root: Path, min_effect: float | None = None) -> tuple[pd.DataF
     """
     runs, curves = load_runs(Path(root))
     folder = study_folder(Path(root), runs)  # the study's records judge it, from whatever folder it is reported
+    runs, curves = tuning_mod.study_runs(runs, curves, folder)  # a tuned study: its runs at the frozen LRs
     record = speed_mod.read_timing(folder if runs["path"].map(lambda p: Path(p).parent).nunique() == 1 else root)
     if record is not None:
         spread = speed_mod.noise(record)

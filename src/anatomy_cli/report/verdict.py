@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from anatomy_cli.report import stats
+from anatomy_cli.report import tuning as tuning_mod
 from anatomy_cli.report.frames import run_flags
 from anatomy_cli.spec.roles import ALL_ON, REFERENCE
 from anatomy_cli.store import lockfile
@@ -107,6 +108,7 @@ def ablate_command(root: Path, *extra: str) -> str:
         parts += ["--flip", str(how["flip"])]
     if how.get("steps"):
         parts += ["--steps", str(how["steps"])]
+    parts += tuning_mod.rerun_flags(root)  # a tuned study goes on with its grid (tune.json)
     return " ".join([*parts, *extra, "--runs-dir", str(root.parent)])
 
 

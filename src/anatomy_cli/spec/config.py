@@ -760,6 +760,21 @@ class DecideSpec(_Frozen):
     budget: str | None = Field(default=None, pattern=r"^\s*\d+(\.\d+)?\s*[smh]?\s*$")  # 30m, 2h, 90s, 600
 
 
+class TuneSpec(_Frozen):
+    """`[tune]`: fair learning rates (`anatomy ablate --tune-lr`, study/tuned.py): every config of the plan
+    trains a log-spaced grid of `points` LRs, a factor `factor` apart around base.train.lr (up to `extend`
+    more past an edge its best lands on), on selection seeds of its own; its LR is frozen at the grid's
+    best, and the study's seeds then train each config at its own. seeds: a count (the seeds just below
+    base.seed: base.seed - 1, base.seed - 2, ..., which no count of study seeds ever reaches) or a list.
+    The ablate options --tune-points, --tune-factor, --tune-extend and --tune-seeds override these."""
+
+    points: int = Field(default=5, ge=1, le=31)  # odd and at least 3: study/tuning.py's Grid says why
+    factor: float = Field(default=2.0, gt=0)  # above 1: Grid refuses the rest in one line
+    extend: int = Field(default=2, ge=0, le=16)
+    seeds: Annotated[list[Seed], Field(min_length=1, max_length=MAX_SEEDS)] | Annotated[
+        int, Field(ge=1, le=MAX_SEEDS)] = 1
+
+
 COMPONENT_NAME = r"^[a-z][a-z0-9_]{0,31}$"
 
 
@@ -821,6 +836,7 @@ class AblationSpec(_Frozen):
     # the margin "negligible" is tested against (report/stats.py; default stats.DEFAULT_MARGIN).
     min_effect: float | None = Field(default=None, gt=0, le=10)
     decide: DecideSpec | None = None  # present: `ablate` trains in rounds (report/decide.py)
+    tune: TuneSpec | None = None  # present: `ablate` tunes each config's LR first (study/tuned.py)
 
     @model_validator(mode="after")
     def _check_design(self) -> AblationSpec:
