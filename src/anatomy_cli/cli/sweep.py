@@ -89,6 +89,23 @@ def ablate(
         show_default=False)] = None,
     budget: Annotated[Optional[str], typer.Option(
         help="With --decide: stop before a round that would overrun this time (30m, 2h, 600 = seconds).")] = None,
+    tune_lr: Annotated[bool, typer.Option(
+        "--tune-lr", help="Fair learning rates: first train every config on a log-spaced LR grid around train.lr on "
+        "selection seeds of its own (never study seeds), freeze each config's best LR in SWEEP_DIR/tune.json, then "
+        "train the study's seeds at those LRs (and at train.lr where an LR moved, for the shared-LR comparison). A "
+        "spec with a \\[tune] table does this by default.")] = False,
+    tune_points: Annotated[Optional[int], typer.Option(
+        help="With --tune-lr: LRs in the grid, odd, train.lr in the middle \\[default: the spec's, else 5].",
+        show_default=False)] = None,
+    tune_factor: Annotated[Optional[float], typer.Option(
+        help="With --tune-lr: the ratio of neighbouring LRs, above 1 \\[default: the spec's, else 2].",
+        show_default=False)] = None,
+    tune_extend: Annotated[Optional[int], typer.Option(
+        help="With --tune-lr: LRs added past the grid's edge while a config's best sits there \\[default: the "
+        "spec's, else 2].", show_default=False)] = None,
+    tune_seeds: Annotated[Optional[str], typer.Option(
+        help="With --tune-lr: selection seeds, a count (the seeds just below the base seed) or a list such as 7,8 "
+        "\\[default: the spec's, else 1].", show_default=False)] = None,
 ):
     """Expand a spec into a grid of runs that flip components one at a time, run them, and report.
 
@@ -101,7 +118,8 @@ def ablate(
     if json_out and not dry_run:
         raise ConfigError("--json prints the plan: use it with --dry-run")
     ask = ablation.Ask(spec, flip, seeds, steps, workers, runs_dir, executor, address, device, compile, dtype,
-                       min_effect, stack, decide, max_seeds, decide_step, budget, time_pass)
+                       min_effect, stack, decide, max_seeds, decide_step, budget, time_pass, tune_lr, tune_points,
+                       tune_factor, tune_extend, tune_seeds)
     study = ablation.plan_study(ask)
     if json_out:
         warn_short_runs(p.config for p in study.plan)
@@ -118,6 +136,8 @@ def ablate(
         return
     err_console.print(plan_line(study.plan, study.sweep_dir, study.workers, estimate), highlight=False,
                       soft_wrap=True)
+    if study.tune is not None:
+        _say(tune_line(study))
     if any(p.config.train.compile for p in study.plan):  # before the workers spawn: they inherit it
         from anatomy_cli.training.devices import share_compile_cache
 
@@ -126,6 +146,12 @@ def ablate(
     done = ablation.run_study(study, functools.partial(_train, study, estimate),
                               lambda line: err_console.print(line, highlight=False, soft_wrap=True))
     err_console.print(closing_line(done, study.sweep_dir), highlight=False, soft_wrap=True)
+    if study.tune is not None and not any(a.tuned for a in getattr(done.tune, "arms", [])):
+        no_report = True  # nothing at a chosen LR to judge yet (the selection stopped), or no config tuned
+        if done.tune is not None:
+            err_console.print("--tune-lr: no config was tuned (each best at the grid's edge): no tuned verdict; "
+                              "widen the grid (--tune-factor, --tune-extend) in another --runs-dir",
+                              highlight=False, soft_wrap=True)
     if not no_report:
         others = len(runs.find_runs(study.sweep_dir)) - len(done.statuses)
         if others > 0:  # the report reads the folder: say its verdict covers more than this plan
@@ -140,6 +166,10 @@ def _dry_run(study, estimate) -> None:
     from anatomy_cli.report import decide as decide_mod
 
     console.print(plan_table(study.plan, study.sweep_dir, study.workers, study.vocab, estimate))
+    if study.tune is not None:
+        from anatomy_cli.report.textable import wrap
+
+        console.print(wrap(tune_line(study), console.width), highlight=False, markup=False, soft_wrap=True)
     if study.rounds:
         looks = study.rounds.looks
         console.print(f"--decide: looks at {', '.join(map(str, looks))} seeds, each at family-wise alpha "
@@ -156,6 +186,28 @@ def _dry_run(study, estimate) -> None:
         console.print(f"per size (budget {study.spec.budget}):", highlight=False, markup=False)
         console.print(size_report(study.plan, study.workers, None)[1], highlight=False, markup=False,
                       soft_wrap=True)
+
+
+def tune_line(study) -> str:
+    """--tune-lr's two phases priced apart: '--tune-lr: first the LR selection, 60 runs (5 LRs x 12 configs x 1
+    selection seed: 1336; to do: 60, est. 9.0min), up to 24 more past an edge (est. 3.6min); then the study at the
+    frozen LRs, 36 runs (the table), and beside it up to 36 at the shared LR (est. 5.4min)'."""
+    from anatomy_cli.study import ablation
+    from anatomy_cli.study.tuned import arms
+
+    cost, g = ablation.tune_cost(study), study.tune.grid
+    seeds = ", ".join(map(str, g.seeds))
+    n_arms = len(arms(study.plan))
+    head = (f"--tune-lr: first the LR selection, {cost.grid[0]} runs ({g.points} LRs a factor {g.factor:g} apart "
+            f"around {g.center:g} x {n_arms} config{'s' * (n_arms > 1)} x {len(g.seeds)} selection "
+            f"seed{'s' * (len(g.seeds) > 1)}: {seeds}; to do: {cost.grid[1]}, est. {fmt_seconds(cost.grid[2])})")
+    extra = (f", {cost.extensions[0]} more past an edge" if cost.chosen else
+             f", up to {cost.extensions[0]} more past an edge (est. {fmt_seconds(cost.extensions[1])})")
+    at = "at the frozen LRs" if cost.chosen else "at the LRs chosen"
+    shared = (f"{cost.shared[0]}" if cost.chosen else f"up to {cost.shared[0]}")
+    return (f"{head}{extra}; then the study {at}, {cost.study[0]} runs (to do: {cost.study[1]}, est. "
+            f"{fmt_seconds(cost.study[2])}), and beside it {shared} at the shared LR {g.center:g} where a config's LR "
+            f"moved (est. {'' if cost.chosen else 'at most '}{fmt_seconds(cost.shared[1])})")
 
 
 def scope_note(sweep_dir: Path, planned: int, others: int) -> str:
@@ -231,11 +283,11 @@ def _write_report(root: Path, out: Path | None, formats: tuple[str, ...], frames
                   min_effect: float | None = None) -> dict:
     """Write the report, then print its answer: the verdict as plain text, and where the report is."""
     from anatomy_cli.report import effects as effects_mod
+    from anatomy_cli.report import fair_lr, write
     from anatomy_cli.report import frames as frames_mod
-    from anatomy_cli.report import write
     from anatomy_cli.report.scale import scale_frames
     from anatomy_cli.report.sections import verdict_text
-    from anatomy_cli.report.textable import width
+    from anatomy_cli.report.textable import width, wrap
     from anatomy_cli.report.verdict import verdict_frame
 
     frames = frames or effects_mod.report_frames(root, min_effect)
@@ -243,6 +295,10 @@ def _write_report(root: Path, out: Path | None, formats: tuple[str, ...], frames
     effects = frames[2]
     console.print(verdict_text(verdict_frame(effects[effects["metric"] == frames_mod.LOSS_METRIC]), frames[0], root,
                                width(), scale_frames(*frames)), highlight=False, markup=False, soft_wrap=True)
+    tuned = fair_lr.tuned_frames(frames[0], effects)  # a tuned study: its LRs and what the shared LR would call
+    if tuned is not None:
+        console.print("\n".join(wrap(line, width()) for line in fair_lr.lines(tuned)), highlight=False, markup=False,
+                      soft_wrap=True)
     main = next((paths[k] for k in ("report.html", "report.md", "report.json", "effects.csv") if k in paths),
                 paths["forest.png"])
     console.print(f"report: {main} (all files in {main.parent})", highlight=False, markup=False, soft_wrap=True)

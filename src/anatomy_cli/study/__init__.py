@@ -4,6 +4,8 @@
              estimate, the training (in --decide's rounds or at once), what it did
   rounds     run_rounds: --decide's loop (looks, futility, budget, stop reason) over any trainer, the
              one the CLI runs and benchmarks/calibrate_verdict.py --decide measures
+  tuned      `ablate --tune-lr`: the LR grid per config on selection seeds, each config's LR frozen in
+             tune.json, then the study at those LRs (and the shared LR beside it)
   reporting  `anatomy report`: where a report may write, its frames read once, the side files
   sizes      a size ladder's plan per size (scale-plan, ablate --dry-run)
   tuning     fair learning rates: the LR grid, the rule, run_selection (the loop over any trainer)

@@ -5,11 +5,13 @@ the workers, the estimate, the training (rounds with --decide) and the closing c
   Study       a planned study: spec, plan, sweep folder, rounds, margin, then corpora, stacking, workers
   plan_study  every refusal before anything is shown or written, then the plan
   size_study  the corpora read once, seeds per stacked model, the worker count
-  run_study   train the plan (rounds with --decide) through a trainer; what it did
+  run_study   train the plan (rounds with --decide; after the LR selection with --tune-lr, tuned.py)
+              through a trainer; what it did
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -18,6 +20,8 @@ from pathlib import Path
 from anatomy_cli.report import decide, stats
 from anatomy_cli.spec.config import AblationSpec, ConfigError, DecideSpec, choose
 from anatomy_cli.store import runs
+from anatomy_cli.study import tuned as tuned_mod
+from anatomy_cli.study import tuning
 from anatomy_cli.study.rounds import Rounds, RoundsDone, looks_of, run_rounds
 from anatomy_cli.sweep import plan as plan_mod
 
@@ -46,6 +50,11 @@ class Ask:
     decide_step: int | None = None
     budget: str | None = None
     time_pass: bool = False
+    tune_lr: bool = False
+    tune_points: int | None = None
+    tune_factor: float | None = None
+    tune_extend: int | None = None
+    tune_seeds: str | None = None  # a count or a comma-separated list, as typed
 
     def plan_at(self, seeds: int | None = None) -> tuple[AblationSpec, list]:
         """The spec and plan these flags give (at `seeds` seeds instead of --seeds: a later look)."""
@@ -69,6 +78,7 @@ class Study:
     vocab: dict = field(default_factory=dict)  # corpus source -> vocabulary size (size_study)
     per_model: int = 1  # seeds per stacked model
     workers: int = 1
+    tune: tuned_mod.TunePlan | None = None  # --tune-lr's grid, else None
 
 
 def decide_plan(ask: Ask, spec: AblationSpec, margin: float | None) -> Rounds | None:
@@ -107,6 +117,7 @@ def plan_study(ask: Ask) -> Study:
     spec, plan = ask.plan_at()
     margin = ask.margin if ask.margin is not None else spec.min_effect
     rounds = decide_plan(ask, spec, margin)
+    tune = tuned_mod.tune_plan(ask, spec, plan, rounds)
     if ask.device not in (None, "auto", "cpu") and ask.executor == "local":  # here, not in each worker
         from anatomy_cli.training.devices import resolve_device
 
@@ -114,7 +125,7 @@ def plan_study(ask: Ask) -> Study:
     sweep_dir = runs.runs_folder(ask.runs_dir) / spec.name
     runs.refuse_inside_runs(sweep_dir, "--runs-dir", "sweep directory", itself="sweep")  # before the plan shows
     runs.refuse_corpus_overlap((p.config.data.source for p in plan), sweep_dir, "--runs-dir")
-    study = Study(ask, spec, plan, sweep_dir, rounds, margin)
+    study = Study(ask, spec, plan, sweep_dir, rounds, margin, tune=tune)
     check_record(study)
     return study
 
@@ -146,6 +157,43 @@ def round_seconds(study: Study, todo: list) -> float:
     return plan_seconds(list(per_run.values()), study.workers, startup)
 
 
+@dataclass(frozen=True)
+class TuneCost:
+    """What --tune-lr adds, priced apart (runs, estimated seconds on the study's workers): the selection grid
+    still to train, the extensions at most, the study at the frozen LRs and the shared-LR runs beside it (at
+    most, before the LRs are chosen: every config's LR may move)."""
+
+    grid: tuple[int, int, float]  # (runs, to do, seconds)
+    extensions: tuple[int, float]  # at most
+    study: tuple[int, int, float]  # (runs, to do, seconds)
+    shared: tuple[int, float]  # at most before the choice, exact after it
+    chosen: bool  # tune.json holds every arm's choice: the study and shared counts are exact
+
+
+def tune_cost(study: Study) -> TuneCost:
+    """The selection and the study priced apart (estimate, from this machine's step times; an LR does not
+    change a run's step time, so a run at an LR not chosen yet is priced at train.lr)."""
+    from anatomy_cli.report.tuning import read_record
+
+    tune, record = study.tune, read_record(study.sweep_dir)
+    grid = tuned_mod.selection_plan(tune, study.plan)
+    if record is not None and all(record.arm(a) is not None for a in tuned_mod.arms(study.plan)):
+        extra = sum(a.extended for a in record.arms) * len(tune.grid.seeds)
+        plan = tuned_mod.tuned_plan(study.plan, record)
+        shared = tuned_mod.shared_of(plan, tune.grid.center) + tuned_mod.untuned_runs(study.plan, record)
+        chosen = True
+    else:
+        extra = len(tuned_mod.arms(study.plan)) * tune.grid.extend * len(tune.grid.seeds)
+        plan, shared, chosen = study.plan, study.plan, False
+    todo = plan_mod.pending_runs(grid, study.sweep_dir)
+    study_todo = plan_mod.pending_runs(plan, study.sweep_dir)
+    one_lr = [p for p in grid if p.config.train.lr == tune.grid.center]  # an extension step: one LR per arm
+    return TuneCost((len(grid), len(todo), round_seconds(study, todo)),
+                    (extra, 0.0 if chosen else round_seconds(study, one_lr) * tune.grid.extend),
+                    (len(plan), len(study_todo), round_seconds(study, study_todo)),
+                    (len(shared), round_seconds(study, plan_mod.pending_runs(shared, study.sweep_dir))), chosen)
+
+
 def train_runs(study: Study, todo: list, display=None, stop=None) -> list[str | None]:
     """Train the pending runs of `todo` into the sweep folder; each run's status (display: progress
     events; stop: asked between steps, a requested stop saves the runs in flight)."""
@@ -161,6 +209,7 @@ def check_record(study: Study) -> decide.DecideRecord | None:
     seeing the data spends its alpha twice), and so is training it without --decide (seeds the rounds
     withheld would join calls made at the looks' alpha, and the report's stop line would no longer hold)."""
     record = decide.read_record(study.sweep_dir)
+    tuned_mod.check_record(study.tune, study.plan, study.sweep_dir, study.ask.time_pass, decided=record is not None)
     if record is not None and study.rounds is None and not study.ask.time_pass:
         raise ConfigError(f"{study.sweep_dir} was decided in rounds (decide.json): add --decide with the same "
                           f"--seeds, --max-seeds and --decide-step to go on, or use another --runs-dir")
@@ -176,6 +225,7 @@ class StudyDone:
     statuses: list[str | None]  # every run trained or found done, in plan order per round
     seconds: float
     rounds: RoundsDone | None = None
+    tune: object | None = None  # --tune-lr: tune.json's record (report/tuning.py), None before the LRs are chosen
 
     def count(self, status: str) -> int:
         return self.statuses.count(status)
@@ -189,6 +239,8 @@ def run_study(study: Study, train: Callable[[list], list], say: Callable[[str], 
 
     started = clock()
     before = check_record(study)  # again: the folder may have changed since the plan was shown
+    if study.tune is not None:
+        return _run_tuned(study, train, say, clock, started, before)
     if study.rounds is None:
         return StudyDone(train(study.plan), clock() - started)
     done = run_rounds(study.plan, study.rounds, train, lambda: load_runs(study.sweep_dir)[0],
@@ -198,3 +250,42 @@ def run_study(study: Study, train: Callable[[list], list], say: Callable[[str], 
                       save=lambda record: decide.write_record(study.sweep_dir, record), say=say, clock=clock,
                       before=before)
     return StudyDone(list(done.statuses.values()), clock() - started, done)
+
+
+def initial_loss(study: Study) -> float:
+    """What a diverged selection run counts at: ln of the vocabulary size (a uniform guess's loss)."""
+    return math.log(max(study.vocab.values(), default=2))
+
+
+def _run_tuned(study: Study, train, say, clock, started: float, before) -> StudyDone:
+    """--tune-lr: the selection (tuned.select), then the study's seeds at the frozen LRs, in --decide's rounds or
+    at once; beside each round, its runs at the shared LR where the LR moved (and the untuned arms' runs)."""
+    from anatomy_cli.report.frames import load_runs
+    from anatomy_cli.report.tuning import study_runs
+
+    statuses: dict[str, str | None] = {}
+    try:
+        record = tuned_mod.select(study.tune, study.plan, study.sweep_dir, train, initial_loss(study), statuses, say)
+    except tuning.Unfinished as err:
+        say(f"--tune-lr: {err}")
+        return StudyDone(list(statuses.values()), clock() - started)
+    center, alone = study.tune.grid.center, tuned_mod.untuned_runs(study.plan, record)
+
+    def beside(todo: list) -> list:
+        nonlocal alone
+        extra, alone = tuned_mod.shared_of(todo, center) + alone, []  # the untuned arms' runs: with the first round
+        got = train(todo + extra)
+        statuses.update(zip((p.run_id for p in todo + extra), got))
+        return got[:len(todo)]
+
+    first = tuned_mod.tuned_plan(study.plan, record)
+    if study.rounds is None or not first:
+        beside(first)
+        return StudyDone(list(statuses.values()), clock() - started, tune=record)
+    done = run_rounds(first, study.rounds, beside,
+                      lambda: study_runs(*load_runs(study.sweep_dir), study.sweep_dir)[0],
+                      lambda n: tuned_mod.tuned_plan(study.ask.plan_at(n)[1], record),
+                      pending=lambda todo: plan_mod.pending_runs(todo, study.sweep_dir),
+                      cost=lambda todo: round_seconds(study, todo + tuned_mod.shared_of(todo, center)),
+                      save=lambda r: decide.write_record(study.sweep_dir, r), say=say, clock=clock, before=before)
+    return StudyDone(list(statuses.values()), clock() - started, done, tune=record)

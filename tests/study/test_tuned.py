@@ -1,0 +1,196 @@
+"""study.tuned: `anatomy ablate --tune-lr`'s plan (flag over the spec's [tune] table, resolved once), its
+refusals (one line, exit 2, nothing written), selection seeds that no study seed can be, and the two
+phases driven by a fake trainer: each config's LR chosen from the grid's runs and frozen in tune.json,
+the study's seeds at those LRs, the shared-LR runs beside them where an LR moved, and a rerun (after an
+interruption too) that never re-picks."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from helpers import invoke, one_error_line
+from toy_data import write_spec
+
+from anatomy_cli.report import tuning as record_mod
+from anatomy_cli.store import runs
+from anatomy_cli.study import ablation, tuned
+from anatomy_cli.study.ablation import Ask, plan_study
+
+
+def spec_at(tmp_path, tune=None, **train):
+    top = {"seeds": 3, "flips": ["rope"], "directions": ["add-one"], **({"tune": tune} if tune else {})}
+    return write_spec(tmp_path, top=top, train=train or None)
+
+
+@pytest.mark.parametrize("args, spec_kw, fragment", [
+    (["--tune-points", "1"], {}, "odd number of points, at least 3"),
+    (["--tune-points", "4"], {}, "odd number of points"),
+    (["--tune-factor", "1"], {}, "factor must be a finite number above 1"),
+    (["--tune-factor", "0.5"], {}, "factor must be a finite number above 1"),
+    (["--tune-factor", "1e300"], {}, "every LR must be a positive finite number"),  # 3e-3 x 1e300^4 overflows
+    (["--tune-factor", "1e90", "--tune-extend", "4"], {}, "reaches lr=0"),  # 3e-3 / 1e90^6 underflows
+    (["--tune-seeds", "1338,"], {}, "the selection seeds must not be study seeds: 1338 is both"),
+    (["--tune-seeds", "1341,1336", "--decide", "--max-seeds", "5"], {}, "1341 is both"),  # a later look's seed
+    (["--tune-seeds", "x"], {}, "--tune-seeds takes a count or a comma-separated list"),
+    (["--tune-seeds", "0"], {}, "--tune-seeds must be a count of 1 or more"),
+    (["--time"], {}, "--tune-lr trains; --time times"),
+    ([], {"tune": {"points": 1}}, "odd number of points"),
+    ([], {"tune": {"seeds": [1337]}}, "1337 is both"),
+    ([], {"tune": {"factor": 0.5}}, "factor must be a finite number above 1"),
+    ([], {"lr": 0}, "train.lr"),
+    ([], {"lr": -1e-3}, "train.lr"),
+    ([], {"lr": math.inf}, "train.lr"),
+])
+def test_bad_input_is_one_line_and_nothing_is_written(tmp_path, args, spec_kw, fragment):
+    tune = spec_kw.pop("tune", None)
+    spec = spec_at(tmp_path, tune, **spec_kw)
+    flag = [] if tune else ["--tune-lr"]
+    one_error_line(invoke("ablate", spec, "--runs-dir", tmp_path / "runs", *flag, *args), fragment)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_grid_options_without_tune_lr_are_refused(tmp_path):
+    one_error_line(invoke("ablate", spec_at(tmp_path), "--runs-dir", tmp_path / "runs", "--tune-points", "3",
+                          "--dry-run"), "--tune-points plans the LR grid of --tune-lr: add --tune-lr")
+
+
+def test_flags_override_the_specs_tune_table_once(tmp_path):
+    spec = spec_at(tmp_path, {"points": 7, "factor": 1.5, "extend": 1, "seeds": 2})
+    study = plan_study(Ask(spec, runs_dir=tmp_path / "runs"))
+    g = study.tune.grid
+    assert (g.points, g.factor, g.extend, g.seeds, g.center, study.tune.by) == (7, 1.5, 1, (1336, 1335), 3e-3, "spec")
+    study = plan_study(Ask(spec, runs_dir=tmp_path / "runs", tune_lr=True, tune_points=3, tune_seeds="7,9"))
+    g = study.tune.grid
+    assert (g.points, g.factor, g.seeds, study.tune.by, study.tune.seeds_given) == (3, 1.5, (7, 9), "flag", [7, 9])
+    assert plan_study(Ask(spec, runs_dir=tmp_path / "runs", time_pass=True)).tune is None  # --time times
+
+
+def test_selection_seeds_sit_below_every_seed_the_study_could_use(tmp_path):
+    spec = spec_at(tmp_path)
+    study = plan_study(Ask(spec, runs_dir=tmp_path / "runs", tune_lr=True, tune_seeds="3", decide=True,
+                           max_seeds=10))
+    looks = {1337 + i for i in range(study.rounds.looks[-1])}
+    assert study.tune.grid.seeds == (1336, 1335, 1334)
+    assert not set(study.tune.grid.seeds) & ({p.config.seed for p in study.plan} | looks)
+    assert plan_study(Ask(spec, runs_dir=tmp_path / "runs")).tune is None  # no flag, no table: not tuned
+
+
+def test_a_run_at_the_shared_lr_is_the_planned_run_and_another_lr_another_run(tmp_path):
+    study = plan_study(Ask(spec_at(tmp_path), runs_dir=tmp_path / "runs", tune_lr=True))
+    p = study.plan[0]
+    assert tuned.at_lr(p, p.config.train.lr).run_id == p.run_id
+    moved = tuned.at_lr(p, 6e-3)
+    assert moved.run_id != p.run_id and moved.config.train.lr == 6e-3 and moved.config.seed == p.config.seed
+    assert tuned.config_key(moved) == tuned.config_key(p)  # the same config but for its LR
+    assert tuned.at_lr(p, 6e-3, 1336).config.seed == 1336
+
+
+# ---------------------------------------------------------------------------- the two phases, a fake trainer
+
+OPTIMUM = {"2017": 6e-3, "2017+rope": 3e-3}  # each config's best LR; 2017's is one factor above train.lr
+
+
+class FakeTrainer:
+    """Writes each run's config.json and summary.json: best val loss 2.5 + 0.02 (log2 lr/optimum)^2 (+ the seed's
+    noise); `stop_after` runs, it stops as an interrupted sweep would (typer.Exit is what the CLI raises)."""
+
+    def __init__(self, root, optimum=OPTIMUM, stop_after=None):
+        self.root, self.optimum, self.stop_after, self.trained = root, optimum, stop_after, []
+
+    def loss(self, p) -> float:
+        return 2.5 + 0.02 * math.log2(p.config.train.lr / self.optimum[p.slug]) ** 2 + 1e-3 * (p.config.seed % 7)
+
+    def __call__(self, todo):
+        out = []
+        for p in todo:
+            run_dir = self.root / p.run_id
+            if runs.run_status(run_dir) not in runs.DONE_STATES:
+                if self.stop_after is not None and len(self.trained) >= self.stop_after:
+                    raise KeyboardInterrupt
+                run_dir.mkdir(parents=True, exist_ok=True)
+                (run_dir / runs.CONFIG).write_text(json.dumps(p.config.model_dump(mode="json")))
+                (run_dir / runs.SUMMARY).write_text(json.dumps({"status": "completed",
+                                                                "best_val_loss": self.loss(p)}))
+                self.trained.append(p.run_id)
+            out.append(runs.COMPLETED)
+        return out
+
+
+def tuned_study(tmp_path, **ask):
+    spec = spec_at(tmp_path)
+    return ablation.size_study(plan_study(Ask(spec, runs_dir=tmp_path / "runs", tune_lr=True, stack="off",
+                                              tune_points=3, tune_extend=1, **ask)))
+
+
+def test_the_selection_chooses_each_lr_then_the_study_trains_at_it_with_the_shared_lr_beside(tmp_path):
+    study = tuned_study(tmp_path)
+    trainer = FakeTrainer(study.sweep_dir)
+    done = ablation.run_study(study, trainer)
+    record = record_mod.read_record(study.sweep_dir)
+    assert record.chosen == {"2017": 6e-3, "2017+rope": 3e-3} and done.tune == record
+    assert record.seeds == [1336] and record.by == "flag" and record.grid.points == 3
+    study_seeds = {1337, 1338, 1339}
+    trained = {(rid.rsplit("-s", 1)[0], int(rid.rsplit("-s", 1)[1].split("-")[0])) for rid in trainer.trained}
+    assert {s for _, s in trained} == study_seeds | {1336}  # the selection seed is never a study seed
+    # selection: 3 LRs x 2 configs, and 2017's best at the top edge one more past it; the study: 3 seeds x 2 at
+    # their LRs; 2017's moved: its 3 seeds at the shared LR too
+    assert len(trainer.trained) == 6 + 1 + 6 + 3 == len(done.statuses)
+    assert record.arm("2017").extended == 1 and record.arm("2017").lrs == [1.5e-3, 3e-3, 6e-3, 1.2e-2]
+    plan = tuned.tuned_plan(study.plan, record)
+    assert {p.config.train.lr for p in plan if p.slug == "2017"} == {6e-3}
+    assert all((study.sweep_dir / p.run_id).is_dir() for p in study.plan)  # the shared-LR study is all there
+    assert ablation.run_study(study, FakeTrainer(study.sweep_dir)).tune == record  # a rerun trains nothing new
+
+
+def test_an_interrupted_selection_resumes_to_the_same_lrs(tmp_path):
+    study = tuned_study(tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        ablation.run_study(study, FakeTrainer(study.sweep_dir, stop_after=4))
+    assert record_mod.read_record(study.sweep_dir).arms == []  # the plan was written, nothing chosen yet
+    again = FakeTrainer(study.sweep_dir)
+    ablation.run_study(study, again)
+    assert len(again.trained) == 3 + 6 + 3  # the rest of the selection (its extension too), then the study
+    assert record_mod.read_record(study.sweep_dir).chosen == {"2017": 6e-3, "2017+rope": 3e-3}
+
+
+def test_a_rerun_never_re_picks_and_another_grid_is_refused(tmp_path):
+    study = tuned_study(tmp_path)
+    ablation.run_study(study, FakeTrainer(study.sweep_dir))
+    before = sorted(p.name for p in study.sweep_dir.iterdir())
+    # the study's seeds say the other config's optimum moved: its frozen LR stays
+    ablation.run_study(tuned_study(tmp_path), FakeTrainer(study.sweep_dir, optimum={"2017": 3e-3, "2017+rope": 1.2e-2}))
+    assert record_mod.read_record(study.sweep_dir).chosen == {"2017": 6e-3, "2017+rope": 3e-3}
+    spec = spec_at(tmp_path)
+    for extra, fragment in ((["--tune-lr", "--tune-points", "5"], "was tuned with 3 LRs a factor 2 apart"),
+                            (["--tune-lr", "--tune-points", "3", "--tune-extend", "1", "--tune-seeds", "2"],
+                             "selection seeds 1336"),
+                            ([], "was tuned (tune.json): add --tune-lr")):
+        one_error_line(invoke("ablate", spec, "--runs-dir", tmp_path / "runs", *extra), fragment)
+    one_error_line(invoke("ablate", spec, "--runs-dir", tmp_path / "runs", "--tune-lr", "--tune-points", "3",
+                          "--tune-extend", "1", "--steps", "7"), "2017's LR was chosen for another config")
+    assert sorted(p.name for p in study.sweep_dir.iterdir()) == before
+
+
+def test_an_arm_best_at_the_edge_is_not_tuned_and_keeps_only_its_shared_lr_runs(tmp_path):
+    study = tuned_study(tmp_path)
+    trainer = FakeTrainer(study.sweep_dir, optimum={"2017": 3e-3, "2017+rope": 1e-1})  # far past the top edge
+    ablation.run_study(study, trainer)
+    record = record_mod.read_record(study.sweep_dir)
+    rope = record.arm("2017+rope")
+    assert not rope.tuned and rope.lr is None and "best at the edge" in rope.reason and rope.extended == 1
+    assert len(rope.lrs) == 4  # the grid and one extension
+    assert [p.slug for p in tuned.tuned_plan(study.plan, record)] == ["2017"] * 3
+    assert {p.run_id for p in study.plan} <= set(trainer.trained)  # at the shared LR, for the comparison
+
+
+def test_dry_run_prices_the_selection_and_the_study_apart(tmp_path):
+    result = invoke("ablate", spec_at(tmp_path), "--runs-dir", tmp_path / "runs", "--tune-lr", "--dry-run")
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "--tune-lr: first the LR selection, 10 runs (5 LRs a factor 2 apart around 0.003 x 2 configs x 1 " \
+           "selection seed: 1336; to do: 10, est." in text
+    assert "up to 4 more past an edge (est." in text and "then the study at the LRs chosen, 6 runs" in text
+    assert "beside it up to 6 at the shared LR 0.003" in text
+    assert not (tmp_path / "runs").exists()
