@@ -7,6 +7,8 @@
                    colour) against its end (grey); val solid, train faint
   plot_eval_effects  each component's paired effect at every evaluation against tokens seen
   plot_expert_load   a mixture of experts' routing: each layer's share of tokens per expert against 1/E
+  plot_lr_sensitivity  a tuned study's LR curves: selection loss against log2 LR of both configs of
+                   each component, each config's chosen LR marked
 
 Colours. The built-ins take tab10 in table order (rmsnorm blue, prenorm orange, rope green, swiglu
 red, gqa purple, ...); any other name (a spec's `wd0`, the eleventh built-in) takes a colour of
@@ -418,4 +420,46 @@ def plot_expert_load(loads: list[tuple[str, list[list[float]]]], path: Path) -> 
     fig.supxlabel("expert, by load within its layer")
     fig.supylabel("share of routed tokens")
     _title(fig, "routing of each mixture of experts: the fixed validation windows through the best weights", ncols)
+    return save(fig, path)
+
+
+# --------------------------------------------------------------------------- fair learning rates
+
+
+def plot_lr_sensitivity(arms: dict, panels: list[dict], path: Path) -> Path:
+    """A tuned study's LR curves: a panel per component and direction, the selection loss against log2 LR
+    of its end's config (grey) and its variant's (the component's colour), each config's chosen LR marked
+    (a star; an open circle at the best of a config not tuned), the initial loss dashed.
+
+    arms: {config name: {"lrs", "losses", "lr", "initial_loss"}} (tune.json's arms); panels: [{"flip",
+    "title", "end", "variant"}] (fair_lr.panels), in display order.
+    """
+    nrows, ncols = _grid([len(panels)])
+    fig = Figure(figsize=(_width(max(2, ncols)), 2.7 * nrows + 1.1), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False, sharex=True, sharey=True)
+    if not panels:
+        _empty(axes[0][0], "no component with both configs selected")
+    for j, p in enumerate(panels):
+        ax = axes[j // ncols][j % ncols]
+        for name, col in ((p["end"], END_COLOUR), (p["variant"], colour(p["flip"]))):
+            arm = arms.get(name)
+            if arm is None:
+                continue
+            x, y = np.log2(np.asarray(arm["lrs"], dtype=float)), np.asarray(arm["losses"], dtype=float)
+            ax.plot(x, y, ".-", color=col, linewidth=1.4, markersize=4, label=name)
+            best = int(np.argmin(y))
+            if arm["lr"] is not None:
+                ax.plot([math.log2(arm["lr"])], [y[list(arm["lrs"]).index(arm["lr"])]], "*", color=col,
+                        markersize=12, markeredgecolor="black", markeredgewidth=0.5)
+            else:
+                ax.plot([x[best]], [y[best]], "o", color=col, markersize=9, fillstyle="none")
+            ax.axhline(arm["initial_loss"], color="#999999", linewidth=0.8, linestyle="--")
+        ax.set_title(p["title"], fontsize="small", color=colour(p["flip"]))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small", loc="upper right")
+    for ax in axes.flat[len(panels):]:
+        ax.set_axis_off()
+    _title(fig, "selection loss (best val loss, mean over the selection seeds) against log2 LR; star: the LR chosen; "
+           "ring: the best of a config not tuned; dashed: the initial loss", max(2, ncols))
+    fig.supxlabel("log2 learning rate")
     return save(fig, path)

@@ -8,6 +8,7 @@
                  for any set of judged effects (a section per model size, say)
   ranking_moves  the ranking early, midway and at the end of training
   scale_blocks / scale_lines   effects across model sizes (a study with [[sizes]]: scale.py's calls)
+  (a tuned study's section, the shared-LR comparison: fair_lr.py's blocks)
 
 Every number a section shows is a gain (positive = having the component helps) with the interval
 its call is made from; raw 95% intervals and Holm p-values appear only under Effect details.
@@ -24,9 +25,9 @@ import numpy as np
 import pandas as pd
 
 from anatomy_cli.report import decide as decide_mod
+from anatomy_cli.report import fair_lr, textable
 from anatomy_cli.report import scale as scale_mod
 from anatomy_cli.report import speed as speed_mod
-from anatomy_cli.report import textable
 from anatomy_cli.report import verdict as vd
 from anatomy_cli.report.effects import same_model_lines
 from anatomy_cli.report.frames import CTX_PREFIX, RUN_COLUMNS, SAMPLE_CHARS
@@ -57,6 +58,7 @@ class Parts:
     images: dict[str, Path]
     components: dict[str, comp.Component]
     scale: scale_mod.Scale | None = None  # a study with two sizes or more
+    tuned: fair_lr.Tuned | None = None  # a tuned study (--tune-lr): the shared-LR comparison
 
 
 def lead(p: Parts) -> str:
@@ -77,6 +79,8 @@ def sections(p: Parts) -> list[tuple[str, list]]:
     curves = [("img", p.images["curves.png"])] + ([("img", p.images["grad-norm.png"])]
                                                   if "grad-norm.png" in p.images else [])
     across = [("Effects across scale", scale_blocks(p))] if p.scale is not None else []
+    across += [("Fair learning rates", fair_lr.blocks(p.tuned, p.images.get("lr-sensitivity.png")))] \
+        if p.tuned is not None else []
     return [
         ("Verdict", verdict_blocks(p) + ([("img", p.images["forest.png"])] if p.verdict.empty else [])  # else in it
          + component_blocks(p)),

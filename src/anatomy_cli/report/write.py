@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from anatomy_cli.report import figures, scale
+from anatomy_cli.report import fair_lr, figures, scale
 from anatomy_cli.report import page as document
 from anatomy_cli.report import speed as speed_mod
 from anatomy_cli.report import verdict as vd
@@ -32,9 +32,9 @@ FORMATS = ("md", "html", "csv", "json")
 # Every file write_report may write, forest.png (always, and first) leading: a folder is a report folder
 # when it holds forest.png, and `report --out` refuses to replace one of these files in any other folder.
 FIGURES = ("forest.png", "curves.png", "effects-over-training.png", "speed.png", "grad-norm.png", "scale.png",
-           "expert-load.png")
-FILES = FIGURES + ("runs.csv", "effects.csv", "eval-effects.csv", "effects-by-size.csv", "report.json", "report.md",
-                   "report.html")
+           "expert-load.png", "lr-sensitivity.png")
+FILES = FIGURES + ("runs.csv", "effects.csv", "eval-effects.csv", "effects-by-size.csv", "lr-comparison.csv",
+                   "report.json", "report.md", "report.html")
 
 
 def is_report(folder: Path) -> bool:
@@ -42,11 +42,11 @@ def is_report(folder: Path) -> bool:
     return (Path(folder) / FIGURES[0]).is_file()
 
 
-def _document(root, runs, effects, verdict, eval_effects, across) -> dict:
+def _document(root, runs, effects, verdict, eval_effects, across, tuned=None) -> dict:
     return {"root": str(root), "runs": records(runs), "effects": records(as_written(effects)),
             "verdict": records(as_written(verdict)),
             "eval_effects": records(eval_effects), **({"scale": across.record()} if across is not None else {}),
-            "plateau": plateau_record(runs)}
+            "plateau": plateau_record(runs), **({"tuning": fair_lr.record(tuned)} if tuned is not None else {})}
 
 
 def json_text(doc: dict) -> str:
@@ -58,7 +58,7 @@ def report_document(root: Path, frames: tuple[pd.DataFrame, pd.DataFrame, pd.Dat
     runs, curves, effects = frames if frames is not None else report_frames(root)
     verdict = vd.verdict_frame(effects[effects["metric"] == LOSS_METRIC])
     return _document(root, runs, effects, verdict, effects_by_eval(runs, curves),
-                     scale.scale_frames(runs, curves, effects))
+                     scale.scale_frames(runs, curves, effects), fair_lr.tuned_frames(runs, effects))
 
 
 def write_report(root: Path, out_dir: Path | None = None, formats: tuple[str, ...] = FORMATS,
@@ -67,11 +67,12 @@ def write_report(root: Path, out_dir: Path | None = None, formats: tuple[str, ..
 
     Always the figures (forest.png, curves.png, effects-over-training.png; speed.png with a timing
     pass; grad-norm.png for a stability study; scale.png for a study at two sizes or more;
-    expert-load.png when a run is a mixture of experts); 'csv' adds runs.csv, effects.csv (loss and
-    speed, told apart by `metric`), eval-effects.csv and, with sizes, effects-by-size.csv; 'md'
-    report.md, 'html' a self-contained report.html, 'json' report.json ({"root", "runs", "effects",
-    "verdict", "eval_effects", "plateau": plateau.plateau_record}, and "scale" with sizes:
-    scale.Scale.record; NaN -> null). `frames`,
+    expert-load.png when a run is a mixture of experts; lr-sensitivity.png for a tuned study); 'csv'
+    adds runs.csv, effects.csv (loss and speed, told apart by `metric`), eval-effects.csv, with sizes
+    effects-by-size.csv and, tuned, lr-comparison.csv (fair_lr.comparison); 'md' report.md, 'html' a
+    self-contained report.html, 'json' report.json ({"root", "runs", "effects", "verdict",
+    "eval_effects", "plateau": plateau.plateau_record}, "scale" with sizes: scale.Scale.record, and
+    "tuning" for a tuned study: fair_lr.record; NaN -> null). `frames`,
     from report_frames(root), spares reading the runs again.
     """
     from anatomy_cli.report import sections
@@ -99,17 +100,24 @@ def write_report(root: Path, out_dir: Path | None = None, formats: tuple[str, ..
     loads = expert_loads(runs)
     if loads:
         paths["expert-load.png"] = figures.plot_expert_load(loads, out / "expert-load.png")
+    tuned = fair_lr.tuned_frames(runs, effects)  # a tuned study (--tune-lr): its LR curves, the shared-LR calls
+    if tuned is not None:
+        arms = {a.arm: {"lrs": a.lrs, "losses": a.losses, "lr": a.lr, "initial_loss": tuned.record.initial_loss}
+                for a in tuned.record.arms}
+        paths["lr-sensitivity.png"] = figures.plot_lr_sensitivity(arms, tuned.panels, out / "lr-sensitivity.png")
     texts = {}
     if "csv" in formats:
         texts |= {"runs.csv": runs.to_csv(index=False), "effects.csv": as_written(effects).to_csv(index=False),
                   "eval-effects.csv": eval_effects.to_csv(index=False)}
         if across is not None:
             texts["effects-by-size.csv"] = scale.by_size_csv(across).to_csv(index=False)
+        if tuned is not None:
+            texts["lr-comparison.csv"] = tuned.comparison.to_csv(index=False)
     if "json" in formats:
-        texts["report.json"] = json_text(_document(root, runs, effects, verdict, eval_effects, across))
+        texts["report.json"] = json_text(_document(root, runs, effects, verdict, eval_effects, across, tuned))
     if "md" in formats or "html" in formats:
         parts = sections.Parts(Path(root), runs, effects, verdict, speed_verdict, eval_effects, paths,
-                               components_of(runs), across)
+                               components_of(runs), across, tuned)
         lead, body = sections.lead(parts), sections.sections(parts)
         if "md" in formats:
             texts["report.md"] = document.markdown("anatomy report", lead, body)
