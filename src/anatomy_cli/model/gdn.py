@@ -50,7 +50,8 @@ def l2norm(x: torch.Tensor) -> torch.Tensor:
 def decay_log(n: int, generator: torch.Generator | None = None) -> torch.Tensor:
     """A_log [n]: A = exp(A_log) ~ U(0.01, 16) per head (transformers' init), decay rates from slow to
     fast; drawn from `generator` (None: the global one). LM.reset_parameters redraws it under keyed init."""
-    return torch.empty(n).uniform_(0.01, 16, generator=generator).log()
+    device = None if generator is None else generator.device  # a keyed one is the host's
+    return torch.empty(n, device=device).uniform_(0.01, 16, generator=generator).log()
 
 
 class GDNState:

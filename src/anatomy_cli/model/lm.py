@@ -98,7 +98,7 @@ class LM(nn.Module):
                 continue  # the rest are ones or zeros: no random draw
             std = 0.02 / math.sqrt(2 * self.cfg.n_layer) if name.endswith(("out.weight", "down.weight")) else 0.02
             if keyed:  # drawn on the host: the same tensor on every device
-                p.copy_(torch.empty(p.shape).normal_(0.0, std, generator=gen))
+                p.copy_(torch.empty(p.shape, device=gen.device).normal_(0.0, std, generator=gen))
             else:
                 nn.init.normal_(p, mean=0.0, std=std)
 
