@@ -81,6 +81,7 @@ def test_a_summary_from_a_newer_version_keeps_its_new_fields(tmp_path):
 
 @pytest.mark.parametrize("field, value, says", [
     ("best_val_loss", "abc", 'best_val_loss is "abc", not a number'),
+    ("best_val_loss", -9.8, "best_val_loss is -9.8, not a loss (a cross-entropy is never negative)"),
     ("params", 3.5, "params is 3.5, not an integer"),
     ("steps_done", True, "steps_done is true, not an integer"),
     ("tokens_per_s", False, "tokens_per_s is false, not a number"),

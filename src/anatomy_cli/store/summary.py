@@ -84,6 +84,13 @@ class RunSummary(BaseModel):
     # A mixture of experts: [layer][expert] fractions of routed tokens (train.expert_load).
     expert_load: list[list[float]] | None = None
 
+    @field_validator("best_val_loss", "final_val_loss", "bits_per_char", "unigram_loss")
+    @classmethod
+    def _a_loss(cls, loss: float | None) -> float | None:
+        if loss is not None and loss < 0:  # NaN (a diverged run's) compares false and passes
+            raise ValueError("a loss (a cross-entropy is never negative)")
+        return loss
+
     @field_validator("expert_load")
     @classmethod
     def _load_table(cls, load: list[list[float]] | None) -> list[list[float]] | None:
