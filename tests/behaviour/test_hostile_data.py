@@ -212,3 +212,15 @@ def test_a_damaged_saved_dataset_names_the_folder(tmp_path, datasets, damage):
         else:
             (folder / "state.json").write_text("{" if damage == "state" else "{}")
     refused(tmp_path, folder, f"{folder}")
+
+
+@pytest.mark.parametrize("text", ["\x00" * 400, "a" * 400])
+def test_a_corpus_of_one_character_is_refused(tmp_path, text):
+    """A NUL-only or one-letter corpus trained to loss 0.000 without a word (issue 37's weak list): every
+    next character is known, so there is nothing to measure."""
+    path = tmp_path / "one.txt"
+    path.write_text(text, encoding="utf-8")
+    refused(tmp_path, path, f"corpus has one character only ({text[0]!r}), so there is nothing to predict: {path}")
+    one_error_line(invoke("train", "--set", f"data.source={path}", "--set", "train.steps=1", "--out",
+                          tmp_path / "run"), "corpus has one character only")
+    assert not (tmp_path / "run").exists()

@@ -131,7 +131,7 @@ def test_empty_corpus_raises(tmp_path):
 
 
 def test_too_short_corpus_raises(tmp_path):
-    (tmp_path / "short.txt").write_text("x" * 100, encoding="utf-8")  # 90 train / 10 val ids
+    (tmp_path / "short.txt").write_text("xy" * 50, encoding="utf-8")  # 90 train / 10 val ids
     with pytest.raises(DataError, match="too short") as err:
         load.load_corpus(str(tmp_path / "short.txt"), ctx_len=16)
     assert "ctx_len=16" in str(err.value) and "10 val" in str(err.value)

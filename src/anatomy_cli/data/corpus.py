@@ -298,6 +298,9 @@ def _scan(src: Source, max_chars: int | None, progress: Progress | None, spool: 
         raise DataError(f"dataset is empty: {src.description} has no documents")
     if scan.blank:
         raise DataError(f"corpus is empty: {src.description}")
+    if len(scan.seen) < 2:  # one character (NUL-only, "aaaa"): every next character is known, the loss is 0
+        raise DataError(f"corpus has one character only ({next(iter(scan.seen))!r}), so there is nothing to "
+                        f"predict: {src.description}")
     scan.vocab = CharVocab(sorted(scan.seen))
     return scan
 
