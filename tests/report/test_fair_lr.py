@@ -1,0 +1,80 @@
+"""report.fair_lr and report.tuning on a tuned folder written by a fake trainer (no training): the verdict
+reads the study's runs at their frozen LRs only, the shared-LR runs are judged as a family of their own
+beside it, and an effect the shared LR makes is flagged LR-confounded, in report.md, report.json and the
+figure."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from toy_data import write_spec
+
+from anatomy_cli.report import effects as effects_mod
+from anatomy_cli.report import fair_lr, stats, write
+from anatomy_cli.report import tuning as record_mod
+from anatomy_cli.store import runs
+from anatomy_cli.study import ablation
+from anatomy_cli.study.ablation import Ask, plan_study
+
+OPTIMUM = {"2017": 6e-3, "2017+rope": 3e-3}  # rope moves the best LR down a factor; equal best losses
+
+
+def fake_train(root):
+    """Each run: best val loss 2.5 + 0.1 (log2 lr/optimum)^2 + a little noise of its own (no true gain)."""
+    def train(todo):
+        for p in todo:
+            run_dir = root / p.run_id
+            if runs.run_status(run_dir) in runs.DONE_STATES:
+                continue
+            loss = 2.5 + 0.1 * math.log2(p.config.train.lr / OPTIMUM[p.slug]) ** 2
+            loss += 0.003 * math.sin(1.7 * p.config.seed + len(p.slug))
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / runs.CONFIG).write_text(json.dumps(p.config.model_dump(mode="json")))
+            (run_dir / runs.SUMMARY).write_text(json.dumps({"status": "completed", "best_val_loss": loss,
+                                                            "best_step": 12, "final_val_loss": loss}))
+        return [runs.COMPLETED] * len(todo)
+    return train
+
+
+def tuned_folder(tmp_path):
+    spec = write_spec(tmp_path, top={"seeds": 5, "flips": ["rope"], "directions": ["add-one"]})
+    study = ablation.size_study(plan_study(Ask(spec, runs_dir=tmp_path / "runs", tune_lr=True, stack="off",
+                                               tune_points=3, tune_extend=1)))
+    ablation.run_study(study, fake_train(study.sweep_dir))
+    return study.sweep_dir
+
+
+def test_the_shared_lr_makes_a_call_the_tuned_lrs_do_not_and_it_is_flagged(tmp_path):
+    root = tuned_folder(tmp_path)
+    runs_df, _, effects = effects_mod.report_frames(root)
+    assert set(runs_df["seed"]) == {1337, 1338, 1339, 1340, 1341} and len(runs_df) == 10  # no selection run
+    assert set(runs_df["settings"].map(lambda s: json.loads(s)["train.lr"])) == {record_mod.TUNED}
+    tuned = fair_lr.tuned_frames(runs_df, effects)
+    row = tuned.comparison.iloc[0]
+    assert (row.flip, row.call, row.n_pairs, row.shared_n_pairs) == ("rope", stats.NEGLIGIBLE, 5, 5)
+    assert row.shared_call == stats.HELPS and math.isclose(row.shared_gain, 0.1, abs_tol=0.01)
+    assert row.confounded and (row.end_lr, row.variant_lr) == (6e-3, 3e-3)
+    assert fair_lr.lines(tuned)[1].startswith("LR-confounded: rope added: negligible at its own LRs, helps at "
+                                              "the shared LR")
+    paths = write.write_report(root)
+    md = paths["report.md"].read_text()
+    assert "## Fair learning rates" in md and "**LR-confounded**: rope added is negligible" in md
+    assert paths["lr-sensitivity.png"].is_file()
+    doc = json.loads(paths["report.json"].read_text())
+    assert doc["tuning"]["comparison"][0]["confounded"] is True and doc["tuning"]["seeds"] == [1336]
+    assert [a["lr"] for a in doc["tuning"]["arms"]] == [6e-3, 3e-3]
+
+
+def test_a_folder_not_tuned_reads_as_before(tmp_path):
+    spec = write_spec(tmp_path, top={"seeds": 3, "flips": ["rope"], "directions": ["add-one"]})
+    study = ablation.size_study(plan_study(Ask(spec, runs_dir=tmp_path / "runs", stack="off")))
+    ablation.run_study(study, fake_train(study.sweep_dir))
+    runs_df, _, effects = effects_mod.report_frames(study.sweep_dir)
+    assert len(runs_df) == 6 and fair_lr.tuned_frames(runs_df, effects) is None
+    assert record_mod.rerun_flags(study.sweep_dir) == []
+
+
+def test_the_advice_command_goes_on_with_the_grid(tmp_path):
+    root = tuned_folder(tmp_path)
+    assert record_mod.rerun_flags(root) == ["--tune-lr", "--tune-points", "3", "--tune-extend", "1"]
