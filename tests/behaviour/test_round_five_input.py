@@ -91,3 +91,11 @@ def test_no_warning_before_the_error_of_a_train_into_a_folder_it_refuses(tmp_pat
     result = invoke("train", *run_sets(Path(trained).parents[2] / "tiny.txt"), "--steps", 1, "--out", out)
     line = one_error_line(result, "not empty" if case == "not-empty" else "holds other runs")
     assert result.output.strip() == line.strip(), result.output  # the error alone: no warning, no progress bar
+
+
+def test_no_warning_before_the_error_of_a_missing_corpus(tmp_path):
+    """The warmup warning came first, then a progress bar, then 'corpus not found' (issue 37's weak list)."""
+    result = invoke("train", *run_sets(tmp_path / "gone.txt"), "--steps", 1, "--out", tmp_path / "out")
+    line = one_error_line(result, "corpus not found")
+    assert result.output.strip() == line.strip(), result.output
+    assert not (tmp_path / "out").exists()

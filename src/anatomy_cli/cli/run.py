@@ -190,6 +190,9 @@ def train(
     runs.refuse_inside_runs(run_dir, "--out" if out else "--runs-dir", "run directory", itself="run")
     runs.refuse_corpus_overlap([cfg.data.source], run_dir, "--out" if out else "--runs-dir")
     runs.check_replace(run_dir, overwrite)  # training checks again under the lock; here, before the warning
+    from anatomy_cli.data.load import check_source
+
+    check_source(cfg.data.source)  # a missing corpus, before the warning below
     if cfg.train.warmup_note:  # after the refusals above: a warning never comes before an error of its command
         warn(cfg.train.warmup_note)
     from anatomy_cli.training import run as training

@@ -37,6 +37,16 @@ def corpus_from_source(source: str | Path | None, val_frac: float = 0.1, min_len
     return build(open_source(source), val_frac, min_len)
 
 
+def check_source(source: str | None) -> None:
+    """load_corpus's refusals that need no reading (a path that is not there, an hf: stream), raised
+    now: a command checks its corpus before it says anything else."""
+    if source is not None and (Path(source) / META).is_file():
+        return
+    if source is not None and sources.is_hf(str(source)):
+        corpus_from_source(source)  # the refusal, before any network
+    open_source(source)
+
+
 def load_corpus(source: str | None, val_frac: float = 0.1, ctx_len: int = 1) -> Corpus:
     """A prepared directory is loaded as is; anything else is read and split now."""
     if source is not None and (Path(source) / META).is_file():
