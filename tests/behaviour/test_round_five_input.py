@@ -99,3 +99,19 @@ def test_no_warning_before_the_error_of_a_missing_corpus(tmp_path):
     line = one_error_line(result, "corpus not found")
     assert result.output.strip() == line.strip(), result.output
     assert not (tmp_path / "out").exists()
+
+
+def test_exporting_a_run_still_training_says_so(tmp_path, trained):
+    """Its best weights so far are exported, with a warning that a later checkpoint replaces them (issue
+    37's weak list: it said nothing); a finished run's export says nothing of the kind."""
+    from anatomy_cli.store import lockfile
+
+    run = tmp_path / "live"
+    shutil.copytree(trained, run)
+    summary = json.loads((run / runs.SUMMARY).read_text())
+    runs.atomic_write_json(run / runs.SUMMARY, summary | {"status": runs.RUNNING, "owner": lockfile.identity()})
+    result = invoke("export", run, tmp_path / "hf")
+    assert result.exit_code == 0, result.output
+    assert "is still training: this exports its best weights so far" in result.output, result.output
+    done = invoke("export", trained, tmp_path / "hf2")
+    assert done.exit_code == 0 and "still training" not in done.output

@@ -19,6 +19,7 @@ from anatomy_cli.cli.app import (
     err_console,
     handle_errors,
     styled,
+    warn,
     warn_short_runs,
 )
 from anatomy_cli.cli.render import SweepDisplay
@@ -155,5 +156,8 @@ def export(
     runs.refuse_holding_runs(out_dir, "output folder", "export folder")  # an earlier export's config.json or not
     runs.refuse_foreign(out_dir, "output folder", "export folder", is_export, EXPORT_FILES.__contains__)
     info = export_hf(run_dir, out_dir, weights, overwrite=overwrite)
+    if runs.run_status(run_dir) == runs.RUNNING:  # its owner lives: the weights are a snapshot
+        warn(f"{run_dir} is still training: this exports its {weights} weights so far, which a later "
+             f"checkpoint replaces (export again when it has finished)")
     console.print(f"exported {info['label']} ({info['params']:,} params) -> {info['out_dir']}: "
                   f"{', '.join(Path(f).name for f in info['files'])}", highlight=False)
