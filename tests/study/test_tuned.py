@@ -93,14 +93,18 @@ OPTIMUM = {"2017": 6e-3, "2017+rope": 3e-3}  # each config's best LR; 2017's is 
 
 
 class FakeTrainer:
-    """Writes each run's config.json and summary.json: best val loss 2.5 + 0.02 (log2 lr/optimum)^2 (+ the seed's
-    noise); `stop_after` runs, it stops as an interrupted sweep would (typer.Exit is what the CLI raises)."""
+    """Writes each run's config.json and summary.json: best val loss 2.5 - gain (2017+rope) + 0.02 (log2
+    lr/optimum)^2 + each config's noise at the seed (the same at every LR); after `stop_after` runs it stops
+    as an interrupted sweep would."""
 
-    def __init__(self, root, optimum=OPTIMUM, stop_after=None):
+    def __init__(self, root, optimum=OPTIMUM, stop_after=None, noise=4e-3, gain=0.0):
         self.root, self.optimum, self.stop_after, self.trained = root, optimum, stop_after, []
+        self.noise, self.gain = noise, gain  # gain: what rope is worth at each config's best LR
 
     def loss(self, p) -> float:
-        return 2.5 + 0.02 * math.log2(p.config.train.lr / self.optimum[p.slug]) ** 2 + 1e-3 * (p.config.seed % 7)
+        noise = self.noise * math.sin(1.7 * p.config.seed + len(p.slug))  # each config's own: paired gains vary
+        rope = self.gain if p.slug == "2017+rope" else 0.0
+        return 2.5 - rope + 0.02 * math.log2(p.config.train.lr / self.optimum[p.slug]) ** 2 + noise
 
     def __call__(self, todo):
         out = []
@@ -194,3 +198,18 @@ def test_dry_run_prices_the_selection_and_the_study_apart(tmp_path):
     assert "up to 4 more past an edge (est." in text and "then the study at the LRs chosen, 6 runs" in text
     assert "beside it up to 6 at the shared LR 0.003" in text
     assert not (tmp_path / "runs").exists()
+
+
+def test_decide_rounds_run_at_the_frozen_lrs_with_the_shared_lr_beside(tmp_path):
+    from anatomy_cli.report import decide
+
+    study = tuned_study(tmp_path, decide=True, max_seeds=6, decide_step=3)
+    trainer = FakeTrainer(study.sweep_dir, noise=0.03, gain=0.07)  # an effect 3 seeds leave open, 6 may decide
+    done = ablation.run_study(study, trainer)
+    assert done.rounds is not None and decide.read_record(study.sweep_dir).looks == [3, 6]
+    seeds = {int(r.rsplit("-s", 1)[1].split("-")[0]) for r in trainer.trained}
+    rounds_ = decide.read_record(study.sweep_dir).rounds
+    assert rounds_[0].seeds == 3 and 1336 in seeds and not {1336} & {1337 + i for i in range(6)}
+    assert len(rounds_) == 2 and rounds_[0].open == ["rope add-one"]  # open at 3 seeds: seeds for both configs
+    later = [r for r in trainer.trained if "-s1340-" in r or "-s1341-" in r or "-s1342-" in r]
+    assert len(later) == 9  # each seed: 2017 at its frozen LR and at the shared LR, 2017+rope at its own (unmoved)
