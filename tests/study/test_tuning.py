@@ -1,12 +1,17 @@
 """study.tuning: the LR grid and its refusals, the capped loss, the rule (argmin, ties, edges, extensions),
-and the selection loop driven by a fake trainer over known LR curves (resumable)."""
+the selection loop driven by a fake trainer over known LR curves (resumable), and the calibration harness
+(benchmarks/calibrate_tuning.py) at a test's size."""
 
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 
+from anatomy_cli.report import stats
 from anatomy_cli.study.tuning import (
     DIVERGED,
     INSIDE,
@@ -226,3 +231,58 @@ def test_runs_still_missing_after_training_raise_unfinished():
     with pytest.raises(Unfinished, match="1 selection run did not finish") as e:
         sim.run()
     assert e.value.missing == [lost]
+
+
+# ------------------------------------------------------------------------------- the harness
+
+
+@pytest.fixture(scope="module")
+def harness():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import calibrate_tuning as ct
+
+    return ct
+
+
+def setting(harness, name: str):
+    return next(s for s in harness.SETTINGS if s.name == name)
+
+
+def test_the_calibration_harness_drives_this_selection_loop(harness):
+    assert harness.run_selection is run_selection
+
+
+def test_tuned_calls_hold_the_error_where_a_shared_lr_calls_the_optimum_shift(harness):
+    """The optimum moved two doublings up or down on a sharp curve, equal best losses (true effects 0), 3 study
+    seeds: the shared LR calls the shift an effect in nearly every family; the tuned rule stays near 5 %."""
+    rows = harness.run_setting(np.random.default_rng(36), setting(harness, "shift x4, sharp"), 150,
+                               rules=(harness.TUNED, harness.SHARED))
+    fwer = {r["rule"]: r["fwer"] for r in rows}
+    assert fwer[harness.TUNED] <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / 150), fwer
+    assert fwer[harness.SHARED] >= 0.9, fwer
+
+
+def test_picking_lrs_on_the_study_seeds_biases_the_gains_toward_the_flatter_arm(harness):
+    """Variants whose curve is nearly flat against a sharp reference, noisy runs: choosing each arm's LR on the
+    study's own seeds picks each flat arm's luckiest LR, so its gains come out high by more than the margin;
+    choosing on selection seeds (other runs) does not carry that luck into the study."""
+    rows = harness.run_setting(np.random.default_rng(36), setting(harness, "flatter curve, noisy"), 150,
+                               rules=(harness.TUNED, harness.NAIVE))
+    bias = {r["rule"]: r["signed_bias"] for r in rows}
+    assert bias[harness.NAIVE] >= stats.DEFAULT_MARGIN, bias
+    assert bias[harness.NAIVE] >= bias[harness.TUNED] + 0.01, bias
+
+
+def test_the_parabola_rule_moves_the_lr_to_the_vertex_within_half_a_step():
+    """Not what a study uses (the argmin): benchmarks/calibrate_tuning.py measures it beside the argmin."""
+    from anatomy_cli.study.tuning import PARABOLA, vertex
+
+    assert vertex(2.1, 2.0, 2.1) == 0.0 and vertex(2.0, 2.0, 2.0) == 0.0
+    assert vertex(2.2, 2.0, 2.1) == pytest.approx(0.1 / 0.6)  # toward the lower neighbour
+    assert abs(vertex(2.0 + 1e-9, 2.0, 9.0)) <= 0.5
+    g = grid(rule=PARABOLA)
+    c = choose("a", g, [-2, -1, 0, 1, 2], [bowl(0.4)(k) for k in range(-2, 3)], INITIAL)
+    assert c.point == 1e-3 and c.lr == pytest.approx(1e-3 * 2 ** 0.4)  # a true quadratic: its vertex exactly
+    assert choose("a", grid(), [-2, -1, 0, 1, 2], [bowl(0.4)(k) for k in range(-2, 3)], INITIAL).lr == 1e-3
+    with pytest.raises(ValueError, match="the LR rule must be one of"):
+        grid(rule="mean")

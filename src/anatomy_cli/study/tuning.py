@@ -4,7 +4,8 @@ An arm (a config of the plan) trained at one shared `train.lr` measures how it r
 what its component is worth: a component that moves the optimum by a factor r on a curve of curvature c
 per (log2 LR)^2 adds about c (log2 r)^2 to its gain. So every arm trains a grid of LRs on selection
 seeds disjoint from the study's, its LR is frozen at the grid's best, and the study's seeds then train
-each arm at its own LR (issue 36). The calls stay honest because no study seed saw the choice.
+each arm at its own LR (issue 36). The calls stay honest about the gain at the frozen LRs because no
+study seed saw the choice; how near each frozen LR is to its arm's optimum is the selection's own error.
 
 The grid: `points` LRs center x factor^k for integer k from -points//2 to +points//2 (an odd count, so
 the shared LR is a candidate and every LR, extensions included, is center x factor^k for an integer k:
@@ -14,23 +15,31 @@ side). Default 5 points at factor 2 (the factor-2 grids of Wen et al. 2025).
 The rule: each arm's LR is the grid point of lowest selection loss (the mean over the selection seeds of
 each run's best validation loss, capped: a diverged run, NaN or above the initial loss, counts at the
 initial loss, ln V for a char model, never dropped). Ties go to the point nearer the center, then the
-lower LR. No smoothing: a quadratic in log LR over the best point and its neighbours (Marin's fit) was
-to be measured against the argmin by the calibration harness (issue 36); until then the argmin, which
-has no shape to assume. If the best point is the
-grid's highest or lowest and extensions remain (`extend`, default 2), the next point past that edge is
-trained; past the last extension an arm whose best is still at an edge is not tuned (lr None: it gets
-no tuned call), and so is one whose every LR diverged.
+lower LR. If the best point is the grid's highest or lowest and extensions remain (`extend`, default 2),
+the next point past that edge is trained; past the last extension an arm whose best is still at an edge
+is not tuned (lr None: it gets no tuned call), and so is one whose every LR diverged.
+
+Smoothing (rule PARABOLA, not the default): the same selection, then the vertex of the quadratic in log
+LR through the best point and its two neighbours (within half a step of the best point; Marin's fit
+over the whole grid is the one the issue warns is biased on wide, off-centre or lopsided grids).
+benchmarks/calibrate_tuning.py drives both through this loop (RESULTS.md, "Tuned learning rates:
+calibration"): with one selection seed the argmin is one or two steps off often enough on flat or noisy
+curves that a study powerful enough calls the gain that choice made (against each arm at its optimum,
+4-8 % family-wise error at 3 study seeds, 22-26 % at 10 on flat curves), and the vertex, averaging three
+points, cuts that (3-7 %; 6-14 %). The argmin stays the default until a study adopts the parabola with
+its record and its tests; its chosen LRs are grid points, each with its selection runs.
 
 The sensitivity (Wortsman et al. 2023, "Small-scale proxies for large-scale Transformer training
 instabilities"): the mean over the grid's points of min(loss, initial loss) minus the best of them. It
 is taken over the grid's own points, which every arm shares (not its extensions), so two arms' numbers
 compare.
 
-  Grid           the selection plan: center, points, factor, extensions, selection seeds (validated)
+  Grid           the selection plan: center, points, factor, extensions, selection seeds, rule (validated)
   Job            one selection run: (arm, lr, seed)
   capped         a run's selection loss, a divergence at the initial loss
   Choice         one arm's outcome: the LRs trained, their losses, the chosen LR or why none
   choose         the rule on one arm's losses (no extension): the Choice
+  vertex         the parabola rule's step from the best point, in grid steps
   run_selection  the loop, over any trainer and reader: the grid, then the extensions, resumable
   frozen         {arm: lr} of the tuned arms
   Unfinished     raised when runs asked for are still missing after training
@@ -45,6 +54,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+ARGMIN, PARABOLA = "argmin", "parabola"
+RULES = (ARGMIN, PARABOLA)
+
 
 @dataclass(frozen=True, kw_only=True)
 class Grid:
@@ -56,9 +68,12 @@ class Grid:
     points: int = 5
     factor: float = 2.0
     extend: int = 2
+    rule: str = ARGMIN  # or PARABOLA: measured in benchmarks/calibrate_tuning.py, not yet what a study uses
 
     def __post_init__(self):
         object.__setattr__(self, "seeds", tuple(self.seeds))
+        if self.rule not in RULES:
+            raise ValueError(f"the LR rule must be one of {', '.join(RULES)}, not {self.rule!r}")
         if isinstance(self.points, bool) or not isinstance(self.points, int) or self.points < 3 or self.points % 2 == 0:
             raise ValueError(f"the LR grid needs an odd number of points, at least 3 (so the center is one of them), "
                              f"not {self.points!r}")
@@ -137,6 +152,7 @@ class Choice:
     best_loss: float
     sensitivity: float
     extended: int = 0  # points trained past the grid's edge
+    point: float | None = None  # the best point's LR, where the arm is tuned (lr itself, by the argmin rule)
 
 
 INSIDE = "best inside the grid"
@@ -166,8 +182,19 @@ def choose(arm: str, grid: Grid, ks: Sequence[int], losses: Sequence[float], ini
                                                 f"{'up' if ks[-1] > grid.half else 'down'}" if extended else "")
     else:
         lr, reason = None, f"not tuned: best at the edge (the {'highest' if i else 'lowest'} LR){after}"
+    point = lr
+    if lr is not None and grid.rule == PARABOLA:
+        lr = grid.center * grid.factor ** (ks[i] + vertex(*losses[i - 1: i + 2]))
     return Choice(arm, tuple(grid.lr(k) for k in ks), tuple(losses), lr, lr is not None, reason, losses[i],
-                  sensitivity, extended)
+                  sensitivity, extended, point)
+
+
+def vertex(below: float, best: float, above: float) -> float:
+    """The parabola rule's step from the best point, in grid steps: the vertex of the quadratic in log LR
+    through the best point and its two neighbours, (below - above) / (2 (below - 2 best + above)). The best
+    point being the lowest of the three, the vertex lies within half a step of it; 0 when all three tie."""
+    curve = below - 2 * best + above
+    return (below - above) / (2 * curve) if curve > 0 else 0.0
 
 
 def _loss(done: Mapping, arm: str, lr: float, seeds: Sequence[int], initial_loss: float) -> float:
