@@ -55,7 +55,7 @@ seed count; at each look only the seeds each config has been given so far are pa
 looks' alpha, decide.alpha), and the next look's seeds go to the configs of the open effects (with
 futility: those decide.futile at the cap leaves; without: every open effect's). A family's calls are those of
 the last look it reached (what its report says). Per plan, noise setting and futility on/off: the
-family-wise error under the null, P(helps) at 1, 2, 4 paired sds, P(negligible) at the margin, coverage, and
+family-wise error under the null, P(helps) at 2, 4, 8 paired sds, P(negligible) at the margin, coverage, and
 the runs a study trained relative to 3 seeds of every config.
 
 Trends: a size ladder of 3 sizes (log10 N 5, 5.5, 6), ten trends (the ten effects' per-seed gains), judged by
@@ -317,15 +317,15 @@ def summarise(cell: dict, noise: Noise) -> dict:
     judged = [j for j in cell.values()]
     out = {"fwer": fwer(cell["null"]), "power": pw, "mde80": detectable(pw) if pw else math.nan,
            "coverage": float(np.concatenate([covered(j) for j in judged]).mean()),
-           "negligible_plus": rate(cell["edge +1"], stats.NEGLIGIBLE),
-           "negligible_minus": rate(cell["edge -1"], stats.NEGLIGIBLE)}
+           "negligible_plus": rate(cell["edge +1"], stats.NEGLIGIBLE) if "edge +1" in cell else math.nan,
+           "negligible_minus": rate(cell["edge -1"], stats.NEGLIGIBLE) if "edge -1" in cell else math.nan}
     if "at the mde" in cell:
         out |= {"printed_mde": cell["at the mde"]["value"] / noise.sigma,
                 "at_mde": rate(cell["at the mde"], stats.HELPS)}
     return out
 
 
-def calibrate(families: int, ns=NS, noises=GRID, seed: int = 35, log=None) -> list[dict]:
+def calibrate(families: int, ns=NS, noises=GRID, seed: int = 35, log=None, null_only: bool = False) -> list[dict]:
     """One row per (noise setting, n): summarise()'s numbers. Power rows only for the settings whose tested
     effect's power they read (alike, quiet, t(3), collapses): elsewhere the tested effect is judged alone
     on its own variance exactly as when alike (no variance borrows), so its power is alike's."""
@@ -335,7 +335,8 @@ def calibrate(families: int, ns=NS, noises=GRID, seed: int = 35, log=None) -> li
         for n in ns:
             t0 = time.perf_counter()
             power = noise.kind == "alike"
-            cell = run_cell(rng, n, noise, families, scenarios(noise, power), at_mde=True)
+            chosen = {"null": 0.0} if null_only else scenarios(noise, power)
+            cell = run_cell(rng, n, noise, families, chosen, at_mde=not null_only)
             out.append({"noise": noise.name, "n": n, "families": families, **summarise(cell, noise)})
             if log:
                 log(f"{noise.name}, n={n}: {time.perf_counter() - t0:.0f} s")
@@ -343,7 +344,7 @@ def calibrate(families: int, ns=NS, noises=GRID, seed: int = 35, log=None) -> li
 # ------------------------------------------------------------------------------- --decide
 
 PLANS = {"demo": [3, 4], "default": [3, 5, 7, 9, 10]}
-DECIDE_K = (1.0, 2.0, 4.0)
+DECIDE_K = (2.0, 4.0, 8.0)
 DECIDE_NOISES = tuple(NOISES[name] for name in ("alike", "one 4x noisier", "spread 70x", "t(3) tails"))
 
 
@@ -388,14 +389,14 @@ def decide_cell(rng: np.random.Generator, looks: list[int], noise: Noise, famili
 
 
 def calibrate_decide(families: int, plans=PLANS, noises=DECIDE_NOISES, seed: int = 28, log=None,
-                     null_families: int | None = None) -> list[dict]:
+                     null_families: int | None = None, futilities=(True, False)) -> list[dict]:
     """One row per (plan, noise setting, futility on/off): error, power, boundary, coverage, runs.
     null_families: families of the null scenario (the error rate needs more than power does)."""
     rng = np.random.default_rng(seed)
     out = []
     for plan, looks in plans.items():
         for noise in noises:
-            for futility in (True, False):
+            for futility in futilities:
                 t0 = time.perf_counter()
                 cells = {"null": decide_cell(rng, looks, noise, null_families or families, 0.0, futility)}
                 cells |= {f"power {k:g}": decide_cell(rng, looks, noise, families, k * noise.sigma, futility)
@@ -496,7 +497,7 @@ def trends_table(rows: list[dict]) -> list[str]:
 
 
 def _pct(x: float) -> str:
-    return f"{100 * x:.1f}"
+    return "" if math.isnan(x) else f"{100 * x:.1f}"
 
 
 def table(rows: list[dict]) -> list[str]:
@@ -511,7 +512,8 @@ def table(rows: list[dict]) -> list[str]:
         mde = ("" if not r["power"] else ">" + f"{max(ks):g}" if math.isinf(r["mde80"]) else f"{r['mde80']:.2f}")
         body.append([r["noise"], str(r["n"]), f"{_pct(r['fwer'])} ({_pct(mc)})"]
                     + [_pct(r["power"][k]) if k in r["power"] else "" for k in ks]
-                    + [mde, f"{r['printed_mde']:.2f}", _pct(r["at_mde"]), _pct(r["coverage"]),
+                    + [mde, f"{r['printed_mde']:.2f}" if "printed_mde" in r else "",
+                       _pct(r["at_mde"]) if "at_mde" in r else "", _pct(r["coverage"]),
                        _pct(r["negligible_plus"]), _pct(r["negligible_minus"])])
     return _markdown(head, body)
 
@@ -553,11 +555,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="300 families, n = 3 only")
     p.add_argument("--noise", action="append", choices=list(NOISES), help="only these noise settings (repeatable)")
     p.add_argument("--n", type=int, action="append", help="only these seed counts (repeatable)")
+    p.add_argument("--null-only", action="store_true", help="only the null scenario (FWER and coverage), for "
+                   "rerunning a cell with more families")
     p.add_argument("--trends", action="store_true", help="the trends table instead (scale.trends on size ladders)")
     p.add_argument("--decide", action="store_true", help="the --decide table instead (rounds of seeds, futility "
                    "on and off)")
     p.add_argument("--null-families", type=int, help="with --decide: families of the null scenario (default: "
                    "--families)")
+    p.add_argument("--plan", action="append", choices=list(PLANS), help="with --decide: only these plans")
+    p.add_argument("--futility", choices=("on", "off", "both"), default="both", help="with --decide (default both)")
     p.add_argument("--seed", type=int, default=28)
     p.add_argument("--json", type=Path, help="also write the numbers here")
     p.add_argument("--append", action="store_true", help="append a dated section to benchmarks/RESULTS.md")
@@ -571,7 +577,10 @@ def main(argv=None) -> None:
     t0 = time.perf_counter()
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     if args.decide:
-        rows = calibrate_decide(families, seed=args.seed, log=log, null_families=args.null_families)
+        rows = calibrate_decide(families, plans={k: PLANS[k] for k in args.plan or PLANS},
+                                noises=tuple(NOISES[n] for n in args.noise) if args.noise else DECIDE_NOISES,
+                                seed=args.seed, log=log, null_families=args.null_families,
+                                futilities={"on": (True,), "off": (False,), "both": (True, False)}[args.futility])
         lines = [*decide_legend(families, args.null_families or families), "", *decide_table(rows), "",
                  f"wall time {time.perf_counter() - t0:.0f} s"]
     elif args.trends:
@@ -579,7 +588,7 @@ def main(argv=None) -> None:
         lines = [f"{families} ladders per cell (3 sizes, 10 trends, every size's call undecided); margin {MARGIN}",
                  "", *trends_table(rows), "", f"wall time {time.perf_counter() - t0:.0f} s"]
     else:
-        rows = calibrate(families, ns, noises, seed=args.seed, log=log)
+        rows = calibrate(families, ns, noises, seed=args.seed, log=log, null_only=args.null_only)
         lines = [*legend(families), "", *table(rows), "", f"wall time {time.perf_counter() - t0:.0f} s"]
     print("\n".join(lines))
     if args.json:
