@@ -33,7 +33,7 @@ def decided_study(root: Path, timed: bool = False) -> Path:
             wobble = NOISE[(k + i) % 3]
             make_run(root, f"2017+{flip}-s{seed}", (flip,), seed, ref - GAINS[flip] + wobble)
             make_run(root, f"llama-{flip}-s{seed}", tuple(f for f in FIVE if f != flip), seed,
-                     top + GAINS[flip] / 2 - wobble)
+                     top + GAINS[flip] - wobble)
     (root / "decide.json").write_text(json.dumps({"looks": [3, 5], "alpha": 0.025, "rounds": [
         {"seeds": 3, "trained": 36, "seconds": 1.0, "open": [], "futile": []}], "stopped": "every effect decided"}))
     if timed:
