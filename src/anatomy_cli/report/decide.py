@@ -43,7 +43,7 @@ from typing import Annotated, Literal
 
 import pandas as pd
 import scipy.stats as sps
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
 from anatomy_cli.report import stats
 from anatomy_cli.spec.errors import InputError
@@ -201,19 +201,12 @@ class DecideRecord(runs_mod.FileModel):
 
 def read_record(root: Path) -> DecideRecord | None:
     """The study's decide.json, or None when it was not run with --decide."""
-    path = Path(root) / DECIDE
-    if not path.is_file():
-        return None
-    try:
-        return DecideRecord.model_validate(runs_mod.read_json(path))
-    except ValidationError as err:
-        raise runs_mod.RunError(f"corrupt {DECIDE} in {root}: {runs_mod.schema_problem(err)}") from None
+    return runs_mod.read_record(root, DECIDE, DecideRecord)
 
 
 def write_record(root: Path, record: DecideRecord) -> None:
     """decide.json, atomically (the plan is written before the first round trains: the folder may be new)."""
-    Path(root).mkdir(parents=True, exist_ok=True)
-    runs_mod.atomic_write_json(Path(root) / DECIDE, record.model_dump(mode="json"))
+    runs_mod.write_record(root, DECIDE, record)
 
 
 def stop_text(record: DecideRecord) -> str:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import pandas as pd
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
 from anatomy_cli.store import runs as runs_mod
 
@@ -107,19 +107,12 @@ class TuneRecord(runs_mod.FileModel):
 
 def read_record(root: Path) -> TuneRecord | None:
     """The study's tune.json, or None when it was not tuned."""
-    path = Path(root) / TUNE
-    if not path.is_file():
-        return None
-    try:
-        return TuneRecord.model_validate(runs_mod.read_json(path))
-    except ValidationError as err:
-        raise runs_mod.RunError(f"corrupt {TUNE} in {root}: {runs_mod.schema_problem(err)}") from None
+    return runs_mod.read_record(root, TUNE, TuneRecord)
 
 
 def write_record(root: Path, record: TuneRecord) -> None:
     """tune.json, atomically (the plan goes down before the first selection run: the folder may be new)."""
-    Path(root).mkdir(parents=True, exist_ok=True)
-    runs_mod.atomic_write_json(Path(root) / TUNE, record.model_dump(mode="json"))
+    runs_mod.write_record(root, TUNE, record)
 
 
 def rerun_flags(root: Path) -> list[str]:

@@ -299,6 +299,24 @@ class FileModel(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True, frozen=True, allow_inf_nan=False)
 
 
+def read_record(root: Path, name: str, model: type[FileModel]) -> FileModel | None:
+    """root/name checked whole against `model` (a study's typed record: decide.json, tune.json), or None
+    when the study has none; a corrupt one is one RunError line naming the file and the field."""
+    path = Path(root) / name
+    if not path.is_file():
+        return None
+    try:
+        return model.model_validate(read_json(path))
+    except ValidationError as err:
+        raise RunError(f"corrupt {name} in {root}: {schema_problem(err)}") from None
+
+
+def write_record(root: Path, name: str, record: FileModel) -> None:
+    """root/name, atomically; root is made if it is new (a study's plan is written before its first run)."""
+    Path(root).mkdir(parents=True, exist_ok=True)
+    atomic_write_json(Path(root) / name, record.model_dump(mode="json"))
+
+
 def schema_problem(err: ValidationError, keyed: tuple[str, ...] = ()) -> str:
     """'ends.reference.mean: Input should be a valid number': where a FileModel's first problem is, and
     what it is; a key of a table named in `keyed` is shown as ['key'], an item of a list as [i]."""
