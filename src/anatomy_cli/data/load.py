@@ -30,11 +30,15 @@ def corpus_from_source(source: str | Path | None, val_frac: float = 0.1, min_len
     hf:NAME is refused: a run would download it while training, and a resume could see other data
     than the run started on; `anatomy prepare` fixes it once in a folder with a fingerprint.
     """
+    _refuse_stream(source)
+    return build(open_source(source), val_frac, min_len)
+
+
+def _refuse_stream(source: str | Path | None) -> None:
     if source is not None and sources.is_hf(str(source)):
         raise DataError(f"{source} streams from the network, so training would download it (and a resume "
                         f"could see other data): prepare it once with `anatomy prepare {source} --out DIR`, "
                         f"then train on DIR")
-    return build(open_source(source), val_frac, min_len)
 
 
 def check_source(source: str | None) -> None:
@@ -42,8 +46,7 @@ def check_source(source: str | None) -> None:
     now: a command checks its corpus before it says anything else."""
     if source is not None and (Path(source) / META).is_file():
         return
-    if source is not None and sources.is_hf(str(source)):
-        corpus_from_source(source)  # the refusal, before any network
+    _refuse_stream(source)
     open_source(source)
 
 

@@ -27,10 +27,9 @@ from pathlib import Path
 from scipy import stats as sps
 
 from anatomy_cli.report import results, stats
+from anatomy_cli.report.effects import OVERLAP_NOTE
+from anatomy_cli.report.frames import LOSS_METRIC, SPEED_METRIC
 from anatomy_cli.spec.errors import InputError
-
-LOSS_METRIC, SPEED_METRIC = "best_val_loss", "tokens_per_s"  # frames' names (frames imports pandas)
-OVERLAP = "from training runs that may have shared the CPU"  # effects.OVERLAP_NOTE's opening
 
 
 def paired_of(row: dict, n: float, gain: float, low: float, high: float) -> dict:
@@ -72,7 +71,7 @@ def rejudge(doc: dict) -> tuple[dict, list[dict]]:
         families.setdefault((e["metric"], e["group"]), []).append(i)
     for (metric, group), idx in families.items():
         rows = [effects[i] for i in idx]
-        if metric == SPEED_METRIC and all(OVERLAP in (r.get("note") or "") for r in rows):
+        if metric == SPEED_METRIC and all(OVERLAP_NOTE in (r.get("note") or "") for r in rows):
             judged = [r | {"call": stats.NOT_TIMED} for r in rows]
         else:
             margin = rows[0].get("threshold")
@@ -96,7 +95,7 @@ def _name(e: dict, metric: str) -> str:
 
 def _rejudge_scale(doc: dict) -> list[dict]:
     """A size ladder's by-size calls (from the rejudged loss effects) and its trends (slopes judged again)."""
-    from anatomy_cli.report import scale  # pandas: only for a ladder
+    from anatomy_cli.report import scale
 
     sc = doc["scale"]
     judged = {(e["flip"], e["direction"], e["group"]): e for e in doc["effects"] if e["metric"] == LOSS_METRIC}
