@@ -159,7 +159,10 @@ def test_keyed_init_draws_what_order_init_draws():
 # ------------------------------------------------------------------ (d) today's default unchanged
 
 # sum and sum of squares of every parameter after torch.manual_seed(7); LM(cfg), and the global stream's
-# next draw after it, computed with the code before init_key existed (git archive of 25739fc)
+# next draw after it, computed with the code before init_key existed (git archive of 25739fc). The draws
+# are the same on every CPU, but normal_'s vectorised transform rounds differently by ATen's CPU capability
+# (6e-8 relative between AVX-512 and the default path), so the sums are compared at 1e-6: an init that
+# drew in another order or from another stream moves them by far more. The stream's next draw is exact.
 ORDER_PINS = {
     "2017": (127.05693608789193, 136.244643736927, 0.1772356629371643),
     "llama": (158.39070825173235, 168.66512353379267, 0.5888288021087646),
@@ -173,7 +176,7 @@ def test_order_init_is_the_init_before_the_field(end):
     m = LM(ModelConfig(**TINY, **ENDS[end]))  # init_key defaults to "order"
     total = sum(float(p.detach().double().sum()) for p in m.parameters())
     squares = sum(float(p.detach().double().pow(2).sum()) for p in m.parameters())
-    assert (total, squares) == pytest.approx(ORDER_PINS[end][:2], rel=1e-12)
+    assert (total, squares) == pytest.approx(ORDER_PINS[end][:2], rel=1e-6)
     assert float(torch.rand(1)) == ORDER_PINS[end][2]
 
 
