@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
 from toy_data import write_spec
 
 from anatomy_cli.report import effects as effects_mod
@@ -20,14 +21,16 @@ from anatomy_cli.study.ablation import Ask, plan_study
 OPTIMUM = {"2017": 6e-3, "2017+rope": 3e-3}  # rope moves the best LR down a factor; equal best losses
 
 
-def fake_train(root):
+def fake_train(root, optimum=None):
     """Each run: best val loss 2.5 + 0.1 (log2 lr/optimum)^2 + a little noise of its own (no true gain)."""
+    optimum = optimum or OPTIMUM
+
     def train(todo):
         for p in todo:
             run_dir = root / p.run_id
             if runs.run_status(run_dir) in runs.DONE_STATES:
                 continue
-            loss = 2.5 + 0.1 * math.log2(p.config.train.lr / OPTIMUM[p.slug]) ** 2
+            loss = 2.5 + 0.1 * math.log2(p.config.train.lr / optimum[p.slug]) ** 2
             loss += 0.003 * math.sin(1.7 * p.config.seed + len(p.slug))
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / runs.CONFIG).write_text(json.dumps(p.config.model_dump(mode="json")))
@@ -37,11 +40,11 @@ def fake_train(root):
     return train
 
 
-def tuned_folder(tmp_path):
+def tuned_folder(tmp_path, optimum=None):
     spec = write_spec(tmp_path, top={"seeds": 5, "flips": ["rope"], "directions": ["add-one"]})
     study = ablation.size_study(plan_study(Ask(spec, runs_dir=tmp_path / "runs", tune_lr=True, stack="off",
                                                tune_points=3, tune_extend=1)))
-    ablation.run_study(study, fake_train(study.sweep_dir))
+    ablation.run_study(study, fake_train(study.sweep_dir, optimum))
     return study.sweep_dir
 
 
@@ -78,3 +81,55 @@ def test_a_folder_not_tuned_reads_as_before(tmp_path):
 def test_the_advice_command_goes_on_with_the_grid(tmp_path):
     root = tuned_folder(tmp_path)
     assert record_mod.rerun_flags(root) == ["--tune-lr", "--tune-points", "3", "--tune-extend", "1"]
+
+
+# ------------------------------------------------------------------ the selection's error in the interval
+
+
+def test_the_regret_bound_is_the_runner_up_chance_plus_the_grid_step_cost():
+    lrs = [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2]
+    sharp = [2.4, 2.1, 2.0, 2.1, 2.4]  # symmetric, a lead of 0.1: a runner-up is no threat at sigma 0.01
+    assert record_mod.regret_bound(lrs, sharp, 4e-3, sigma=0.01) == 0.0
+    assert record_mod.regret_bound(lrs, sharp, 4e-3, sigma=0.05) == pytest.approx(2 * 0.05 * math.sqrt(2) - 0.1)
+    lopsided = [2.5, 2.1, 2.0, 2.3, 2.6]  # the quadratic's vertex a quarter step down, 0.0125 below the point
+    assert record_mod.regret_bound(lrs, lopsided, 4e-3, sigma=0.0) == pytest.approx(0.0125)
+    flat = [2.0] * 5
+    assert record_mod.regret_bound(lrs, flat, 4e-3, sigma=0.01) == pytest.approx(2 * 0.01 * math.sqrt(2))
+    assert math.isnan(record_mod.regret_bound(lrs, sharp, None, sigma=0.01))  # not tuned
+    assert math.isnan(record_mod.regret_bound(lrs, sharp, 1e-3, sigma=0.01))  # an edge is never chosen
+
+
+def test_the_allowance_widens_below_by_the_config_without_the_component(tmp_path):
+    root = tuned_folder(tmp_path)
+    record = record_mod.read_record(root)
+    end, var = (record_mod.regret_bound(a.lrs, a.losses, a.lr, 0.02 / math.sqrt(2)) for a in record.arms)
+    added = record_mod.allowance(record, "2017", "2017+rope", True, 0.02)
+    removed = record_mod.allowance(record, "2017", "2017+rope", False, 0.02)  # the end then has the component
+    assert (added["allow_low"], added["allow_high"]) == (end, var)
+    assert (removed["allow_low"], removed["allow_high"]) == (var, end)
+
+
+def test_judge_widens_the_interval_and_the_mde_by_the_allowance():
+    plain = stats.paired([0.30, 0.31, 0.29, 0.30])
+    bare, = stats.judge([plain], 0.02)
+    wide, = stats.judge([plain | {"allow_low": 0.3, "allow_high": 0.05}], 0.02)
+    assert wide["adj_low"] == pytest.approx(bare["adj_low"] - 0.3)
+    assert wide["adj_high"] == pytest.approx(bare["adj_high"] + 0.05)
+    assert bare["call"] == stats.HELPS and wide["call"] != stats.HELPS and wide["p_value"] == bare["p_value"]
+    assert 0.3 < wide["mde"] < 0.3 + bare["mde"]  # the gain must pass crit x se + the allowance
+    nan, = stats.judge([plain | {"allow_low": math.nan, "allow_high": math.nan}], 0.02)
+    assert nan["adj_low"] == bare["adj_low"]
+
+
+def test_a_tuned_report_widens_each_tuned_interval_and_says_so_and_not_the_shared_ones(tmp_path):
+    root = tuned_folder(tmp_path, {k: v * 2 ** 0.3 for k, v in OPTIMUM.items()})  # optima between grid points
+    _, _, effects = effects_mod.report_frames(root)
+    row = effects[effects["metric"] == "best_val_loss"].iloc[0]
+    bound = record_mod.allowance(record_mod.read_record(root), "2017", "2017+rope", True, row["sd"])
+    crit = (row["gain"] - row["adj_low"] - bound["allow_low"]) / row["se"]
+    assert crit == pytest.approx((row["adj_high"] - bound["allow_high"] - row["gain"]) / row["se"])
+    assert bound["allow_low"] > 0 and "interval widened by the LR selection's error" in row["note"]
+    runs_df, _, _ = effects_mod.report_frames(root)
+    tuned = fair_lr.tuned_frames(runs_df, effects)
+    shared = tuned.comparison.iloc[0]
+    assert shared.shared_high - shared.shared_gain == pytest.approx(shared.shared_gain - shared.shared_low)

@@ -144,12 +144,27 @@ def _all_pairings(members: pd.DataFrame):
 
 
 def _group_effects(members: pd.DataFrame, group: str, metric: str) -> list[dict]:
+    tuned = tuning_mod.tuned_record(members) if metric == LOSS_METRIC else None  # a tuned study's: its LRs' error
     rows = []
     for flip, direction, against, ref, var in _pairings(members):
         row = _paired(ref, var, metric, direction)
+        if row and tuned is not None:
+            row |= tuning_mod.allowance(tuned, _slug(ref), _slug(var), direction == ADD_ONE, row["sd"])
+            if math.isfinite(row["allow_low"]) and math.isfinite(row["allow_high"]):
+                row["note"] = "; ".join(filter(None, [row["note"], allowance_note(row)]))
         if row:
             rows.append({"flip": flip, "direction": direction, "against": against, "group": group, **row})
     return rows
+
+
+def _slug(runs: pd.DataFrame) -> str | None:
+    return tuning_mod.slug_of(Path(runs["path"].iloc[0]).name) if len(runs) else None
+
+
+def allowance_note(row: dict) -> str:
+    """The note of a tuned effect: its interval's widening for the LR selection's error."""
+    return (f"interval widened by the LR selection's error: {row['allow_low']:.3f} below, {row['allow_high']:.3f} "
+            "above (each config's regret bound)")
 
 
 EVAL_EFFECT_COLUMNS = ["flip", "direction", "against", "group", "step", "tokens", "n_pairs", "gain",

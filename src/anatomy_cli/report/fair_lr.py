@@ -156,7 +156,10 @@ def intro(t: Tuned) -> str:
     return (f"Fair learning rates: each config's LR was chosen on selection seed{'s' * (len(t.record.seeds) > 1)} "
             f"{seeds} (never a study seed) from {g.points} LRs a factor {g.factor:g} apart around train.lr = "
             f"{g.center:g} (up to {g.extend} more past an edge), then frozen (tune.json); the verdict above is each "
-            f"config at its own LR on the study's seeds. Rule: {t.record.rule}. Beside it, the same effects at the "
+            f"config at its own LR on the study's seeds, each interval widened by its two configs' regret bounds (how "
+            f"much worse a frozen LR may be than its config's best, from the selection curve and the effect's own "
+            f"noise: the LR selection's own error), so a call is meant of each config at its best LR. Rule: "
+            f"{t.record.rule}. Beside it, the same effects at the "
             f"shared LR {g.center:g} on the same seeds, judged as a family of their own at the study's alpha and "
             f"margin; **{CONFOUNDED}** where the two calls differ.")
 

@@ -113,7 +113,9 @@ def judge(effects: list[dict], margin: float, alpha: float = ALPHA, min_pairs: i
     p_holm, margin and call, by the rule above (each effect's own variance, on n - 1 df).
 
     The family size m counts the effects that have an interval (two pairs or more); an unknown
-    (NaN) margin counts as 0, so only the statistical part decides.
+    (NaN) margin counts as 0, so only the statistical part decides. An effect of a tuned study carries
+    allow_low/allow_high (report/tuning.py's allowance: the bound on the gain the LR selection's error may
+    add or hide): its interval is widened by them, its mde by allow_low; its p-value is the plain t's.
     """
     rows = [dict(e) for e in effects]
     tested = [r for r in rows if r["n_pairs"] >= 2]
@@ -125,8 +127,9 @@ def judge(effects: list[dict], margin: float, alpha: float = ALPHA, min_pairs: i
         se = r["sd"] / math.sqrt(r["n_pairs"])
         crit = float(sps.t.ppf(1 - alpha / (2 * m), df))
         p = 2 * float(sps.t.sf(abs(r["gain"]) / se, df)) if se > 0 else float(r["gain"] == 0)
-        r |= {"adj_low": r["gain"] - crit * se, "adj_high": r["gain"] + crit * se, "df": float(df), "se": se,
-              "mde": estimated_mde(se, float(df), crit, known), "p_value": p}
+        below, above = _allowed(r, "allow_low"), _allowed(r, "allow_high")  # a tuned study's selection error
+        r |= {"adj_low": r["gain"] - crit * se - below, "adj_high": r["gain"] + crit * se + above, "df": float(df),
+              "se": se, "mde": estimated_mde(se, float(df), crit, known, below), "p_value": p}
     p_holm = holm([r["p_value"] if r["n_pairs"] >= 2 else math.nan for r in rows])
     for r, ph in zip(rows, p_holm):
         r.setdefault("adj_low", math.nan)
@@ -155,20 +158,26 @@ def seeds_for(sd: float, m: int, effect: float, alpha: float = ALPHA, most: int 
 _U = (np.arange(400) + 0.5) / 400  # quantile levels of the variance estimate's sampling distribution
 
 
-def call_power(effect: float, se: float, df: float, crit: float, margin: float) -> float:
+def _allowed(row: dict, key: str) -> float:
+    value = row.get(key, 0.0)
+    return float(value) if value is not None and math.isfinite(value) else 0.0
+
+
+def call_power(effect: float, se: float, df: float, crit: float, margin: float, allow: float = 0.0) -> float:
     """P(an effect of true size `effect` is called helps): its gain ~ N(effect, se^2) must pass both the
     margin and crit x its estimated standard error, which varies as se x sqrt(chi2_df / df), independent
     of the gain (a normal sample's mean and variance). The power of the call, not of 'the interval
-    excludes 0': a gain at the margin is called at most half the time."""
+    excludes 0': a gain at the margin is called at most half the time. `allow`: the interval's widening
+    below (a tuned study's), which the gain must pass too."""
     if not (se > 0 and math.isfinite(df) and df > 0):
         return math.nan
     se_hat = se * _spread(float(df))
-    return float(np.mean(special.ndtr((effect - np.maximum(margin, crit * se_hat)) / se)))
+    return float(np.mean(special.ndtr((effect - np.maximum(margin, crit * se_hat + allow)) / se)))
 
 
-def estimated_mde(se: float, df: float, crit: float, margin: float) -> float:
+def estimated_mde(se: float, df: float, crit: float, margin: float, allow: float = 0.0) -> float:
     """The mde a report prints from an estimated se: call_mde at se / median_sd_ratio(df)."""
-    return call_mde(se / median_sd_ratio(df), df, crit, margin)
+    return call_mde(se / median_sd_ratio(df), df, crit, margin, allow=allow)
 
 
 def median_sd_ratio(df: float) -> float:
@@ -185,13 +194,15 @@ def _spread(df: float) -> np.ndarray:
     return np.sqrt(sps.chi2.ppf(_U, df) / df)
 
 
-def call_mde(se: float, df: float, crit: float, margin: float, power: float = POWER) -> float:
+def call_mde(se: float, df: float, crit: float, margin: float, power: float = POWER, allow: float = 0.0) -> float:
     """The true effect called helps with probability `power` (call_power): the minimum detectable effect
     of the call, margin included; NaN without a standard error."""
     if not (se > 0 and math.isfinite(df) and df > 0):
         return math.nan
-    low, high = max(margin, 0.0), max(margin, 0.0) + (crit * math.sqrt(sps.chi2.ppf(0.9999, df) / df) + 10) * se
-    return float(optimize.brentq(lambda x: call_power(x, se, df, crit, margin) - power, low, high, xtol=1e-9 * se))
+    low = max(margin, 0.0)
+    high = low + allow + (crit * math.sqrt(sps.chi2.ppf(0.9999, df) / df) + 10) * se
+    return float(optimize.brentq(lambda x: call_power(x, se, df, crit, margin, allow) - power, low, high,
+                                 xtol=1e-9 * se))
 
 
 def call(n: int, gain: float, low: float, high: float, margin: float, min_pairs: int = MIN_PAIRS) -> str:

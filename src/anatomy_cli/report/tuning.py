@@ -16,6 +16,22 @@ train.lr = "tuned" and they pair as one group.
   study_runs     a tuned folder's frames narrowed to the study's runs at the frozen LRs (report_frames)
   shared_runs    its runs at the shared LR on the study's seeds (the shared-LR comparison)
   selection_runs its selection runs
+  regret_bound   how much worse a frozen LR may be than its config's best (the selection's own error)
+  allowance      an effect's interval widening for the two configs' regret bounds (stats.judge reads it)
+  tuned_record   the tune.json of a group of study runs at their frozen LRs (None for any other runs)
+
+The selection's error. A config frozen at an LR that is not its best trains the study's seeds a little
+worse than it could: its regret r >= 0. A gain measured between two frozen configs is then the gain at
+their optima plus r(without the component) - r(with it), so a tuned study with seeds enough to see a
+regret calls it as the component's worth (benchmarks/calibrate_tuning.py measures how often, against
+each config at its optimum: RESULTS.md, "Tuned learning rates: calibration"). Each tuned interval is therefore
+widened by a bound on each side's regret: below by the bound of the config without the component (a
+gain can be that much smaller at the optima), above by the one with it. The bound, from the config's
+selection curve (tune.json) and the effect's own noise, is two parts: the chance that a point the
+selection ranked worse is in truth better, z x sigma x sqrt 2 less the chosen point's lead over the
+runner-up (sigma: one selection loss's noise, the effect's paired sd / sqrt 2 / sqrt(selection seeds);
+z = REGRET_Z), and what the grid's step costs where the optimum lies between points (the quadratic
+through the chosen point and its neighbours: its value there minus its vertex's).
 """
 
 from __future__ import annotations
@@ -32,6 +48,7 @@ from pydantic import Field, model_validator
 from anatomy_cli.store import runs as runs_mod
 
 TUNE = "tune.json"
+REGRET_Z = 2.0  # the regret bound's one-sided level for a runner-up being in truth better (97.7 %)
 TUNED = "tuned"  # the train.lr of a study run's settings: its config's own, frozen LR
 RUN_ID = re.compile(r"^(?P<slug>.+)-s(?P<seed>-?\d+)-[0-9a-f]{8}$")
 
@@ -194,3 +211,45 @@ def selection_runs(runs: pd.DataFrame, folder: Path, record: TuneRecord) -> pd.D
 def lr_text(lr: float | None) -> str:
     """'3e-03', or 'not tuned'."""
     return "not tuned" if lr is None or not math.isfinite(lr) else f"{lr:.3g}"
+
+
+def regret_bound(lrs, losses, lr: float | None, sigma: float, z: float = REGRET_Z) -> float:
+    """The bound (nats, >= 0) on how much worse a config's frozen LR `lr` trains than its best LR: its
+    selection curve (ascending `lrs`, the mean selection `losses` there), chosen by the argmin (an inner
+    point), with `sigma` the noise of one selection loss. NaN where the config is not tuned or sigma is
+    unknown. max(0, z sigma sqrt 2 - the lead of the chosen point over the best other point) + the grid's
+    step cost, (below - above)^2 / (8 (below - 2 best + above)): the quadratic through the chosen point and
+    its neighbours, its value at the point minus its vertex's (0 on a flat or concave triple)."""
+    if lr is None or not (math.isfinite(sigma) and sigma >= 0) or lr not in lrs:
+        return math.nan
+    i = list(lrs).index(lr)
+    if not 0 < i < len(lrs) - 1:
+        return math.nan
+    best = float(losses[i])
+    lead = min(float(v) for j, v in enumerate(losses) if j != i) - best
+    below, above = float(losses[i - 1]), float(losses[i + 1])
+    curve = below - 2 * best + above
+    step = (below - above) ** 2 / (8 * curve) if curve > 0 else 0.0
+    return max(0.0, z * sigma * math.sqrt(2) - lead) + step
+
+
+def allowance(record: TuneRecord, end: str | None, variant: str | None, add_one: bool, sd: float) -> dict:
+    """{allow_low, allow_high}: how far an effect's interval (end arm vs variant arm, paired sd `sd` on the
+    study's seeds) is widened for the selection's error, below by the regret bound of the config without
+    the component, above by the one with it (stats.judge subtracts and adds them); NaN when unknown."""
+    sigma = sd / math.sqrt(2 * len(record.seeds)) if math.isfinite(sd) else math.nan
+    bound = {}
+    for name in (end, variant):
+        arm = record.arm(name) if name is not None else None
+        bound[name] = regret_bound(arm.lrs, arm.losses, arm.lr, sigma) if arm is not None else math.nan
+    without, with_ = (end, variant) if add_one else (variant, end)
+    return {"allow_low": bound[without], "allow_high": bound[with_]}
+
+
+def tuned_record(members: pd.DataFrame) -> TuneRecord | None:
+    """The tune.json of `members` when they are one tuned study's runs at their frozen LRs (study_runs' frame:
+    settings' train.lr = TUNED, one folder); None for any other runs (a shared-LR study included)."""
+    if members.empty or not members["settings"].map(lambda s: json.loads(s).get("train.lr") == TUNED).all():
+        return None
+    folders = {Path(p).parent for p in members["path"]}
+    return read_record(folders.pop()) if len(folders) == 1 else None
