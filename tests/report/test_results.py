@@ -175,3 +175,90 @@ def test_ends_say_where_each_end_was_best_and_where_it_ended():
     assert "reaches 2.600 at median step 1,500 (2.700 at step 2,000);" in results.render(middle, "ends")
     old = results.render(doc(reference=("2017", 2.6, {})), "ends")
     assert "Best val loss (nats/char), one seed: the 2017 end reaches 2.600; budget 2,000 steps" in old
+
+
+# ------------------------------------------------------------------ a tuned study (--tune-lr)
+
+TUNED_DOC = """<!-- results tuned tuning --><!-- /results -->
+<!-- results tuned lrs --><!-- /results -->
+The 2017 end trains at <!-- results tuned lr 2017 --><!-- /results -->, +rope at
+<!-- results tuned lr 2017+rope --><!-- /results -->; at the shared LR rope gains
+<!-- results tuned shared-gain rope add-one --><!-- /results --> <!-- results tuned shared-interval rope add-one -->
+<!-- /results -->, <!-- results tuned shared-call rope add-one --><!-- /results -->.
+"""
+
+
+def tuned_results(tmp_path, optimum=None) -> tuple[Path, dict]:
+    """A tuned study trained by test_fair_lr's fake trainer, its results file written by write_results and
+    read back through load (the schema)."""
+    from tests.report.test_fair_lr import tuned_folder
+
+    root = tuned_folder(tmp_path, optimum)
+    path = results.write_results(tmp_path / "doc" / results.RESULTS_DIR / "tuned.json", root,
+                                 effects.report_frames(root))
+    return path, results.load(path)
+
+
+def test_a_tuned_study_s_results_file_holds_its_lrs_and_the_shared_lr_comparison(tmp_path):
+    from anatomy_cli.report import tuning
+
+    path, doc = tuned_results(tmp_path)  # rope moves the best LR down: negligible tuned, helps at the shared LR
+    record = tuning.read_record(tmp_path / "runs" / doc["study"])
+    assert doc["tuning"]["grid"] == record.grid.model_dump(mode="json") and doc["tuning"]["seeds"] == [1336]
+    assert [(a["name"], a["lr"], a["lrs"]) for a in doc["tuning"]["arms"]] == [
+        (a.arm, a.lr, a.lrs) for a in record.arms] and [a["lr"] for a in doc["tuning"]["arms"]] == [6e-3, 3e-3]
+    row, = doc["tuning"]["comparison"]
+    assert (row["flip"], row["call"], row["shared_call"], row["confounded"]) == ("rope", "negligible", "helps", True)
+    assert (row["end_arm"], row["variant_arm"], row["end_lr"], row["variant_lr"]) == ("2017", "2017+rope", 6e-3, 3e-3)
+
+    text = results.update(TUNED_DOC, tmp_path / "doc")
+    g = results._g  # the file's other tables' numbers, the true minus sign included
+    assert (f"| rope | added to 2017 | {g(row['gain'])} | [{g(row['adj_low'])}, {g(row['adj_high'])}] | negligible "
+            f"| {g(row['shared_gain'])} | [{g(row['shared_low'])}, {g(row['shared_high'])}] | helps | LR-confounded "
+            f"| {tuning.lr_text(6e-3)}, {tuning.lr_text(3e-3)} |") in text
+    best = {a["name"]: a for a in doc["tuning"]["arms"]}
+    assert (f"| 2017+rope | {tuning.lr_text(3e-3)} | {best['2017+rope']['best_loss']:.4f} | "
+            f"{best['2017+rope']['sensitivity']:.4f} | 3 | {record.arm('2017+rope').reason} |") in text
+    assert f"trains at <!-- results tuned lr 2017 -->{tuning.lr_text(6e-3)}<!-- /results -->" in text
+    assert f"shared-gain rope add-one -->{g(row['shared_gain'])}<!-- /results -->" in text and "-->helps<" in text
+    assert results.drifted(text, tmp_path / "doc") == []
+
+    bad = json.loads(path.read_text())  # the schema types the key: a wrong value is refused by name
+    bad["tuning"]["comparison"][0]["confounded"] = "yes"
+    path.write_text(json.dumps(bad))
+    with pytest.raises(results.ResultsError, match=r"tuning\.comparison\[0\]\.confounded: Input should be a valid"):
+        results.load(path)
+
+
+def test_a_config_not_tuned_shows_as_not_tuned(tmp_path):
+    from anatomy_cli.report import tuning
+
+    _, doc = tuned_results(tmp_path, {"2017": 6e-3, "2017+rope": 0.05})  # +rope's best past the extended edge
+    arm = next(a for a in doc["tuning"]["arms"] if a["name"] == "2017+rope")
+    row, = doc["tuning"]["comparison"]
+    assert arm["lr"] is None and row["gain"] is None and row["call"] == "not tuned"
+    table = results.render(doc, "tuning")
+    assert f"| rope | added to 2017 | n/a | — | not tuned | {results._g(row['shared_gain'])} |" in table
+    assert table.rstrip().endswith(f"| {tuning.lr_text(6e-3)}, not tuned |") and "LR-confounded" not in table
+    assert results.render(doc, "lr 2017+rope") == "not tuned"
+    assert f"| 2017+rope | not tuned | {arm['best_loss']:.4f} |" in results.render(doc, "lrs")
+
+
+def test_a_study_not_tuned_refuses_the_tuning_blocks_in_one_line(tmp_path, capsys):
+    path, doc = rendered_study(tmp_path)
+    assert "tuning" not in doc
+    for what in ("tuning", "lrs", "lr 2017", "shared-call rope add-one"):
+        with pytest.raises(results.ResultsError, match="^toy: no tuning results \\(the study was not run with "
+                                                       "--tune-lr\\)$"):
+            results.render(doc, what)
+    readme = tmp_path / "doc" / "README.md"
+    readme.write_text("<!-- results toy tuning -->\n<!-- /results -->\n")
+    assert results.main([str(readme)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1
+    assert err.endswith("toy.json cannot render 'tuning': ResultsError: toy: no tuning results (the study was not "
+                        "run with --tune-lr)\n")
+    old = results.load(ROOT / results.RESULTS_DIR / "demo.json")  # written before the key: still loads
+    assert "tuning" not in old and results.render(old, "verdict").count("\n") > 3
+    with pytest.raises(results.ResultsError, match="demo: no tuning results"):
+        results.render(old, "lrs")

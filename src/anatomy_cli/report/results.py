@@ -12,9 +12,12 @@ Marked blocks. A README names a study's file (experiments/results/<study>.json b
 what to show; the text between the markers is the tool's, never typed by hand:
   <!-- results five-flips directions -->   ...table...   <!-- /results -->
   gain <!-- results five-flips gain rope add-one -->+0.445<!-- /results --> nats
-Kinds: verdict, directions, ends, rule, moves, scale, parts (blocks); gain FLIP DIRECTION [STEP], interval
-FLIP DIRECTION, call FLIP DIRECTION, trend FLIP DIRECTION (the call across sizes), family (the rule's
-level, family, looks and family-wise error: stats.rule_text, as the terminal and the report say them) (inline).
+Kinds: verdict, directions, ends, rule, moves, scale, parts, decide, tuning, lrs (blocks); gain FLIP DIRECTION
+[STEP], interval FLIP DIRECTION, call FLIP DIRECTION, trend FLIP DIRECTION (the call across sizes), family (the
+rule's level, family, looks and family-wise error: stats.rule_text, as the terminal and the report say them),
+lr CONFIG (a tuned study's chosen LR of one config), shared-gain / shared-interval / shared-call FLIP DIRECTION
+(a tuned study's effect at the shared LR) (inline). tuning: each effect at its configs' own LRs beside the
+shared LR, flagged LR-confounded where the calls differ; lrs: each config's chosen LR and why (report/fair_lr.py).
 
 The file (FORMAT, VERSION 1): study, runs {total, completed}, seeds, budget, ends {role: {name,
 mean, sd, seeds, best_step, last_step, final}}, effects [{metric, unit, flip, direction, against,
@@ -22,10 +25,14 @@ group, n_pairs, gain, adj_low, adj_high, adj_level, family, threshold, threshold
 raw_low, raw_high, p_holm}],
 eval_gains [{flip, direction, group, steps, tokens, gain}] (val-loss gain at every evaluation);
 configs [{role, params, active_params, state_bytes_4k, positions}] (what each config costs);
-with sizes, scale {budget, sizes, effects, trends} (scale.Scale.record's rows). No curves, no paths. Readers ignore keys they do not know; VERSION changes only when a key's meaning
-does, and a reader refuses a newer version by name. A reader checks every key it knows (ResultsFile):
-a key may be absent (files written before it existed; a block that needs it says so), but one that is
-present has its type, null only where the writer writes null, no NaN, no negative count.
+with sizes, scale {budget, sizes, effects, trends} (scale.Scale.record's rows); with --decide, decide
+(decide.json); with --tune-lr, tuning {grid {center, points, factor, extend}, seeds (the selection seeds),
+arms [{name, lr, best_loss, sensitivity, reason, lrs}] (lr null: not tuned), comparison
+[fair_lr.COMPARISON_COLUMNS]} (fair_lr.tuned_frames' record and comparison). No curves, no paths.
+Readers ignore keys they do not know; VERSION changes only when a key's meaning does, and a reader
+refuses a newer version by name. A reader checks every key it knows (ResultsFile): a key may be absent
+(files written before it existed; a block that needs it says so), but one that is present has its type,
+null only where the writer writes null, no NaN, no negative count.
 """  # noqa: E501 (the docstring is docs/layout.md's text)
 
 from __future__ import annotations
@@ -41,7 +48,8 @@ from typing import Annotated
 from pydantic import Field, ValidationError, model_validator
 
 from anatomy_cli.report import decide as decide_mod
-from anatomy_cli.report import stats
+from anatomy_cli.report import fair_lr, stats
+from anatomy_cli.report import tuning as tuning_mod
 from anatomy_cli.report.decide import DecideRecord
 from anatomy_cli.spec.errors import InputError
 from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, REFERENCE, REMOVE_ONE, VERB, variant
@@ -53,7 +61,8 @@ MARK = re.compile(r"<!-- results (?P<study>[\w.-]+) (?P<what>[^>]*?) -->(?P<body
 EFFECT_KEYS = ("metric", "unit", "flip", "direction", "against", "group", "n_pairs", "gain", "adj_low", "adj_high",
                "adj_level", "family", "threshold", "threshold_basis", "call", "raw_low", "raw_high", "p_holm",
                "mde", "noise", "df", "note")
-BLOCKS = ("verdict", "directions", "ends", "rule", "moves", "scale", "parts", "decide")
+BLOCKS = ("verdict", "directions", "ends", "rule", "moves", "scale", "parts", "decide", "tuning", "lrs")
+INLINE = ("gain", "interval", "call", "trend", "lr", "shared-gain", "shared-interval", "shared-call")
 
 
 class ResultsError(InputError):
@@ -68,6 +77,7 @@ class ResultsError(InputError):
 Count = Annotated[int, Field(ge=0)]
 Amount = Annotated[float, Field(ge=0)]
 Share = Annotated[float, Field(ge=0, le=1)]
+Lr = Annotated[float, Field(gt=0)]
 
 
 class RunCounts(FileModel):
@@ -211,6 +221,44 @@ class Scale(FileModel):
     trends: list[Trend] = None
 
 
+class TuningArm(FileModel):  # one config's selection (tuning.TuneArm's; name: its arm)
+    name: str = None
+    lr: Lr | None = None  # null: not tuned (its best at the grid's edge)
+    best_loss: Amount = None
+    sensitivity: Amount = None
+    reason: str = None
+    lrs: list[Lr] = None  # the LRs it trained, ascending
+
+
+class TuningRow(FileModel):  # fair_lr.COMPARISON_COLUMNS
+    flip: str = None
+    direction: str = None
+    against: str | None = None
+    group: str = None
+    n_pairs: Amount = None
+    gain: float | None = None  # null: not tuned (call fair_lr.NOT_TUNED)
+    adj_low: float | None = None
+    adj_high: float | None = None
+    call: str = None
+    shared_n_pairs: Amount = None
+    shared_gain: float | None = None
+    shared_low: float | None = None
+    shared_high: float | None = None
+    shared_call: str = None
+    confounded: bool = None
+    end_arm: str | None = None
+    variant_arm: str | None = None
+    end_lr: Lr | None = None
+    variant_lr: Lr | None = None
+
+
+class Tuning(FileModel):
+    grid: tuning_mod.TuneGrid = None
+    seeds: list[int] = None  # the selection seeds
+    arms: list[TuningArm] = None
+    comparison: list[TuningRow] = None
+
+
 class ResultsFile(FileModel):
     """The results file (FORMAT, VERSION): load() checks a file against it and renders the plain dict."""
 
@@ -226,6 +274,7 @@ class ResultsFile(FileModel):
     configs: list[ConfigCost] = None
     scale: Scale = None
     decide: DecideRecord = None  # a --decide study's plan, rounds and why it stopped (report/decide.py)
+    tuning: Tuning = None  # a --tune-lr study's LRs and its shared-LR comparison (report/fair_lr.py)
 
 
 # --------------------------------------------------------------------------- writing (from report frames)
@@ -254,6 +303,8 @@ def build(root: Path, frames) -> dict:
                                                   for k, rows in across.record().items()}}
     record = decide_mod.read_record(Path(root))
     scaled |= {"decide": record.model_dump(mode="json")} if record is not None else {}
+    tuned = fair_lr.tuned_frames(runs, effects)
+    scaled |= {"tuning": _tuning_record(tuned)} if tuned is not None else {}
     return {"format": FORMAT, "version": VERSION, "study": Path(root).name,
             "runs": {"total": len(runs), "completed": int((runs["status"] == "completed").sum())},
             "seeds": sorted(int(s) for s in runs["seed"].dropna().unique()),
@@ -275,6 +326,19 @@ def _fit(runs, role: str) -> dict:
     last = json.loads(best["settings"].iloc[0]).get("train.steps")  # completed: trained to its steps
     return {"best_step": int(best["best_step"].median()), "last_step": last,
             "final": _num(best["final_val_loss"].mean())}
+
+
+def _tuning_record(t: fair_lr.Tuned) -> dict:
+    """A tuned study's "tuning": its grid, selection seeds, each config's choice, and the comparison's rows
+    (fair_lr.comparison; LRs to six significant digits, the rest as the file's other numbers)."""
+    from anatomy_cli.report import frames as frames_mod
+
+    r = t.record
+    arms = [{"name": a.arm, "lr": _sig(a.lr), "best_loss": _num(a.best_loss), "sensitivity": _num(a.sensitivity),
+             "reason": a.reason, "lrs": [_sig(x) for x in a.lrs]} for a in r.arms]
+    rows = [{k: _sig(v) if k in ("end_lr", "variant_lr") else _plain(v) for k, v in row.items()}
+            for row in frames_mod.records(t.comparison)]
+    return {"grid": r.grid.model_dump(mode="json"), "seeds": list(r.seeds), "arms": arms, "comparison": rows}
 
 
 def _configs(runs) -> list[dict]:
@@ -308,6 +372,11 @@ def write_results(path: Path, root: Path, frames) -> Path:
 
 def _num(x, digits: int = 6):
     return None if x is None or not math.isfinite(float(x)) else round(float(x), digits)
+
+
+def _sig(x, digits: int = 6):
+    """A learning rate: `digits` significant digits (2e-05 kept whole, where _num's decimals would round it)."""
+    return None if x is None or not math.isfinite(float(x)) else float(f"{float(x):.{digits - 1}e}")
 
 
 def _plain(v):
@@ -354,9 +423,9 @@ def render(doc: dict, what: str) -> str:
         return "\n" + globals()[f"_{kind}"](doc, *args) + "\n"
     if kind == "family":
         return _family(doc)
-    if kind in ("gain", "interval", "call", "trend"):
+    if kind in INLINE:
         return _inline(doc, kind, *args)
-    raise ResultsError(f"unknown results block {kind!r}; choose from {', '.join(BLOCKS)}, gain, interval, call, trend, "
+    raise ResultsError(f"unknown results block {kind!r}; choose from {', '.join(BLOCKS)}, {', '.join(INLINE)}, "
                        f"family")
 
 
@@ -549,7 +618,51 @@ def _scale(doc: dict) -> str:
     return "\n".join(lines)
 
 
+def _tuning_of(doc: dict) -> dict:
+    if not doc.get("tuning"):
+        raise ResultsError(f"{doc['study']}: no tuning results (the study was not run with --tune-lr)")
+    return doc["tuning"]
+
+
+def _shared(r: dict) -> dict:
+    """A comparison row's shared-LR effect, under the keys _interval reads."""
+    return {"gain": r["shared_gain"], "adj_low": r["shared_low"], "adj_high": r["shared_high"],
+            "call": r["shared_call"]}
+
+
+def _tuning(doc: dict) -> str:
+    """A tuned study's effects at each config's own LR beside the shared LR (fair_lr.table's columns),
+    flagged where the two calls differ."""
+    lines = ["| component | change | tuned gain | interval | call | shared-LR gain | shared interval | shared call | "
+             "flag | LRs (end, variant) |", "|---|---|---:|---|---|---:|---|---|---|---|"]
+    for r in _tuning_of(doc)["comparison"]:
+        s, flag = _shared(r), fair_lr.CONFOUNDED if r["confounded"] else ""
+        lrs = f"{tuning_mod.lr_text(r['end_lr'])}, {tuning_mod.lr_text(r['variant_lr'])}"
+        lines.append(f"| {r['flip']} | {_change(doc, r)} | {_g(r['gain'])} | {_interval(r)} | {r['call']} | "
+                     f"{_g(s['gain'])} | {_interval(s)} | {s['call']} | {flag} | {lrs} |")
+    return "\n".join(lines)
+
+
+def _lrs(doc: dict) -> str:
+    """Each config's selection (fair_lr.arms_table's columns): its LR, best selection loss, sensitivity, why."""
+    lines = ["| config | LR | selection loss | sensitivity | LRs tried | why |", "|---|---|---:|---:|---:|---|"]
+    lines += [f"| {a['name']} | {tuning_mod.lr_text(a['lr'])} | {a['best_loss']:.4f} | {a['sensitivity']:.4f} | "
+              f"{len(a['lrs'])} | {a['reason']} |" for a in _tuning_of(doc)["arms"]]
+    return "\n".join(lines)
+
+
 def _inline(doc: dict, kind: str, flip: str = "", direction: str = "", step: str = "") -> str:
+    if kind == "lr":  # flip: the config's name
+        arm = next((a for a in _tuning_of(doc)["arms"] if a["name"] == flip), None)
+        if arm is None:
+            raise ResultsError(f"{doc['study']}: no tuned config {flip!r}")
+        return tuning_mod.lr_text(arm["lr"])
+    if kind.startswith("shared-"):
+        r = next((r for r in _tuning_of(doc)["comparison"] if r["flip"] == flip and r["direction"] == direction), None)
+        if r is None:
+            raise ResultsError(f"{doc['study']}: no shared-LR effect {flip} {direction}")
+        s = _shared(r)
+        return {"shared-gain": _g(s["gain"]), "shared-interval": _interval(s), "shared-call": s["call"]}[kind]
     if kind == "trend":
         t = next((t for t in doc.get("scale", {}).get("trends", [])
                   if t["flip"] == flip and t["direction"] == direction), None)
