@@ -133,3 +133,56 @@ def test_a_tuned_report_widens_each_tuned_interval_and_says_so_and_not_the_share
     tuned = fair_lr.tuned_frames(runs_df, effects)
     shared = tuned.comparison.iloc[0]
     assert shared.shared_high - shared.shared_gain == pytest.approx(shared.shared_gain - shared.shared_low)
+
+
+# ------------------------------------------------------------- [tune] shared = false: no shared-LR runs
+
+
+def study_alone_folder(tmp_path, optimum=None):
+    """tuned_folder's study planned with --no-tune-shared: the selection and the study's runs, none beside."""
+    spec = write_spec(tmp_path, top={"seeds": 5, "flips": ["rope"], "directions": ["add-one"]})
+    study = ablation.size_study(plan_study(Ask(spec, runs_dir=tmp_path / "runs", tune_lr=True, stack="off",
+                                               tune_points=3, tune_extend=1, tune_shared=False)))
+    ablation.run_study(study, fake_train(study.sweep_dir, optimum))
+    return study.sweep_dir
+
+
+def test_a_study_without_shared_lr_runs_lists_its_tuned_effects_unflagged(tmp_path):
+    root = study_alone_folder(tmp_path)
+    runs_df, _, effects = effects_mod.report_frames(root)
+    assert len(runs_df) == 10  # the study's runs only, as with the shared-LR runs beside
+    tuned = fair_lr.tuned_frames(runs_df, effects)
+    row = tuned.comparison.iloc[0]
+    assert (row.flip, row.call, row.n_pairs, row.shared_n_pairs, row.shared_call) == ("rope", stats.NEGLIGIBLE, 5, 0,
+                                                                                     stats.NONE)
+    assert math.isnan(row.shared_gain) and math.isnan(row.shared_low) and not row.confounded
+    assert (row.end_arm, row.variant_arm, row.end_lr, row.variant_lr) == ("2017", "2017+rope", 6e-3, 3e-3)
+    assert tuned.panels == [{"flip": "rope", "direction": "add-one", "end": "2017", "variant": "2017+rope",
+                             "title": "+rope vs 2017"}]
+    assert fair_lr.lines(tuned)[1] == ("the shared-LR comparison was not trained ([tune] shared = false): no call is "
+                                       "checked for LR confounding")
+    assert record_mod.rerun_flags(root) == ["--tune-lr", "--tune-points", "3", "--tune-extend", "1",
+                                            "--no-tune-shared"]
+    paths = write.write_report(root)
+    md = paths["report.md"].read_text()
+    assert "## Fair learning rates" in md and "LR-confounded**:" not in md and "shared call" not in md
+    assert "The shared-LR comparison was not trained ([tune] shared = false)" in md and "Beside it" not in md
+    assert "widened by its two configs' regret bounds" in md
+    assert paths["lr-sensitivity.png"].is_file()
+    doc = json.loads(paths["report.json"].read_text())
+    assert doc["tuning"]["shared"] is False and doc["tuning"]["comparison"][0]["confounded"] is False
+    assert doc["tuning"]["comparison"][0]["shared_call"] == stats.NONE
+
+
+def test_without_shared_lr_runs_a_config_not_tuned_has_an_effect_with_no_call(tmp_path):
+    root = study_alone_folder(tmp_path, {"2017": 6e-3, "2017+rope": 1e-1})  # rope's best far past the top edge
+    runs_df, _, effects = effects_mod.report_frames(root)
+    assert set(runs_df["run_id"].map(record_mod.slug_of)) == {"2017"}  # 2017+rope trained only its selection
+    tuned = fair_lr.tuned_frames(runs_df, effects)
+    row, = tuned.comparison.itertuples()
+    assert (row.flip, row.against, row.call, row.shared_call, row.confounded) == ("rope", "2017 end",
+                                                                               fair_lr.NOT_TUNED, stats.NONE, False)
+    assert (row.end_lr, row.variant_lr) == (6e-3, None) and [p["variant"] for p in tuned.panels] == ["2017+rope"]
+    paths = write.write_report(root)
+    assert "its effects get no tuned call, and no shared-LR one" in paths["report.md"].read_text()
+    assert paths["lr-sensitivity.png"].is_file()

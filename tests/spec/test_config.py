@@ -244,3 +244,24 @@ def test_a_marked_field_changes_the_id_only_off_its_default():
     assert runs.config_hash(on) != base
     often = {**cfg, "train": {**cfg["train"], "checkpoint_every": 7, "checkpoint_minutes": 0.5}}
     assert hash_neutral()["train"]["checkpoint_every"] == ANY and runs.config_hash(often) == base
+
+
+@pytest.mark.parametrize("text, shared", [("", True), ("shared = false", False), ("shared = true", True)])
+def test_a_tune_table_s_shared_is_a_strict_bool_on_by_default(tmp_path, text, shared):
+    from toy_data import write_spec
+
+    spec = write_spec(tmp_path)
+    spec.write_text(spec.read_text() + f"[tune]\n{text}\n")
+    assert load_spec(spec).tune.shared is shared
+
+
+@pytest.mark.parametrize("value", ["0", '"no"', "1"])
+def test_a_tune_table_s_shared_is_not_a_number_or_a_word(tmp_path, value):
+    from toy_data import write_spec
+
+    from anatomy_cli.spec.config import ConfigError
+
+    spec = write_spec(tmp_path)
+    spec.write_text(spec.read_text() + f"[tune]\nshared = {value}\n")
+    with pytest.raises(ConfigError, match="tune.shared: Input should be a valid boolean"):
+        load_spec(spec)

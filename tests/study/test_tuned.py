@@ -10,7 +10,7 @@ import json
 import math
 
 import pytest
-from helpers import invoke, one_error_line
+from helpers import flat, invoke, one_error_line
 from toy_data import write_spec
 
 from anatomy_cli.report import tuning as record_mod
@@ -213,3 +213,102 @@ def test_decide_rounds_run_at_the_frozen_lrs_with_the_shared_lr_beside(tmp_path)
     assert len(rounds_) == 2 and rounds_[0].open == ["rope add-one"]  # open at 3 seeds: seeds for both configs
     later = [r for r in trainer.trained if "-s1340-" in r or "-s1341-" in r or "-s1342-" in r]
     assert len(later) == 9  # each seed: 2017 at its frozen LR and at the shared LR, 2017+rope at its own (unmoved)
+
+
+# ------------------------------------------------------------- [tune] shared = false: the study alone
+
+
+def sub(tmp_path, name):
+    """A folder of its own for one more study (spec, corpus and runs) beside the test's others."""
+    (tmp_path / name).mkdir()
+    return tmp_path / name
+
+
+def test_shared_is_the_spec_s_unless_the_flag_says_otherwise(tmp_path):
+    spec = spec_at(tmp_path, {"shared": False})
+    assert plan_study(Ask(spec, runs_dir=tmp_path / "runs")).tune.shared is False
+    assert plan_study(Ask(spec, runs_dir=tmp_path / "runs", tune_shared=True)).tune.shared is True
+    plain = spec_at(sub(tmp_path, "plain"))
+    assert plan_study(Ask(plain, runs_dir=tmp_path / "runs", tune_lr=True)).tune.shared is True  # the default
+    assert plan_study(Ask(plain, runs_dir=tmp_path / "runs", tune_lr=True, tune_shared=False)).tune.shared is False
+    result = invoke("ablate", plain, "--runs-dir", tmp_path / "runs", "--tune-lr", "--no-tune-shared", "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert "no run at the shared LR 0.003 beside it (the shared-LR comparison is off)" in flat(result.output)
+
+
+def test_shared_off_trains_no_run_at_the_shared_lr_and_tune_json_says_so(tmp_path):
+    on = tuned_study(sub(tmp_path, "on"))
+    off = tuned_study(sub(tmp_path, "off"), tune_shared=False)
+    trained = {}
+    for name, study in (("on", on), ("off", off)):
+        trainer = FakeTrainer(study.sweep_dir)
+        ablation.run_study(study, trainer)
+        trained[name] = set(trainer.trained)
+    record = record_mod.read_record(off.sweep_dir)
+    assert record.shared is False and record_mod.read_record(on.sweep_dir).shared is True
+    assert json.loads((off.sweep_dir / record_mod.TUNE).read_text())["shared"] is False
+    assert record.chosen == {"2017": 6e-3, "2017+rope": 3e-3}  # 2017's LR moved off the shared 3e-3
+    moved = {p.run_id for p in off.plan if p.slug == "2017"}  # its study seeds at the shared LR
+    assert len(moved) == 3 and not moved & trained["off"] and not any((off.sweep_dir / r).exists() for r in moved)
+    assert {p.run_id for p in on.plan if p.slug == "2017"} <= trained["on"]  # shared on: still trained
+    assert len(trained["off"]) == 6 + 1 + 6 and len(trained["on"]) == 6 + 1 + 6 + 3
+    assert record_mod.rerun_flags(off.sweep_dir)[-1] == "--no-tune-shared"
+    assert "--no-tune-shared" not in record_mod.rerun_flags(on.sweep_dir)
+
+
+def test_shared_off_prices_no_shared_lr_run_before_or_after_the_choice(tmp_path):
+    study = tuned_study(tmp_path, tune_shared=False)
+    assert ablation.tune_cost(study).shared[0] == 0  # shared on: up to each config's 3 seeds, 6 (below)
+    assert ablation.tune_cost(tuned_study(sub(tmp_path, "on"))).shared[0] == 6
+    ablation.run_study(study, FakeTrainer(study.sweep_dir))
+    cost = ablation.tune_cost(study)
+    assert cost.chosen and cost.shared[0] == 0 and cost.study[0] == 6
+    result = invoke("ablate", spec_at(tmp_path), "--runs-dir", tmp_path / "runs", "--tune-lr", "--tune-points", "3",
+                    "--tune-extend", "1", "--no-tune-shared", "--dry-run")
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "1 more past an edge; then the study at the frozen LRs, 6 runs" in text
+    assert "no run at the shared LR 0.003 beside it" in text and "at the shared LR 0.003 where" not in text
+
+
+def test_a_rerun_with_shared_turned_the_other_way_is_refused(tmp_path):
+    grid = ["--tune-lr", "--tune-points", "3", "--tune-extend", "1"]
+    for name, was, rerun, fragment in (("off", {"tune_shared": False}, [], "tuned without the shared-LR runs beside "
+                                        "the study ([tune] shared = false): rerun with --no-tune-shared"),
+                                       ("on", {}, ["--no-tune-shared"], "tuned with the shared-LR runs beside the "
+                                        "study ([tune] shared = true): rerun with --tune-shared")):
+        study = tuned_study(sub(tmp_path, name), **was)
+        ablation.run_study(study, FakeTrainer(study.sweep_dir))
+        before = sorted(p.name for p in study.sweep_dir.iterdir())
+        one_error_line(invoke("ablate", spec_at(tmp_path / name), "--runs-dir", tmp_path / name / "runs", *grid,
+                              *rerun), fragment)
+        assert sorted(p.name for p in study.sweep_dir.iterdir()) == before
+    spec = spec_at(sub(tmp_path, "spec"), {"points": 3, "extend": 1, "shared": False})  # the spec's table says it too
+    study = plan_study(Ask(spec, runs_dir=tmp_path / "spec" / "runs", stack="off"))
+    ablation.run_study(ablation.size_study(study), FakeTrainer(study.sweep_dir))
+    assert invoke("ablate", spec, "--runs-dir", tmp_path / "spec" / "runs", "--dry-run").exit_code == 0
+    one_error_line(invoke("ablate", spec, "--runs-dir", tmp_path / "spec" / "runs", "--tune-shared", "--dry-run"),
+                   "rerun with --no-tune-shared")
+
+
+def test_shared_off_an_arm_not_tuned_trains_nothing_past_its_selection(tmp_path):
+    study = tuned_study(tmp_path, tune_shared=False)
+    trainer = FakeTrainer(study.sweep_dir, optimum={"2017": 3e-3, "2017+rope": 1e-1})  # far past the top edge
+    ablation.run_study(study, trainer)
+    assert record_mod.read_record(study.sweep_dir).chosen == {"2017": 3e-3, "2017+rope": None}
+    rope = {p.run_id for p in study.plan if p.slug == "2017+rope"}
+    assert not rope & set(trainer.trained) and len(trainer.trained) == 6 + 1 + 3  # its grid, 1 extension; 2017's 3
+
+
+def test_decide_rounds_run_at_the_frozen_lrs_with_shared_off(tmp_path):
+    from anatomy_cli.report import decide
+
+    study = tuned_study(tmp_path, decide=True, max_seeds=6, decide_step=3, tune_shared=False)
+    trainer = FakeTrainer(study.sweep_dir, noise=0.03, gain=0.07)  # as the shared-on rounds test above
+    done = ablation.run_study(study, trainer)
+    rounds_ = decide.read_record(study.sweep_dir).rounds
+    assert done.rounds is not None and len(rounds_) == 2 and rounds_[0].open == ["rope add-one"]
+    later = [r for r in trainer.trained if "-s1340-" in r or "-s1341-" in r or "-s1342-" in r]
+    assert len(later) == 6  # each seed: 2017 at its frozen LR and 2017+rope at its own, nothing at the shared LR
+    at_shared = {p.run_id for p in study.ask.plan_at(6)[1] if p.slug == "2017"}  # 2017 at 3e-3, its LR 6e-3
+    assert len(at_shared) == 6 and not at_shared & set(trainer.trained)

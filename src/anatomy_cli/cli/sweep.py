@@ -106,6 +106,10 @@ def ablate(
     tune_seeds: Annotated[Optional[str], typer.Option(
         help="With --tune-lr: selection seeds, a count (the seeds just below the base seed) or a list such as 7,8 "
         "\\[default: the spec's, else 1].", show_default=False)] = None,
+    tune_shared: Annotated[Optional[bool], typer.Option(
+        "--tune-shared/--no-tune-shared", help="With --tune-lr: also train the study's seeds at train.lr where a "
+        "config's LR moved, for the shared-LR comparison (--no-tune-shared: the study alone, cheaper, no call checked "
+        "for LR confounding) \\[default: the spec's, else on].", show_default=False)] = None,
 ):
     """Expand a spec into a grid of runs that flip components one at a time, run them, and report.
 
@@ -119,7 +123,7 @@ def ablate(
         raise ConfigError("--json prints the plan: use it with --dry-run")
     ask = ablation.Ask(spec, flip, seeds, steps, workers, runs_dir, executor, address, device, compile, dtype,
                        min_effect, stack, decide, max_seeds, decide_step, budget, time_pass, tune_lr, tune_points,
-                       tune_factor, tune_extend, tune_seeds)
+                       tune_factor, tune_extend, tune_seeds, tune_shared)
     study = ablation.plan_study(ask)
     if json_out:
         warn_short_runs(p.config for p in study.plan)
@@ -191,7 +195,8 @@ def _dry_run(study, estimate) -> None:
 def tune_line(study) -> str:
     """--tune-lr's two phases priced apart: '--tune-lr: first the LR selection, 60 runs (5 LRs x 12 configs x 1
     selection seed: 1336; to do: 60, est. 9.0min), up to 24 more past an edge (est. 3.6min); then the study at the
-    frozen LRs, 36 runs (the table), and beside it up to 36 at the shared LR (est. 5.4min)'."""
+    frozen LRs, 36 runs (the table), and beside it up to 36 at the shared LR (est. 5.4min)'; with shared off,
+    '..., and no run at the shared LR 0.001 beside it (the shared-LR comparison is off)'."""
     from anatomy_cli.study import ablation
     from anatomy_cli.study.tuned import arms
 
@@ -205,9 +210,11 @@ def tune_line(study) -> str:
              f", up to {cost.extensions[0]} more past an edge (est. {fmt_seconds(cost.extensions[1])})")
     at = "at the frozen LRs" if cost.chosen else "at the LRs chosen"
     shared = (f"{cost.shared[0]}" if cost.chosen else f"up to {cost.shared[0]}")
+    beside = (f"beside it {shared} at the shared LR {g.center:g} where a config's LR moved (est. "
+              f"{'' if cost.chosen else 'at most '}{fmt_seconds(cost.shared[1])})" if study.tune.shared else
+              f"no run at the shared LR {g.center:g} beside it (the shared-LR comparison is off)")
     return (f"{head}{extra}; then the study {at}, {cost.study[0]} runs (to do: {cost.study[1]}, est. "
-            f"{fmt_seconds(cost.study[2])}), and beside it {shared} at the shared LR {g.center:g} where a config's LR "
-            f"moved (est. {'' if cost.chosen else 'at most '}{fmt_seconds(cost.shared[1])})")
+            f"{fmt_seconds(cost.study[2])}), and {beside}")
 
 
 def scope_note(sweep_dir: Path, planned: int, others: int) -> str:

@@ -6,10 +6,15 @@ again from the runs at the shared LR (train.lr, the grid's center) on the same s
 their own at the study's alpha and margin, and each component gets both: the tuned gain (the call),
 the shared-LR gain beside it, and the flag LR-confounded where the two calls differ (the shared LR
 made or hid the call). A config not tuned (its best at the grid's edge) has no tuned runs: its
-effects get no tuned call ("not tuned") and keep the shared-LR one.
+effects get no tuned call ("not tuned") and keep the shared-LR one. A study planned without the
+shared-LR runs ([tune] shared = false) has no comparison: every effect is listed with its tuned call,
+the shared columns empty and nothing flagged. Which configs each effect compares is read from the
+study's runs and the selection runs (every config trains the grid), so the figure and the table name
+them either way.
 
   Tuned          what the report shows of a tuned study: the record, the comparison, each config's arm
   tuned_frames   the Tuned of a report's runs (None for a study that was not tuned)
+  pairings       each effect's two configs, from the study's and the selection runs
   comparison     tuned and shared-LR effects side by side, with the flag
   blocks         the report's section (page.py blocks); HELD: what the grid holds, AdamW's decay
   lines          the terminal's lines
@@ -18,6 +23,7 @@ effects get no tuned call ("not tuned") and keep the shared-LR one.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,12 +33,13 @@ import pandas as pd
 from anatomy_cli.report import decide as decide_mod
 from anatomy_cli.report import stats
 from anatomy_cli.report import tuning as tuning_mod
-from anatomy_cli.report.effects import component_effects, groups
+from anatomy_cli.report.effects import _pairings, component_effects, groups
 from anatomy_cli.report.frames import LOSS_METRIC, load_runs, records
-from anatomy_cli.spec.roles import END_OF, VERB, variant
+from anatomy_cli.spec.roles import VERB, variant
 
 NOT_TUNED = "not tuned"  # the tuned call of an effect whose end or variant was not tuned
 CONFOUNDED = "LR-confounded"
+OFF = "the shared-LR comparison was not trained ([tune] shared = false)"  # nor anything flagged LR-confounded
 COMPARISON_COLUMNS = ["flip", "direction", "against", "group", "n_pairs", "gain", "adj_low", "adj_high", "call",
                       "shared_n_pairs", "shared_gain", "shared_low", "shared_high", "shared_call", "confounded",
                       "end_arm", "variant_arm", "end_lr", "variant_lr"]
@@ -58,24 +65,37 @@ def tuned_frames(runs: pd.DataFrame, effects: pd.DataFrame) -> Tuned | None:
     if len(tuned) != 1:
         return None
     folder, record = tuned[0], tuning_mod.read_record(tuned[0])
-    shared = tuning_mod.shared_runs(load_runs(folder)[0], folder, record)
-    return Tuned(folder, record, comparison(shared, effects[effects["metric"] == LOSS_METRIC], folder, record),
-                 panels(shared))
+    here = load_runs(folder)[0]
+    shared = tuning_mod.shared_runs(here, folder, record) if record.shared else here.iloc[0:0]
+    pairs = pairings(pd.concat([runs, _as_tuned(tuning_mod.selection_runs(here, folder, record))]))
+    return Tuned(folder, record, comparison(shared, effects[effects["metric"] == LOSS_METRIC], folder, record,
+                                            pairs), panels(pairs))
 
 
-def _arms_of(shared: pd.DataFrame) -> dict[tuple[str, str], str]:
-    """{(group, role): arm name} of the shared-LR runs."""
+def _as_tuned(selection: pd.DataFrame) -> pd.DataFrame:
+    """Selection runs with settings' train.lr = TUNED, as the study's runs have it (one group across LRs)."""
+    return selection.assign(settings=selection["settings"].map(
+        lambda s: json.dumps({**json.loads(s), "train.lr": tuning_mod.TUNED}, sort_keys=True, default=str)))
+
+
+def pairings(runs: pd.DataFrame) -> dict[tuple[str, str, str], tuple[str, str | None, str | None]]:
+    """{(flip, direction, group): (against, end arm, variant arm)} of every effect the runs can measure (the
+    study's runs and the selection runs: a config not tuned has only the latter), groups named as the
+    verdict's."""
     out = {}
-    for group, members in groups(shared[shared["role"] != ""]):
-        for r in members.itertuples():
-            out.setdefault((group, r.role), tuning_mod.slug_of(Path(r.path).name))
+    for group, members in groups(runs[runs["role"] != ""]):
+        for flip, direction, against, ref, var in _pairings(members):
+            out.setdefault((flip, direction, group), (against, *(tuning_mod.slug_of(Path(x["path"].iloc[0]).name)
+                                                                 for x in (ref, var))))
     return out
 
 
-def comparison(shared: pd.DataFrame, loss: pd.DataFrame, folder: Path, record: tuning_mod.TuneRecord) -> pd.DataFrame:
+def comparison(shared: pd.DataFrame, loss: pd.DataFrame, folder: Path, record: tuning_mod.TuneRecord,
+               pairs: dict) -> pd.DataFrame:
     """Each loss effect of the tuned study (`loss`) and of the shared-LR runs, judged as its own family at the
     study's alpha and margin, side by side (COMPARISON_COLUMNS); `confounded` where both have a call and they
-    differ; an effect only the shared LR has gets the tuned call NOT_TUNED."""
+    differ; an effect only the shared LR has, or an effect of `pairs` (pairings': its configs) with a config
+    not tuned, gets the tuned call NOT_TUNED (with no shared-LR runs, its shared call is stats.NONE)."""
     decided = decide_mod.read_record(folder)
     alpha = decided.alpha if decided is not None else stats.ALPHA
     margin = float(loss["margin"].iloc[0]) if len(loss) else None
@@ -85,16 +105,17 @@ def comparison(shared: pd.DataFrame, loss: pd.DataFrame, folder: Path, record: t
     tuned = loss.set_index(keys)
     other = base.rename(columns={"n_pairs": "shared_n_pairs", "gain": "shared_gain", "adj_low": "shared_low",
                                  "adj_high": "shared_high", "call": "shared_call"}).set_index(keys)
-    index = list(dict.fromkeys([*tuned.index, *other.index]))
-    arms, chosen = _arms_of(shared), record.chosen
+    chosen, not_tuned = record.chosen, {a.arm for a in record.arms if not a.tuned}
+    untuned = [k for k, (_, end, var) in pairs.items() if {end, var} & not_tuned]
+    index = list(dict.fromkeys([*tuned.index, *other.index, *untuned]))
     rows = []
     for key in index:
         flip, direction, group = key
         t = tuned.loc[key] if key in tuned.index else None
         s = other.loc[key] if key in other.index else None
-        end, var = arms.get((group, END_OF[direction])), arms.get((group, variant(flip, direction)))
+        against, end, var = pairs.get(key, (None, None, None))
         row = {"flip": flip, "direction": direction, "group": group,
-               "against": (t if t is not None else s)["against"],
+               "against": next((x["against"] for x in (t, s) if x is not None), against),
                "n_pairs": t["n_pairs"] if t is not None else 0,
                "gain": t["gain"] if t is not None else math.nan,
                "adj_low": t["adj_low"] if t is not None else math.nan,
@@ -109,17 +130,12 @@ def comparison(shared: pd.DataFrame, loss: pd.DataFrame, folder: Path, record: t
     return pd.DataFrame(rows, columns=COMPARISON_COLUMNS)
 
 
-def panels(shared: pd.DataFrame) -> list[dict]:
-    """One sensitivity panel per component and direction (and group): its end's arm and its variant's."""
-    arms, out = _arms_of(shared), []
-    for (group, role), name in arms.items():
-        if role.startswith(("+", "-")):
-            direction = next(d for d in END_OF if variant(role[1:], d) == role)
-            end = arms.get((group, END_OF[direction]))
-            if end is not None:
-                out.append({"flip": role[1:], "direction": direction, "end": end, "variant": name,
-                            "title": f"{role} vs {end}" + (f" [{group}]" if group else "")})
-    return out
+def panels(pairs: dict) -> list[dict]:
+    """One sensitivity panel per component and direction (and group) of `pairs` (pairings'): its end's arm and
+    its variant's."""
+    return [{"flip": flip, "direction": direction, "end": end, "variant": var,
+             "title": f"{variant(flip, direction)} vs {end}" + (f" [{group}]" if group else "")}
+            for (flip, direction, group), (_, end, var) in pairs.items()]
 
 
 def _interval(lo: float, hi: float) -> str:
@@ -139,8 +155,9 @@ def table(t: Tuned) -> pd.DataFrame:
                      "shared-LR gain": _gain(r.shared_gain), "shared interval": _interval(r.shared_low, r.shared_high),
                      "shared call": r.shared_call, "flag": CONFOUNDED if r.confounded else "",
                      "LRs (end, variant)": f"{tuning_mod.lr_text(r.end_lr)}, {tuning_mod.lr_text(r.variant_lr)}"})
-    return pd.DataFrame(rows, columns=["component", "change", "tuned gain", "interval", "call", "shared-LR gain",
-                                       "shared interval", "shared call", "flag", "LRs (end, variant)"])
+    out = pd.DataFrame(rows, columns=["component", "change", "tuned gain", "interval", "call", "shared-LR gain",
+                                      "shared interval", "shared call", "flag", "LRs (end, variant)"])
+    return out if t.record.shared else out.drop(columns=["shared-LR gain", "shared interval", "shared call", "flag"])
 
 
 def arms_table(t: Tuned) -> pd.DataFrame:
@@ -159,9 +176,11 @@ def intro(t: Tuned) -> str:
             f"config at its own LR on the study's seeds, each interval widened by its two configs' regret bounds (how "
             f"much worse a frozen LR may be than its config's best, from the selection curve and the effect's own "
             f"noise: the LR selection's own error), so a call is meant of each config at its best LR. Rule: "
-            f"{t.record.rule}. Beside it, the same effects at the "
+            f"{t.record.rule}. " + (f"Beside it, the same effects at the "
             f"shared LR {g.center:g} on the same seeds, judged as a family of their own at the study's alpha and "
-            f"margin; **{CONFOUNDED}** where the two calls differ.")
+            f"margin; **{CONFOUNDED}** where the two calls differ." if t.record.shared else
+            f"{OFF[0].upper()}{OFF[1:]}: no study seed trained at the shared LR {g.center:g}, so no call is "
+            f"checked against it and none is flagged {CONFOUNDED}."))
 
 
 def notes(t: Tuned) -> list[str]:
@@ -172,7 +191,8 @@ def notes(t: Tuned) -> list[str]:
                    f"{r.shared_call} at the shared LR")
     for a in t.record.arms:
         if not a.tuned:
-            out.append(f"**{a.arm}** {a.reason}: its effects get no tuned call, only the shared-LR one")
+            out.append(f"**{a.arm}** {a.reason}: its effects get no tuned call, " + (
+                "only the shared-LR one" if t.record.shared else "and no shared-LR one ([tune] shared = false)"))
     out.append("Sensitivity (Wortsman et al. 2023): the mean over the grid's points of min(loss, initial loss "
                f"{t.record.initial_loss:.3f}) minus the best, in nats/char: how much a config loses, on average, at "
                "an LR off its best (larger = a sharper LR curve).")
@@ -189,13 +209,15 @@ def blocks(t: Tuned, image: Path | None) -> list:
 
 
 def lines(t: Tuned) -> list[str]:
-    """The terminal's: the LRs chosen and each flagged effect."""
+    """The terminal's: the LRs chosen and each flagged effect (or that none could be: shared off)."""
     chosen = ", ".join(f"{a.arm} {tuning_mod.lr_text(a.lr)}" for a in t.record.arms)
     out = [f"--tune-lr: LRs chosen on selection seeds {', '.join(map(str, t.record.seeds))}: {chosen}"]
     flagged = t.comparison[t.comparison["confounded"]]
     out += [f"{CONFOUNDED}: {r.flip} {VERB[r.direction]}: {r.call} at its own LRs, {r.shared_call} at the shared LR "
             f"(gain {_gain(r.gain)} vs {_gain(r.shared_gain)})" for r in flagged.itertuples()]
-    if flagged.empty:
+    if not t.record.shared:
+        out.append(f"{OFF}: no call is checked for LR confounding")
+    elif flagged.empty:
         out.append("no call differs at the shared LR (no effect is LR-confounded)")
     return out
 

@@ -95,7 +95,8 @@ class TuneArm(runs_mod.FileModel):
 class TuneRecord(runs_mod.FileModel):
     """tune.json: the grid and selection seeds the study was planned with (written before the first
     selection run trains, so a rerun with another grid is refused), the rule in words, the initial loss
-    a diverged run counts at, what turned tuning on, and each config's choice (filled in once its grid
+    a diverged run counts at, what turned tuning on, whether the study's seeds also train at the shared LR
+    (shared; absent in files written before it: true), and each config's choice (filled in once its grid
     is trained: from then on frozen)."""
 
     grid: TuneGrid
@@ -104,6 +105,7 @@ class TuneRecord(runs_mod.FileModel):
     initial_loss: Annotated[float, Field(gt=0)]
     by: Literal["flag", "spec"] | None = None
     seeds_given: Annotated[int, Field(ge=1)] | list[int] | None = None  # as asked: a count, or a list
+    shared: bool = True  # the shared-LR runs beside the study where an LR moved ([tune] shared)
     arms: list[TuneArm] = []
 
     @model_validator(mode="after")
@@ -134,7 +136,8 @@ def write_record(root: Path, record: TuneRecord) -> None:
 
 def rerun_flags(root: Path) -> list[str]:
     """The ablate options that go on with a tuned study at root: --tune-lr where the flag turned it on, and
-    each grid option the study was planned with other than its default (none for a study not tuned)."""
+    each grid option the study was planned with other than its default, and --no-tune-shared where it was
+    planned without the shared-LR runs (none for a study not tuned)."""
     from anatomy_cli.spec.config import TuneSpec
 
     record = read_record(root)
@@ -149,7 +152,7 @@ def rerun_flags(root: Path) -> list[str]:
     if given is not None and given != default.seeds:
         out += ["--tune-seeds", str(given) if isinstance(given, int) else ",".join(map(str, given))
                 + ("," if len(given) == 1 else "")]
-    return out
+    return out + ([] if record.shared else ["--no-tune-shared"])
 
 
 def slug_of(run_id: str) -> str | None:

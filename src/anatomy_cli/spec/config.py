@@ -766,13 +766,17 @@ class TuneSpec(_Frozen):
     more past an edge its best lands on), on selection seeds of its own; its LR is frozen at the grid's
     best, and the study's seeds then train each config at its own. seeds: a count (the seeds just below
     base.seed: base.seed - 1, base.seed - 2, ..., which no count of study seeds ever reaches) or a list.
-    The ablate options --tune-points, --tune-factor, --tune-extend and --tune-seeds override these."""
+    shared: also train the study's seeds at the shared LR (base.train.lr) where a config's LR moved, for
+    the report's shared-LR comparison (false: only the selection and the study train, and no call is
+    checked for LR confounding). The ablate options --tune-points, --tune-factor, --tune-extend,
+    --tune-seeds and --tune-shared/--no-tune-shared override these."""
 
     points: int = Field(default=5, ge=1, le=31)  # odd and at least 3: study/tuning.py's Grid says why
     factor: float = Field(default=2.0, gt=0)  # above 1: Grid refuses the rest in one line
     extend: int = Field(default=2, ge=0, le=16)
     seeds: Annotated[list[Seed], Field(min_length=1, max_length=MAX_SEEDS)] | Annotated[
         int, Field(ge=1, le=MAX_SEEDS)] = 1
+    shared: bool = True  # strict, as every spec field: `shared = 0` or "no" is refused in one line
 
 
 COMPONENT_NAME = r"^[a-z][a-z0-9_]{0,31}$"

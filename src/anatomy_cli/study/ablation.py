@@ -55,6 +55,7 @@ class Ask:
     tune_factor: float | None = None
     tune_extend: int | None = None
     tune_seeds: str | None = None  # a count or a comma-separated list, as typed
+    tune_shared: bool | None = None  # --tune-shared / --no-tune-shared
 
     def plan_at(self, seeds: int | None = None) -> tuple[AblationSpec, list]:
         """The spec and plan these flags give (at `seeds` seeds instead of --seeds: a later look)."""
@@ -161,7 +162,7 @@ def round_seconds(study: Study, todo: list) -> float:
 class TuneCost:
     """What --tune-lr adds, priced apart (runs, estimated seconds on the study's workers): the selection grid
     still to train, the extensions at most, the study at the frozen LRs and the shared-LR runs beside it (at
-    most, before the LRs are chosen: every config's LR may move)."""
+    most, before the LRs are chosen: every config's LR may move; none with shared off)."""
 
     grid: tuple[int, int, float]  # (runs, to do, seconds)
     extensions: tuple[int, float]  # at most
@@ -180,11 +181,11 @@ def tune_cost(study: Study) -> TuneCost:
     if record is not None and all(record.arm(a) is not None for a in tuned_mod.arms(study.plan)):
         extra = sum(a.extended for a in record.arms) * len(tune.grid.seeds)
         plan = tuned_mod.tuned_plan(study.plan, record)
-        shared = tuned_mod.shared_of(plan, tune.grid.center) + tuned_mod.untuned_runs(study.plan, record)
+        shared = tuned_mod.shared_of(plan, record) + tuned_mod.untuned_runs(study.plan, record)
         chosen = True
     else:
         extra = len(tuned_mod.arms(study.plan)) * tune.grid.extend * len(tune.grid.seeds)
-        plan, shared, chosen = study.plan, study.plan, False
+        plan, shared, chosen = study.plan, study.plan if tune.shared else [], False
     todo = plan_mod.pending_runs(grid, study.sweep_dir)
     study_todo = plan_mod.pending_runs(plan, study.sweep_dir)
     one_lr = [p for p in grid if p.config.train.lr == tune.grid.center]  # an extension step: one LR per arm
@@ -259,7 +260,8 @@ def initial_loss(study: Study) -> float:
 
 def _run_tuned(study: Study, train, say, clock, started: float, before) -> StudyDone:
     """--tune-lr: the selection (tuned.select), then the study's seeds at the frozen LRs, in --decide's rounds or
-    at once; beside each round, its runs at the shared LR where the LR moved (and the untuned arms' runs)."""
+    at once; beside each round, its runs at the shared LR where the LR moved (and the untuned arms' runs), unless
+    the study was planned without them (shared off: shared_of and untuned_runs are empty)."""
     from anatomy_cli.report.frames import load_runs
     from anatomy_cli.report.tuning import study_runs
 
@@ -269,12 +271,12 @@ def _run_tuned(study: Study, train, say, clock, started: float, before) -> Study
     except tuning.Unfinished as err:
         say(f"--tune-lr: {err}")
         return StudyDone(list(statuses.values()), clock() - started)
-    center, alone = study.tune.grid.center, tuned_mod.untuned_runs(study.plan, record)
+    alone = tuned_mod.untuned_runs(study.plan, record)
 
     def beside(todo: list) -> list:
         nonlocal alone
-        extra, alone = tuned_mod.shared_of(todo, center) + alone, []  # the untuned arms' runs: with the first round
-        got = train(todo + extra)
+        extra, alone = tuned_mod.shared_of(todo, record) + alone, []  # the untuned arms' runs: with the first round
+        got = train(todo + extra) if todo or extra else []  # shared off, no arm tuned: nothing to train
         statuses.update(zip((p.run_id for p in todo + extra), got))
         return got[:len(todo)]
 
@@ -286,6 +288,6 @@ def _run_tuned(study: Study, train, say, clock, started: float, before) -> Study
                       lambda: study_runs(*load_runs(study.sweep_dir), study.sweep_dir)[0],
                       lambda n: tuned_mod.tuned_plan(study.ask.plan_at(n)[1], record),
                       pending=lambda todo: plan_mod.pending_runs(todo, study.sweep_dir),
-                      cost=lambda todo: round_seconds(study, todo + tuned_mod.shared_of(todo, center)),
+                      cost=lambda todo: round_seconds(study, todo + tuned_mod.shared_of(todo, record)),
                       save=lambda r: decide.write_record(study.sweep_dir, r), say=say, clock=clock, before=before)
     return StudyDone(list(statuses.values()), clock() - started, done, tune=record)

@@ -5,24 +5,25 @@ no study seed ever equals, and study/tuning.py's run_selection chooses each arm'
 the choices are frozen in tune.json (report/tuning.py). Phase 2 trains the study's seeds, each arm at
 its frozen LR, and the verdict (with --decide, its rounds) is made from those runs as from any study.
 Beside them the same seeds train at the shared LR where an arm's LR moved, so the report can show
-what the shared LR would have called (a config whose LR did not move is the same run either way).
+what the shared LR would have called (a config whose LR did not move is the same run either way);
+[tune] shared = false (--no-tune-shared) trains no such run: the study alone, and no comparison.
 
 Every selection and shared-LR run is an ordinary run of the sweep folder (its id the hash of its
 config, its LR and seed included), trained by the study's own trainer: workers, stacking, the sweep
 lock, Dask, resuming after a kill. The selection runs live in the sweep folder itself (a sweep inside
 a sweep is refused: its report would count the outer one's runs), told apart by their seeds. A rerun
-reads tune.json and never re-picks: a tuned arm keeps its LR; a rerun with another grid or other
-selection seeds is refused.
+reads tune.json and never re-picks: a tuned arm keeps its LR; a rerun with another grid, other
+selection seeds or the shared-LR comparison turned the other way is refused.
 
   TunePlan       the grid a study tunes with, resolved once (flag over spec) and what turned it on
   tune_plan      --tune-lr's options and the spec's [tune] table -> a TunePlan, or a one-line refusal
-  check_record   the folder's tune.json against the plan: another grid, seeds or config refused
+  check_record   the folder's tune.json against the plan: another grid, seeds, shared or config refused
   at_lr          a planned run at another LR (and seed)
   selection_run  the run of one selection Job
   select         phase 1 over a trainer: the grid trained, each arm's choice, tune.json written
   tuned_plan     phase 2's runs: each tuned arm at its frozen LR (an untuned arm has none)
-  shared_of      the shared-LR runs beside tuned runs, where the LR moved
-  untuned_runs   the shared-LR runs of the arms not tuned (they have no tuned runs)
+  shared_of      the shared-LR runs beside tuned runs, where the LR moved (none with shared off)
+  untuned_runs   the shared-LR runs of the arms not tuned (they have no tuned runs; none with shared off)
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class TunePlan:
     grid: tuning.Grid
     by: str  # "flag" (--tune-lr) or "spec" (the spec's [tune] table), recorded in tune.json
     seeds_given: int | list[int] = 1  # the selection seeds as asked: a count, or a list
+    shared: bool = True  # the shared-LR runs beside the study where an LR moved ([tune] shared)
 
     def record(self, initial_loss: float) -> record_mod.TuneRecord:
         """tune.json's plan, before any arm is chosen."""
@@ -55,7 +57,7 @@ class TunePlan:
         return record_mod.TuneRecord(grid=record_mod.TuneGrid(center=g.center, points=g.points, factor=g.factor,
                                                               extend=g.extend),
                                      seeds=list(g.seeds), rule=RULE, initial_loss=initial_loss, by=self.by,
-                                     seeds_given=self.seeds_given)
+                                     seeds_given=self.seeds_given, shared=self.shared)
 
     def all_lrs(self) -> list[float]:
         """Every LR the grid can train, its extensions on both sides included."""
@@ -92,11 +94,11 @@ def tune_plan(ask, spec, plan, rounds) -> TunePlan | None:
     configs at more than one train.lr, and selection seeds that are study seeds, now or at any look of
     --decide (`rounds`)."""
     options = {"--tune-points": ask.tune_points, "--tune-factor": ask.tune_factor,
-               "--tune-extend": ask.tune_extend, "--tune-seeds": ask.tune_seeds}
+               "--tune-extend": ask.tune_extend, "--tune-seeds": ask.tune_seeds, "--tune-shared": ask.tune_shared}
     if ask.tune_lr and ask.time_pass:
         raise ConfigError("--tune-lr trains; --time times: run them one after the other")
     if not (ask.tune_lr or spec.tune is not None) or ask.time_pass:
-        given = [name for name, v in options.items() if v is not None]
+        given = [name if v is not False else "--no-tune-shared" for name, v in options.items() if v is not None]
         if given and not ask.time_pass:
             raise ConfigError(f"{', '.join(given)} plan{'s' * (len(given) == 1)} the LR grid of --tune-lr: add "
                               f"--tune-lr")
@@ -114,7 +116,7 @@ def tune_plan(ask, spec, plan, rounds) -> TunePlan | None:
                            extend=pick["--tune-extend"], seeds=seeds)
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    tuned = TunePlan(grid, "flag" if ask.tune_lr or spec.tune is None else "spec", given)
+    tuned = TunePlan(grid, "flag" if ask.tune_lr or spec.tune is None else "spec", given, pick["--tune-shared"])
     for k in range(-grid.half - grid.extend, grid.half + grid.extend + 1):
         try:
             lr = grid.lr(k)
@@ -176,7 +178,8 @@ def check_record(tune: TunePlan | None, plan, sweep_dir: Path, time_pass: bool =
     """The folder's tune.json, if any. Refused: a tuned folder trained without --tune-lr (its verdict is the
     tuned runs'), a new grid or other selection seeds (an LR re-picked after the study's seeds trained at it
     would not have been chosen on other seeds), an arm whose config changed since its LR was chosen, and
-    --tune-lr on a folder decided in rounds without it (`decided`: decide.json is there, tune.json is not)."""
+    --tune-lr on a folder decided in rounds without it (`decided`: decide.json is there, tune.json is not), and
+    the shared-LR comparison turned the other way (its runs would be there for some rounds and not others)."""
     record = record_mod.read_record(sweep_dir)
     if record is None:
         if tune is not None and decided:
@@ -196,6 +199,10 @@ def check_record(tune: TunePlan | None, plan, sweep_dir: Path, time_pass: bool =
                           f"{r.center:g} (up to {r.extend} more) on selection seeds {seeds}: rerun with the same "
                           f"train.lr, --tune-points, --tune-factor, --tune-extend and --tune-seeds, or use another "
                           f"--runs-dir (an LR is never re-picked after the study's seeds trained at it)")
+    if tune.shared != record.shared:
+        was, flag = ("with", "--tune-shared") if record.shared else ("without", "--no-tune-shared")
+        raise ConfigError(f"{sweep_dir} was tuned {was} the shared-LR runs beside the study ([tune] shared = "
+                          f"{str(record.shared).lower()}): rerun with {flag}, or use another --runs-dir")
     for name, p in arms(plan).items():
         arm = record.arm(name)
         if arm is not None and arm.config != config_key(p):
@@ -259,13 +266,15 @@ def tuned_plan(plan, record: record_mod.TuneRecord) -> list:
             if chosen.get(p.slug) is not None]
 
 
-def shared_of(todo, center: float) -> list:
-    """The shared-LR runs beside tuned runs: each run of `todo` whose LR moved, at `center` (the shared LR; a run
-    that did not move is its own)."""
-    return [at_lr(p, center) for p in todo if p.config.train.lr != center]
+def shared_of(todo, record: record_mod.TuneRecord) -> list:
+    """The shared-LR runs beside tuned runs: each run of `todo` whose LR moved, at the grid's center (the shared
+    LR; a run that did not move is its own); none where the study was planned without them (shared off)."""
+    center = record.grid.center
+    return [at_lr(p, center) for p in todo if p.config.train.lr != center] if record.shared else []
 
 
 def untuned_runs(plan, record: record_mod.TuneRecord) -> list:
-    """The runs of `plan` whose arm was not tuned, as planned (at the shared LR): shared-LR runs only."""
+    """The runs of `plan` whose arm was not tuned, as planned (at the shared LR): shared-LR runs only, so none
+    with shared off (such an arm then trains nothing past its selection)."""
     chosen = record.chosen
-    return [p for p in plan if p.slug in chosen and chosen[p.slug] is None]
+    return [p for p in plan if p.slug in chosen and chosen[p.slug] is None] if record.shared else []
