@@ -149,16 +149,13 @@ def _group_effects(members: pd.DataFrame, group: str, metric: str) -> list[dict]
     for flip, direction, against, ref, var in _pairings(members):
         row = _paired(ref, var, metric, direction)
         if row and tuned is not None:
-            row |= tuning_mod.allowance(tuned, _slug(ref), _slug(var), direction == ADD_ONE, row["sd"])
+            row |= tuning_mod.allowance(tuned, tuning_mod.arm_of(ref), tuning_mod.arm_of(var), direction == ADD_ONE,
+                                        row["sd"])
             if math.isfinite(row["allow_low"]) and math.isfinite(row["allow_high"]):
                 row["note"] = "; ".join(filter(None, [row["note"], allowance_note(row)]))
         if row:
             rows.append({"flip": flip, "direction": direction, "against": against, "group": group, **row})
     return rows
-
-
-def _slug(runs: pd.DataFrame) -> str | None:
-    return tuning_mod.slug_of(Path(runs["path"].iloc[0]).name) if len(runs) else None
 
 
 def allowance_note(row: dict) -> str:

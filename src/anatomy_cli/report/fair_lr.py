@@ -85,8 +85,7 @@ def pairings(runs: pd.DataFrame) -> dict[tuple[str, str, str], tuple[str, str | 
     out = {}
     for group, members in groups(runs[runs["role"] != ""]):
         for flip, direction, against, ref, var in _pairings(members):
-            out.setdefault((flip, direction, group), (against, *(tuning_mod.slug_of(Path(x["path"].iloc[0]).name)
-                                                                 for x in (ref, var))))
+            out.setdefault((flip, direction, group), (against, tuning_mod.arm_of(ref), tuning_mod.arm_of(var)))
     return out
 
 

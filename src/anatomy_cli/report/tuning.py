@@ -13,6 +13,7 @@ train.lr = "tuned" and they pair as one group.
   read_record / write_record   the file, checked whole / atomically
   rerun_flags    the ablate options that go on with the study (advice commands say them)
   slug_of        a run's config name (its slug) from its run id
+  arm_of         the config name of a frame of one config's runs
   study_runs     a tuned folder's frames narrowed to the study's runs at the frozen LRs (report_frames)
   shared_runs    its runs at the shared LR on the study's seeds (the shared-LR comparison)
   selection_runs its selection runs
@@ -159,6 +160,11 @@ def slug_of(run_id: str) -> str | None:
     """'2017+rope' of '2017+rope-s1337-0a1b2c3d' (runs.run_id's form); None for a name of another form."""
     m = RUN_ID.match(Path(run_id).name)
     return m.group("slug") if m else None
+
+
+def arm_of(runs: pd.DataFrame) -> str | None:
+    """The config name (slug) of a frame of one config's runs (an effect's end or variant side); None if empty."""
+    return slug_of(Path(runs["path"].iloc[0]).name) if len(runs) else None
 
 
 def _lr(settings: str) -> float | None:
