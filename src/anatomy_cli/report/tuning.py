@@ -218,7 +218,7 @@ def selection_runs(runs: pd.DataFrame, folder: Path, record: TuneRecord) -> pd.D
 
 
 def lr_text(lr: float | None) -> str:
-    """'3e-03', or 'not tuned'."""
+    """The LR to 3 significant digits as %g writes it ('0.003', '0.00025', '4e-05'), or 'not tuned'."""
     return "not tuned" if lr is None or not math.isfinite(lr) else f"{lr:.3g}"
 
 
