@@ -148,6 +148,31 @@ def test_the_selection_chooses_each_lr_then_the_study_trains_at_it_with_the_shar
     assert ablation.run_study(study, FakeTrainer(study.sweep_dir)).tune == record  # a rerun trains nothing new
 
 
+def test_the_second_phase_is_priced_once_the_lrs_are_frozen_before_it_trains(tmp_path):
+    study, events = tuned_study(tmp_path), []
+    trainer = FakeTrainer(study.sweep_dir)
+
+    def train(todo):
+        events.append(("train", {p.config.seed for p in todo}))
+        return trainer(todo)
+
+    ablation.run_study(study, train, lambda line: events.append(("say", line)), price=lambda todo: 60.0 * len(todo))
+    said = [i for i, (kind, line) in enumerate(events) if kind == "say" and "the study at the frozen LRs" in line]
+    assert len(said) == 1
+    line = events[said[0]][1]
+    # 2 configs x 3 seeds at their LRs, 2017's moved: its 3 seeds at the shared LR beside them; priced by `price`
+    assert line == "--tune-lr: the study at the frozen LRs, 6 runs, and 3 at the shared LR 0.003 beside them (to do: 9, est. 9.0min)"
+    trains = [i for i, (kind, _) in enumerate(events) if kind == "train"]
+    assert all(events[i][1] == {1336} for i in trains if i < said[0])  # after the selection's runs ...
+    assert all(events[i][1] & {1337, 1338, 1339} for i in trains if i > said[0])  # ... before the study's
+    again = []  # a rerun: nothing left to train, priced at 0; without `price` nothing is priced
+    ablation.run_study(study, FakeTrainer(study.sweep_dir), again.append, price=lambda todo: 60.0 * len(todo))
+    assert [x for x in again if "frozen LRs" in x] == [line.replace("to do: 9, est. 9.0min", "to do: 0, est. 0s")]
+    quiet = []
+    ablation.run_study(study, FakeTrainer(study.sweep_dir), quiet.append)
+    assert not [x for x in quiet if "frozen LRs" in x]
+
+
 def test_an_interrupted_selection_resumes_to_the_same_lrs(tmp_path):
     study = tuned_study(tmp_path)
     with pytest.raises(KeyboardInterrupt):

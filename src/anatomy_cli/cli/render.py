@@ -14,10 +14,7 @@ from anatomy_cli.cli.app import (
 from anatomy_cli.spec import components
 from anatomy_cli.spec.components import label
 from anatomy_cli.store import runs
-
-
-def fmt_seconds(s: float) -> str:
-    return f"{s:.0f}s" if s < 90 else f"{s / 60:.1f}min"
+from anatomy_cli.sweep.calibrate import fmt_seconds
 
 
 def plan_line(plan, sweep_dir: Path, workers: int, estimate: tuple[dict, float]) -> str:

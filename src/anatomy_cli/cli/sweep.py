@@ -148,7 +148,8 @@ def ablate(
         share_compile_cache(study.sweep_dir, study.workers)
     on_interrupt(lambda: "rerun the same command to resume")  # a second signal, wherever it lands
     done = ablation.run_study(study, functools.partial(_train, study, estimate),
-                              lambda line: err_console.print(line, highlight=False, soft_wrap=True))
+                              lambda line: err_console.print(line, highlight=False, soft_wrap=True),
+                              price=lambda todo: ablation.round_seconds(study, todo))
     err_console.print(closing_line(done, study.sweep_dir), highlight=False, soft_wrap=True)
     if study.tune is not None and not any(a.tuned for a in getattr(done.tune, "arms", [])):
         no_report = True  # nothing at a chosen LR to judge yet (the selection stopped), or no config tuned

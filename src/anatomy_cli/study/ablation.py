@@ -233,15 +233,17 @@ class StudyDone:
 
 
 def run_study(study: Study, train: Callable[[list], list], say: Callable[[str], None] = lambda line: None,
-              clock: Callable[[], float] = time.monotonic) -> StudyDone:
+              clock: Callable[[], float] = time.monotonic, price: Callable[[list], float] | None = None
+              ) -> StudyDone:
     """Train the study's plan through `train` (todo -> statuses): at once, or in --decide's rounds
-    (run_rounds over the sweep folder); `say` tells the rounds' progress."""
+    (run_rounds over the sweep folder); `say` tells the rounds' progress; `price` (runs -> estimated
+    seconds, e.g. round_seconds), where given, prices a tuned study's second phase once its LRs are frozen."""
     from anatomy_cli.report.frames import load_runs
 
     started = clock()
     before = check_record(study)  # again: the folder may have changed since the plan was shown
     if study.tune is not None:
-        return _run_tuned(study, train, say, clock, started, before)
+        return _run_tuned(study, train, say, clock, started, before, price)
     if study.rounds is None:
         return StudyDone(train(study.plan), clock() - started)
     done = run_rounds(study.plan, study.rounds, train, lambda: load_runs(study.sweep_dir)[0],
@@ -258,7 +260,19 @@ def initial_loss(study: Study) -> float:
     return math.log(max(study.vocab.values(), default=2))
 
 
-def _run_tuned(study: Study, train, say, clock, started: float, before) -> StudyDone:
+def study_line(study: Study, first: list, shared: list, center: float, price: Callable[[list], float]) -> str:
+    """Phase 2 priced once the LRs are frozen, before it trains: '--tune-lr: the study at the frozen LRs, 36 runs,
+    and 33 at the shared LR 0.001 beside them (to do: 69, est. 21.3min)'; with --decide, its first round's."""
+    from anatomy_cli.sweep.calibrate import fmt_seconds
+
+    todo = plan_mod.pending_runs(first + shared, study.sweep_dir)
+    beside = f", and {len(shared)} at the shared LR {center:g} beside them" if shared else ""
+    rounds = " (--decide's first round)" if study.rounds is not None else ""
+    return (f"--tune-lr: the study at the frozen LRs{rounds}, {len(first)} run{'s' * (len(first) != 1)}{beside} "
+            f"(to do: {len(todo)}, est. {fmt_seconds(price(todo))})")
+
+
+def _run_tuned(study: Study, train, say, clock, started: float, before, price=None) -> StudyDone:
     """--tune-lr: the selection (tuned.select), then the study's seeds at the frozen LRs, in --decide's rounds or
     at once; beside each round, its runs at the shared LR where the LR moved (and the untuned arms' runs), unless
     the study was planned without them (shared off: shared_of and untuned_runs are empty)."""
@@ -281,6 +295,8 @@ def _run_tuned(study: Study, train, say, clock, started: float, before) -> Study
         return got[:len(todo)]
 
     first = tuned_mod.tuned_plan(study.plan, record)
+    if price is not None:
+        say(study_line(study, first, tuned_mod.shared_of(first, record) + alone, record.grid.center, price))
     if study.rounds is None or not first:
         beside(first)
         return StudyDone(list(statuses.values()), clock() - started, tune=record)

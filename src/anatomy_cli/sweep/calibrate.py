@@ -105,6 +105,11 @@ def plan_seconds(runs: list[float], workers: int, startup_s: float) -> float:
     return max(loads) + startup_s
 
 
+def fmt_seconds(s: float) -> str:
+    """An estimate or a wall time as a plan line says it: '38s' under 90 s, else '11.1min'."""
+    return f"{s:.0f}s" if s < 90 else f"{s / 60:.1f}min"
+
+
 def read_cache(path: Path | None = None) -> dict[str, dict]:
     """{shape key: calibration} of the cache's valid entries; {} for a missing, unreadable or invalid file."""
     try:
