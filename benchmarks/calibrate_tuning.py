@@ -206,8 +206,9 @@ def judged(study: np.ndarray, used: np.ndarray, records=None) -> tuple[np.ndarra
     (families, 6) exponents, NaN: the arm not tuned, its effects no call) through the real verdict:
     stats.paired on each effect's paired gains (the reference minus the variant, seed by seed; a diverged
     run at the initial loss), with `records` (each family's tune.json) report.tuning.allowance's widening
-    for the selection's error (the reference the end, each variant its add-one), then stats.judge over the
-    family's effects at alpha 0.05 and the margin."""
+    for the selection's error (the reference the end, each variant its add-one; each effect's sd floored at
+    the family's median, report.tuning.family_sd, as a report does), then stats.judge over the family's
+    effects at alpha 0.05 and the margin."""
     loss = np.where(np.isfinite(study), study, INITIAL)
     diffs = loss[:, :1] - loss[:, 1:]  # (families, 5, n): positive = the component helps
     ok = np.isfinite(used[:, :1]) & np.isfinite(used[:, 1:])
@@ -216,7 +217,9 @@ def judged(study: np.ndarray, used: np.ndarray, records=None) -> tuple[np.ndarra
         tested = np.flatnonzero(ok[f])
         rows = [stats.paired(diffs[f, i]) for i in tested]
         if records is not None:
-            rows = [r | record_mod.allowance(records[f], "0", str(1 + i), True, r["sd"]) for r, i in zip(rows, tested)]
+            floor = record_mod.family_sd(r["sd"] for r in rows)
+            rows = [r | record_mod.allowance(records[f], "0", str(1 + i), True, r["sd"], floor)
+                    for r, i in zip(rows, tested)]
         rows = stats.judge(rows, stats.DEFAULT_MARGIN, stats.ALPHA)
         calls[f, tested] = [r["call"] for r in rows]
     return calls, np.where(ok, diffs.mean(axis=2), np.nan)

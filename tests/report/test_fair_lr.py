@@ -109,6 +109,42 @@ def test_the_allowance_widens_below_by_the_config_without_the_component(tmp_path
     assert (removed["allow_low"], removed["allow_high"]) == (var, end)
 
 
+def test_an_effects_own_sd_is_floored_at_its_familys_median_in_the_allowance(tmp_path):
+    """At 3 seeds an effect's sd is often far below its truth, and its interval narrow exactly then: the
+    allowance takes the larger of its own sd and the median of the effects judged with it."""
+    record = record_mod.read_record(tuned_folder(tmp_path))
+    assert record_mod.family_sd([0.03, math.nan, 0.01, None, 0.02]) == 0.02
+    assert record_mod.family_sd([0.01, 0.04]) == pytest.approx(0.025) and math.isnan(record_mod.family_sd([]))
+    floored = record_mod.allowance(record, "2017", "2017+rope", True, 1e-4, floor=0.02)
+    assert floored == record_mod.allowance(record, "2017", "2017+rope", True, 0.02)
+    assert record_mod.allowance(record, "2017", "2017+rope", True, 0.03, floor=0.02) == \
+        record_mod.allowance(record, "2017", "2017+rope", True, 0.03)
+    assert record_mod.allowance(record, "2017", "2017+rope", True, math.nan, floor=0.02) == floored
+
+
+def test_a_tuned_report_floors_each_allowance_at_the_groups_median_sd(tmp_path):
+    spec = write_spec(tmp_path, top={"seeds": 5, "flips": ["rope", "swiglu", "gqa"], "directions": ["add-one"]})
+    study = ablation.size_study(plan_study(Ask(spec, runs_dir=tmp_path / "runs", tune_lr=True, stack="off",
+                                               tune_points=3, tune_extend=1)))
+    half = {"2017": 6e-3 * 2 ** 0.5, "2017+rope": 3e-3 * 2 ** 0.5, "2017+swiglu": 6e-3 * 2 ** 0.5,
+            "2017+gqa": 3e-3 * 2 ** 0.5}  # each best between two grid points: the runner-up part counts
+    ablation.run_study(study, fake_train(study.sweep_dir, half))
+    record = record_mod.read_record(study.sweep_dir)
+    _, _, effects = effects_mod.report_frames(study.sweep_dir)
+    rows = effects[effects["metric"] == "best_val_loss"]
+    floor = record_mod.family_sd(rows["sd"])
+    low, high = rows.loc[rows["sd"].idxmin()], rows.loc[rows["sd"].idxmax()]
+    assert low["sd"] < floor <= high["sd"]  # the family's smallest own sd, and one its floor leaves alone
+
+    def crit(row, sd, floor):  # the critical t the interval was built with, given the allowance
+        allowed = record_mod.allowance(record, "2017", f"2017+{row['flip']}", True, sd, floor)
+        return (row["gain"] - row["adj_low"] - allowed["allow_low"]) / row["se"]
+
+    t = crit(high, high["sd"], math.nan)  # every effect of the family is judged at one level, with one df
+    assert crit(low, low["sd"], floor) == pytest.approx(t)
+    assert crit(low, low["sd"], math.nan) > t + 0.1  # its own sd alone would have allowed less
+
+
 def test_judge_widens_the_interval_and_the_mde_by_the_allowance():
     plain = stats.paired([0.30, 0.31, 0.29, 0.30])
     bare, = stats.judge([plain], 0.02)

@@ -18,6 +18,7 @@ train.lr = "tuned" and they pair as one group.
   shared_runs    its runs at the shared LR on the study's seeds (the shared-LR comparison)
   selection_runs its selection runs
   regret_bound   how much worse a frozen LR may be than its config's best (the selection's own error)
+  family_sd      the median paired sd of the effects judged together: the floor under each one's own
   allowance      an effect's interval widening for the two configs' regret bounds (stats.judge reads it)
   tuned_record   the tune.json of a group of study runs at their frozen LRs (None for any other runs)
 
@@ -30,8 +31,8 @@ widened by a bound on each side's regret: below by the bound of the config witho
 gain can be that much smaller at the optima), above by the one with it. The bound, from the config's
 selection curve (tune.json) and the effect's own noise, is two parts: the chance that a point the
 selection ranked worse is in truth better, z x sigma x sqrt 2 less the chosen point's lead over the
-runner-up (sigma: one selection loss's noise, the effect's paired sd / sqrt 2 / sqrt(selection seeds);
-z = REGRET_Z), and what the grid's step costs where the optimum lies between points (the quadratic
+runner-up (sigma: one selection loss's noise, the effect's paired sd, floored at the median of its
+family's, / sqrt 2 / sqrt(selection seeds); z = REGRET_Z), and what the grid's step costs where the optimum lies between points (the quadratic
 through the chosen point and its neighbours: its value there minus its vertex's).
 """
 
@@ -242,10 +243,25 @@ def regret_bound(lrs, losses, lr: float | None, sigma: float, z: float = REGRET_
     return max(0.0, z * sigma * math.sqrt(2) - lead) + step
 
 
-def allowance(record: TuneRecord, end: str | None, variant: str | None, add_one: bool, sd: float) -> dict:
+def family_sd(sds) -> float:
+    """The median of a family's finite paired sds (NaN for none): the floor under each effect's own sd in
+    its allowance (allowance's `floor`)."""
+    finite = sorted(float(x) for x in sds if x is not None and math.isfinite(x))
+    if not finite:
+        return math.nan
+    mid = len(finite) // 2
+    return finite[mid] if len(finite) % 2 else (finite[mid - 1] + finite[mid]) / 2
+
+
+def allowance(record: TuneRecord, end: str | None, variant: str | None, add_one: bool, sd: float,
+              floor: float = math.nan) -> dict:
     """{allow_low, allow_high}: how far an effect's interval (end arm vs variant arm, paired sd `sd` on the
     study's seeds) is widened for the selection's error, below by the regret bound of the config without
-    the component, above by the one with it (stats.judge subtracts and adds them); NaN when unknown."""
+    the component, above by the one with it (stats.judge subtracts and adds them); NaN when unknown.
+    The noise is the larger of `sd` and `floor` (family_sd of the effects judged with it): at 3 seeds an
+    effect's own sd is often far below its truth, and its interval is narrow exactly then, so an allowance
+    from that sd alone shrinks where the false calls are (RESULTS.md: 5.5 % in "flatter curve")."""
+    sd = max((x for x in (sd, floor) if math.isfinite(x)), default=math.nan)
     sigma = sd / math.sqrt(2 * len(record.seeds)) if math.isfinite(sd) else math.nan
     bound = {}
     for name in (end, variant):
