@@ -161,7 +161,8 @@ def test_the_second_phase_is_priced_once_the_lrs_are_frozen_before_it_trains(tmp
     assert len(said) == 1
     line = events[said[0]][1]
     # 2 configs x 3 seeds at their LRs, 2017's moved: its 3 seeds at the shared LR beside them; priced by `price`
-    assert line == "--tune-lr: the study at the frozen LRs, 6 runs, and 3 at the shared LR 0.003 beside them (to do: 9, est. 9.0min)"
+    assert line == ("--tune-lr: the study at the frozen LRs, 6 runs, and 3 at the shared LR 0.003 beside them "
+                    "(to do: 9, est. 9.0min)")
     trains = [i for i, (kind, _) in enumerate(events) if kind == "train"]
     assert all(events[i][1] == {1336} for i in trains if i < said[0])  # after the selection's runs ...
     assert all(events[i][1] & {1337, 1338, 1339} for i in trains if i > said[0])  # ... before the study's

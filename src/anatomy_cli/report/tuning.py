@@ -32,8 +32,9 @@ gain can be that much smaller at the optima), above by the one with it. The boun
 selection curve (tune.json) and the effect's own noise, is two parts: the chance that a point the
 selection ranked worse is in truth better, z x sigma x sqrt 2 less the chosen point's lead over the
 runner-up (sigma: one selection loss's noise, the effect's paired sd, floored at the median of its
-family's, / sqrt 2 / sqrt(selection seeds); z = REGRET_Z), and what the grid's step costs where the optimum lies between points (the quadratic
-through the chosen point and its neighbours: its value there minus its vertex's).
+family's, / sqrt 2 / sqrt(selection seeds); z = REGRET_Z), and what the grid's step costs where the
+optimum lies between points (the quadratic through the chosen point and its neighbours: its value
+there minus its vertex's).
 """
 
 from __future__ import annotations
