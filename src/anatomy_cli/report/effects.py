@@ -150,7 +150,7 @@ def _group_effects(members: pd.DataFrame, group: str, metric: str) -> list[dict]
         row = _paired(ref, var, metric, direction)
         if row:
             rows.append({"flip": flip, "direction": direction, "against": against, "group": group, **row})
-            arms.append((tuning_mod.arm_of(ref), tuning_mod.arm_of(var)))
+            arms.append((tuning_mod.arm_of(ref), tuning_mod.arm_of(var)) if tuned is not None else None)
     if tuned is not None:  # each effect's allowance, its noise floored at the group's median sd
         floor = tuning_mod.family_sd(row["sd"] for row in rows)
         for row, (end, var) in zip(rows, arms):
