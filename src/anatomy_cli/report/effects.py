@@ -145,19 +145,19 @@ def _all_pairings(members: pd.DataFrame):
 
 def _group_effects(members: pd.DataFrame, group: str, metric: str) -> list[dict]:
     tuned = tuning_mod.tuned_record(members) if metric == LOSS_METRIC else None  # a tuned study's: its LRs' error
-    rows, arms = [], []
+    found = []  # (row, the end's runs, the variant's runs)
     for flip, direction, against, ref, var in _pairings(members):
         row = _paired(ref, var, metric, direction)
         if row:
-            rows.append({"flip": flip, "direction": direction, "against": against, "group": group, **row})
-            arms.append((tuning_mod.arm_of(ref), tuning_mod.arm_of(var)) if tuned is not None else None)
+            found.append(({"flip": flip, "direction": direction, "against": against, "group": group, **row}, ref, var))
     if tuned is not None:  # each effect's allowance, its noise floored at the group's median sd
-        floor = tuning_mod.family_sd(row["sd"] for row in rows)
-        for row, (end, var) in zip(rows, arms):
-            row |= tuning_mod.allowance(tuned, end, var, row["direction"] == ADD_ONE, row["sd"], floor)
+        floor = tuning_mod.family_sd(row["sd"] for row, _, _ in found)
+        for row, ref, var in found:
+            row |= tuning_mod.allowance(tuned, tuning_mod.arm_of(ref), tuning_mod.arm_of(var),
+                                        row["direction"] == ADD_ONE, row["sd"], floor)
             if math.isfinite(row["allow_low"]) and math.isfinite(row["allow_high"]):
                 row["note"] = "; ".join(filter(None, [row["note"], allowance_note(row)]))
-    return rows
+    return [row for row, _, _ in found]
 
 
 def allowance_note(row: dict) -> str:

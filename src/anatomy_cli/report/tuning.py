@@ -42,6 +42,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -247,11 +248,8 @@ def regret_bound(lrs, losses, lr: float | None, sigma: float, z: float = REGRET_
 def family_sd(sds) -> float:
     """The median of a family's finite paired sds (NaN for none): the floor under each effect's own sd in
     its allowance (allowance's `floor`)."""
-    finite = sorted(float(x) for x in sds if x is not None and math.isfinite(x))
-    if not finite:
-        return math.nan
-    mid = len(finite) // 2
-    return finite[mid] if len(finite) % 2 else (finite[mid - 1] + finite[mid]) / 2
+    finite = [float(x) for x in sds if x is not None and math.isfinite(x)]
+    return statistics.median(finite) if finite else math.nan
 
 
 def allowance(record: TuneRecord, end: str | None, variant: str | None, add_one: bool, sd: float,
