@@ -54,7 +54,7 @@ check: install
 # Rewrite the README's and docs/' marked result blocks from experiments/results/*.json (written by
 # `anatomy report RUNS_DIR --results experiments/results/STUDY.json`).
 results: install
-	$(BIN)/python -m anatomy_cli.report.results README.md docs/*.md
+	$(BIN)/anatomy results README.md docs/*.md
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -62,9 +62,10 @@ import calibrate_verdict as cv
 import numpy as np
 
 from anatomy_cli.report import stats
-from anatomy_cli.report import tuning as record_mod
+from anatomy_cli.report import tuning as allowance_mod
 from anatomy_cli.spec.components import FIVE
 from anatomy_cli.spec.roles import ADD_ONE, REFERENCE, variant
+from anatomy_cli.store import records as record_mod
 from anatomy_cli.study.tuning import PARABOLA, Grid, run_selection
 
 CENTER = 1e-3  # train.lr
@@ -217,8 +218,8 @@ def judged(study: np.ndarray, used: np.ndarray, records=None) -> tuple[np.ndarra
         tested = np.flatnonzero(ok[f])
         rows = [stats.paired(diffs[f, i]) for i in tested]
         if records is not None:
-            floor = record_mod.family_sd(r["sd"] for r in rows)
-            rows = [r | record_mod.allowance(records[f], "0", str(1 + i), True, r["sd"], floor)
+            floor = allowance_mod.family_sd(r["sd"] for r in rows)
+            rows = [r | allowance_mod.allowance(records[f], "0", str(1 + i), True, r["sd"], floor)
                     for r, i in zip(rows, tested)]
         rows = stats.judge(rows, stats.DEFAULT_MARGIN, stats.ALPHA)
         calls[f, tested] = [r["call"] for r in rows]

@@ -14,7 +14,7 @@ What runs through the real report code. The synthetic losses are generated vecto
 (role, design, settings, size, seed, status, run_id, best_val_loss) with many families stacked as separate
 groups (a `family` setting). That frame is paired by `effects.paired_rows` (the pairing
 `component_effects` uses: same seed, both runs completed; gain, sd, the group's noise) and judged by
-`effects.effects_frame(rows, {metric: effects.margin(metric)})`, the body of `effects.component_effects`:
+`effects.effects_frame(rows, {metric: effects.margin_of(metric)})`, the body of `effects.component_effects`:
 every group its own family, each effect on its own variance (stats.judge), the margin DEFAULT_MARGIN.
 Every scenario of a cell is judged on the same simulated families (common random numbers): the families
 are paired once with every true effect 0 and a scenario shifts the tested effect's paired differences by
@@ -223,7 +223,7 @@ def judge(rows: list[list[dict]], first: int) -> dict[str, np.ndarray]:
     """{call, low, high, mde} arrays (families, 10) of the report's rule on paired_rows()' rows:
     effects.effects_frame with the loss metric's default margin (effects.margin), the body of
     effects.component_effects (every group its own family, each effect on its own variance)."""
-    judged = effects.effects_frame([r for fam in rows for r in fam], {METRIC: effects.margin(METRIC)})
+    judged = effects.effects_frame([r for fam in rows for r in fam], {METRIC: effects.margin_of(METRIC)})
     return _arrays(judged.to_dict("records"), first, len(rows))
 
 

@@ -129,3 +129,19 @@ def deepseek_base_state(lm, dense_mlp: bool) -> dict:
                     pre + "mlp.up_proj.weight": block.ffn.up.weight,
                     pre + "mlp.down_proj.weight": block.ffn.down.weight}
     return out
+
+
+def asked(spec, *words: str, **where):
+    """An `ablate` Ask as the command line gives it: `words` its alias flags ("--tune-points", "3") and --set
+    pairs ("--set", "seeds=4"), `where` the Ask's other fields (runs_dir, stack, decide, tune_lr, time_pass)."""
+    from anatomy_cli.spec import knobs
+    from anatomy_cli.study.ablation import Ask
+
+    words, sets = list(map(str, words)), []
+    while "--set" in words:
+        i = words.index("--set")
+        sets.append(knobs.parse_set(words[i + 1]))
+        del words[i:i + 2]
+    args, settings = knobs.read_args(words)
+    assert not args, args
+    return Ask(spec=spec, settings=(*settings, *sets), **where)

@@ -151,7 +151,7 @@ def test_light_rooms_never_import_torch(package):
 
 def test_docs_layout_page_lists_each_subpackage_as_its_docstring_says():
     """docs/layout.md holds each subpackage's docstring between markers, so the page cannot drift:
-    `python -m anatomy_cli.report.results docs/layout.md` is not it; tests/test_layout.py checks it
+    `anatomy results docs/layout.md` is not it; tests/test_layout.py checks it
     against the code, and python tests/test_layout.py rewrites it."""
     page = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8")
     assert page == layout_page(page), ("docs/layout.md differs from the package's docstrings: "

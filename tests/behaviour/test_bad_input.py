@@ -397,5 +397,5 @@ def test_an_unavailable_device_names_the_flag_given(corpus, tmp_path, command):
 def test_tune_shared_without_tune_lr_is_refused_like_the_grid_options(corpus, tmp_path, flag):
     spec = write_spec(tmp_path, corpus=corpus, top={"flips": ["rope"]})
     one_error_line(invoke("ablate", spec, "--runs-dir", tmp_path / "runs", flag, "--dry-run"),
-                   f"{flag} plans the LR grid of --tune-lr: add --tune-lr")
+                   f"{flag} sets the [tune] table, which the spec does not have: add --tune-lr")
     assert not (tmp_path / "runs").exists()

@@ -16,13 +16,12 @@ import re
 from pathlib import Path
 
 import pytest
+from report_runs import make_run
 
-from anatomy_cli.report import effects as effects_mod
-from anatomy_cli.report import results, scale, sections, write
-from anatomy_cli.report.verdict import verdict_frame
+from anatomy_cli.report import results_blocks, results_build, results_file, sections, write
+from anatomy_cli.report.build import build_report
 from anatomy_cli.spec import components as comp
 from anatomy_cli.store import lockfile
-from tests.report.test_report import make_run
 from tests.report.test_scale import BUILT, REF_OFFSET, model
 
 # figures.py warns about an empty legend on a panel whose size has no points (not this issue's)
@@ -70,15 +69,13 @@ def study(root: Path, sizes: dict[str, dict], status=lambda size, seed: "complet
 def report(root: Path) -> tuple[dict, str, str, str]:
     """(trend calls by flip, the report's Verdict and scale sections as markdown, the README's scale block,
     the terminal verdict)."""
-    frames = effects_mod.report_frames(root)
-    across = scale.scale_frames(*frames)
-    md = write.write_report(root, formats=("md",))["report.md"].read_text()
-    doc = results.load(results.write_results(root.parent / "results" / f"{root.name}.json", root, frames))
-    effects = frames[2]
-    text = sections.verdict_text(verdict_frame(effects[effects["metric"] == "best_val_loss"]), frames[0], root, None,
-                                 across)
+    r = build_report(root)
+    across = r.scale
+    md = write.write_report(r, formats=("md",))["report.md"].read_text()
+    doc = results_file.load(results_build.write_results(root.parent / "results" / f"{root.name}.json", r))
+    text = sections.verdict_text(r, None)
     return (dict(zip(across.trends["flip"], across.trends["call"])), md[:md.index("## Curves")],
-            results.render(doc, "scale"), text)
+            results_blocks.render(doc, "scale"), text)
 
 
 def call_lines(text: str) -> str:
@@ -174,10 +171,9 @@ def test_a_live_sweep_lock_says_still_running_instead_of_add_seeds(tmp_path):
 
 
 def verdict_and_text(root: Path) -> tuple[str, str]:
-    frames = effects_mod.report_frames(root)
-    md = write.write_report(root, formats=("md",))["report.md"].read_text()
-    effects = frames[2]
-    text = sections.verdict_text(verdict_frame(effects[effects["metric"] == "best_val_loss"]), frames[0], root, None)
+    r = build_report(root)
+    md = write.write_report(r, formats=("md",))["report.md"].read_text()
+    text = sections.verdict_text(r, None)
     return md[md.index("## Verdict"):md.index("## Curves")], text
 
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 from helpers import PATIENCE, error_line
+from report_runs import make_run
 from toy_data import TINY_MODEL, TINY_TRAIN, write_corpus
 
 from anatomy_cli.store import runs
-from tests.report.test_report import make_run
 
 FULL = os.strerror(errno.ENOSPC)  # "No space left on device"
 

@@ -13,6 +13,7 @@ import pytest
 from helpers import invoke
 
 from anatomy_cli.report import decide
+from anatomy_cli.store import records
 from anatomy_cli.sweep import calibrate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,7 +31,7 @@ def decided_demo(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "experiments").mkdir()
     (tmp_path / "experiments" / "demo.toml").write_text((ROOT / "experiments" / "demo.toml").read_text())
-    decide.write_record(tmp_path / "runs" / "demo", decide.DecideRecord(looks=[3, 4], alpha=decide.alpha([3, 4]),
+    records.write_decide(tmp_path / "runs" / "demo", records.DecideRecord(looks=[3, 4], alpha=decide.alpha([3, 4]),
                                                                         by="spec"))
     monkeypatch.setenv("ANATOMY_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(calibrate, "busy", lambda: None)

@@ -16,7 +16,7 @@ from helpers import LLAMA, invoke, one_error_line, run_sets
 from toy_data import write_corpus, write_spec
 from typer.testing import CliRunner
 
-from anatomy_cli.report import results
+from anatomy_cli.report import results_file
 from anatomy_cli.store import runs
 
 runner = CliRunner()
@@ -114,15 +114,15 @@ def test_report_results_replaces_a_results_file_and_writes_a_fresh_path(p):
     fresh = p.root / "experiments" / "results" / "toy.json"
     result = invoke("report", p.sweep, "--format", "csv", "--results", fresh)
     assert result.exit_code == 0, result.output
-    assert results.load(fresh)["format"] == results.FORMAT
-    fresh.write_text(json.dumps({"format": results.FORMAT, "version": 1, "study": "stale"}))
+    assert results_file.load(fresh)["format"] == results_file.FORMAT
+    fresh.write_text(json.dumps({"format": results_file.FORMAT, "version": 1, "study": "stale"}))
     result = invoke("report", p.sweep, "--format", "csv", "--results", fresh)  # a results file: replaced
     assert result.exit_code == 0, result.output
-    assert results.load(fresh)["study"] == "sweep"
+    assert results_file.load(fresh)["study"] == "sweep"
     own = p.sweep / "report" / "results.json"  # report's own folder in the sweep
     result = invoke("report", p.sweep, "--format", "csv", "--results", own)
     assert result.exit_code == 0, result.output
-    assert results.load(own)["study"] == "sweep"
+    assert results_file.load(own)["study"] == "sweep"
     assert runs.run_status(p.member) == runs.COMPLETED
 
 

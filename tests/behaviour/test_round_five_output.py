@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 from helpers import PATIENCE, invoke, one_error_line, run_sets
+from report_runs import make_run
 from toy_data import tiny_text
-
-from tests.report.test_report import make_run
 
 pytestmark = pytest.mark.process
 

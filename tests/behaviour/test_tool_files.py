@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 from helpers import invoke, one_error_line
+from report_runs import anatomy_results, called_sweep
 from toy_data import write_spec
 from typer.testing import CliRunner
 
-from anatomy_cli.report import gate, results, speed
-from anatomy_cli.store import runs
-from tests.report.test_report import called_sweep
+from anatomy_cli.report import gate, results_blocks, results_file
+from anatomy_cli.store import records, runs
 
 ROOT = Path(__file__).resolve().parents[2]
-COMMITTED = ROOT / results.RESULTS_DIR
+COMMITTED = ROOT / results_blocks.RESULTS_DIR
 DOCS = {  # every block kind each study's file renders
     "demo": "".join(f"<!-- results demo {w} --><!-- /results -->\n" for w in (
         "ends", "verdict", "directions", "rule", "moves", "parts", "gain rope add-one", "interval rope add-one",
@@ -52,7 +52,7 @@ def study(tmp_path: Path, name: str = "demo", where: str | None = None, value=No
     doc = json.loads((COMMITTED / f"{name}.json").read_text(encoding="utf-8"))
     if where is not None:
         put(doc, where, value)
-    path = tmp_path / results.RESULTS_DIR / f"{name}.json"
+    path = tmp_path / results_blocks.RESULTS_DIR / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1), encoding="utf-8")  # NaN and Infinity as Python's json writes them
     readme = tmp_path / "README.md"
@@ -61,9 +61,9 @@ def study(tmp_path: Path, name: str = "demo", where: str | None = None, value=No
 
 
 def error_of(capsys, argv: list[str]) -> str:
-    """results.main's exit 2 and its one stderr line."""
-    assert results.main(argv) == 2
-    err = capsys.readouterr().err
+    """`anatomy results ARGV`'s exit 2 and its one stderr line."""
+    code, err = anatomy_results(*argv)
+    assert code == 2, err
     assert "Traceback" not in err and len(err.splitlines()) == 1, err
     (line,) = err.splitlines()
     assert line.startswith("error: "), line
@@ -135,10 +135,10 @@ def test_a_results_file_nested_past_the_recursion_limit(tmp_path, capsys):
 
 def test_every_committed_results_file_reads_and_renders(tmp_path, capsys):
     for path in sorted(COMMITTED.glob("*.json")):
-        assert results.load(path) == json.loads(path.read_text(encoding="utf-8"))  # the plain dict, untouched
+        assert results_file.load(path) == json.loads(path.read_text(encoding="utf-8"))  # the plain dict, untouched
     for name in DOCS:
         readme, _ = study(tmp_path / name, name)
-        assert results.main([str(readme)]) == 0 and results.main(["--check", str(readme)]) == 0
+        assert anatomy_results(str(readme))[0] == 0 and anatomy_results("--check", str(readme))[0] == 0
         assert "<!-- /results -->" in readme.read_text() and "n/a" not in readme.read_text()
 
 
@@ -148,7 +148,7 @@ def test_a_results_file_of_another_format_or_a_newer_version(tmp_path, capsys):
     assert line.startswith(f"error: {path.resolve()} is not an anatomy results file") and "format" in line
     readme, path = study(tmp_path, "demo", "version", 99)
     assert error_of(capsys, [str(readme)]) == (f"error: {path.resolve()} is results version 99; this anatomy "
-                                               f"reads up to {results.VERSION}")
+                                               f"reads up to {results_file.VERSION}")
     doc = json.loads(path.read_text()) | {"ends": [], "version": 2}  # a newer file is refused by its version
     path.write_text(json.dumps(doc))
     assert "results version 2; this anatomy reads up to 1" in error_of(capsys, [str(readme)])
@@ -163,10 +163,10 @@ def test_results_files_may_lack_keys_and_carry_unknown_ones(tmp_path, capsys):
     doc = json.loads(path.read_text())
     newer = doc | {"something_new": [1]} | {"ends": {r: e | {"new": "x"} for r, e in doc["ends"].items()}}
     path.write_text(json.dumps(newer))
-    assert results.main([str(readme)]) == 0
+    assert anatomy_results(str(readme))[0] == 0
     rendered = readme.read_text()
     path.write_text(json.dumps(doc))
-    assert results.main(["--check", str(readme)]) == 0 and readme.read_text() == rendered
+    assert anatomy_results("--check", str(readme))[0] == 0 and readme.read_text() == rendered
     del doc["eval_gains"]
     path.write_text(json.dumps(doc))
     line = error_of(capsys, [str(readme)])
@@ -181,11 +181,11 @@ MAIN_CASES = [("version", "1", "version: Input should be a valid integer"),
 @pytest.mark.process
 @pytest.mark.parametrize("where, value, said", MAIN_CASES, ids=[c[0] for c in MAIN_CASES])
 def test_python_m_results_says_one_line(tmp_path, where, value, said):
-    """`python -m anatomy_cli.report.results README.md` (as `make results` runs it), in the folder."""
+    """`python -m anatomy_cli results README.md` (as `make results` runs it), in the folder."""
     study(tmp_path, "demo", where, value)
-    env = os.environ | {"PYTHONPATH": str(Path(results.__file__).parents[2])}  # the anatomy_cli this test imports
+    env = os.environ | {"PYTHONPATH": str(Path(results_blocks.__file__).parents[2])}  # the anatomy_cli tested here
     for argv in (["README.md"], ["--check", "README.md"]):
-        done = subprocess.run([sys.executable, "-m", "anatomy_cli.report.results", *argv], cwd=tmp_path,
+        done = subprocess.run([sys.executable, "-m", "anatomy_cli", "results", *argv], cwd=tmp_path,
                               capture_output=True, text=True, env=env, timeout=120)
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
         assert done.stderr.splitlines() == [f"error: {Path('experiments/results/demo.json')}: {said}"]
@@ -224,22 +224,22 @@ def timing_sweep(folder: Path, where: str | None = None, value=None) -> Path:
 
 
 def test_a_valid_timing_record_reads_back_as_written(tmp_path):
-    assert speed.read_timing(timing_sweep(tmp_path)) == RECORD
-    assert speed.read_timing(tmp_path / "none") is None
+    assert records.read_timing(timing_sweep(tmp_path)) == RECORD
+    assert records.read_timing(tmp_path / "none") is None
 
 
 @pytest.mark.parametrize("where, value, field, what", TIMING, ids=[c[0] for c in TIMING])
 def test_a_corrupt_timing_record_is_one_line(tmp_path, where, value, field, what):
     sweep = timing_sweep(tmp_path / "sweep", where, value)
     with pytest.raises(runs.RunError) as err:
-        speed.read_timing(sweep)
+        records.read_timing(sweep)
     assert str(err.value) == f"corrupt timing.json in {sweep}: {field}: {what}"
 
 
 def test_a_timing_record_that_is_not_an_object(tmp_path):
     (tmp_path / runs.TIMING).write_text("[1]")
     with pytest.raises(runs.RunError, match=r"^corrupt timing.json in .*: not a JSON object$"):
-        speed.read_timing(tmp_path)
+        records.read_timing(tmp_path)
 
 
 REPORTED = TIMING[:3] + TIMING[6:7]
@@ -372,12 +372,12 @@ def test_a_file_nested_past_the_recursion_limit_is_one_line(tmp_path):
 
 def test_an_unclosed_results_marker_is_one_line_naming_its_line(tmp_path, capsys):
     """A marker left open was rendered as nothing, without a word."""
-    from anatomy_cli.report import results
 
     page = tmp_path / "README.md"
     page.write_text("# x\n\nthe gain <!-- results toy gain rope add-one -->+0.1 and no close\n", encoding="utf-8")
-    assert results.unclosed(page.read_text()) == [3]
-    assert results.main(["--check", str(page)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    assert results_blocks.unclosed(page.read_text()) == [3]
+    code, err = anatomy_results("--check", str(page))
+    assert code == 2
+    err = err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:") and "line 3" in err[0] and "no closing" in err[0]
-    assert results.unclosed("<!-- results a b -->x<!-- /results -->") == []
+    assert results_blocks.unclosed("<!-- results a b -->x<!-- /results -->") == []

@@ -11,8 +11,7 @@ import pytest
 from helpers import invoke
 from toy_data import write_spec
 
-from anatomy_cli.report import tuning as record_mod
-from anatomy_cli.store import runs
+from anatomy_cli.store import records, runs
 
 # 4 steps at lr 0.01: on the tiny corpus the 2017 end's best is one factor up (inside once the grid is
 # extended), the +rope config's still at the top edge after the extension (not tuned)
@@ -26,7 +25,7 @@ def test_a_tuned_study_runs_reports_and_resumes_to_the_same_lrs(tmp_path):
     result = invoke("ablate", spec, "--runs-dir", tmp_path / "runs", *ARGS)
     assert result.exit_code == 0, result.output
     root = tmp_path / "runs" / "toy"
-    record = record_mod.read_record(root)
+    record = records.read_tune(root)
     assert record.seeds == [1336] and record.grid.center == 0.01 and record.by == "flag"
     assert set(record.chosen) == {"2017", "2017+rope"}
     seeds = {json.loads((d / runs.CONFIG).read_text())["seed"] for d in runs.find_runs(root)}
@@ -46,11 +45,11 @@ def test_a_tuned_study_runs_reports_and_resumes_to_the_same_lrs(tmp_path):
 
     # killed during the selection: tune.json holds its plan, one selection run never finished
     chosen, before = record.chosen, sorted(p.name for p in root.iterdir())
-    record_mod.write_record(root, record.model_copy(update={"arms": []}))
+    records.write_tune(root, record.model_copy(update={"arms": []}))
     victim = next(d for d in runs.find_runs(root) if json.loads((d / runs.CONFIG).read_text())["seed"] == 1336)
     (victim / runs.SUMMARY).unlink()
     again = invoke("ablate", spec, "--runs-dir", tmp_path / "runs", *ARGS, "--no-report")
     assert again.exit_code == 0, again.output
-    assert record_mod.read_record(root).chosen == chosen
+    assert records.read_tune(root).chosen == chosen
     assert sorted(p.name for p in root.iterdir()) == before  # the same runs: nothing new was planned
     assert "LR selection: training 1 run" in " ".join(again.output.split())

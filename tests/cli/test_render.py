@@ -10,11 +10,11 @@ import sys
 
 import pytest
 from helpers import PATIENCE
+from report_runs import called_sweep
 from toy_data import write_spec
 from typer.testing import CliRunner
 
 from anatomy_cli.cli.main import app
-from tests.report.test_report import called_sweep
 
 ANSI = re.compile(r"\x1b\[")
 

@@ -22,6 +22,7 @@ from anatomy_cli.cli.main import app
 from anatomy_cli.model import LM
 from anatomy_cli.model.moe import MoE, balance
 from anatomy_cli.report import frames, write
+from anatomy_cli.report.build import build_report
 from anatomy_cli.spec import components
 from anatomy_cli.spec.config import ConfigError, ModelConfig, RunConfig, validate
 from anatomy_cli.store import runs
@@ -333,7 +334,7 @@ def test_a_moe_run_records_its_metrics_and_routing(tmp_path):
         tb = [e.value for e in read_events(tmp_path / "moe").Scalars("loss/moe_aux")]
         assert tb == pytest.approx([r["moe_aux_loss"] for r in rows])
     # the report: both counts in the runs table, and the routing figure for the MoE run only
-    paths = write.write_report(tmp_path, formats=("md", "json"))
+    paths = write.write_report(build_report(tmp_path), formats=("md", "json"))
     assert write.expert_loads(frames.load_runs(tmp_path)[0]) == [("llama+moe · seed 1337", load)]
     assert paths["expert-load.png"].stat().st_size > 10_000
     md = paths["report.md"].read_text()

@@ -11,9 +11,10 @@ from helpers import invoke, one_error_line
 from toy_data import write_spec
 
 from anatomy_cli.report import decide, stats
-from anatomy_cli.report import effects as effects_mod
+from anatomy_cli.report.build import build_report
 from anatomy_cli.report.frames import load_runs
 from anatomy_cli.spec.errors import InputError
+from anatomy_cli.store import records
 
 # A component that changes nothing the loss sees (how often train-loss lines are flushed): same seed,
 # same losses, so its paired gains are exactly 0 and it is negligible as soon as it has 3 seeds.
@@ -26,9 +27,9 @@ def test_schedule_alpha_and_budget():
     assert decide.alpha([3, 5, 7, 9, 10]) == pytest.approx(0.01)  # 0.05 split over five looks
     assert [decide.parse_budget(t) for t in ("30m", "2h", "90s", "600", None)] == [1800, 7200, 90, 600, None]
     for bad in ("soon", "-5m", "0", "1e9999h"):
-        with pytest.raises(InputError, match="--budget"):
-            decide.parse_budget(bad)
-    with pytest.raises(InputError, match="below the 5 seeds"):
+        with pytest.raises(InputError, match=f"^--budget {bad}: '{bad}' is not a time"):
+            decide.parse_budget(bad, f"--budget {bad}")
+    with pytest.raises(InputError, match="decide.max_seeds: a cap of 4 seeds is below the 5 the study starts with"):
         decide.schedule(5, 4)
 
 
@@ -41,8 +42,8 @@ def test_open_calls_are_the_undecided_ones():
 @pytest.mark.parametrize("args, fragment", [
     (["--max-seeds", "5"], "add --decide"),
     (["--budget", "10m"], "add --decide"),
-    (["--decide", "--budget", "soon"], "--budget 'soon'"),
-    (["--decide", "--max-seeds", "2"], "below the 3 seeds"),
+    (["--decide", "--budget", "soon"], "--budget soon: decide.budget: 'soon' is not a time"),
+    (["--decide", "--max-seeds", "2"], "--max-seeds 2: a cap of 2 seeds is below the 3 the study starts with"),
     (["--decide", "--time"], "--decide trains; --time times"),
 ])
 def test_bad_decide_options_are_one_line(tmp_path, args, fragment):
@@ -65,7 +66,7 @@ def test_decide_gives_seeds_only_to_open_effects_and_resumes_to_the_same_decisio
     result = invoke(*args)
     assert result.exit_code == 0, result.output
     root = tmp_path / "runs" / "toy"
-    record = json.loads((root / decide.DECIDE).read_text())
+    record = json.loads((root / records.DECIDE).read_text())
     assert record["looks"] == [3, 4, 5] and record["alpha"] == pytest.approx(0.05 / 3)
     assert record["rounds"][0]["seeds"] == 3 and record["rounds"][0]["trained"] == 9
     assert "noop add-one" not in record["rounds"][0]["open"]  # exactly zero: negligible at its first look
@@ -79,16 +80,16 @@ def test_decide_gives_seeds_only_to_open_effects_and_resumes_to_the_same_decisio
     assert record["stopped"] in ("every effect decided", "the seed cap (5) reached with 1 effect open",
                                  "1 effect open, none of which 5 seeds would decide at the noise measured")
     # the report judges every family at the looks' alpha
-    effects = effects_mod.report_frames(root)[2]
+    effects = build_report(root).effects
     noop = effects[(effects["flip"] == "noop") & (effects["metric"] == "best_val_loss")].iloc[0]
     assert noop["call"] == stats.NEGLIGIBLE and noop["adj_level"] == pytest.approx(1 - record["alpha"] / 2)
     assert "--decide:" in result.output and record["stopped"] in result.output
     # the same command again trains nothing and takes the same decisions (each look reads its own seeds)
     again = invoke(*args)
     assert again.exit_code == 0, again.output
-    assert json.loads((root / decide.DECIDE).read_text())["rounds"] == [
+    assert json.loads((root / records.DECIDE).read_text())["rounds"] == [
         r | {"seconds": r2["seconds"]} for r, r2 in zip(record["rounds"], json.loads(
-            (root / decide.DECIDE).read_text())["rounds"])]
+            (root / records.DECIDE).read_text())["rounds"])]
     assert len(load_runs(root)[0]) == len(runs)
     # a new plan after seeing the data would spend alpha twice: refused
     other = invoke(*args[:-4], "--max-seeds", "8", "--stack", "off")
@@ -99,15 +100,16 @@ def test_decide_gives_seeds_only_to_open_effects_and_resumes_to_the_same_decisio
 def test_dry_run_on_earlier_runs_says_the_seeds_the_margin_needs(tmp_path):
     spec = write_spec(tmp_path, top={"seeds": 3, "flips": ["rope", "noop"], "directions": ["add-one"],
                                      "components": NOOP})
-    base = ["ablate", spec, "--runs-dir", tmp_path / "runs", "--workers", "1", "--stack", "off"]
-    assert invoke(*base, "--no-report").exit_code == 0
-    effects = effects_mod.report_frames(tmp_path / "runs" / "toy")[2]
-    loss = effects[effects["metric"] == "best_val_loss"]
-    sd = float(np.median(loss["se"] * np.sqrt(loss["n_pairs"])))
-    for margin in (0.02, 50.0):
+    for margin in (0.02, 5.0):  # a study's margin is fixed when it starts: one folder each
+        base = ["ablate", spec, "--runs-dir", tmp_path / f"runs{margin}", "--workers", "1", "--stack", "off",
+                "--margin", margin]
+        assert invoke(*base, "--no-report").exit_code == 0
+        effects = build_report(tmp_path / f"runs{margin}" / "toy").effects
+        loss = effects[effects["metric"] == "best_val_loss"]
+        sd = float(np.median(loss["se"] * np.sqrt(loss["n_pairs"])))
         # the seeds at which twice the margin is called helps 80 % of the time (the margin itself: at most half)
         need = stats.seeds_for(sd, len(loss), 2 * margin, margin=margin)
-        out = invoke(*base, "--dry-run", "--min-effect", margin).output
+        out = invoke(*base, "--dry-run").output
         line = " ".join(next(x for x in out.split("power: ")[1:]).split())
         assert f"the plan's {len(loss)} effects' median paired sd is {sd:.3f} nats/char" in line
         if need is None:
@@ -149,7 +151,7 @@ def test_the_stop_line_names_the_effects_given_up_on_once():
     rounds = [{"seeds": 3, "trained": 9, "seconds": 9.0, "open": [a, b, c], "futile": [a]},
               {"seeds": 4, "trained": 4, "seconds": 4.0, "open": [a, b], "futile": [a, b]},
               {"seeds": 5, "trained": 0, "seconds": 0.0, "open": [a, b], "futile": []}]
-    record = decide.DecideRecord(looks=[3, 4, 5], alpha=0.05 / 3, rounds=rounds,
+    record = records.DecideRecord(looks=[3, 4, 5], alpha=0.05 / 3, rounds=rounds,
                                  stopped="the seed cap (5) reached with 2 effects open")
     text = decide.stop_text(record)
     assert text.endswith("seeds withheld as futile (the cap would not decide them): a add-one at 3, b add-one at 4")
@@ -212,7 +214,7 @@ def test_a_resumed_decide_prices_its_next_round_from_the_calibrated_step_times(t
     assert invoke(*base, "--no-report").exit_code == 0
     result = invoke(*base, "--decide", "--max-seeds", "10", "--decide-step", "1", "--budget", "1s", "--no-report")
     assert result.exit_code == 0, result.output
-    record = json.loads((tmp_path / "runs" / "toy" / decide.DECIDE).read_text())
+    record = json.loads((tmp_path / "runs" / "toy" / records.DECIDE).read_text())
     first = record["rounds"][0]
     assert first["trained"] == 6 and first["open"] == ["rope add-one"] and first["futile"] == []
     assert record["stopped"] == "the budget (1s) would be overrun by the next round"

@@ -9,12 +9,13 @@ import json
 import math
 
 import pytest
+from helpers import asked
 from toy_data import write_spec
 
-from anatomy_cli.report import effects as effects_mod
 from anatomy_cli.report import fair_lr, stats, write
 from anatomy_cli.report import tuning as record_mod
-from anatomy_cli.store import runs
+from anatomy_cli.report.build import build_report
+from anatomy_cli.store import records, runs
 from anatomy_cli.study import ablation
 from anatomy_cli.study.ablation import Ask, plan_study
 
@@ -42,25 +43,28 @@ def fake_train(root, optimum=None):
 
 def tuned_folder(tmp_path, optimum=None):
     spec = write_spec(tmp_path, top={"seeds": 5, "flips": ["rope"], "directions": ["add-one"]})
-    study = ablation.size_study(plan_study(Ask(spec, runs_dir=tmp_path / "runs", tune_lr=True, stack="off",
-                                               tune_points=3, tune_extend=1)))
+    study = ablation.size_study(plan_study(asked(spec, "--tune-points", "3", "--tune-extend", "1",
+                                                 runs_dir=tmp_path / "runs", tune_lr=True, stack="off")))
     ablation.run_study(study, fake_train(study.sweep_dir, optimum))
     return study.sweep_dir
 
 
 def test_the_shared_lr_makes_a_call_the_tuned_lrs_do_not_and_it_is_flagged(tmp_path):
     root = tuned_folder(tmp_path)
-    runs_df, _, effects = effects_mod.report_frames(root)
+    r = build_report(root)
+    runs_df = r.runs
     assert set(runs_df["seed"]) == {1337, 1338, 1339, 1340, 1341} and len(runs_df) == 10  # no selection run
-    assert set(runs_df["settings"].map(lambda s: json.loads(s)["train.lr"])) == {record_mod.TUNED}
-    tuned = fair_lr.tuned_frames(runs_df, effects)
+    # each config at its own LR: the LR is no setting the configs are grouped by (no string stands in for it)
+    assert not runs_df["settings"].map(lambda s: "train.lr" in json.loads(s)).any() and runs_df["tuned"].all()
+    assert set(runs_df["lr"]) == {6e-3, 3e-3}
+    tuned = r.tuning
     row = tuned.comparison.iloc[0]
     assert (row.flip, row.call, row.n_pairs, row.shared_n_pairs) == ("rope", stats.NEGLIGIBLE, 5, 5)
     assert row.shared_call == stats.HELPS and math.isclose(row.shared_gain, 0.1, abs_tol=0.01)
     assert row.confounded and (row.end_lr, row.variant_lr) == (6e-3, 3e-3)
     assert fair_lr.lines(tuned)[1].startswith("LR-confounded: rope added: negligible at its own LRs, helps at "
                                               "the shared LR")
-    paths = write.write_report(root)
+    paths = write.write_report(build_report(root))
     md = paths["report.md"].read_text()
     assert "## Fair learning rates" in md and "**LR-confounded**: rope added is negligible" in md
     assert paths["lr-sensitivity.png"].is_file()
@@ -71,16 +75,17 @@ def test_the_shared_lr_makes_a_call_the_tuned_lrs_do_not_and_it_is_flagged(tmp_p
 
 def test_a_folder_not_tuned_reads_as_before(tmp_path):
     spec = write_spec(tmp_path, top={"seeds": 3, "flips": ["rope"], "directions": ["add-one"]})
-    study = ablation.size_study(plan_study(Ask(spec, runs_dir=tmp_path / "runs", stack="off")))
+    study = ablation.size_study(plan_study(Ask(spec=spec, runs_dir=tmp_path / "runs", stack="off")))
     ablation.run_study(study, fake_train(study.sweep_dir))
-    runs_df, _, effects = effects_mod.report_frames(study.sweep_dir)
-    assert len(runs_df) == 6 and fair_lr.tuned_frames(runs_df, effects) is None
-    assert record_mod.rerun_flags(study.sweep_dir) == []
+    r = build_report(study.sweep_dir)
+    runs_df = r.runs
+    assert len(runs_df) == 6 and r.tuning is None and "tuned" not in runs_df
+    assert record_mod.rerun_flags(r.rules.tune) == []
 
 
 def test_the_advice_command_goes_on_with_the_grid(tmp_path):
     root = tuned_folder(tmp_path)
-    assert record_mod.rerun_flags(root) == ["--tune-lr", "--tune-points", "3", "--tune-extend", "1"]
+    assert record_mod.rerun_flags(records.read_tune(root)) == ["--tune-lr", "--tune-points", "3", "--tune-extend", "1"]
 
 
 # ------------------------------------------------------------------ the selection's error in the interval
@@ -101,7 +106,7 @@ def test_the_regret_bound_is_the_runner_up_chance_plus_the_grid_step_cost():
 
 def test_the_allowance_widens_below_by_the_config_without_the_component(tmp_path):
     root = tuned_folder(tmp_path)
-    record = record_mod.read_record(root)
+    record = records.read_tune(root)
     end, var = (record_mod.regret_bound(a.lrs, a.losses, a.lr, 0.02 / math.sqrt(2)) for a in record.arms)
     added = record_mod.allowance(record, "2017", "2017+rope", True, 0.02)
     removed = record_mod.allowance(record, "2017", "2017+rope", False, 0.02)  # the end then has the component
@@ -112,7 +117,7 @@ def test_the_allowance_widens_below_by_the_config_without_the_component(tmp_path
 def test_an_effects_own_sd_is_floored_at_its_familys_median_in_the_allowance(tmp_path):
     """At 3 seeds an effect's sd is often far below its truth, and its interval narrow exactly then: the
     allowance takes the larger of its own sd and the median of the effects judged with it."""
-    record = record_mod.read_record(tuned_folder(tmp_path))
+    record = records.read_tune(tuned_folder(tmp_path))
     assert record_mod.family_sd([0.03, math.nan, 0.01, None, 0.02]) == 0.02
     assert record_mod.family_sd([0.01, 0.04]) == pytest.approx(0.025) and math.isnan(record_mod.family_sd([]))
     floored = record_mod.allowance(record, "2017", "2017+rope", True, 1e-4, floor=0.02)
@@ -124,13 +129,14 @@ def test_an_effects_own_sd_is_floored_at_its_familys_median_in_the_allowance(tmp
 
 def test_a_tuned_report_floors_each_allowance_at_the_groups_median_sd(tmp_path):
     spec = write_spec(tmp_path, top={"seeds": 5, "flips": ["rope", "swiglu", "gqa"], "directions": ["add-one"]})
-    study = ablation.size_study(plan_study(Ask(spec, runs_dir=tmp_path / "runs", tune_lr=True, stack="off",
-                                               tune_points=3, tune_extend=1)))
+    study = ablation.size_study(plan_study(asked(spec, "--tune-points", "3", "--tune-extend", "1",
+                                                 runs_dir=tmp_path / "runs", tune_lr=True, stack="off")))
     half = {"2017": 6e-3 * 2 ** 0.5, "2017+rope": 3e-3 * 2 ** 0.5, "2017+swiglu": 6e-3 * 2 ** 0.5,
             "2017+gqa": 3e-3 * 2 ** 0.5}  # each best between two grid points: the runner-up part counts
     ablation.run_study(study, fake_train(study.sweep_dir, half))
-    record = record_mod.read_record(study.sweep_dir)
-    _, _, effects = effects_mod.report_frames(study.sweep_dir)
+    record = records.read_tune(study.sweep_dir)
+    r = build_report(study.sweep_dir)
+    effects = r.effects
     rows = effects[effects["metric"] == "best_val_loss"]
     floor = record_mod.family_sd(rows["sd"])
     low, high = rows.loc[rows["sd"].idxmin()], rows.loc[rows["sd"].idxmax()]
@@ -159,15 +165,14 @@ def test_judge_widens_the_interval_and_the_mde_by_the_allowance():
 
 def test_a_tuned_report_widens_each_tuned_interval_and_says_so_and_not_the_shared_ones(tmp_path):
     root = tuned_folder(tmp_path, {k: v * 2 ** 0.3 for k, v in OPTIMUM.items()})  # optima between grid points
-    _, _, effects = effects_mod.report_frames(root)
+    r = build_report(root)
+    effects = r.effects
     row = effects[effects["metric"] == "best_val_loss"].iloc[0]
-    bound = record_mod.allowance(record_mod.read_record(root), "2017", "2017+rope", True, row["sd"])
+    bound = record_mod.allowance(records.read_tune(root), "2017", "2017+rope", True, row["sd"])
     crit = (row["gain"] - row["adj_low"] - bound["allow_low"]) / row["se"]
     assert crit == pytest.approx((row["adj_high"] - bound["allow_high"] - row["gain"]) / row["se"])
     assert bound["allow_low"] > 0 and "interval widened by the LR selection's error" in row["note"]
-    runs_df, _, _ = effects_mod.report_frames(root)
-    tuned = fair_lr.tuned_frames(runs_df, effects)
-    shared = tuned.comparison.iloc[0]
+    shared = r.tuning.comparison.iloc[0]
     assert shared.shared_high - shared.shared_gain == pytest.approx(shared.shared_gain - shared.shared_low)
 
 
@@ -177,17 +182,18 @@ def test_a_tuned_report_widens_each_tuned_interval_and_says_so_and_not_the_share
 def study_alone_folder(tmp_path, optimum=None):
     """tuned_folder's study planned with --no-tune-shared: the selection and the study's runs, none beside."""
     spec = write_spec(tmp_path, top={"seeds": 5, "flips": ["rope"], "directions": ["add-one"]})
-    study = ablation.size_study(plan_study(Ask(spec, runs_dir=tmp_path / "runs", tune_lr=True, stack="off",
-                                               tune_points=3, tune_extend=1, tune_shared=False)))
+    study = ablation.size_study(plan_study(asked(spec, "--tune-points", "3", "--tune-extend", "1", "--no-tune-shared",
+                                                 runs_dir=tmp_path / "runs", tune_lr=True, stack="off")))
     ablation.run_study(study, fake_train(study.sweep_dir, optimum))
     return study.sweep_dir
 
 
 def test_a_study_without_shared_lr_runs_lists_its_tuned_effects_unflagged(tmp_path):
     root = study_alone_folder(tmp_path)
-    runs_df, _, effects = effects_mod.report_frames(root)
+    r = build_report(root)
+    runs_df = r.runs
     assert len(runs_df) == 10  # the study's runs only, as with the shared-LR runs beside
-    tuned = fair_lr.tuned_frames(runs_df, effects)
+    tuned = r.tuning
     row = tuned.comparison.iloc[0]
     assert (row.flip, row.call, row.n_pairs, row.shared_n_pairs, row.shared_call) == ("rope", stats.NEGLIGIBLE, 5, 0,
                                                                                      stats.NONE)
@@ -197,9 +203,9 @@ def test_a_study_without_shared_lr_runs_lists_its_tuned_effects_unflagged(tmp_pa
                              "title": "+rope vs 2017"}]
     assert fair_lr.lines(tuned)[1] == ("the shared-LR comparison was not trained ([tune] shared = false): no call is "
                                        "checked for LR confounding")
-    assert record_mod.rerun_flags(root) == ["--tune-lr", "--tune-points", "3", "--tune-extend", "1",
-                                            "--no-tune-shared"]
-    paths = write.write_report(root)
+    assert record_mod.rerun_flags(r.rules.tune) == ["--tune-lr", "--tune-points", "3", "--tune-extend", "1",
+                                                    "--no-tune-shared"]
+    paths = write.write_report(r)
     md = paths["report.md"].read_text()
     assert "## Fair learning rates" in md and "LR-confounded**:" not in md and "shared call" not in md
     assert "The shared-LR comparison was not trained ([tune] shared = false)" in md and "Beside it" not in md
@@ -212,13 +218,14 @@ def test_a_study_without_shared_lr_runs_lists_its_tuned_effects_unflagged(tmp_pa
 
 def test_without_shared_lr_runs_a_config_not_tuned_has_an_effect_with_no_call(tmp_path):
     root = study_alone_folder(tmp_path, {"2017": 6e-3, "2017+rope": 1e-1})  # rope's best far past the top edge
-    runs_df, _, effects = effects_mod.report_frames(root)
-    assert set(runs_df["run_id"].map(record_mod.slug_of)) == {"2017"}  # 2017+rope trained only its selection
-    tuned = fair_lr.tuned_frames(runs_df, effects)
+    r = build_report(root)
+    runs_df = r.runs
+    assert set(runs_df["config"]) == {"2017"}  # 2017+rope trained only its selection
+    tuned = r.tuning
     row, = tuned.comparison.itertuples()
     assert (row.flip, row.against, row.call, row.shared_call, row.confounded) == ("rope", "2017 end",
                                                                                fair_lr.NOT_TUNED, stats.NONE, False)
     assert (row.end_lr, row.variant_lr) == (6e-3, None) and [p["variant"] for p in tuned.panels] == ["2017+rope"]
-    paths = write.write_report(root)
+    paths = write.write_report(build_report(root))
     assert "its effects get no tuned call, and no shared-LR one" in paths["report.md"].read_text()
     assert paths["lr-sensitivity.png"].is_file()

@@ -6,16 +6,17 @@ from __future__ import annotations
 import re
 
 import pytest
+from report_runs import called_sweep
 
 from anatomy_cli.report import page, write
-from tests.report.test_report import called_sweep
+from anatomy_cli.report.build import build_report
 
 pytestmark = pytest.mark.slow  # writes a whole report with figures: seconds
 
 
 def test_every_figure_links_to_its_own_png_beside_the_page(tmp_path):
     called_sweep(tmp_path)
-    paths = write.write_report(tmp_path, formats=("html",))
+    paths = write.write_report(build_report(tmp_path), formats=("html",))
     html = paths["report.html"].read_text()
     figures = re.findall(r'<div class="fig">(.*?)</div>', html, re.S)
     assert figures and len(figures) == html.count("<img")

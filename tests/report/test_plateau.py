@@ -10,14 +10,14 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from report_runs import make_run
 
 from anatomy_cli.data.corpus import build_corpus, unigram_loss
-from anatomy_cli.report import effects as effects_mod
 from anatomy_cli.report import figures, plateau, write
+from anatomy_cli.report.build import build_report
 from anatomy_cli.report.sections import verdict_text
 from anatomy_cli.report.verdict import verdict_frame
 from anatomy_cli.spec.components import FIVE
-from tests.report.test_report import make_run
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -158,8 +158,8 @@ def loss_verdict(effects):
 
 def test_a_run_left_on_the_plateau_is_named_in_terminal_report_and_json(tmp_path):
     root = study(tmp_path / "study")
-    frames = effects_mod.report_frames(root)
-    runs, _, effects = frames
+    r = build_report(root)
+    runs, effects = r.runs, r.effects
     stuck = runs.set_index("run_id").loc["2017+gqa-s1"]
     assert stuck["plateau"].startswith("ended on the unigram plateau") and stuck["unigram_loss"] == U
     assert stuck["plateau_effects"] == "gqa added to the 2017 end"
@@ -169,12 +169,12 @@ def test_a_run_left_on_the_plateau_is_named_in_terminal_report_and_json(tmp_path
     assert loss.loc[("gqa", "add-one"), "note"].startswith(f"{plateau.NOTE_HEAD}: 2017+gqa-s1.")
     assert (loss.drop(("gqa", "add-one"))["note"] == "").all()  # the effects it does not enter: no note
 
-    text = verdict_text(loss_verdict(effects), runs, root, 100)
+    text = verdict_text(r, 100)
     flat = " ".join(text.split())
     assert "unigram plateau: 2017+gqa-s1 ended on the unigram plateau" in flat
     assert "it enters gqa added to the 2017 end" in flat
 
-    paths = write.write_report(root, frames=frames)
+    paths = write.write_report(r)
     md = paths["report.md"].read_text()
     verdict_part = md.split("## Verdict")[1].split("## ")[0]
     assert "**Unigram plateau**: **2017+gqa-s1** ended on the unigram plateau" in verdict_part
@@ -191,8 +191,7 @@ def test_a_run_left_on_the_plateau_is_named_in_terminal_report_and_json(tmp_path
 
 
 def test_the_forest_axis_leaves_out_the_plateau_intervals_far_ends_and_marks_them(tmp_path):
-    runs, _, effects = effects_mod.report_frames(study(tmp_path / "study"))
-    verdict = loss_verdict(effects)
+    verdict = loss_verdict(build_report(study(tmp_path / "study")).effects)
     wide = verdict.set_index(["flip", "direction"]).loc[("gqa", "add-one")]
     assert wide["adj_high"] - wide["adj_low"] > 3  # the plateau run's 8-nat interval of the demo, in small
     fig = figures.forest_figure(verdict)
@@ -212,10 +211,11 @@ def test_the_forest_axis_leaves_out_the_plateau_intervals_far_ends_and_marks_the
 
 def test_a_study_with_no_run_on_the_plateau_says_nothing_of_it(tmp_path):
     root = study(tmp_path / "study", stuck=False)
-    runs, _, effects = effects_mod.report_frames(root)
+    r = build_report(root)
+    runs, effects = r.runs, r.effects
     assert runs["plateau"].isna().all()
     assert (effects.loc[effects["metric"] == "best_val_loss", "note"] == "").all()
-    assert "plateau" not in verdict_text(loss_verdict(effects), runs, root, 100)
+    assert "plateau" not in verdict_text(r, 100)
     assert plateau.plateau_lines(runs) == []
     ax = figures.forest_figure(loss_verdict(effects)).axes[0]
     assert not [t for t in ax.texts if (t.get_gid() or "").startswith("off-axis")]
@@ -223,7 +223,8 @@ def test_a_study_with_no_run_on_the_plateau_says_nothing_of_it(tmp_path):
 
 def test_runs_without_a_unigram_loss_are_listed_as_unknown(tmp_path):
     make_run(tmp_path, "base")
-    runs, _, _ = effects_mod.report_frames(tmp_path)
+    r = build_report(tmp_path)
+    runs = r.runs
     assert runs["unigram_loss"].isna().all() and runs["plateau"].isna().all()
     assert plateau.plateau_record(runs)["unknown"] == ["base"]
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import invoke
+from helpers import invoke, one_error_line
+from report_runs import called_sweep
 
-from anatomy_cli.report import rejudge, results, stats
-from tests.report.test_report import called_sweep
+from anatomy_cli.report import rejudge, results_blocks, results_file, stats
 
 
 @pytest.fixture
@@ -24,7 +24,7 @@ def written(tmp_path):
 def test_a_file_the_report_wrote_today_is_judged_the_same(written):
     """The paired sd recovered from the recorded raw interval gives back every call, interval and mde
     the report wrote: rejudging is exactly the report's rule on the same runs."""
-    doc = results.load(written)
+    doc = results_file.load(written)
     new, changes = rejudge.rejudge(doc)
     assert changes == []
     for old, fresh in zip(doc["effects"], new["effects"]):
@@ -35,7 +35,7 @@ def test_a_file_the_report_wrote_today_is_judged_the_same(written):
 
 
 def test_a_call_that_rested_on_pooling_is_judged_on_its_own_variance(written):
-    doc = results.load(written)
+    doc = results_file.load(written)
     loss = [e for e in doc["effects"] if e["metric"] == "best_val_loss"]
     e = loss[0]
     # as the rule of issues 28-34 recorded one: a narrow interval on 12 pooled df, its own raw one wide
@@ -49,7 +49,7 @@ def test_a_call_that_rested_on_pooling_is_judged_on_its_own_variance(written):
 
 
 def test_speed_from_training_runs_is_not_timed(written):
-    doc = results.load(written)
+    doc = results_file.load(written)
     speed = [e for e in doc["effects"] if e["metric"] == "tokens_per_s"]
     assert speed, "the toy study records tokens/s"
     for e in speed:
@@ -59,27 +59,26 @@ def test_speed_from_training_runs_is_not_timed(written):
     assert len([c for c in changes if c["after"] == stats.NOT_TIMED]) == len(speed)
 
 
-def test_the_command_rewrites_checks_and_refuses(written, tmp_path, capsys):
+def test_the_command_rewrites_checks_and_refuses(written, tmp_path):
     doc = json.loads(written.read_text())
     doc["effects"][0]["call"] = stats.SMALL  # a call the recorded numbers do not give
     written.write_text(json.dumps(doc, indent=1) + "\n")
     before = written.read_text()
-    assert rejudge.main([str(written), "--check"]) == 1 and written.read_text() == before  # --check writes nothing
-    assert "| below margin |" in capsys.readouterr().out
-    assert rejudge.main([str(written)]) == 0
-    assert rejudge.main([str(written), "--check"]) == 0  # judged again: nothing left to change
-    assert "no call changes" in capsys.readouterr().out
+    checked = invoke("rejudge", written, "--check")
+    assert checked.exit_code == 1 and written.read_text() == before  # --check writes nothing
+    assert "| below margin |" in checked.stdout
+    assert invoke("rejudge", written).exit_code == 0
+    again = invoke("rejudge", written, "--check")
+    assert again.exit_code == 0 and "no call changes" in again.stdout  # judged again: nothing left to change
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
-    assert rejudge.main([str(bad)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "not an anatomy results file" in err[0]
+    one_error_line(invoke("rejudge", bad), "not an anatomy results file")
 
 
 def test_a_ladder_is_judged_again_whole_by_size_rows_and_trends():
     """On the shipped scale study: each size's row repeats its effect's interval and call, and a second
     pass changes nothing (the rewritten file is a fixed point)."""
-    doc = results.load(results.RESULTS_DIR / "scale.json")
+    doc = results_file.load(results_blocks.RESULTS_DIR / "scale.json")
     loss = {(e["flip"], e["direction"], e["group"]): e for e in doc["effects"] if e["metric"] == "best_val_loss"}
     stale = json.loads(json.dumps(doc))
     for row in stale["scale"]["effects"]:

@@ -9,9 +9,11 @@ import statistics
 from pathlib import Path
 
 import pytest
+from report_runs import CALLED, anatomy_results, called_sweep
 
-from anatomy_cli.report import effects, results
-from tests.report.test_report import CALLED, called_sweep
+from anatomy_cli.report import results_blocks, results_build, results_file
+from anatomy_cli.report.build import build_report
+from anatomy_cli.store import records
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -25,11 +27,11 @@ PENDING = re.compile(r"<!-- pending-results (?P<study>[\w.-]+) -->(?P<body>.*?)<
 @EACH_PAGE
 def test_readme_blocks_match_their_results_files(page):
     text = page.read_text(encoding="utf-8")
-    for m in results.MARK.finditer(text):
-        assert (ROOT / results.RESULTS_DIR / f"{m['study']}.json").is_file(), f"no results file for {m['study']}"
-    assert results.root_of(page) == ROOT  # docs/ pages read the repository's experiments/results/
-    assert results.drifted(text, ROOT) == []
-    assert results.main(["--check", str(page)]) == 0
+    for m in results_blocks.MARK.finditer(text):
+        assert (ROOT / results_blocks.RESULTS_DIR / f"{m['study']}.json").is_file(), f"no results file for {m['study']}"
+    assert results_blocks.root_of(page) == ROOT  # docs/ pages read the repository's experiments/results/
+    assert results_blocks.drifted(text, ROOT) == []
+    assert anatomy_results("--check", str(page))[0] == 0
 
 
 @EACH_PAGE
@@ -37,18 +39,18 @@ def test_no_result_number_outside_a_rendered_block(page):
     """Hand-typed results live only in pending regions, and only until their study's file exists."""
     text = page.read_text(encoding="utf-8")
     for m in PENDING.finditer(text):
-        assert not (ROOT / results.RESULTS_DIR / f"{m['study']}.json").exists(), (
+        assert not (ROOT / results_blocks.RESULTS_DIR / f"{m['study']}.json").exists(), (
             f"experiments/results/{m['study']}.json exists: render the README's pending {m['study']} numbers from "
-            f"it (marked blocks, python -m anatomy_cli.report.results README.md)")
-    bare = PENDING.sub("", results.MARK.sub("", text))
+            f"it (marked blocks, anatomy results README.md)")
+    bare = PENDING.sub("", results_blocks.MARK.sub("", text))
     bare = re.sub(r"```.*?```", "", bare, flags=re.DOTALL)  # commands and specs, not results
     assert RESULT_NUMBER.findall(bare) == []
 
 
 def rendered_study(tmp_path) -> tuple[Path, dict]:
     called_sweep(tmp_path / "runs" / "toy")
-    frames = effects.report_frames(tmp_path / "runs" / "toy")
-    path = results.write_results(tmp_path / "doc" / results.RESULTS_DIR / "toy.json", tmp_path / "runs" / "toy", frames)
+    path = results_build.write_results(tmp_path / "doc" / results_blocks.RESULTS_DIR / "toy.json",
+                                       build_report(tmp_path / "runs" / "toy"))
     return path, json.loads(path.read_text())
 
 
@@ -65,12 +67,12 @@ RoPE gains <!-- results toy gain rope add-one --><!-- /results --> nats
 
 def test_results_file_renders_every_kind_and_drift_fails(tmp_path):
     path, doc = rendered_study(tmp_path)
-    assert doc["format"] == results.FORMAT and doc["version"] == results.VERSION and doc["study"] == "toy"
+    assert doc["format"] == results_file.FORMAT and doc["version"] == results_file.VERSION and doc["study"] == "toy"
     assert path.stat().st_size < 20_000 and "curves" not in doc and "runs" in doc  # small: no curves, no paths
     assert {e["flip"]: e["call"] for e in doc["effects"] if e["metric"] == "best_val_loss"} == {
         f: call for f, (_, call) in CALLED.items()}
 
-    text = results.update(DOC, tmp_path / "doc")
+    text = results_blocks.update(DOC, tmp_path / "doc")
     rope = next(e for e in doc["effects"] if e["flip"] == "rope" and e["metric"] == "best_val_loss")
     assert f"RoPE gains <!-- results toy gain rope add-one -->{rope['gain']:+.3f}<!-- /results --> nats" in text
     assert f"| rope | {rope['gain']:+.3f} [{rope['adj_low']:+.3f}, {rope['adj_high']:+.3f}] helps |" in text
@@ -81,13 +83,14 @@ def test_results_file_renders_every_kind_and_drift_fails(tmp_path):
     assert "Each interval at 99 % (Bonferroni: 0.05 split over the 5 effects), so all 5 hold together" in text
     mde = statistics.median(e["mde"] for e in doc["effects"] if e["metric"] == "best_val_loss" and e["mde"] is not None)
     assert f"An effect of {mde:.3f} nats/char is called 80 % of the time" in text
-    assert results.drifted(text, tmp_path / "doc") == [] and results.update(text, tmp_path / "doc") == text
+    assert results_blocks.drifted(text, tmp_path / "doc") == []
+    assert results_blocks.update(text, tmp_path / "doc") == text
 
     edited = text.replace(f"{rope['gain']:+.3f}<!-- /results --> nats", "+0.500<!-- /results --> nats")
-    assert results.drifted(edited, tmp_path / "doc") == ["toy gain rope add-one"]
+    assert results_blocks.drifted(edited, tmp_path / "doc") == ["toy gain rope add-one"]
     (tmp_path / "doc" / "README.md").write_text(edited)
-    assert results.main(["--check", str(tmp_path / "doc" / "README.md")]) == 1
-    assert results.main([str(tmp_path / "doc" / "README.md")]) == 0
+    assert anatomy_results("--check", str(tmp_path / "doc" / "README.md"))[0] == 1
+    assert anatomy_results(str(tmp_path / "doc" / "README.md"))[0] == 0
     assert (tmp_path / "doc" / "README.md").read_text() == text  # rewritten from the file
 
 
@@ -95,12 +98,13 @@ def test_results_format_is_forward_compatible(tmp_path):
     path, doc = rendered_study(tmp_path)
     newer_keys = doc | {"something_new": [1, 2]} | {"effects": [e | {"new_field": 1} for e in doc["effects"]]}
     path.write_text(json.dumps(newer_keys))
-    assert results.update(DOC, tmp_path / "doc") == results.update(DOC, tmp_path / "doc")  # unknown keys ignored
-    path.write_text(json.dumps(doc | {"version": results.VERSION + 1}))
-    with pytest.raises(results.ResultsError, match="results version 2; this anatomy reads up to 1"):
-        results.update(DOC, tmp_path / "doc")
-    with pytest.raises(results.ResultsError, match="unknown results block"):
-        results.render(doc, "pie-chart")
+    same = results_blocks.update(DOC, tmp_path / "doc")
+    assert same == results_blocks.update(DOC, tmp_path / "doc")  # unknown keys ignored
+    path.write_text(json.dumps(doc | {"version": results_file.VERSION + 1}))
+    with pytest.raises(results_file.ResultsError, match="results version 2; this anatomy reads up to 1"):
+        results_blocks.update(DOC, tmp_path / "doc")
+    with pytest.raises(results_file.ResultsError, match="unknown results block"):
+        results_blocks.render(doc, "pie-chart")
 
 
 @pytest.mark.slow  # writes whole reports with figures: seconds each
@@ -113,7 +117,7 @@ def test_report_writes_the_results_file(tmp_path):
     out = tmp_path / "experiments" / "results" / "toy.json"
     result = CliRunner().invoke(app, ["report", str(tmp_path / "toy"), "--results", str(out)])
     assert result.exit_code == 0, result.output
-    assert results.load(out)["study"] == "toy" and f"results: {out}" in result.stdout
+    assert results_file.load(out)["study"] == "toy" and f"results: {out}" in result.stdout
 
 
 def test_parts_block_shows_quality_speed_size_and_decode_state():
@@ -132,7 +136,7 @@ def test_parts_block_shows_quality_speed_size_and_decode_state():
                      "positions": 4096},
                     {"role": "+swa", "params": 1000, "active_params": 1000, "state_bytes_4k": 2**19,
                      "positions": 4096}]}
-    lines = results.render(doc, "parts").strip().splitlines()
+    lines = results_blocks.render(doc, "parts").strip().splitlines()
     assert lines[0] == ("| part | gain in best val loss | speed (tokens/s) | params (active) | decode state at "
                         "4,096 positions |")
     assert lines[2] == ("| moe | +0.050 [+0.020, +0.080] helps | −40.0 % [−45.0, −35.0] hurts | 3,000 (1,004) "
@@ -142,7 +146,7 @@ def test_parts_block_shows_quality_speed_size_and_decode_state():
     assert lines[4] == "| (LLaMA end) | | | 1,000 (1,000) | 2.00 MiB |"
     # speed from the training runs themselves (no timing pass: the row carries the overlap note) is no timing
     doc["effects"][2] |= {"note": "from training runs that may have shared the CPU: not a fair timing"}
-    assert "| moe | +0.050 [+0.020, +0.080] helps | not timed |" in results.render(doc, "parts")
+    assert "| moe | +0.050 [+0.020, +0.080] helps | not timed |" in results_blocks.render(doc, "parts")
 
 
 def test_a_results_file_missing_keys_is_one_line_and_exit_2(tmp_path, capsys):
@@ -150,10 +154,11 @@ def test_a_results_file_missing_keys_is_one_line_and_exit_2(tmp_path, capsys):
     (tmp_path / "experiments" / "results" / "bad.json").write_text('{"format": "anatomy-results", "version": 1}')
     readme = tmp_path / "README.md"
     readme.write_text("<!-- results bad parts -->\n<!-- /results -->\n")
-    assert results.main([str(readme)]) == 2
-    err = capsys.readouterr().err.strip()
+    code, err = anatomy_results(str(readme))
+    assert code == 2
+    err = err.strip()
     assert err.startswith("error: ") and "bad.json cannot render 'parts': KeyError" in err and "\n" not in err
-    assert results.main([str(tmp_path / "missing.md")]) == 2
+    assert anatomy_results(str(tmp_path / "missing.md"))[0] == 2
 
 
 def test_ends_say_where_each_end_was_best_and_where_it_ended():
@@ -165,15 +170,15 @@ def test_ends_say_where_each_end_was_best_and_where_it_ended():
                 "ends": {role: {"name": name, "mean": mean, "sd": None, "seeds": 1, **fit}
                          for role, (name, mean, fit) in ends.items()}}
 
-    text = results.render(doc(reference=("2017", 2.6, {"best_step": 2000, "last_step": 2000, "final": 2.6}),
+    text = results_blocks.render(doc(reference=("2017", 2.6, {"best_step": 2000, "last_step": 2000, "final": 2.6}),
                               **{"all-on": ("llama", 2.2, {"best_step": 700, "last_step": 2000, "final": 3.2})}),
                           "ends")
     assert "the 2017 end reaches 2.600 at step 2,000, still improving at its last evaluation" in text
     assert "the llama end reaches 2.200 at step 700, then overfits: 3.200 at step 2,000" in text
     middle = doc(reference=("2017", 2.6, {"best_step": 1500, "last_step": 2000, "final": 2.7}))
     middle["ends"]["reference"]["seeds"] = 3
-    assert "reaches 2.600 at median step 1,500 (2.700 at step 2,000);" in results.render(middle, "ends")
-    old = results.render(doc(reference=("2017", 2.6, {})), "ends")
+    assert "reaches 2.600 at median step 1,500 (2.700 at step 2,000);" in results_blocks.render(middle, "ends")
+    old = results_blocks.render(doc(reference=("2017", 2.6, {})), "ends")
     assert "Best val loss (nats/char), one seed: the 2017 end reaches 2.600; budget 2,000 steps" in old
 
 
@@ -194,16 +199,15 @@ def tuned_results(tmp_path, optimum=None) -> tuple[Path, dict]:
     from tests.report.test_fair_lr import tuned_folder
 
     root = tuned_folder(tmp_path, optimum)
-    path = results.write_results(tmp_path / "doc" / results.RESULTS_DIR / "tuned.json", root,
-                                 effects.report_frames(root))
-    return path, results.load(path)
+    path = results_build.write_results(tmp_path / "doc" / results_blocks.RESULTS_DIR / "tuned.json", build_report(root))
+    return path, results_file.load(path)
 
 
 def test_a_tuned_study_s_results_file_holds_its_lrs_and_the_shared_lr_comparison(tmp_path):
     from anatomy_cli.report import tuning
 
     path, doc = tuned_results(tmp_path)  # rope moves the best LR down: negligible tuned, helps at the shared LR
-    record = tuning.read_record(tmp_path / "runs" / doc["study"])
+    record = records.read_tune(tmp_path / "runs" / doc["study"])
     assert doc["tuning"]["grid"] == record.grid.model_dump(mode="json") and doc["tuning"]["seeds"] == [1336]
     assert [(a["name"], a["lr"], a["lrs"]) for a in doc["tuning"]["arms"]] == [
         (a.arm, a.lr, a.lrs) for a in record.arms] and [a["lr"] for a in doc["tuning"]["arms"]] == [6e-3, 3e-3]
@@ -211,8 +215,8 @@ def test_a_tuned_study_s_results_file_holds_its_lrs_and_the_shared_lr_comparison
     assert (row["flip"], row["call"], row["shared_call"], row["confounded"]) == ("rope", "negligible", "helps", True)
     assert (row["end_arm"], row["variant_arm"], row["end_lr"], row["variant_lr"]) == ("2017", "2017+rope", 6e-3, 3e-3)
 
-    text = results.update(TUNED_DOC, tmp_path / "doc")
-    g = results._g  # the file's other tables' numbers, the true minus sign included
+    text = results_blocks.update(TUNED_DOC, tmp_path / "doc")
+    g = results_blocks._g  # the file's other tables' numbers, the true minus sign included
     assert (f"| rope | added to 2017 | {g(row['gain'])} | [{g(row['adj_low'])}, {g(row['adj_high'])}] | negligible "
             f"| {g(row['shared_gain'])} | [{g(row['shared_low'])}, {g(row['shared_high'])}] | helps | LR-confounded "
             f"| {tuning.lr_text(6e-3)}, {tuning.lr_text(3e-3)} |") in text
@@ -221,13 +225,14 @@ def test_a_tuned_study_s_results_file_holds_its_lrs_and_the_shared_lr_comparison
             f"{best['2017+rope']['sensitivity']:.4f} | 3 | {record.arm('2017+rope').reason} |") in text
     assert f"trains at <!-- results tuned lr 2017 -->{tuning.lr_text(6e-3)}<!-- /results -->" in text
     assert f"shared-gain rope add-one -->{g(row['shared_gain'])}<!-- /results -->" in text and "-->helps<" in text
-    assert results.drifted(text, tmp_path / "doc") == []
+    assert results_blocks.drifted(text, tmp_path / "doc") == []
 
     bad = json.loads(path.read_text())  # the schema types the key: a wrong value is refused by name
     bad["tuning"]["comparison"][0]["confounded"] = "yes"
     path.write_text(json.dumps(bad))
-    with pytest.raises(results.ResultsError, match=r"tuning\.comparison\[0\]\.confounded: Input should be a valid"):
-        results.load(path)
+    with pytest.raises(results_file.ResultsError,
+                       match=r"tuning\.comparison\[0\]\.confounded: Input should be a valid"):
+        results_file.load(path)
 
 
 def test_a_config_not_tuned_shows_as_not_tuned(tmp_path):
@@ -237,28 +242,28 @@ def test_a_config_not_tuned_shows_as_not_tuned(tmp_path):
     arm = next(a for a in doc["tuning"]["arms"] if a["name"] == "2017+rope")
     row, = doc["tuning"]["comparison"]
     assert arm["lr"] is None and row["gain"] is None and row["call"] == "not tuned"
-    table = results.render(doc, "tuning")
-    assert f"| rope | added to 2017 | n/a | — | not tuned | {results._g(row['shared_gain'])} |" in table
+    table = results_blocks.render(doc, "tuning")
+    assert f"| rope | added to 2017 | n/a | — | not tuned | {results_blocks._g(row['shared_gain'])} |" in table
     assert table.rstrip().endswith(f"| {tuning.lr_text(6e-3)}, not tuned |") and "LR-confounded" not in table
-    assert results.render(doc, "lr 2017+rope") == "not tuned"
-    assert f"| 2017+rope | not tuned | {arm['best_loss']:.4f} |" in results.render(doc, "lrs")
+    assert results_blocks.render(doc, "lr 2017+rope") == "not tuned"
+    assert f"| 2017+rope | not tuned | {arm['best_loss']:.4f} |" in results_blocks.render(doc, "lrs")
 
 
 def test_a_study_not_tuned_refuses_the_tuning_blocks_in_one_line(tmp_path, capsys):
     path, doc = rendered_study(tmp_path)
     assert "tuning" not in doc
     for what in ("tuning", "lrs", "lr 2017", "shared-call rope add-one"):
-        with pytest.raises(results.ResultsError, match="^toy: no tuning results \\(the study was not run with "
+        with pytest.raises(results_file.ResultsError, match="^toy: no tuning results \\(the study was not run with "
                                                        "--tune-lr\\)$"):
-            results.render(doc, what)
+            results_blocks.render(doc, what)
     readme = tmp_path / "doc" / "README.md"
     readme.write_text("<!-- results toy tuning -->\n<!-- /results -->\n")
-    assert results.main([str(readme)]) == 2
-    err = capsys.readouterr().err
+    code, err = anatomy_results(str(readme))
+    assert code == 2
     assert err.startswith("error: ") and err.count("\n") == 1
     assert err.endswith("toy.json cannot render 'tuning': ResultsError: toy: no tuning results (the study was not "
                         "run with --tune-lr)\n")
-    old = results.load(ROOT / results.RESULTS_DIR / "demo.json")  # written before the key: still loads
-    assert "tuning" not in old and results.render(old, "verdict").count("\n") > 3
-    with pytest.raises(results.ResultsError, match="demo: no tuning results"):
-        results.render(old, "lrs")
+    old = results_file.load(ROOT / results_blocks.RESULTS_DIR / "demo.json")  # written before the key: still loads
+    assert "tuning" not in old and results_blocks.render(old, "verdict").count("\n") > 3
+    with pytest.raises(results_file.ResultsError, match="demo: no tuning results"):
+        results_blocks.render(old, "lrs")

@@ -10,12 +10,11 @@ import re
 from pathlib import Path
 
 import pytest
+from report_runs import make_run
 
-from anatomy_cli.report import effects as effects_mod
-from anatomy_cli.report import results, sections, stats, write
-from anatomy_cli.report.verdict import verdict_frame
+from anatomy_cli.report import results_blocks, results_build, results_file, sections, stats, write
+from anatomy_cli.report.build import build_report
 from anatomy_cli.spec.components import FIVE
-from tests.report.test_report import make_run
 
 ROOT = Path(__file__).resolve().parents[2]
 GAINS = {"rope": 0.4, "prenorm": 0.15, "swiglu": 0.1, "rmsnorm": 0.0, "gqa": -0.01}
@@ -65,21 +64,21 @@ def test_rule_text_adds_the_looks_and_the_family_up_to_the_family_wise_error():
 @pytest.mark.filterwarnings("ignore:No artists with labels:UserWarning")
 def test_terminal_report_speed_and_results_state_the_rule_in_one_wording(tmp_path):
     root = decided_study(tmp_path / "study", timed=True)
-    frames = effects_mod.report_frames(root)
-    loss = frames[2][frames[2]["metric"] == "best_val_loss"]
-    speed = frames[2][frames[2]["metric"] == "tokens_per_s"]
+    r = build_report(root)
+    loss = r.effects[r.effects["metric"] == "best_val_loss"]
+    speed = r.effects[r.effects["metric"] == "tokens_per_s"]
     level, m = float(loss["adj_level"].min()), int(loss["family"].max())
     assert (m, round(level, 6)) == (10, 0.9975)  # 0.05 over 2 looks and 10 effects
     want = stats.rule_text(level, m, looks=2)
 
-    terminal = flat(sections.verdict_text(verdict_frame(loss), frames[0], root, 80))
-    md = write.write_report(root, formats=("md",), frames=frames)["report.md"].read_text()
+    terminal = flat(sections.verdict_text(r, 80))
+    md = write.write_report(r, formats=("md",))["report.md"].read_text()
     verdict_md = md[md.index("## Verdict"):md.index("## Curves")]
     speed_md = md[md.index("## Speed"):md.index("## Runs")]
-    doc = results.load(results.write_results(tmp_path / "results" / "study.json", root, frames))
+    doc = results_file.load(results_build.write_results(tmp_path / "results" / "study.json", r))
     assert want in terminal and want in flat(verdict_md)
-    assert results.render(doc, "family") == want
-    assert results.render(doc, "rule").strip().startswith(want[0].upper() + want[1:] + ";")
+    assert results_blocks.render(doc, "family") == want
+    assert results_blocks.render(doc, "rule").strip().startswith(want[0].upper() + want[1:] + ";")
 
     # the timing pass is judged once: its family keeps the whole 0.05, in the report as on the terminal
     assert set(speed["adj_level"]) == {1 - 0.05 / 2}
@@ -101,11 +100,11 @@ def family_of(doc: dict) -> str:
 @pytest.mark.parametrize("page", ["README.md", "docs/statistics.md", "docs/results.md"])
 def test_the_pages_rule_blocks_are_rule_text_of_their_results_file(page):
     text = (ROOT / page).read_text(encoding="utf-8")
-    marks = list(results.MARK.finditer(text))
+    marks = list(results_blocks.MARK.finditer(text))
     ruled = [m for m in marks if m["what"] in ("rule", "family")]
     assert ruled, f"{page} states no rule from a results file"
     for m in ruled:
-        want = family_of(results.load(ROOT / results.RESULTS_DIR / f"{m['study']}.json"))
+        want = family_of(results_file.load(ROOT / results_blocks.RESULTS_DIR / f"{m['study']}.json"))
         body = m["body"].strip()
         assert body == want if m["what"] == "family" else body.startswith(want[0].upper() + want[1:] + ";"), m[0]
 
@@ -115,6 +114,6 @@ def test_no_page_types_an_interval_level_by_hand():
     confidence as a number (the raw 95 % intervals of the effect details are not the rule's)."""
     typed = re.compile(r"simultaneous\s+\d|\d+(\.\d+)?\s?%\s+(simultaneous|intervals?\b(?! of))|all hold at once")
     for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
-        prose = results.MARK.sub("", page.read_text(encoding="utf-8"))
+        prose = results_blocks.MARK.sub("", page.read_text(encoding="utf-8"))
         hits = [line for line in prose.splitlines() if typed.search(line) and "raw 95" not in line]
         assert not hits, f"{page.name}: {hits}"

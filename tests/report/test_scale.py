@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from anatomy_cli.report import effects as effects_mod
-from anatomy_cli.report import figures, scale, stats, write
+from anatomy_cli.report import figures, results_blocks, results_build, results_file, scale, stats, write
+from anatomy_cli.report.build import build_report
 from anatomy_cli.spec import components as comp
 
 pytestmark = pytest.mark.filterwarnings("error")
@@ -71,7 +71,8 @@ def sized_study(root: Path, built=BUILT, seeds=(1, 2, 3), overfit: dict[str, int
 
 
 def test_each_call_comes_from_effects_built_to_have_it(tmp_path):
-    runs, curves, effects = effects_mod.report_frames(sized_study(tmp_path))
+    r = build_report(sized_study(tmp_path))
+    runs, curves, effects = r.runs, r.curves, r.effects
     assert dict(zip(runs["run_id"], runs["size"]))["M_2017+rope-s2"] == "M"
     assert set(runs["size"]) == set(SIZES)
     across = scale.scale_frames(runs, curves, effects)
@@ -154,7 +155,8 @@ def test_a_trend_is_called_from_the_simultaneous_interval_it_shows(tmp_path):
     """The call and the interval beside it never disagree: a trend counts exactly when its Bonferroni
     interval over the study's trends excludes 0 (and the change matters), even where Holm's p alone
     would have called it."""
-    runs, curves, effects = effects_mod.report_frames(sized_study(tmp_path))
+    r = build_report(sized_study(tmp_path))
+    runs, curves, effects = r.runs, r.curves, r.effects
     t = scale.scale_frames(runs, curves, effects).trends
     m = int(t["p_value"].notna().sum())
     assert t["adj_level"].tolist() == pytest.approx([1 - 0.05 / m] * len(t))
@@ -181,7 +183,8 @@ def test_a_trend_is_called_from_the_simultaneous_interval_it_shows(tmp_path):
 
 
 def test_flags_still_improving_and_overfit_per_size(tmp_path):
-    runs, curves, effects = effects_mod.report_frames(sized_study(tmp_path, overfit={"L": 2}))
+    r = build_report(sized_study(tmp_path, overfit={"L": 2}))
+    runs, curves, effects = r.runs, r.curves, r.effects
     sizes = scale.scale_frames(runs, curves, effects).sizes.set_index("size")
     n = 6  # the 2017 end and five add-one runs per seed
     assert sizes.loc["S", "still_improving"] == 3 * n and sizes.loc["S", "overfit"] == 0
@@ -198,7 +201,8 @@ def test_a_sizes_parameters_are_its_reference_ends_as_scale_plan_prints_them(tmp
     from anatomy_cli.spec.config import ModelConfig
 
     built = {f: BUILT[f] for f in ("swiglu", "prenorm")}
-    runs, curves, effects = effects_mod.report_frames(sized_study(tmp_path, built=built))
+    r = build_report(sized_study(tmp_path, built=built))
+    runs, curves, effects = r.runs, r.curves, r.effects
     sizes = scale.scale_frames(runs, curves, effects).sizes.set_index("size")
     for size, n_layer in SIZES.items():
         ref = ModelConfig(**model((), n_layer)).non_embedding_params()
@@ -209,7 +213,7 @@ def test_a_sizes_parameters_are_its_reference_ends_as_scale_plan_prints_them(tmp
 @pytest.mark.slow  # writes whole reports with figures: seconds each
 def test_report_files_carry_the_scale_section_csv_json_and_figure(tmp_path):
     root = sized_study(tmp_path / "study", overfit={"L": 1})
-    paths = write.write_report(root)
+    paths = write.write_report(build_report(root))
     md = paths["report.md"].read_text()
     section = md[md.index("## Effects across scale"):md.index("## Curves")]
     assert "**The rule across sizes**" in section and "the same 20 steps at every size" in section
@@ -229,7 +233,8 @@ def test_report_files_carry_the_scale_section_csv_json_and_figure(tmp_path):
 
 
 def test_small_multiples_share_one_parameter_axis_whose_ticks_are_the_sizes(tmp_path):
-    runs, curves, effects = effects_mod.report_frames(sized_study(tmp_path))
+    r = build_report(sized_study(tmp_path))
+    runs, curves, effects = r.runs, r.curves, r.effects
     across = scale.scale_frames(runs, curves, effects)
     fig = figures.scale_figure(across.by_size, across.trends)
     panels = [ax for ax in fig.axes if ax.axison]
@@ -250,26 +255,25 @@ def test_no_scale_section_without_two_sizes(tmp_path):
     root = sized_study(tmp_path)
     design = json.loads((root / "sweep.json").read_text())
     (root / "sweep.json").write_text(json.dumps({"components": design["components"]}))
-    runs, curves, effects = effects_mod.report_frames(root)
+    r = build_report(root)
+    runs, curves, effects = r.runs, r.curves, r.effects
     assert (runs["size"] == "").all() and scale.scale_frames(runs, curves, effects) is None
-    assert "Effects across scale" not in write.write_report(root)["report.md"].read_text()
+    assert "Effects across scale" not in write.write_report(build_report(root))["report.md"].read_text()
 
 
 def test_results_file_carries_the_scale_numbers_for_readme_blocks(tmp_path):
-    from anatomy_cli.report import results
 
     root = sized_study(tmp_path / "runs" / "study")
-    path = results.write_results(tmp_path / "experiments" / "results" / "study.json", root,
-                                 effects_mod.report_frames(root))
-    doc = results.load(path)
+    path = results_build.write_results(tmp_path / "experiments" / "results" / "study.json", build_report(root))
+    doc = results_file.load(path)
     assert {t["flip"]: t["call"] for t in doc["scale"]["trends"]} == {f: c for f, (_, c) in BUILT.items()}
-    block = results.render(doc, "scale")
+    block = results_blocks.render(doc, "scale")
     assert "| component | change | S (12,416) | M (24,832) | L (49,664) | slope per 10x | call |" in block
     rope = next(e for e in doc["scale"]["effects"] if e["flip"] == "rope" and e["size"] == "L")
     assert "| rope | added to 2017 | " in block and f"{rope['gain']:+.3f}".replace("-", "−") in block
-    assert results.render(doc, "trend gqa add-one") == "reverses sign"
-    with pytest.raises(results.ResultsError, match="no trend across sizes for gqa remove-one"):
-        results.render(doc, "trend gqa remove-one")
+    assert results_blocks.render(doc, "trend gqa add-one") == "reverses sign"
+    with pytest.raises(results_file.ResultsError, match="no trend across sizes for gqa remove-one"):
+        results_blocks.render(doc, "trend gqa remove-one")
 
 
 def test_groups_are_named_by_size_and_by_what_varies_within_a_size():
@@ -297,7 +301,7 @@ def test_a_sizes_calls_do_not_change_when_other_sizes_join(tmp_path):
     cols = ["flip", "direction", "gain", "adj_low", "adj_high", "call", "family", "mde"]
 
     def size_l(root):
-        effects = effects_mod.report_frames(root)[2]
+        effects = build_report(root).effects
         return effects[(effects["group"] == "size L") & (effects["metric"] == "best_val_loss")][cols].reset_index(
             drop=True)
 
@@ -312,7 +316,7 @@ def test_each_groups_noise_is_its_own_and_the_margin_is_fixed(tmp_path):
     root = sized_study(tmp_path, seeds=(1, 2, 3))
     for seed, offset in ((4, 0.05), (5, -0.05)):  # S gets two more, noisier seeds: it sorts first by count
         sized_run(root, f"S_2017-s{seed}", (), SIZES["S"], seed, 2.5 + offset)
-    effects = effects_mod.report_frames(root)[2]
+    effects = build_report(root).effects
     loss = effects[effects["metric"] == "best_val_loss"]
     assert (loss["margin"] == stats.DEFAULT_MARGIN).all() and (loss["margin_basis"] == stats.DEFAULT).all()
     noise = loss.groupby("group")["noise"].first()

@@ -9,10 +9,12 @@ import json
 
 import pandas as pd
 import pytest
+from report_runs import make_run, timing_record
 
 from anatomy_cli.report import effects as effects_mod
-from anatomy_cli.report import results, stats, write
-from tests.report.test_report import make_run, timing_record
+from anatomy_cli.report import results_blocks, stats, write
+from anatomy_cli.report.build import build_report
+from anatomy_cli.store import records
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -31,12 +33,13 @@ def speed_rows(rows):
 
 def test_training_runs_tokens_per_s_get_no_call(tmp_path):
     fast_gqa_sweep(tmp_path)
-    _, _, effects = effects_mod.report_frames(tmp_path)
+    r = build_report(tmp_path)
+    effects = r.effects
     (row,) = speed_rows(effects.to_dict("records"))
     assert row["gain"] == pytest.approx(34.16, abs=0.01)  # the gain and its interval stay, for what they are
     assert row["call"] == stats.NOT_TIMED and stats.NOT_TIMED not in stats.CALLS
-    assert effects_mod.OVERLAP_NOTE in row["note"] and "--time" in row["note"] and results.UNFAIR in row["note"]
-    paths = write.write_report(tmp_path, formats=("json", "csv"))
+    assert effects_mod.OVERLAP_NOTE in row["note"] and "--time" in row["note"] and results_blocks.UNFAIR in row["note"]
+    paths = write.write_report(build_report(tmp_path), formats=("json", "csv"))
     doc = json.loads(paths["report.json"].read_text())
     for rows in (doc["effects"], pd.read_csv(paths["effects.csv"], keep_default_na=False).to_dict("records")):
         (row,) = speed_rows(rows)
@@ -46,11 +49,11 @@ def test_training_runs_tokens_per_s_get_no_call(tmp_path):
 
 
 def test_a_timing_pass_still_calls_speed(tmp_path):
-    from anatomy_cli.sweep import timing
 
     fast_gqa_sweep(tmp_path)
-    timing.write_timing(tmp_path, timing_record())
-    _, _, effects = effects_mod.report_frames(tmp_path)
+    records.write_timing(tmp_path, timing_record())
+    r = build_report(tmp_path)
+    effects = r.effects
     rows = {r["direction"]: r for r in speed_rows(effects.to_dict("records"))}
     assert rows["add-one"]["call"] in stats.CALLS and rows["add-one"]["note"].startswith("timing pass")
 
@@ -70,5 +73,5 @@ def parts_doc(note: str | None, call: str) -> dict:
     ("timing pass: 5 rounds x 10 steps, 1 thread(s), paired within rounds", "helps", "+35.0 % [+9.0, +61.0] helps"),
 ])
 def test_the_parts_table_calls_speed_only_from_a_timing_pass(note, call, shown):
-    row = results.render(parts_doc(note, call), "parts").splitlines()[3]
+    row = results_blocks.render(parts_doc(note, call), "parts").splitlines()[3]
     assert row.split(" | ")[2] == shown

@@ -8,12 +8,13 @@ import json
 
 import pytest
 from helpers import invoke, one_error_line
+from report_runs import make_run
 
 from anatomy_cli.report import decide, stats
-from anatomy_cli.report import effects as effects_mod
+from anatomy_cli.report.build import build_report
 from anatomy_cli.spec import components
+from anatomy_cli.store import records
 from anatomy_cli.store import runs as runs_mod
-from tests.report.test_report import make_run
 
 GAINS = (0.119, 0.130, 0.141)  # rope added, per seed: +0.13 on average, tight
 
@@ -25,9 +26,9 @@ def study(root, looks=(3, 5, 7, 9, 10), margin=0.04):
         make_run(root, f"ref-s{seed}", (), seed=seed, best=3.0 + 0.01 * seed)
         make_run(root, f"rope-s{seed}", ("rope",), seed=seed, best=3.0 + 0.01 * seed - gain)
     five = [components.record(components.BY_NAME[n]) for n in components.FIVE]
-    (root / runs_mod.SWEEP).write_text(json.dumps({"components": five, runs_mod.MARGIN: margin}))
+    (root / runs_mod.SWEEP).write_text(json.dumps({"components": five, "margin": margin}))
     if looks:
-        decide.write_record(root, decide.DecideRecord(looks=list(looks), alpha=decide.alpha(list(looks))))
+        records.write_decide(root, records.DecideRecord(looks=list(looks), alpha=decide.alpha(list(looks))))
     return root
 
 
@@ -38,8 +39,8 @@ def rope(effects):
 
 def test_a_report_of_the_parent_judges_the_study_by_its_own_alpha_and_margin(tmp_path):
     root = study(tmp_path / "runs" / "demo")
-    own = rope(effects_mod.report_frames(root)[2])
-    parent = rope(effects_mod.report_frames(tmp_path / "runs")[2])
+    own = rope(build_report(root).effects)
+    parent = rope(build_report(tmp_path / "runs").effects)
     assert own["margin"] == parent["margin"] == 0.04
     assert own["adj_level"] == parent["adj_level"] == pytest.approx(1 - 0.01)  # 0.05 / 5 looks, one effect
     assert own["call"] == parent["call"]
@@ -50,16 +51,16 @@ def test_studies_judged_by_different_rules_are_not_judged_as_one(tmp_path):
     study(tmp_path / "runs" / "a")
     study(tmp_path / "runs" / "b", looks=None, margin=0.02)
     with pytest.raises(runs_mod.RunError, match="holds studies judged by different rules: .*a \\(alpha 0.01"):
-        effects_mod.report_frames(tmp_path / "runs")
+        build_report(tmp_path / "runs")
     one_error_line(invoke("report", tmp_path / "runs"), "report each study's folder")
 
 
 def test_a_margin_given_after_the_runs_says_so(tmp_path):
     root = study(tmp_path / "demo", looks=None)
-    effects = effects_mod.report_frames(root, min_effect=0.2)[2]
+    effects = build_report(root, margin=0.2).effects
     assert rope(effects)["margin"] == 0.2
     assert rope(effects)["margin_basis"] == f"{stats.AFTER} (the study's: 0.040)"
-    assert rope(effects_mod.report_frames(root, min_effect=0.04)[2])["margin_basis"] == stats.GIVEN  # the same
+    assert rope(build_report(root, margin=0.04).effects)["margin_basis"] == stats.GIVEN  # the same
     result = invoke("report", root, "--min-effect", "0.2", "--json")
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)

@@ -7,12 +7,12 @@ import numpy as np
 import pandas as pd
 import pytest
 from helpers import flat, invoke
+from report_runs import called_sweep
 from toy_data import write_spec
 
 from anatomy_cli.report import stats
 from anatomy_cli.report.verdict import power_lines
 from anatomy_cli.sweep import calibrate
-from tests.report.test_report import called_sweep
 
 FLIPS = ["rmsnorm", "prenorm", "rope", "swiglu", "gqa"]
 SDS = [0.01, 0.02, 0.03, 0.05, 0.08, 0.013, 0.021, 0.034, 0.055, 0.089]
@@ -33,7 +33,7 @@ def _mde(line: str) -> float:
 
 def test_the_plan_own_effects_are_counted_and_judged_as_their_family():
     effects = _effects()
-    (line,) = power_lines(".", NO_RUNS, effects, {"rope", "swiglu"})
+    (line,) = power_lines(NO_RUNS, effects, {"rope", "swiglu"})
     assert "the plan's 4 effects' median paired sd" in line and "moderated" not in line, line
     mine = stats.judge(effects[effects["flip"].isin(["rope", "swiglu"])][["metric", "flip", "direction", "group",
                                                                           "n_pairs", "gain", "sd"]].to_dict("records"),
@@ -43,7 +43,7 @@ def test_the_plan_own_effects_are_counted_and_judged_as_their_family():
 
 def test_without_a_plan_every_effect_counts_and_the_mde_is_the_verdict_own():
     effects = _effects()
-    (line,) = power_lines(".", NO_RUNS, effects)
+    (line,) = power_lines(NO_RUNS, effects)
     assert "at 3 seeds the 10 effects' median paired sd" in line, line
     assert _mde(line) == pytest.approx(float(effects["mde"].median()), abs=6e-4)
 

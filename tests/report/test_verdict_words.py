@@ -7,17 +7,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from anatomy_cli.report import effects as effects_mod
 from anatomy_cli.report import sections
-from anatomy_cli.report.verdict import noise_floor, verdict_frame
+from anatomy_cli.report.build import build_report
+from anatomy_cli.report.verdict import noise_floor
 from anatomy_cli.spec import components as comp
 from tests.report.test_rule_words import decided_study
 
 
 def terminal(root: Path, width: int | None = 100) -> str:
-    frames = effects_mod.report_frames(root)
-    loss = frames[2][frames[2]["metric"] == "best_val_loss"]
-    return sections.verdict_text(verdict_frame(loss), frames[0], root, width)
+    return sections.verdict_text(build_report(root), width)
 
 
 def invoked(root: Path, spec: Path | None) -> None:
@@ -54,7 +52,7 @@ def test_both_directions_side_by_side_and_the_ends_losses(tmp_path):
     assert "added to the 2017 end" in head and "removed from the LLaMA end" in head
     rope = next(x for x in lines if x.startswith("rope "))
     assert rope.count("[") == 2 and rope.count("helps") == 2  # added | removed on one row
-    floor = noise_floor(effects_mod.report_frames(root)[0])
+    floor = noise_floor(build_report(root).runs)
     ref, top = floor["reference"][2], floor["all-on"][2]
     assert f"the 2017 end reaches {ref:.3f} nats/char, the LLaMA end {top:.3f}" in " ".join(text.split())
     narrow = terminal(root, 60)  # too narrow for both: one table per direction, every line fits

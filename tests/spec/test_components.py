@@ -12,9 +12,10 @@ from typer.testing import CliRunner
 from anatomy_cli.cli.main import app
 from anatomy_cli.report import effects as effects_mod
 from anatomy_cli.report import frames, write
+from anatomy_cli.report.build import build_report
 from anatomy_cli.spec import components as comp
 from anatomy_cli.spec.config import AblationSpec, ConfigError, ModelConfig, RunConfig, validate
-from anatomy_cli.sweep.plan import design_of, execute, expand, load_spec, parse_flips, spec_table
+from anatomy_cli.sweep.plan import design_of, execute, expand, load_spec, spec_table
 
 runner = CliRunner()
 MODERN = ("qknorm", "tied", "parallel", "zloss", "softcap", "nope", "gdn", "swa", "moe", "mla", "sinks", "gattn",
@@ -134,7 +135,7 @@ def test_two_components_setting_one_field_are_refused_naming_both():
     with pytest.raises(ConfigError, match="components rope and nope both set model.pos_type"):
         design_of(spec(flips=["rope", "nope"]))
     with pytest.raises(ConfigError, match="components rope and nope both set model.pos_type"):
-        expand(spec(), parse_flips("nope"))  # --flip nope on the five-flips design
+        expand(spec(only=["nope"]))  # --flip nope on the five-flips design
 
 
 def test_modern_spec_adds_each_of_the_six_to_the_llama_end():
@@ -166,12 +167,10 @@ def test_spec_component_expands_against_the_base():
 
 
 def test_flip_option_takes_a_spec_component(tmp_path):
-    s = spec(components={"wd0": WD0}, flips=["rope"])
-    assert parse_flips("wd0", spec_table(s)) == ["wd0"]
-    plan = expand(s, ["wd0"])
+    plan = expand(spec(components={"wd0": WD0}, flips=["rope"], only=["wd0"]))  # --flip wd0
     assert {p.flip for p in plan if p.flip} == {"wd0"}
-    with pytest.raises(ConfigError, match="unknown --flip name"):
-        parse_flips("wd1", spec_table(s))
+    with pytest.raises(ConfigError, match=r"only \(--flip\): unknown component\(s\) wd1"):
+        expand(spec(components={"wd0": WD0}, flips=["rope"], only=["wd1"]))
 
 
 @pytest.mark.parametrize("declared, message", [
@@ -227,7 +226,7 @@ def test_spec_component_runs_and_reports_its_effect_with_a_ci(tmp_path):
     assert row["n_pairs"] == 3 and row["against"] == "reference end"
     assert row["family"] == 1 and row["raw_low"] < row["gain"] < row["raw_high"]
     assert (row["adj_low"], row["adj_high"]) == pytest.approx((row["raw_low"], row["raw_high"]), rel=1e-12)  # m = 1
-    paths = write.write_report(tmp_path / "runs" / "t")
+    paths = write.write_report(build_report(tmp_path / "runs" / "t"))
     assert "wd0" in paths["report.md"].read_text()
 
 

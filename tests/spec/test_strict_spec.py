@@ -84,4 +84,4 @@ def test_an_ablation_spec_is_typed_strictly(tmp_path, case):
 def test_an_integer_is_a_number_in_an_ablation_spec(tmp_path):
     spec = write_spec(tmp_path, top={"min_effect": 1}, train={"lr": 1})
     loaded, plan = load_plan(spec)
-    assert isinstance(loaded.min_effect, float) and plan[0].config.train.lr == 1.0
+    assert isinstance(loaded.margin, float) and plan[0].config.train.lr == 1.0  # min_effect: margin's older name

@@ -10,11 +10,11 @@ import json
 import math
 
 import pytest
-from helpers import flat, invoke, one_error_line
+from helpers import asked, flat, invoke, one_error_line
 from toy_data import write_spec
 
 from anatomy_cli.report import tuning as record_mod
-from anatomy_cli.store import runs
+from anatomy_cli.store import records, runs
 from anatomy_cli.study import ablation, tuned
 from anatomy_cli.study.ablation import Ask, plan_study
 
@@ -34,7 +34,7 @@ def spec_at(tmp_path, tune=None, **train):
     (["--tune-seeds", "1338,"], {}, "the selection seeds must not be study seeds: 1338 is both"),
     (["--tune-seeds", "1341,1336", "--decide", "--max-seeds", "5"], {}, "1341 is both"),  # a later look's seed
     (["--tune-seeds", "x"], {}, "--tune-seeds takes a count or a comma-separated list"),
-    (["--tune-seeds", "0"], {}, "--tune-seeds must be a count of 1 or more"),
+    (["--tune-seeds", "0"], {}, "--tune-seeds 0: tune.seeds: Input should be greater than or equal to 1"),
     (["--time"], {}, "--tune-lr trains; --time times"),
     ([], {"tune": {"points": 1}}, "odd number of points"),
     ([], {"tune": {"seeds": [1337]}}, "1337 is both"),
@@ -53,32 +53,34 @@ def test_bad_input_is_one_line_and_nothing_is_written(tmp_path, args, spec_kw, f
 
 def test_grid_options_without_tune_lr_are_refused(tmp_path):
     one_error_line(invoke("ablate", spec_at(tmp_path), "--runs-dir", tmp_path / "runs", "--tune-points", "3",
-                          "--dry-run"), "--tune-points plans the LR grid of --tune-lr: add --tune-lr")
+                          "--dry-run"), "--tune-points 3 sets the [tune] table, which the spec does not have: add "
+                   "--tune-lr (or --set tune=true) to turn it on")
 
 
 def test_flags_override_the_specs_tune_table_once(tmp_path):
     spec = spec_at(tmp_path, {"points": 7, "factor": 1.5, "extend": 1, "seeds": 2})
-    study = plan_study(Ask(spec, runs_dir=tmp_path / "runs"))
+    study = plan_study(Ask(spec=spec, runs_dir=tmp_path / "runs"))
     g = study.tune.grid
     assert (g.points, g.factor, g.extend, g.seeds, g.center, study.tune.by) == (7, 1.5, 1, (1336, 1335), 3e-3, "spec")
-    study = plan_study(Ask(spec, runs_dir=tmp_path / "runs", tune_lr=True, tune_points=3, tune_seeds="7,9"))
+    study = plan_study(asked(spec, "--tune-points", "3", "--tune-seeds", "7,9",
+                             runs_dir=tmp_path / "runs", tune_lr=True))
     g = study.tune.grid
     assert (g.points, g.factor, g.seeds, study.tune.by, study.tune.seeds_given) == (3, 1.5, (7, 9), "flag", [7, 9])
-    assert plan_study(Ask(spec, runs_dir=tmp_path / "runs", time_pass=True)).tune is None  # --time times
+    assert plan_study(Ask(spec=spec, runs_dir=tmp_path / "runs", time_pass=True)).tune is None  # --time times
 
 
 def test_selection_seeds_sit_below_every_seed_the_study_could_use(tmp_path):
     spec = spec_at(tmp_path)
-    study = plan_study(Ask(spec, runs_dir=tmp_path / "runs", tune_lr=True, tune_seeds="3", decide=True,
-                           max_seeds=10))
+    study = plan_study(asked(spec, "--tune-seeds", "3", "--max-seeds", "10",
+                             runs_dir=tmp_path / "runs", tune_lr=True, decide=True))
     looks = {1337 + i for i in range(study.rounds.looks[-1])}
     assert study.tune.grid.seeds == (1336, 1335, 1334)
     assert not set(study.tune.grid.seeds) & ({p.config.seed for p in study.plan} | looks)
-    assert plan_study(Ask(spec, runs_dir=tmp_path / "runs")).tune is None  # no flag, no table: not tuned
+    assert plan_study(Ask(spec=spec, runs_dir=tmp_path / "runs")).tune is None  # no flag, no table: not tuned
 
 
 def test_a_run_at_the_shared_lr_is_the_planned_run_and_another_lr_another_run(tmp_path):
-    study = plan_study(Ask(spec_at(tmp_path), runs_dir=tmp_path / "runs", tune_lr=True))
+    study = plan_study(Ask(spec=spec_at(tmp_path), runs_dir=tmp_path / "runs", tune_lr=True))
     p = study.plan[0]
     assert tuned.at_lr(p, p.config.train.lr).run_id == p.run_id
     moved = tuned.at_lr(p, 6e-3)
@@ -122,17 +124,17 @@ class FakeTrainer:
         return out
 
 
-def tuned_study(tmp_path, **ask):
+def tuned_study(tmp_path, *words, **ask):
     spec = spec_at(tmp_path)
-    return ablation.size_study(plan_study(Ask(spec, runs_dir=tmp_path / "runs", tune_lr=True, stack="off",
-                                              tune_points=3, tune_extend=1, **ask)))
+    return ablation.size_study(plan_study(asked(spec, "--tune-points", "3", "--tune-extend", "1", *words,
+                                                runs_dir=tmp_path / "runs", tune_lr=True, stack="off", **ask)))
 
 
 def test_the_selection_chooses_each_lr_then_the_study_trains_at_it_with_the_shared_lr_beside(tmp_path):
     study = tuned_study(tmp_path)
     trainer = FakeTrainer(study.sweep_dir)
     done = ablation.run_study(study, trainer)
-    record = record_mod.read_record(study.sweep_dir)
+    record = records.read_tune(study.sweep_dir)
     assert record.chosen == {"2017": 6e-3, "2017+rope": 3e-3} and done.tune == record
     assert record.seeds == [1336] and record.by == "flag" and record.grid.points == 3
     study_seeds = {1337, 1338, 1339}
@@ -178,11 +180,11 @@ def test_an_interrupted_selection_resumes_to_the_same_lrs(tmp_path):
     study = tuned_study(tmp_path)
     with pytest.raises(KeyboardInterrupt):
         ablation.run_study(study, FakeTrainer(study.sweep_dir, stop_after=4))
-    assert record_mod.read_record(study.sweep_dir).arms == []  # the plan was written, nothing chosen yet
+    assert records.read_tune(study.sweep_dir).arms == []  # the plan was written, nothing chosen yet
     again = FakeTrainer(study.sweep_dir)
     ablation.run_study(study, again)
     assert len(again.trained) == 3 + 6 + 3  # the rest of the selection (its extension too), then the study
-    assert record_mod.read_record(study.sweep_dir).chosen == {"2017": 6e-3, "2017+rope": 3e-3}
+    assert records.read_tune(study.sweep_dir).chosen == {"2017": 6e-3, "2017+rope": 3e-3}
 
 
 def test_a_rerun_never_re_picks_and_another_grid_is_refused(tmp_path):
@@ -191,7 +193,7 @@ def test_a_rerun_never_re_picks_and_another_grid_is_refused(tmp_path):
     before = sorted(p.name for p in study.sweep_dir.iterdir())
     # the study's seeds say the other config's optimum moved: its frozen LR stays
     ablation.run_study(tuned_study(tmp_path), FakeTrainer(study.sweep_dir, optimum={"2017": 3e-3, "2017+rope": 1.2e-2}))
-    assert record_mod.read_record(study.sweep_dir).chosen == {"2017": 6e-3, "2017+rope": 3e-3}
+    assert records.read_tune(study.sweep_dir).chosen == {"2017": 6e-3, "2017+rope": 3e-3}
     spec = spec_at(tmp_path)
     for extra, fragment in ((["--tune-lr", "--tune-points", "5"], "was tuned with 3 LRs a factor 2 apart"),
                             (["--tune-lr", "--tune-points", "3", "--tune-extend", "1", "--tune-seeds", "2"],
@@ -207,7 +209,7 @@ def test_an_arm_best_at_the_edge_is_not_tuned_and_keeps_only_its_shared_lr_runs(
     study = tuned_study(tmp_path)
     trainer = FakeTrainer(study.sweep_dir, optimum={"2017": 3e-3, "2017+rope": 1e-1})  # far past the top edge
     ablation.run_study(study, trainer)
-    record = record_mod.read_record(study.sweep_dir)
+    record = records.read_tune(study.sweep_dir)
     rope = record.arm("2017+rope")
     assert not rope.tuned and rope.lr is None and "best at the edge" in rope.reason and rope.extended == 1
     assert len(rope.lrs) == 4  # the grid and one extension
@@ -227,14 +229,13 @@ def test_dry_run_prices_the_selection_and_the_study_apart(tmp_path):
 
 
 def test_decide_rounds_run_at_the_frozen_lrs_with_the_shared_lr_beside(tmp_path):
-    from anatomy_cli.report import decide
 
-    study = tuned_study(tmp_path, decide=True, max_seeds=6, decide_step=3)
+    study = tuned_study(tmp_path, "--max-seeds", "6", "--decide-step", "3", decide=True)
     trainer = FakeTrainer(study.sweep_dir, noise=0.03, gain=0.07)  # an effect 3 seeds leave open, 6 may decide
     done = ablation.run_study(study, trainer)
-    assert done.rounds is not None and decide.read_record(study.sweep_dir).looks == [3, 6]
+    assert done.rounds is not None and records.read_decide(study.sweep_dir).looks == [3, 6]
     seeds = {int(r.rsplit("-s", 1)[1].split("-")[0]) for r in trainer.trained}
-    rounds_ = decide.read_record(study.sweep_dir).rounds
+    rounds_ = records.read_decide(study.sweep_dir).rounds
     assert rounds_[0].seeds == 3 and 1336 in seeds and not {1336} & {1337 + i for i in range(6)}
     assert len(rounds_) == 2 and rounds_[0].open == ["rope add-one"]  # open at 3 seeds: seeds for both configs
     later = [r for r in trainer.trained if "-s1340-" in r or "-s1341-" in r or "-s1342-" in r]
@@ -252,11 +253,11 @@ def sub(tmp_path, name):
 
 def test_shared_is_the_spec_s_unless_the_flag_says_otherwise(tmp_path):
     spec = spec_at(tmp_path, {"shared": False})
-    assert plan_study(Ask(spec, runs_dir=tmp_path / "runs")).tune.shared is False
-    assert plan_study(Ask(spec, runs_dir=tmp_path / "runs", tune_shared=True)).tune.shared is True
+    assert plan_study(Ask(spec=spec, runs_dir=tmp_path / "runs")).tune.shared is False
+    assert plan_study(asked(spec, "--tune-shared", runs_dir=tmp_path / "runs")).tune.shared is True
     plain = spec_at(sub(tmp_path, "plain"))
-    assert plan_study(Ask(plain, runs_dir=tmp_path / "runs", tune_lr=True)).tune.shared is True  # the default
-    assert plan_study(Ask(plain, runs_dir=tmp_path / "runs", tune_lr=True, tune_shared=False)).tune.shared is False
+    assert plan_study(Ask(spec=plain, runs_dir=tmp_path / "runs", tune_lr=True)).tune.shared is True  # the default
+    assert plan_study(asked(plain, "--no-tune-shared", runs_dir=tmp_path / "runs", tune_lr=True)).tune.shared is False
     result = invoke("ablate", plain, "--runs-dir", tmp_path / "runs", "--tune-lr", "--no-tune-shared", "--dry-run")
     assert result.exit_code == 0, result.output
     assert "no run at the shared LR 0.003 beside it (the shared-LR comparison is off)" in flat(result.output)
@@ -264,26 +265,26 @@ def test_shared_is_the_spec_s_unless_the_flag_says_otherwise(tmp_path):
 
 def test_shared_off_trains_no_run_at_the_shared_lr_and_tune_json_says_so(tmp_path):
     on = tuned_study(sub(tmp_path, "on"))
-    off = tuned_study(sub(tmp_path, "off"), tune_shared=False)
+    off = tuned_study(sub(tmp_path, "off"), "--no-tune-shared")
     trained = {}
     for name, study in (("on", on), ("off", off)):
         trainer = FakeTrainer(study.sweep_dir)
         ablation.run_study(study, trainer)
         trained[name] = set(trainer.trained)
-    record = record_mod.read_record(off.sweep_dir)
-    assert record.shared is False and record_mod.read_record(on.sweep_dir).shared is True
-    assert json.loads((off.sweep_dir / record_mod.TUNE).read_text())["shared"] is False
+    record = records.read_tune(off.sweep_dir)
+    assert record.shared is False and records.read_tune(on.sweep_dir).shared is True
+    assert json.loads((off.sweep_dir / records.TUNE).read_text())["shared"] is False
     assert record.chosen == {"2017": 6e-3, "2017+rope": 3e-3}  # 2017's LR moved off the shared 3e-3
     moved = {p.run_id for p in off.plan if p.slug == "2017"}  # its study seeds at the shared LR
     assert len(moved) == 3 and not moved & trained["off"] and not any((off.sweep_dir / r).exists() for r in moved)
     assert {p.run_id for p in on.plan if p.slug == "2017"} <= trained["on"]  # shared on: still trained
     assert len(trained["off"]) == 6 + 1 + 6 and len(trained["on"]) == 6 + 1 + 6 + 3
-    assert record_mod.rerun_flags(off.sweep_dir)[-1] == "--no-tune-shared"
-    assert "--no-tune-shared" not in record_mod.rerun_flags(on.sweep_dir)
+    assert record_mod.rerun_flags(records.read_tune(off.sweep_dir))[-1] == "--no-tune-shared"
+    assert "--no-tune-shared" not in record_mod.rerun_flags(records.read_tune(on.sweep_dir))
 
 
 def test_shared_off_prices_no_shared_lr_run_before_or_after_the_choice(tmp_path):
-    study = tuned_study(tmp_path, tune_shared=False)
+    study = tuned_study(tmp_path, "--no-tune-shared")
     assert ablation.tune_cost(study).shared[0] == 0  # shared on: up to each config's 3 seeds, 6 (below)
     assert ablation.tune_cost(tuned_study(sub(tmp_path, "on"))).shared[0] == 6
     ablation.run_study(study, FakeTrainer(study.sweep_dir))
@@ -299,18 +300,18 @@ def test_shared_off_prices_no_shared_lr_run_before_or_after_the_choice(tmp_path)
 
 def test_a_rerun_with_shared_turned_the_other_way_is_refused(tmp_path):
     grid = ["--tune-lr", "--tune-points", "3", "--tune-extend", "1"]
-    for name, was, rerun, fragment in (("off", {"tune_shared": False}, [], "tuned without the shared-LR runs beside "
+    for name, was, rerun, fragment in (("off", ["--no-tune-shared"], [], "tuned without the shared-LR runs beside "
                                         "the study ([tune] shared = false): rerun with --no-tune-shared"),
-                                       ("on", {}, ["--no-tune-shared"], "tuned with the shared-LR runs beside the "
+                                       ("on", [], ["--no-tune-shared"], "tuned with the shared-LR runs beside the "
                                         "study ([tune] shared = true): rerun with --tune-shared")):
-        study = tuned_study(sub(tmp_path, name), **was)
+        study = tuned_study(sub(tmp_path, name), *was)
         ablation.run_study(study, FakeTrainer(study.sweep_dir))
         before = sorted(p.name for p in study.sweep_dir.iterdir())
         one_error_line(invoke("ablate", spec_at(tmp_path / name), "--runs-dir", tmp_path / name / "runs", *grid,
                               *rerun), fragment)
         assert sorted(p.name for p in study.sweep_dir.iterdir()) == before
     spec = spec_at(sub(tmp_path, "spec"), {"points": 3, "extend": 1, "shared": False})  # the spec's table says it too
-    study = plan_study(Ask(spec, runs_dir=tmp_path / "spec" / "runs", stack="off"))
+    study = plan_study(Ask(spec=spec, runs_dir=tmp_path / "spec" / "runs", stack="off"))
     ablation.run_study(ablation.size_study(study), FakeTrainer(study.sweep_dir))
     assert invoke("ablate", spec, "--runs-dir", tmp_path / "spec" / "runs", "--dry-run").exit_code == 0
     one_error_line(invoke("ablate", spec, "--runs-dir", tmp_path / "spec" / "runs", "--tune-shared", "--dry-run"),
@@ -318,23 +319,22 @@ def test_a_rerun_with_shared_turned_the_other_way_is_refused(tmp_path):
 
 
 def test_shared_off_an_arm_not_tuned_trains_nothing_past_its_selection(tmp_path):
-    study = tuned_study(tmp_path, tune_shared=False)
+    study = tuned_study(tmp_path, "--no-tune-shared")
     trainer = FakeTrainer(study.sweep_dir, optimum={"2017": 3e-3, "2017+rope": 1e-1})  # far past the top edge
     ablation.run_study(study, trainer)
-    assert record_mod.read_record(study.sweep_dir).chosen == {"2017": 3e-3, "2017+rope": None}
+    assert records.read_tune(study.sweep_dir).chosen == {"2017": 3e-3, "2017+rope": None}
     rope = {p.run_id for p in study.plan if p.slug == "2017+rope"}
     assert not rope & set(trainer.trained) and len(trainer.trained) == 6 + 1 + 3  # its grid, 1 extension; 2017's 3
 
 
 def test_decide_rounds_run_at_the_frozen_lrs_with_shared_off(tmp_path):
-    from anatomy_cli.report import decide
 
-    study = tuned_study(tmp_path, decide=True, max_seeds=6, decide_step=3, tune_shared=False)
+    study = tuned_study(tmp_path, "--max-seeds", "6", "--decide-step", "3", "--no-tune-shared", decide=True)
     trainer = FakeTrainer(study.sweep_dir, noise=0.03, gain=0.07)  # as the shared-on rounds test above
     done = ablation.run_study(study, trainer)
-    rounds_ = decide.read_record(study.sweep_dir).rounds
+    rounds_ = records.read_decide(study.sweep_dir).rounds
     assert done.rounds is not None and len(rounds_) == 2 and rounds_[0].open == ["rope add-one"]
     later = [r for r in trainer.trained if "-s1340-" in r or "-s1341-" in r or "-s1342-" in r]
     assert len(later) == 6  # each seed: 2017 at its frozen LR and 2017+rope at its own, nothing at the shared LR
-    at_shared = {p.run_id for p in study.ask.plan_at(6)[1] if p.slug == "2017"}  # 2017 at 3e-3, its LR 6e-3
+    at_shared = {p.run_id for p in study.plan_at(6) if p.slug == "2017"}  # 2017 at 3e-3, its LR 6e-3
     assert len(at_shared) == 6 and not at_shared & set(trainer.trained)

@@ -80,7 +80,7 @@ def test_tokens_per_param_budget_sets_each_sizes_steps_from_its_non_embedding_pa
     assert steps["M"] > steps["S"]
     result = invoke("ablate", sized_spec(tmp_path, extra='budget = "tokens-per-param"\ntokens_per_param = 20'),
                     "--steps", "5", "--dry-run", "--runs-dir", tmp_path / "r")
-    one_error_line(result, "--steps sets one budget for every size")
+    one_error_line(result, "--steps 5 sets one budget for every size")
 
 
 def test_non_embedding_params_are_the_model_less_its_tables():
@@ -153,14 +153,14 @@ def test_a_size_redefined_in_a_sweep_directory_is_refused(tmp_path):
 
     plan = expand(load_spec(sized_spec(tmp_path)))
     (tmp_path / "sweep").mkdir()
-    record_design(tmp_path / "sweep", plan[0].design, None, [plan[0].size])
+    record_design(tmp_path / "sweep", plan[0].design, [plan[0].size])
     sweep = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
     assert sweep["sizes"] == [{"name": "S", "settings": {"model.d_model": 16, "model.n_head": 2, "model.n_layer": 2,
                                                          "model.n_kv_head": 2}, "budget": "same-steps"}]
     (tmp_path / "b").mkdir()
     other = expand(load_spec(sized_spec(tmp_path / "b", {"S": {"d_model": 8, "n_head": 2}})))
     with pytest.raises(ConfigError, match="size S was defined differently"):
-        record_design(tmp_path / "sweep", other[0].design, None, [other[0].size])
+        record_design(tmp_path / "sweep", other[0].design, [other[0].size])
 
 
 # ---------------------------------------------------------------------------------- scale-plan

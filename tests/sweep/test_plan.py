@@ -18,7 +18,7 @@ from anatomy_cli.spec.components import FIVE as FLIPS
 from anatomy_cli.spec.components import label, on_names
 from anatomy_cli.spec.config import AblationSpec, ConfigError, validate
 from anatomy_cli.store import runs
-from anatomy_cli.sweep.plan import SweepLock, SweepLocked, execute, expand, parse_flips
+from anatomy_cli.sweep.plan import SweepLock, SweepLocked, execute, expand
 
 
 def spec(**kw) -> AblationSpec:
@@ -45,7 +45,7 @@ def test_one_at_a_time_gives_12_distinct_configs():
 
 def test_factorial_gives_32_and_flip_filter_restricts():
     assert len(expand(spec(design="factorial"))) == 32
-    plan = expand(spec(), flips=parse_flips("rope,swiglu"))
+    plan = expand(spec(only=["rope", "swiglu"]))  # --flip rope,swiglu
     assert len(plan) == 6
     assert {p.flip for p in plan if p.flip} == {"rope", "swiglu"}
 
@@ -63,7 +63,7 @@ def test_gqa_flip_uses_spec_kv_heads_default_half():
 def test_ids_are_stable_and_depend_on_config():
     a, b = expand(spec(seeds=2)), expand(spec(seeds=2))
     assert [p.run_id for p in a] == [p.run_id for p in b]
-    c = expand(spec(seeds=2), steps=7)
+    c = expand(spec(seeds=2, base={"train": {"steps": 7}}))  # --steps 7
     assert not {p.run_id for p in a} & {p.run_id for p in c}
 
 
@@ -84,8 +84,8 @@ def test_invalid_combinations_are_reported_before_any_run():
     s = spec(axes={"n_kv_head": [3]})  # 4 % 3 != 0 for every config
     with pytest.raises(ConfigError, match="n_kv_head=3 must divide n_head=4"):
         expand(s)
-    with pytest.raises(ConfigError, match="unknown --flip"):
-        parse_flips("rope,bogus")
+    with pytest.raises(ConfigError, match=r"only \(--flip\): unknown component\(s\) bogus"):
+        expand(spec(only=["rope", "bogus"]))
     with pytest.raises(ConfigError, match="not a model or train field"):
         expand(spec(axes={"nonsense": [1]}))
 

@@ -8,6 +8,7 @@ import pytest
 from toy_data import write_spec
 
 from anatomy_cli.report import speed
+from anatomy_cli.store import records
 from anatomy_cli.sweep import timing
 from anatomy_cli.sweep.plan import expand, load_spec
 
@@ -17,7 +18,7 @@ from anatomy_cli.sweep.plan import expand, load_spec
 def test_time_plan_times_every_config_in_rounds(tmp_path):
     spec = load_spec(write_spec(tmp_path, top={"flips": ["rope", "swiglu", "rmsnorm", "prenorm", "gqa"],
                                                "seeds": 2, "gqa_kv_head": 2}))
-    plan = expand(spec, ["rope"])
+    plan = expand(spec.model_copy(update={"only": ["rope"]}))
     assert len(plan) == 8  # 4 configs x 2 seeds: timed once per config, not per seed
     rounds = []
     record = timing.time_plan(plan, steps=2, rounds=2, warmup=1, on_round=lambda r, n: rounds.append((r, n)))
@@ -28,8 +29,8 @@ def test_time_plan_times_every_config_in_rounds(tmp_path):
     rows = speed.timing_effects(record)
     assert {(r["flip"], r["direction"], r["n_pairs"]) for r in rows} == {("rope", "add-one", 2),
                                                                          ("rope", "remove-one", 2)}
-    path = timing.write_timing(tmp_path / "sweep", record)
-    assert speed.read_timing(path.parent) == record
+    path = records.write_timing(tmp_path / "sweep", record)
+    assert records.read_timing(path.parent) == record
 
 
 OWN = {"wd0": {"on": {"train.weight_decay": 0.0}, "off": {"train.weight_decay": 0.1}},
@@ -39,7 +40,7 @@ OWN = {"wd0": {"on": {"train.weight_decay": 0.0}, "off": {"train.weight_decay": 
 
 def roles_of(tmp_path, top, flips=None):
     spec = load_spec(write_spec(tmp_path, top=top))
-    plan = expand(spec, flips)
+    plan = expand(spec.model_copy(update={"only": flips}))
     first = {}
     for p in plan:
         first.setdefault(p.slug, p)
@@ -88,7 +89,7 @@ def test_time_pass_on_a_factorial_sweep_with_no_runs(tmp_path):
     result = CliRunner().invoke(app, ["ablate", str(spec), "--time", "--time-steps", "1", "--time-rounds", "3",
                                       "--runs-dir", str(tmp_path / "runs")])
     assert result.exit_code == 0, result.output
-    record = speed.read_timing(tmp_path / "runs" / "toy")
+    record = records.read_timing(tmp_path / "runs" / "toy")
     assert len(record["rounds_data"]) == 3 and len({c["slug"] for c in record["configs"]}) == 4
     out = result.stdout
     for flip in ("wd0", "lr2"):  # both directions, each with a call under the one rule

@@ -50,6 +50,11 @@ class Command(TyperCommand):
         return _untyped_flags(super().get_params(ctx))
 
 
+# A command whose options include the study's alias flags (spec/knobs.py's ALIASES): click hands every option it does
+# not know, and every argument, to the command in order (ctx.args), and knobs.read_args reads them from the table.
+ALIAS_CONTEXT = {"ignore_unknown_options": True, "allow_extra_args": True}
+
+
 class Group(TyperGroup):
     """The app itself: as typer's, with flags (--debug, --install-completion) shown without a type."""
 
@@ -116,6 +121,9 @@ EXIT_FAILED, EXIT_INPUT, EXIT_LOCKED, EXIT_INTERRUPTED, EXIT_PIPE = 1, 2, 3, 130
 RunsDir = Annotated[Path, typer.Option("--runs-dir", help="Where run directories are written.")]
 Sets = Annotated[Optional[list[str]], typer.Option(
     "--set", help="Dotted override, e.g. model.pos_type=rope (repeatable).")]
+StudySets = Annotated[Optional[list[str]], typer.Option(
+    "--set", help="A key of the study spec, e.g. seeds=6, base.train.steps=300, decide.max_seeds=6, margin=0.05, "
+    "decide=false (repeatable; after the alias flags, the last one wins).")]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
 
 

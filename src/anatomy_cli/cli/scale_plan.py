@@ -37,11 +37,11 @@ def scale_plan(
     can form no trend across sizes at all (one size, one parameter count, no size that trains). The
     spec's budget rule (same-steps or tokens-per-param) sets each size's steps.
     """
+    from anatomy_cli.spec.knobs import from_alias
     from anatomy_cli.sweep.ladder import trend_warnings
-    from anatomy_cli.sweep.plan import expand, load_spec
+    from anatomy_cli.sweep.plan import load_plan
 
-    s = load_spec(spec)
-    plan = expand(s, None, seeds)
+    s, plan = load_plan(spec, [from_alias("--seeds", str(seeds))] if seeds is not None else [])
     payload, text = size_report(plan, workers, vocab, estimate)
     ladder_warnings = trend_warnings(payload["sizes"])
     if json_out:

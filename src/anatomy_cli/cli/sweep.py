@@ -11,11 +11,13 @@ from typing import Annotated, Optional
 import typer
 
 from anatomy_cli.cli.app import (
+    ALIAS_CONTEXT,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     JsonOut,
     RunsDir,
     StopFlag,
+    StudySets,
     app,
     console,
     err_console,
@@ -33,83 +35,51 @@ from anatomy_cli.cli.render import (
     plan_table,
     size_report,
 )
-from anatomy_cli.spec import components, reference
-from anatomy_cli.spec.config import MAX_SEEDS, ConfigError
+from anatomy_cli.spec import components, knobs, reference
+from anatomy_cli.spec.config import ConfigError
 from anatomy_cli.store import runs
 from anatomy_cli.sweep.plan import DEFAULT_SPEC, load_plan, spec_table
 
-MinEffect = Annotated[Optional[float], typer.Option(
-    "--min-effect", min=0.0, help="The smallest gain in best val loss (nats/char) that matters for a call, fixed "
-    "before the data (default: the spec's min_effect, else 0.02).")]
+Margin = Annotated[Optional[float], typer.Option(
+    "--margin", "--min-effect", help="Judge the loss effects at this margin (nats/char) instead of the study's: a view "
+    "of the same runs, written beside the study's report.")]
 
 
-@app.command()
+ABLATE_HELP = (f"SPEC: the ablation spec (TOML); default experiments/{DEFAULT_SPEC}.\n\nEvery other knob is a key "
+               "of the study spec, set with --set KEY=VALUE: " + ", ".join(k for k in knobs.study_keys()
+                                                                           if not k.startswith("base."))
+               + ", and base.SECTION.KEY (the run settings, as `anatomy train --set` names them). These flags are "
+               "aliases of such keys:\n\n" + knobs.alias_help().replace("[", "\\["))
+
+
+@app.command(context_settings=ALIAS_CONTEXT, options_metavar="[SPEC] [OPTIONS]", epilog=ABLATE_HELP)
 @handle_errors
 def ablate(
-    spec: Annotated[Optional[Path], typer.Argument(
-        help=f"Ablation spec (TOML); default experiments/{DEFAULT_SPEC}.")] = None,
-    flip: Annotated[Optional[str], typer.Option(help="Only these flips, e.g. rope,swiglu.")] = None,
-    seeds: Annotated[Optional[int], typer.Option(
-        min=1, max=MAX_SEEDS, help="Number of seeds (overrides the spec).")] = None,
-    steps: Annotated[Optional[int], typer.Option(help="Training steps per run (overrides the spec).")] = None,
-    workers: Annotated[Optional[int], typer.Option(
-        min=1, help="Parallel processes (default: one per core; on a GPU, what its memory holds).")] = None,
+    ctx: typer.Context,
+    sets: StudySets = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the plan and stop.")] = False,
-    runs_dir: RunsDir = Path("runs"),
-    no_report: Annotated[bool, typer.Option("--no-report", help="Skip writing the report at the end.")] = False,
-    executor: Annotated[str, typer.Option(
-        help="local (processes on this machine) | dask (an existing cluster).")] = "local",
-    address: Annotated[Optional[str], typer.Option(help="Dask scheduler address, e.g. tcp://127.0.0.1:8786.")] = None,
     json_out: Annotated[bool, typer.Option(
         "--json", help="With --dry-run: print the plan as JSON (id, role, seed, resolved config per run).")] = False,
     time_pass: Annotated[bool, typer.Option(
-        "--time", help="Instead of training: time every config (one seed) for a few steps, interleaved in rounds in "
-        "one idle worker, into SWEEP_DIR/timing.json; the report's speed effects then come from it.")] = False,
-    time_steps: Annotated[int, typer.Option(min=1, help="With --time: timed steps per config and round.")] = 20,
-    time_rounds: Annotated[int, typer.Option(
-        min=3, help="With --time: rounds (the speed interval is over rounds; a call needs 3).")] = 5,
-    device: Annotated[Optional[str], typer.Option(
-        help="auto | cpu | cuda | mps (overrides base.train.device).")] = None,
-    compile: Annotated[bool, typer.Option(
-        "--compile", help="torch.compile every run (sets base.train.compile).")] = False,
-    dtype: Annotated[Optional[str], typer.Option(help="float32 | bfloat16 (overrides base.train.dtype).")] = None,
-    min_effect: MinEffect = None,
+        "--time", help="Instead of training: time every config (one seed) for a few steps (\\[timing] steps, rounds), "
+        "interleaved in rounds in one idle worker, into SWEEP_DIR/timing.json; the report's speed effects then "
+        "come from it.")] = False,
+    decide: Annotated[bool, typer.Option(
+        "--decide", help="Train in rounds (the spec's \\[decide] table, at its defaults if it has none): after each, "
+        "more seeds only for the configs whose effects are still open.")] = False,
+    tune_lr: Annotated[bool, typer.Option(
+        "--tune-lr", help="Fair learning rates (the spec's \\[tune] table, at its defaults if it has none): each "
+        "config's LR chosen on a grid on selection seeds of its own, frozen in tune.json, then the study.")] = False,
+    runs_dir: RunsDir = Path("runs"),
+    workers: Annotated[Optional[int], typer.Option(
+        min=1, help="Parallel processes (default: one per core; on a GPU, what its memory holds).")] = None,
+    executor: Annotated[str, typer.Option(
+        help="local (processes on this machine) | dask (an existing cluster).")] = "local",
+    address: Annotated[Optional[str], typer.Option(help="Dask scheduler address, e.g. tcp://127.0.0.1:8786.")] = None,
     stack: Annotated[str, typer.Option(
         help="auto | off | N: train a config's seeds as one batched model, N seeds per model (auto: where measured "
         "faster on this device; runs keep their own folders).")] = "auto",
-    decide: Annotated[bool, typer.Option(
-        "--decide", help="Train in rounds: after each, add --decide-step seeds only to the configs whose effects are "
-        "still undecided, until every effect is decided, --max-seeds or --budget is reached (alpha split over the "
-        "planned rounds). A spec with a \\[decide] table does this by default.")] = False,
-    max_seeds: Annotated[Optional[int], typer.Option(
-        min=2, max=MAX_SEEDS, help="With --decide: the most seeds a config gets \\[default: the spec's, else 10].",
-        show_default=False)] = None,
-    decide_step: Annotated[Optional[int], typer.Option(
-        min=1, max=MAX_SEEDS, help="With --decide: seeds added a round \\[default: the spec's, else 2].",
-        show_default=False)] = None,
-    budget: Annotated[Optional[str], typer.Option(
-        help="With --decide: stop before a round that would overrun this time (30m, 2h, 600 = seconds).")] = None,
-    tune_lr: Annotated[bool, typer.Option(
-        "--tune-lr", help="Fair learning rates: first train every config on a log-spaced LR grid around train.lr on "
-        "selection seeds of its own (never study seeds), freeze each config's best LR in SWEEP_DIR/tune.json, then "
-        "train the study's seeds at those LRs (and at train.lr where an LR moved, for the shared-LR comparison). A "
-        "spec with a \\[tune] table does this by default.")] = False,
-    tune_points: Annotated[Optional[int], typer.Option(
-        help="With --tune-lr: LRs in the grid, odd, train.lr in the middle \\[default: the spec's, else 5].",
-        show_default=False)] = None,
-    tune_factor: Annotated[Optional[float], typer.Option(
-        help="With --tune-lr: the ratio of neighbouring LRs, above 1 \\[default: the spec's, else 2].",
-        show_default=False)] = None,
-    tune_extend: Annotated[Optional[int], typer.Option(
-        help="With --tune-lr: LRs added past the grid's edge while a config's best sits there \\[default: the "
-        "spec's, else 2].", show_default=False)] = None,
-    tune_seeds: Annotated[Optional[str], typer.Option(
-        help="With --tune-lr: selection seeds, a count (the seeds just below the base seed) or a list such as 7,8 "
-        "\\[default: the spec's, else 1].", show_default=False)] = None,
-    tune_shared: Annotated[Optional[bool], typer.Option(
-        "--tune-shared/--no-tune-shared", help="With --tune-lr: also train the study's seeds at train.lr where a "
-        "config's LR moved, for the shared-LR comparison (--no-tune-shared: the study alone, cheaper, no call checked "
-        "for LR confounding) \\[default: the spec's, else on].", show_default=False)] = None,
+    no_report: Annotated[bool, typer.Option("--no-report", help="Skip writing the report at the end.")] = False,
 ):
     """Expand a spec into a grid of runs that flip components one at a time, run them, and report.
 
@@ -121,23 +91,41 @@ def ablate(
 
     if json_out and not dry_run:
         raise ConfigError("--json prints the plan: use it with --dry-run")
-    ask = ablation.Ask(spec, flip, seeds, steps, workers, runs_dir, executor, address, device, compile, dtype,
-                       min_effect, stack, decide, max_seeds, decide_step, budget, time_pass, tune_lr, tune_points,
-                       tune_factor, tune_extend, tune_seeds, tune_shared)
-    study = ablation.plan_study(ask)
+    args, settings = knobs.read_args(ctx.args)
+    if len(args) > 1:
+        raise ConfigError(f"ablate takes one SPEC, got {len(args)}: {' '.join(args)}")
+    spec = Path(args[0]) if args else None
+    study = ablation.plan_study(ablation.Ask(
+        spec=spec, settings=(*settings, *map(knobs.parse_set, sets or ())), decide=decide, tune_lr=tune_lr,
+        time_pass=time_pass, runs_dir=runs_dir, workers=workers, executor=executor, address=address, stack=stack))
     if json_out:
         warn_short_runs(p.config for p in study.plan)
         console.print_json(json.dumps(plan_json(study.spec, study.plan, study.sweep_dir)))
         return
     study = ablation.size_study(study)
     if time_pass and not dry_run:
-        _time(study.plan, study.sweep_dir, study.workers, time_steps, time_rounds)
-        return
+        return _time(study.plan, study.sweep_dir, study.workers, study.spec.timing)
     warn_short_runs(p.config for p in study.plan)  # after every refusal: a warning never precedes an error
     estimate = ablation.estimate(study, study.plan if dry_run else None, say=_say)  # a fresh machine measures first
     if dry_run:
-        _dry_run(study, estimate)
-        return
+        return _dry_run(study, estimate)
+    done = _run(study, estimate)
+    if not no_report and (study.tune is None or any(a.tuned for a in getattr(done.tune, "arms", []))):
+        others = len(runs.find_runs(study.sweep_dir)) - len(done.statuses)
+        if others > 0:  # the report reads the folder: say its verdict covers more than this plan
+            err_console.print(scope_note(study.sweep_dir, len(done.statuses), others), highlight=False, soft_wrap=True)
+        from anatomy_cli.report.build import build_report
+
+        _write_report(build_report(study.sweep_dir), None, ("md", "html", "csv", "json"))
+    if done.count(runs.FAILED) or done.count(runs.INTERRUPTED) or done.count(None):
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _run(study, estimate):
+    """Train the study (its plan line first; the compile cache shared; a second signal says how to resume) and
+    say how it went; a tuned study whose selection tuned no config says so (its report is skipped)."""
+    from anatomy_cli.study import ablation
+
     err_console.print(plan_line(study.plan, study.sweep_dir, study.workers, estimate), highlight=False,
                       soft_wrap=True)
     if study.tune is not None:
@@ -151,19 +139,11 @@ def ablate(
                               lambda line: err_console.print(line, highlight=False, soft_wrap=True),
                               price=lambda todo: ablation.round_seconds(study, todo))
     err_console.print(closing_line(done, study.sweep_dir), highlight=False, soft_wrap=True)
-    if study.tune is not None and not any(a.tuned for a in getattr(done.tune, "arms", [])):
-        no_report = True  # nothing at a chosen LR to judge yet (the selection stopped), or no config tuned
-        if done.tune is not None:
-            err_console.print("--tune-lr: no config was tuned (each best at the grid's edge): no tuned verdict; "
-                              "widen the grid (--tune-factor, --tune-extend) in another --runs-dir",
-                              highlight=False, soft_wrap=True)
-    if not no_report:
-        others = len(runs.find_runs(study.sweep_dir)) - len(done.statuses)
-        if others > 0:  # the report reads the folder: say its verdict covers more than this plan
-            err_console.print(scope_note(study.sweep_dir, len(done.statuses), others), highlight=False, soft_wrap=True)
-        _write_report(study.sweep_dir, None, ("md", "html", "csv", "json"), min_effect=study.margin)
-    if done.count(runs.FAILED) or done.count(runs.INTERRUPTED) or done.count(None):
-        raise typer.Exit(EXIT_FAILED)
+    if study.tune is not None and done.tune is not None and not any(a.tuned for a in done.tune.arms):
+        err_console.print("--tune-lr: no config was tuned (each best at the grid's edge): no tuned verdict; "
+                          "widen the grid (tune.factor, tune.extend) in another --runs-dir", highlight=False,
+                          soft_wrap=True)
+    return done
 
 
 def _dry_run(study, estimate) -> None:
@@ -180,12 +160,12 @@ def _dry_run(study, estimate) -> None:
         console.print(f"--decide: looks at {', '.join(map(str, looks))} seeds, each at family-wise alpha "
                       f"{decide_mod.alpha(looks):.4g}; this table is the first round", highlight=False)
     if runs.find_runs(study.sweep_dir):  # earlier runs of the study: the power they give, and what more would cost
-        from anatomy_cli.report import effects as effects_mod
+        from anatomy_cli.report.build import build_report
         from anatomy_cli.report.verdict import power_lines
 
-        found = effects_mod.report_frames(study.sweep_dir, study.margin)
+        found = build_report(study.sweep_dir, study.margin)
         flips = {p.flip for p in study.plan if p.flip}  # the plan's own effects, not every one the folder holds
-        for line in power_lines(study.sweep_dir, found[0], found[2], flips or None):
+        for line in power_lines(found.runs, found.effects, flips or None):
             console.print(f"power: {line}", highlight=False, soft_wrap=True)
     if study.spec.sizes:
         console.print(f"per size (budget {study.spec.budget}):", highlight=False, markup=False)
@@ -264,13 +244,16 @@ def _train(study, estimate, todo) -> list[str | None]:
     return statuses
 
 
-def _time(plan, sweep_dir: Path, workers: int, steps: int, rounds: int) -> None:
-    """The timing pass: rounds of every config in one spawned worker, then the speed effects, judged
-    by the report's rule. Works on a sweep with no trained runs (the report then waits for them)."""
+def _time(plan, sweep_dir: Path, workers: int, table) -> None:
+    """The timing pass: rounds of every config in one spawned worker ([timing] steps and rounds: `table`),
+    then the speed effects, judged by the report's rule. Works on a sweep with no trained runs (the report
+    then waits for them)."""
     import os
 
+    from anatomy_cli.report.build import build_report
     from anatomy_cli.report.sections import speed_text
     from anatomy_cli.report.textable import width
+    from anatomy_cli.store.records import write_timing
     from anatomy_cli.sweep import timing
     from anatomy_cli.sweep.plan import SweepLock
 
@@ -278,35 +261,28 @@ def _time(plan, sweep_dir: Path, workers: int, steps: int, rounds: int) -> None:
     sweep_dir.mkdir(parents=True, exist_ok=True)
     n = len({p.slug for p in plan})
     with SweepLock(sweep_dir):
-        record = timing.time_plan(plan, steps, rounds, threads=threads, on_round=lambda r, k: err_console.print(
-            f"timing {n} configs: round {r}/{k} done", highlight=False))
-        path = timing.write_timing(sweep_dir, record)
+        record = timing.time_plan(plan, table.steps, table.rounds, threads=threads,
+                                  on_round=lambda r, k: err_console.print(f"timing {n} configs: round {r}/{k} done",
+                                                                          highlight=False))
+        path = write_timing(sweep_dir, record)
     console.print(speed_text(record, width()), highlight=False, markup=False, soft_wrap=True)
     console.print(f"timing: {path}", highlight=False, markup=False, soft_wrap=True)
     if runs.find_runs(sweep_dir):
-        _write_report(sweep_dir, None, ("md", "html", "csv", "json"))
+        _write_report(build_report(sweep_dir), None, ("md", "html", "csv", "json"))
 
 
-def _write_report(root: Path, out: Path | None, formats: tuple[str, ...], frames=None,
-                  min_effect: float | None = None) -> dict:
-    """Write the report, then print its answer: the verdict as plain text, and where the report is."""
-    from anatomy_cli.report import effects as effects_mod
+def _write_report(r, out: Path | None, formats: tuple[str, ...]) -> dict:
+    """Write a Report's files (report.build's), then print its answer: the verdict as plain text, and where the
+    report is."""
     from anatomy_cli.report import fair_lr, write
-    from anatomy_cli.report import frames as frames_mod
-    from anatomy_cli.report.scale import scale_frames
     from anatomy_cli.report.sections import verdict_text
     from anatomy_cli.report.textable import width, wrap
-    from anatomy_cli.report.verdict import verdict_frame
 
-    frames = frames or effects_mod.report_frames(root, min_effect)
-    paths = write.write_report(root, out, formats, frames)
-    effects = frames[2]
-    console.print(verdict_text(verdict_frame(effects[effects["metric"] == frames_mod.LOSS_METRIC]), frames[0], root,
-                               width(), scale_frames(*frames)), highlight=False, markup=False, soft_wrap=True)
-    tuned = fair_lr.tuned_frames(frames[0], effects)  # a tuned study: its LRs and what the shared LR would call
-    if tuned is not None:
-        console.print("\n".join(wrap(line, width()) for line in fair_lr.lines(tuned)), highlight=False, markup=False,
-                      soft_wrap=True)
+    paths = write.write_report(r, out, formats)
+    console.print(verdict_text(r, width()), highlight=False, markup=False, soft_wrap=True)
+    if r.tuning is not None:  # a tuned study: its LRs and what the shared LR would call
+        console.print("\n".join(wrap(line, width()) for line in fair_lr.lines(r.tuning)), highlight=False,
+                      markup=False, soft_wrap=True)
     main = next((paths[k] for k in ("report.html", "report.md", "report.json", "effects.csv") if k in paths),
                 paths["forest.png"])
     console.print(f"report: {main} (all files in {main.parent})", highlight=False, markup=False, soft_wrap=True)
@@ -324,7 +300,7 @@ def report(
     tensorboard: Annotated[bool, typer.Option(
         "--tensorboard", help="Also back-fill TensorBoard event files for runs that have none, from metrics.jsonl "
         "(needs the tb extra).")] = False,
-    min_effect: MinEffect = None,
+    margin: Margin = None,
     results: Annotated[Optional[Path], typer.Option(  # path_type=str: as typed, so a trailing '/' (a folder) shows
         "--results", path_type=str, help="Also write the study's small results file (effects, calls, ends, budget: "
         "what the README's numbers are rendered from) to this path.")] = None,
@@ -334,32 +310,34 @@ def report(
 ):
     """Turn run directories into comparison tables, component effects with CIs, and figures.
 
-    With --min-effect other than the study's margin (and no --out), the report is written beside the
-    study's own, into RUNS_DIR/report-min-effect-M: RUNS_DIR/report stays as the study wrote it.
+    With --margin other than the study's (and no --out), the report is a view of the same runs, written
+    beside the study's own, into RUNS_DIR/report-margin-M: RUNS_DIR/report stays as the study wrote it.
     """
     from anatomy_cli.report import write
+    from anatomy_cli.spec.config import check_margin
     from anatomy_cli.study import reporting
 
-    beside = reporting.margin_folder(runs_dir, min_effect) if out is None else None
-    out = beside or out
-    done = reporting.read_report(runs_dir, out, tuple(format or write.FORMATS), min_effect, results, tensorboard)
-    if beside is not None:  # after every refusal: a note never precedes an error
-        err_console.print(f"note: --min-effect {min_effect:g} is not the margin the study's report is judged at: "
-                          f"this report is written beside it, into {out} ({runs_dir / 'report'} is left as it was)",
+    if margin is not None:
+        check_margin(margin, "--margin")
+    done = reporting.read_report(runs_dir, out, tuple(format or write.FORMATS), margin, results, tensorboard)
+    out = done.out
+    if done.view:  # after every refusal: a note never precedes an error
+        err_console.print(f"note: --margin {margin:g} is not the margin the study's report is judged at: this report "
+                          f"is a view written beside it, into {out} ({runs_dir / 'report'} is left as it was)",
                           highlight=False, markup=False, soft_wrap=True)
     if json_out:  # exactly report.json's document (the files are in the report folder)
-        paths = write.write_report(runs_dir, out, done.formats, done.frames)
+        paths = write.write_report(done.report, out, done.formats)
         text = (paths["report.json"].read_text() if "report.json" in paths
-                else write.json_text(write.report_document(runs_dir, done.frames)))
+                else write.json_text(write.report_document(done.report)))
         sys.stdout.write(text)
         sys.stdout.flush()
         if done.events is not None:  # not part of the document: said on stderr
             err_console.print(f"tensorboard: event files written for {done.events['written']} runs", highlight=False)
         return
     if runs_table:
-        console.print(frame_table(done.frames[0], ["run_id", "label", "seed", "status", "best_val_loss", "best_step",
-                                                   "overfit_gap", "tokens_per_s"], "runs"))
-    _write_report(runs_dir, out, done.formats, done.frames)  # the answer last, where the terminal leaves it
+        console.print(frame_table(done.report.runs, ["run_id", "label", "seed", "status", "best_val_loss",
+                                                     "best_step", "overfit_gap", "tokens_per_s"], "runs"))
+    _write_report(done.report, out, done.formats)  # the answer last, where the terminal leaves it
     if results is not None:
         console.print(f"results: {results}", highlight=False, markup=False, soft_wrap=True)
     if done.events is not None:

@@ -1,4 +1,5 @@
-"""More commands on the main app: check (the CI regression gate) and export (to Hugging Face)."""
+"""More commands on the main app: check (the CI regression gate), export (to Hugging Face), and the results files'
+tools: results (the README's and docs' numbers rendered from them) and rejudge (a file judged again)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from anatomy_cli.cli.app import (
 )
 from anatomy_cli.cli.render import SweepDisplay
 from anatomy_cli.spec.config import ConfigError
+from anatomy_cli.spec.knobs import from_alias
 from anatomy_cli.store import runs
 from anatomy_cli.sweep.plan import experiments_dir, load_plan
 
@@ -52,7 +54,8 @@ def check(
 
     if tolerance is not None and not math.isfinite(tolerance):
         raise ConfigError(f"--tolerance must be a finite number >= 0, got {tolerance}")
-    s, plan = load_plan(spec or experiments_dir() / CI_SPEC, seeds=update_seeds if update else None)
+    seeds = [from_alias("--seeds", str(update_seeds))] if update else []
+    s, plan = load_plan(spec or experiments_dir() / CI_SPEC, seeds)
     if update:  # where the baseline goes, checked before the runs it is measured from train
         runs.refuse_inside_runs(baseline, "--baseline", "baseline file")
         runs.refuse_replacing(baseline, "--baseline", "baseline file", is_baseline)
@@ -161,3 +164,39 @@ def export(
              f"checkpoint replaces (export again when it has finished)")
     console.print(f"exported {info['label']} ({info['params']:,} params) -> {info['out_dir']}: "
                   f"{', '.join(Path(f).name for f in info['files'])}", highlight=False)
+
+
+@app.command()
+@handle_errors
+def results(
+    files: Annotated[Optional[list[Path]], typer.Argument(
+        help="Documents whose marked blocks to rewrite (default README.md and docs/*.md).")] = None,
+    check: Annotated[bool, typer.Option("--check", help="Rewrite nothing: list each block that differs from its "
+                                        "results file, exit 1 if any does.")] = False,
+):
+    """Rewrite the README's and docs' marked result blocks from experiments/results/*.json (what `anatomy report
+    RUNS_DIR --results FILE` wrote): every number of them comes from a file the tool wrote."""
+    from anatomy_cli.report.results_blocks import rewrite
+
+    said = (lambda line: err_console.print(line, highlight=False, markup=False, soft_wrap=True)) if check else (
+        lambda line: console.print(line, highlight=False, markup=False, soft_wrap=True))
+    if rewrite(list(files or []), check, said):
+        raise typer.Exit(EXIT_FAILED)
+
+
+@app.command()
+@handle_errors
+def rejudge(
+    files: Annotated[list[Path], typer.Argument(help="Results files (experiments/results/*.json).")],
+    check: Annotated[bool, typer.Option("--check", help="Rewrite nothing: list the calls that would change, exit 1 if "
+                                        "any would.")] = False,
+):
+    """Judge results files again by today's rule, from what they record (no runs needed), and print the calls
+    that changed."""
+    from anatomy_cli.report.rejudge import rejudge_files, table
+
+    changed = rejudge_files(files, check)
+    console.print("\n".join(table(changed)) if changed else "no call changes", highlight=False, markup=False,
+                  soft_wrap=True)
+    if check and changed:
+        raise typer.Exit(EXIT_FAILED)

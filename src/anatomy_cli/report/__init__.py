@@ -1,11 +1,12 @@
 """Run folders -> frames -> effects -> the verdict -> report files and results blocks (no torch).
 
+  rules      a study's records read once (margin, alpha, looks, tuning, timing): what judges it
   frames     run directories -> a runs frame and a long curves frame
-  effects    paired gains per component, judged one family per question (stats); report_frames
+  effects    paired gains per component, judged one family per question (stats) by the study's rules
   stats      the one rule every call follows, and the paired statistics it rests on
   plateau    runs left on the unigram plateau: the rule, and the effects they enter
   decide     ablate --decide: rounds of seeds where effects are open, alpha split over the looks
-  tuning     ablate --tune-lr's record (tune.json): the grid, each config's LR; which runs are which
+  tuning     a tuned study's runs told apart, and the LR selection's error (regret bounds, allowance)
   fair_lr    a tuned study's calls beside the shared LR's (LR-confounded), its section
   verdict    the answer a report leads with: each component's worth, ranked
   speed      speed effects from a timing pass's record
@@ -14,8 +15,11 @@
   textable   plain-text tables that fit a terminal (the verdict, the component table)
   figures    the report's figures (matplotlib's object API, no pyplot)
   page       a report as data, rendered to markdown and to one self-contained HTML file
+  build      the Report, computed once from a folder: what every output reads
   write      write_report: every report file
-  results    a study's results file, and the README/docs numbers rendered from it
+  results_file    a study's results file: its typed model and its reader
+  results_build   a Report as its results file
+  results_blocks  the README/docs numbers rendered from results files (marked blocks)
   rejudge    a results file judged again by today's rule, from what it records (no runs needed)
   gate       the CI regression gate: best val loss per config against a committed baseline
 

@@ -26,84 +26,70 @@ error bound above holds unchanged (a non-binding futility boundary); what it cos
 the effects it gives up on, which benchmarks/calibrate_verdict.py --decide measures.
 
   schedule       the planned seed counts of the looks
-  planned_looks  how many looks a study planned (1 without --decide)
-  turned_on_by   where its rounds came from: the spec's [decide] table or the flag
+  alpha          each look's family-wise alpha
+  turned_on_by   where its rounds came from: the spec's [decide] table or the command line
   open_effects   the effects whose call is still open
   futile         those no seed count up to the cap would plausibly decide
   open_runs      the run ids of the configs such an effect is paired from
-  DecideRecord   RUNS_DIR/decide.json: the plan (looks, alpha) and each round's outcome
+  stop_text      the rounds run and why they stopped, in words
+The plan and each round's outcome are RUNS_DIR/decide.json (store/records.py's DecideRecord).
 """
 
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
-from typing import Annotated, Literal
 
 import pandas as pd
 import scipy.stats as sps
-from pydantic import Field, model_validator
 
 from anatomy_cli.report import stats
+from anatomy_cli.spec.config import budget_seconds
 from anatomy_cli.spec.errors import InputError
 from anatomy_cli.spec.roles import END_OF, variant
-from anatomy_cli.store import runs as runs_mod
+from anatomy_cli.store import records
 
-DECIDE = "decide.json"
 # still open: more seeds may decide it (no completed pairs too: never decided, though seeds go to it only
 # where its runs can complete, study.rounds)
 OPEN = (stats.UNDECIDED, stats.SMALL, stats.TOO_FEW, stats.NONE)
 STEP, MAX_SEEDS = 2, 10  # the defaults: two seeds a round, up to ten
 
 
-def schedule(first: int, max_seeds: int, step: int = STEP) -> list[int]:
-    """[first, first + step, ..., max_seeds]: the seed counts at which the study looks."""
+def schedule(first: int, max_seeds: int, step: int = STEP, name: str = "decide.max_seeds") -> list[int]:
+    """[first, first + step, ..., max_seeds]: the seed counts at which the study looks. name: how the cap was
+    given (an option as typed, or the spec's key), for the refusal."""
     if first > max_seeds:
-        raise InputError(f"--max-seeds {max_seeds} is below the {first} seeds the study starts with")
+        raise InputError(f"{name}: a cap of {max_seeds} seeds is below the {first} the study starts with (its first "
+                         f"look): the cap must be at least the study's seeds")
     looks = list(range(first, max_seeds, step))
     return looks + [max_seeds]
 
 
 def alpha(looks: list[int]) -> float:
     """The family-wise alpha of each look: stats.ALPHA split equally over the planned looks."""
-    return stats.ALPHA / max(1, len(looks))
+    return records.equal_alpha(looks)
 
 
-def planned_looks(root: Path) -> int:
-    """How many looks the study at root planned (decide.json's), 1 for a study run without --decide:
-    what its loss families' alpha was split over (stats.rule_text says it)."""
-    record = read_record(root)
-    return len(record.looks) if record is not None else 1
+def turned_on_by(rules) -> str:
+    """Where a --decide study's rounds came from (report.rules' Rules), for the terminal: its spec's [decide]
+    table or the command line, as the words after 'turned on by'."""
+    record = rules.decide
+    spec = rules.invocation.spec if rules.invocation is not None and rules.invocation.spec else None
+    if spec is None:
+        from anatomy_cli.sweep.plan import DEFAULT_SPEC, experiments_dir
 
-
-def turned_on_by(root: Path) -> str:
-    """Where a --decide study's rounds came from, for the terminal: its spec's [decide] table (which turns
-    --decide on by default: sweep.json's invocation names the spec, none = the default spec) or the flag,
-    as the words after 'turned on by'."""
+        spec = str(experiments_dir() / DEFAULT_SPEC)
+    if record is not None and record.by is not None:
+        return "the --decide flag" if record.by == "flag" else f"{spec}'s [decide] table"
+    if rules.invocation is None:  # decide.json from before it said, and no record of the spec: either
+        return "the --decide flag or its spec's [decide] table"
     import tomllib
 
-    record = read_record(root)
-    if record is not None and record.by is not None:  # decide.json says (studies from before it: the spec)
-        return "the --decide flag" if record.by == "flag" else f"{_spec_of(root)}'s [decide] table"
-    if (runs_mod.read_design(Path(root)) or {}).get("invocation") is None:
-        return "the --decide flag or its spec's [decide] table"
-    spec = Path(_spec_of(root))
-    try:
-        table = "decide" in tomllib.loads(spec.read_text(encoding="utf-8-sig"))
+    try:  # a study from before decide.json said: its spec's table, if it has one now
+        table = "decide" in tomllib.loads(Path(spec).read_text(encoding="utf-8-sig"))
     except (OSError, ValueError):
         return f"the --decide flag or {spec}'s [decide] table"
     return f"{spec}'s [decide] table" if table else "the --decide flag"
-
-
-def _spec_of(root: Path) -> str:
-    """The spec a study at root was run from, as sweep.json's invocation names it (none: the default spec)."""
-    how = (runs_mod.read_design(Path(root)) or {}).get("invocation") or {}
-    if how.get("spec"):
-        return str(how["spec"])
-    from anatomy_cli.sweep.plan import DEFAULT_SPEC, experiments_dir
-
-    return str(experiments_dir() / DEFAULT_SPEC)
 
 
 def open_effects(effects: pd.DataFrame) -> pd.DataFrame:
@@ -154,62 +140,18 @@ def open_runs(grouped, effects: pd.DataFrame, cap: int | None = None) -> set[str
     return out
 
 
-def parse_budget(text: str | None, name: str = "--budget") -> float | None:
+def parse_budget(text: str | None, name: str = "decide.budget") -> float | None:
     """'30m' | '2h' | '90s' | '45' (seconds) -> seconds; None for None. name: where the text came from
-    (the option, or a spec's decide.budget), for the refusal."""
+    (the option as typed, or the spec's key), for the refusal."""
     if text is None:
         return None
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
-    if not m or float(m.group(1)) <= 0 or not math.isfinite(float(m.group(1))):
-        raise InputError(f"{name} {text!r}: give a time such as 30m, 2h, 90s or 600 (seconds)")
-    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+    try:
+        return budget_seconds(text)
+    except ValueError as err:
+        raise InputError(f"{name}: {err}") from None
 
 
-class Round(runs_mod.FileModel):
-    """One look of decide.json: its seed count, the runs its round trained, how long it took, the effects
-    it left open and those of them it found futile."""
-
-    seeds: Annotated[int, Field(ge=1)]
-    trained: Annotated[int, Field(ge=0)]
-    seconds: Annotated[float, Field(ge=0)]
-    open: list[str]
-    futile: list[str] = []
-
-
-class DecideRecord(runs_mod.FileModel):
-    """decide.json: the looks planned, each look's alpha (stats.ALPHA split over them), the margin the
-    study was planned with (None: the default), the rounds run and why the study stopped."""
-
-    looks: list[Annotated[int, Field(ge=1)]]
-    alpha: Annotated[float, Field(gt=0, le=1)]
-    margin: Annotated[float, Field(gt=0, le=10)] | None = None
-    by: Literal["flag", "spec"] | None = None  # what turned the rounds on: --decide, or the spec's [decide] table
-    rounds: list[Round] = []
-    stopped: str | None = None
-
-    @model_validator(mode="after")
-    def _planned(self) -> DecideRecord:
-        if not self.looks or self.looks != sorted(set(self.looks)):
-            raise ValueError(f"looks {self.looks} are not increasing seed counts")
-        if not math.isclose(self.alpha, alpha(self.looks), rel_tol=1e-9):
-            raise ValueError(f"alpha {self.alpha:g} is not {stats.ALPHA:g} split over the {len(self.looks)} looks "
-                             f"({alpha(self.looks):.4g})")
-        if [r.seeds for r in self.rounds] != self.looks[:len(self.rounds)]:
-            raise ValueError(f"rounds at {[r.seeds for r in self.rounds]} seeds are not the looks {self.looks}")
-        return self
-
-
-def read_record(root: Path) -> DecideRecord | None:
-    """The study's decide.json, or None when it was not run with --decide."""
-    return runs_mod.read_record(root, DECIDE, DecideRecord)
-
-
-def write_record(root: Path, record: DecideRecord) -> None:
-    """decide.json, atomically (the plan is written before the first round trains: the folder may be new)."""
-    runs_mod.write_record(root, DECIDE, record)
-
-
-def stop_text(record: DecideRecord) -> str:
+def stop_text(record: records.DecideRecord) -> str:
     """'--decide: 3 rounds (3, 5, 7 seeds); stopped: every effect decided' for the report."""
     seeds = ", ".join(str(r.seeds) for r in record.rounds)
     still = set(record.rounds[-1].open) if record.rounds else set()

@@ -4,7 +4,7 @@
                      judged as one family by stats.py's rule (adjusted interval, margin, call)
   effects_by_eval    the same pairs at every evaluation step (effects over training)
   seed_gains         each seed's gain per flip (the scale trends' input)
-  report_frames      runs, curves, loss and speed effects (speed from a timing pass when there is one)
+  study_effects      a study's loss and speed effects, judged by its Rules (report.build calls it)
 
 How an effect is measured. Runs are compared only inside a group that shares the study and every
 config value except the settings its components switch and the seed, and only pairs with the same
@@ -20,21 +20,21 @@ diverged run is a result to report, not a number to average).
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from anatomy_cli.report import decide as decide_mod
 from anatomy_cli.report import plateau as plateau_mod
 from anatomy_cli.report import speed as speed_mod
 from anatomy_cli.report import stats
 from anatomy_cli.report import tuning as tuning_mod
 from anatomy_cli.report import verdict as vd
-from anatomy_cli.report.frames import HIGHER_IS_BETTER, LOSS_METRIC, RELATIVE_METRICS, SPEED_METRIC, load_runs
+from anatomy_cli.report.frames import HIGHER_IS_BETTER, LOSS_METRIC, RELATIVE_METRICS, SPEED_METRIC
+from anatomy_cli.report.rules import Rules
 from anatomy_cli.spec import components as comp
 from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, DIRECTIONS, END_OF, REFERENCE, REMOVE_ONE, VERB, shown, variant
-from anatomy_cli.store.runs import COMPLETED, RunError, read_design, recorded_margin
+from anatomy_cli.store.records import TuneRecord
+from anatomy_cli.store.runs import COMPLETED
 
 EFFECT_COLUMNS = ["metric", "flip", "direction", "against", "group", "n_pairs", "excluded", "unit", "gain",
                   "adj_low", "adj_high", "margin", "margin_basis", "call", "mde", "noise", "raw_low",
@@ -44,31 +44,33 @@ EFFECT_COLUMNS = ["metric", "flip", "direction", "against", "group", "n_pairs", 
 # ------------------------------------------------------------------------------- effects
 
 
-def component_effects(runs_df: pd.DataFrame, metric: str = "best_val_loss",
-                      min_effect: float | None = None, alpha: float = stats.ALPHA) -> pd.DataFrame:
+def component_effects(runs_df: pd.DataFrame, metric: str = "best_val_loss", margin: float | None = None,
+                      alpha: float = stats.ALPHA, tune: TuneRecord | None = None) -> pd.DataFrame:
     """Add-one and remove-one effect of each flip on `metric`, paired by seed, judged (EFFECT_COLUMNS).
 
     `gain` is what having the component is worth (positive = it helps; gain_of), in the metric's
     units (unit 'abs') or, for RELATIVE_METRICS such as tokens_per_s, in percent (unit '%'). The
     effects of one group are one family for stats.judge: adj_low/adj_high the simultaneous interval
     the call is made from, raw_low/raw_high the uncorrected 95% one, p_holm Holm's p. The margin
-    (column `margin`) is `min_effect`, else the metric's default (see margin); `noise` is the group's
+    (column `margin`) is `margin`, else the metric's default (see margin_of); `noise` is the group's
     reference-end seed sd, shown beside it. `excluded` counts pairs skipped because a run did not
     complete (or lacks the metric). alpha: each family's (a --decide study splits it over its looks).
+    tune: a tuned study's record, whose LR selection's error widens its tuned runs' intervals.
     """
-    return effects_frame(paired_rows(runs_df, metric), {metric: margin(metric, min_effect)}, alpha)
+    return effects_frame(paired_rows(runs_df, metric, tune), {metric: margin_of(metric, margin)}, alpha)
 
 
-def paired_rows(runs_df: pd.DataFrame, metric: str) -> list[dict]:
+def paired_rows(runs_df: pd.DataFrame, metric: str, tune: TuneRecord | None = None) -> list[dict]:
     """Each effect's paired statistics before judging (gain, sd, raw interval, the group's noise), one row
-    per flip, direction and group: what effects_frame judges, and what the calibration harness shifts."""
+    per flip, direction and group: what effects_frame judges, and what the calibration harness shifts.
+    tune: a tuned study's record (its runs at the frozen LRs get the selection's allowance)."""
     if metric not in runs_df.columns:
         raise ValueError(f"unknown metric {metric!r}: not a column of the runs frame")
     runs = runs_df[runs_df["role"] != ""]
     rows = []
     for group, members in groups(runs):
         noise = group_noise(members, metric)
-        rows += [r | {"noise": noise} for r in _group_effects(members, group, metric)]
+        rows += [r | {"noise": noise} for r in _group_effects(members, group, metric, tune)]
     return rows
 
 
@@ -143,8 +145,8 @@ def _all_pairings(members: pd.DataFrame):
                 yield flip, direction, f"{end} end", by_role[ref], by_role[var]
 
 
-def _group_effects(members: pd.DataFrame, group: str, metric: str) -> list[dict]:
-    tuned = tuning_mod.tuned_record(members) if metric == LOSS_METRIC else None  # a tuned study's: its LRs' error
+def _group_effects(members: pd.DataFrame, group: str, metric: str, tune: TuneRecord | None = None) -> list[dict]:
+    tuned = tune if metric == LOSS_METRIC and tuning_mod.is_tuned(members) else None  # its LRs' error
     found = []  # (row, the end's runs, the variant's runs)
     for flip, direction, against, ref, var in _pairings(members):
         row = _paired(ref, var, metric, direction)
@@ -249,7 +251,7 @@ def effects_frame(rows: list[dict], margins: dict[str, tuple[float, str]], alpha
     families': a --decide study splits it over its looks; speed is timed once, so its families keep stats.ALPHA."""
     judged = []
     for metric, group in dict.fromkeys((r["metric"], r["group"]) for r in rows):
-        value, basis = margins.get(metric, margin(metric))
+        value, basis = margins.get(metric, margin_of(metric))
         judged += [r | {"margin_basis": basis}
                    for r in stats.judge([r for r in rows if r["metric"] == metric and r["group"] == group], value,
                                         alpha if metric == LOSS_METRIC else stats.ALPHA)]
@@ -261,12 +263,12 @@ def effects_frame(rows: list[dict], margins: dict[str, tuple[float, str]], alpha
     return df.reset_index(drop=True)
 
 
-def margin(metric: str, min_effect: float | None = None) -> tuple[float, str]:
-    """(the smallest effect that matters, where it came from): `min_effect` (nats/char, for the loss)
+def margin_of(metric: str, margin: float | None = None) -> tuple[float, str]:
+    """(the smallest effect that matters, where it came from): `margin` (nats/char, for the loss)
     when given, else the metric's default, fixed before any data (stats.DEFAULT_MARGIN, SPEED_MARGIN)."""
     if metric in RELATIVE_METRICS:
         return stats.SPEED_MARGIN, stats.DEFAULT
-    return (min_effect, stats.GIVEN) if min_effect is not None else (stats.DEFAULT_MARGIN, stats.DEFAULT)
+    return (margin, stats.GIVEN) if margin is not None else (stats.DEFAULT_MARGIN, stats.DEFAULT)
 
 
 def group_noise(members: pd.DataFrame, metric: str) -> float:
@@ -280,65 +282,25 @@ OVERLAP_NOTE = "from training runs that may have shared the CPU: not a fair timi
 UNTIMED_NOTE = f"{OVERLAP_NOTE}, so no call (only a timing pass calls speed: anatomy ablate --time)"
 
 
-def report_frames(root: Path, min_effect: float | None = None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """(runs, curves, effects) of every run under root; effects hold loss and speed, told apart by `metric`,
-    each metric judged as one family (stats.py's rule).
+def study_effects(runs: pd.DataFrame, rules: Rules, timing: dict | None) -> pd.DataFrame:
+    """The loss and speed effects of a study's runs, told apart by `metric`, each metric judged as one family
+    per group (stats.py's rule) by the study's Rules: the loss at its margin and its looks' alpha (a tuned
+    study's runs at the frozen LRs widened by the selection's error), speed at stats.SPEED_MARGIN.
 
-    Loss effects' margin: `min_effect` (nats/char), else the one the study's spec gave (sweep.json),
-    else stats.DEFAULT_MARGIN; a --decide study's families are judged at its looks' alpha (decide.py).
-    Speed effects come from root/timing.json when a timing pass wrote one
-    (`anatomy ablate --time`; noise: the reference end's round-to-round spread), else from the
-    training runs' tokens/s, each row noted as not a fair timing (noise: the reference end's
-    seed-to-seed spread); their margin is stats.SPEED_MARGIN. Only a timing pass's are called: the
-    training runs' keep gain and interval, with the call stats.NOT_TIMED and UNTIMED_NOTE.
-    """
-    runs, curves = load_runs(Path(root))
-    folder = study_folder(Path(root), runs)  # the study's records judge it, from whatever folder it is reported
-    runs, curves = tuning_mod.study_runs(runs, curves, folder)  # a tuned study: its runs at the frozen LRs
-    record = speed_mod.read_timing(folder if runs["path"].map(lambda p: Path(p).parent).nunique() == 1 else root)
-    if record is not None:
-        spread = speed_mod.noise(record)
-        speed = [r | {"noise": spread} for r in speed_mod.timing_effects(record)]
+    Speed effects come from the timing pass's record when there is one (`anatomy ablate --time`; noise: the
+    reference end's round-to-round spread; `timing`: the study's record, or the report root's), else from the
+    training runs' tokens/s, each row noted as not a fair timing (noise: the reference end's seed-to-seed
+    spread). Only a timing pass's are called: the training runs' keep gain and interval, with the call
+    stats.NOT_TIMED and UNTIMED_NOTE."""
+    if timing is not None:
+        spread = speed_mod.noise(timing)
+        speed = [r | {"noise": spread} for r in speed_mod.timing_effects(timing)]
     else:
         speed = paired_rows(runs, SPEED_METRIC)
         for row in speed:
             row["note"] = "; ".join(filter(None, [UNTIMED_NOTE, row["note"]]))
-    recorded = recorded_min_effect(folder)
-    loss_margin = margin(LOSS_METRIC, recorded if min_effect is None else min_effect)
-    if min_effect is not None and recorded is not None and not math.isclose(min_effect, recorded):
-        loss_margin = (min_effect, f"{stats.AFTER} (the study's: {recorded:.3f})")
-    record = decide_mod.read_record(folder)  # a --decide study: each look's alpha (decide.py)
-    alpha = record.alpha if record is not None else stats.ALPHA
-    effects = effects_frame(paired_rows(runs, LOSS_METRIC) + speed, {LOSS_METRIC: loss_margin}, alpha)
+    loss = paired_rows(runs, LOSS_METRIC, rules.tune)
+    effects = effects_frame(loss + speed, {LOSS_METRIC: (rules.margin, rules.margin_basis)}, rules.alpha)
     untimed = (effects["metric"] == SPEED_METRIC) & effects["note"].fillna("").str.startswith(UNTIMED_NOTE)
     effects.loc[untimed, "call"] = stats.NOT_TIMED  # the CPU was shared: no call on speed from training runs
-    return plateau_mod.entered(runs, effects), curves, effects
-
-
-def study_folder(root: Path, runs: pd.DataFrame) -> Path:
-    """The folder whose records (decide.json's alpha, sweep.json's margin, timing.json) judge the runs under
-    root: root itself, or the one study folder below it that holds them all (a report of runs/ judges
-    runs/demo as runs/demo's report does). Studies recorded with other alphas or margins are not judged
-    as one: refused, naming them (report each study's folder)."""
-    folders = sorted({Path(p).parent for p in runs["path"]}) if len(runs) else []
-    if len(folders) == 1:
-        return folders[0]
-    rules = {}
-    for f in folders:
-        record = decide_mod.read_record(f)
-        rules[f] = (record.alpha if record is not None else stats.ALPHA, recorded_min_effect(f))
-    if len(set(rules.values())) > 1:
-        named = "; ".join(f"{f} (alpha {a:.4g}, margin {m if m is not None else stats.DEFAULT_MARGIN:.3f})"
-                          for f, (a, m) in rules.items())
-        raise RunError(f"{root} holds studies judged by different rules: {named}: report each study's folder")
-    return folders[0] if folders else Path(root)  # alike: any of them states the rule
-
-
-def recorded_min_effect(root: Path) -> float | None:
-    """The margin the study was planned with (`ablate --min-effect`, else its spec's min_effect): sweep.json's
-    typed margin, written when the study started; a folder from before it has its invocation's min_effect."""
-    recorded = recorded_margin(root)
-    if recorded is not None:
-        return recorded
-    value = ((read_design(root) or {}).get("invocation") or {}).get("min_effect")
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
+    return effects

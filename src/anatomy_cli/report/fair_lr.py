@@ -23,19 +23,18 @@ them either way.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
-from anatomy_cli.report import decide as decide_mod
 from anatomy_cli.report import stats
 from anatomy_cli.report import tuning as tuning_mod
 from anatomy_cli.report.effects import _pairings, component_effects, groups
-from anatomy_cli.report.frames import LOSS_METRIC, load_runs, records
+from anatomy_cli.report.frames import LOSS_METRIC, records
 from anatomy_cli.spec.roles import VERB, variant
+from anatomy_cli.store.records import TuneRecord
 
 NOT_TUNED = "not tuned"  # the tuned call of an effect whose end or variant was not tuned
 CONFOUNDED = "LR-confounded"
@@ -52,30 +51,24 @@ HELD = ("Only the peak LR moves: warmup, the schedule, weight decay, betas and g
 @dataclass(frozen=True)
 class Tuned:
     folder: Path
-    record: tuning_mod.TuneRecord
+    record: TuneRecord
     comparison: pd.DataFrame  # COMPARISON_COLUMNS, the verdict's order
     panels: list[dict]  # the sensitivity figure's: {"flip", "direction", "title", "end", "variant"} (arm names)
 
 
-def tuned_frames(runs: pd.DataFrame, effects: pd.DataFrame) -> Tuned | None:
-    """The tuned study of a report's runs (report_frames' narrowed frame; `effects` its judged effects): None
-    unless their one study folder holds tune.json."""
-    folders = sorted({Path(p).parent for p in runs["path"]}) if len(runs) else []
-    tuned = [f for f in folders if (f / tuning_mod.TUNE).is_file()]
-    if len(tuned) != 1:
+def tuned_frames(everything: pd.DataFrame, runs: pd.DataFrame, effects: pd.DataFrame, rules) -> Tuned | None:
+    """The tuned study of a report (None unless the study its Rules judge was tuned): `everything` the runs frame
+    as loaded (the selection and shared-LR runs included), `runs` the judged frame (tuning.study_runs'),
+    `effects` its judged effects."""
+    record, folder = rules.tune, rules.folder
+    if record is None:
         return None
-    folder, record = tuned[0], tuning_mod.read_record(tuned[0])
-    here = load_runs(folder)[0]
-    shared = tuning_mod.shared_runs(here, folder, record) if record.shared else here.iloc[0:0]
-    pairs = pairings(pd.concat([runs, _as_tuned(tuning_mod.selection_runs(here, folder, record))]))
-    return Tuned(folder, record, comparison(shared, effects[effects["metric"] == LOSS_METRIC], folder, record,
-                                            pairs), panels(pairs))
-
-
-def _as_tuned(selection: pd.DataFrame) -> pd.DataFrame:
-    """Selection runs with settings' train.lr = TUNED, as the study's runs have it (one group across LRs)."""
-    return selection.assign(settings=selection["settings"].map(
-        lambda s: json.dumps({**json.loads(s), "train.lr": tuning_mod.TUNED}, sort_keys=True, default=str)))
+    shared = tuning_mod.shared_runs(everything, folder, record) if record.shared else everything.iloc[0:0]
+    selection = tuning_mod.selection_runs(everything, folder, record)
+    pairs = pairings(pd.concat([runs, selection.assign(settings=selection["settings"].map(tuning_mod.without_lr),
+                                                       tuned=True)]))
+    return Tuned(folder, record, comparison(shared, effects[effects["metric"] == LOSS_METRIC], record, pairs,
+                                            rules.alpha), panels(pairs))
 
 
 def pairings(runs: pd.DataFrame) -> dict[tuple[str, str, str], tuple[str, str | None, str | None]]:
@@ -89,16 +82,14 @@ def pairings(runs: pd.DataFrame) -> dict[tuple[str, str, str], tuple[str, str | 
     return out
 
 
-def comparison(shared: pd.DataFrame, loss: pd.DataFrame, folder: Path, record: tuning_mod.TuneRecord,
-               pairs: dict) -> pd.DataFrame:
+def comparison(shared: pd.DataFrame, loss: pd.DataFrame, record: TuneRecord, pairs: dict,
+               alpha: float = stats.ALPHA) -> pd.DataFrame:
     """Each loss effect of the tuned study (`loss`) and of the shared-LR runs, judged as its own family at the
     study's alpha and margin, side by side (COMPARISON_COLUMNS); `confounded` where both have a call and they
     differ; an effect only the shared LR has, or an effect of `pairs` (pairings': its configs) with a config
     not tuned, gets the tuned call NOT_TUNED (with no shared-LR runs, its shared call is stats.NONE)."""
-    decided = decide_mod.read_record(folder)
-    alpha = decided.alpha if decided is not None else stats.ALPHA
     margin = float(loss["margin"].iloc[0]) if len(loss) else None
-    base = component_effects(shared, min_effect=margin, alpha=alpha) if len(shared) else loss.iloc[0:0]
+    base = component_effects(shared, margin=margin, alpha=alpha) if len(shared) else loss.iloc[0:0]
     base = base[base["metric"] == LOSS_METRIC] if len(base) else base
     keys = ["flip", "direction", "group"]
     tuned = loss.set_index(keys)
@@ -223,4 +214,4 @@ def lines(t: Tuned) -> list[str]:
 
 def record(t: Tuned) -> dict:
     """report.json's "tuning": tune.json's record, and the comparison's rows."""
-    return {**t.record.model_dump(mode="json"), "held": HELD, "comparison": records(t.comparison)}
+    return {**t.record.model_dump(mode="json", by_alias=True), "held": HELD, "comparison": records(t.comparison)}

@@ -25,6 +25,7 @@ from anatomy_cli.report.plateau import PLATEAU_COLUMNS
 from anatomy_cli.report.plateau import judged as plateau_judged
 from anatomy_cli.spec import components as comp
 from anatomy_cli.spec.config import DataConfig, ModelConfig, RunConfig, TrainConfig
+from anatomy_cli.store import records as study_records
 from anatomy_cli.store.runs import (
     CONFIG,
     EVAL,
@@ -32,7 +33,6 @@ from anatomy_cli.store.runs import (
     find_runs,
     read_config,
     read_ctx_losses,
-    read_design,
     read_metrics,
     read_summary,
     status_of,
@@ -49,14 +49,16 @@ SAMPLE_CHARS = 2000  # a report shows at most this much of each samples.txt
 
 # Summary columns (summary.COLUMNS) are RunSummary's fields marked as such, typed by it.
 RUN_COLUMNS = [
-    "run_id", "path", "label", "role", "size", *comp.BUILTIN_NAMES, "n_layer", "n_head", "n_kv_head", "d_model",
-    "seed", "status", *COLUMNS, "non_embedding_params", "state_bytes_4k", "overfit_gap", "max_grad_norm",
+    "run_id", "path", "config", "lr", "label", "role", "size", *comp.BUILTIN_NAMES, "n_layer", "n_head", "n_kv_head",
+    "d_model", "seed", "status", *COLUMNS, "non_embedding_params", "state_bytes_4k", "overfit_gap", "max_grad_norm",
     "loss_spikes", "design", "settings", "corpus", "built", "warning",
     *PLATEAU_COLUMNS,  # report/plateau.py: a run left on the unigram plateau
 ]  # + a column per spec component found in sweep.json files, one val_loss_ctx_<N> per eval.json length
+# config: the run's config name within its study ('2017+rope' of the run named 'demo/2017+rope', its name as it is
+# for a run of `anatomy train`); lr: its train.lr. Read from the run's config.json, never from its id.
 INT_COLUMNS = ("n_layer", "n_head", "n_kv_head", "d_model", "seed", "loss_spikes", "non_embedding_params",
                "state_bytes_4k", *(c for c in COLUMNS if RunSummary.kind(c) is int))
-FLOAT_COLUMNS = ("max_grad_norm", *(c for c in COLUMNS if RunSummary.kind(c) is float))
+FLOAT_COLUMNS = ("lr", "max_grad_norm", *(c for c in COLUMNS if RunSummary.kind(c) is float))
 CURVE_COLUMNS = ["run_id", "step", "tokens", "split", "loss", "grad_norm"]  # grad_norm on train rows
 CTX_PREFIX = "val_loss_ctx_"
 # The margin and its basis under the names the written files kept from before the code said margin
@@ -67,8 +69,11 @@ FILE_NAMES = {"margin": "threshold", "margin_basis": "threshold_basis"}
 # ------------------------------------------------------------------------------- loading
 
 
-def load_runs(root: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(runs, curves): one row per run dir under root, and every logged loss in long form.
+def load_runs(root: Path, studies: dict[Path, study_records.StudyRecord | None] | None = None
+              ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(runs, curves): one row per run dir under root, and every logged loss in long form. studies: each
+    study folder's sweep.json (study_records.read_study), filled in here for every folder it lacks, so a caller
+    that passes a dict reads each folder's record once for the whole report.
 
     runs has RUN_COLUMNS plus spec components' and val_loss_ctx_<N> columns; curves has run_id,
     step, split ('train' | 'val'), loss. `role` is 'reference', 'all-on', '+f', '-f' or '' within
@@ -80,13 +85,17 @@ def load_runs(root: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     a hash of what it trains (equal: the same model trained alike, effects._pairings makes no call).
     """
     dirs = _run_dirs(Path(root))
-    studies: dict[Path, tuple[tuple[comp.Component, ...], list[dict]]] = {}
+    studies = {} if studies is None else studies
+    designs: dict[Path, tuple[tuple[comp.Component, ...], list[dict]]] = {}
     rows, curves, corpora = [], [], {}
     for run_id, run_dir in zip(_run_ids(Path(root), dirs), dirs):
-        if run_dir.parent not in studies:
-            studies[run_dir.parent] = (_design(run_dir.parent), sweep_sizes(run_dir.parent))
+        if run_dir.parent not in designs:
+            if run_dir.parent not in studies:
+                studies[run_dir.parent] = study_records.read_study(run_dir.parent)
+            designs[run_dir.parent] = (design_of(studies[run_dir.parent], run_dir.parent),
+                                       studies[run_dir.parent].sizes if studies[run_dir.parent] else [])
         metrics = read_metrics(run_dir)
-        rows.append(_run_row(run_id, run_dir, metrics, *studies[run_dir.parent]))
+        rows.append(_run_row(run_id, run_dir, metrics, *designs[run_dir.parent]))
         rows[-1] |= plateau_judged(run_dir, metrics, rows[-1]["status"], rows[-1]["best_val_loss"], corpora)
         curves.extend(_curve_rows(run_id, metrics))
     return _runs_frame(split_corpora(rows)), pd.DataFrame(curves, columns=CURVE_COLUMNS)
@@ -121,24 +130,14 @@ def split_corpora(rows: list[dict]) -> list[dict]:
     return rows
 
 
-def _design(sweep_dir: Path) -> tuple[comp.Component, ...]:
-    """The components a sweep directory's runs were planned with (the five when it has no sweep.json)."""
-    design = read_design(sweep_dir)
-    if design is None:
+def design_of(study: study_records.StudyRecord | None, folder: Path) -> tuple[comp.Component, ...]:
+    """The components a study folder's runs were planned with (its sweep.json's; the five without one)."""
+    if study is None:
         return tuple(comp.BY_NAME[n] for n in comp.FIVE)
     try:
-        return tuple(comp.from_record(r) for r in design["components"])
+        return tuple(comp.from_record(r) for r in study.components)
     except (KeyError, TypeError, AttributeError) as err:
-        raise RunError(f"corrupt sweep.json in {sweep_dir}: {err!r}") from None
-
-
-def sweep_sizes(sweep_dir: Path) -> list[dict]:
-    """The size ladder a sweep directory's runs were planned with: [{"name", "settings", "budget"}]."""
-    sizes = (read_design(sweep_dir) or {}).get("sizes", [])
-    if not isinstance(sizes, list) or not all(isinstance(s, dict) and isinstance(s.get("name"), str)
-                                              and isinstance(s.get("settings"), dict) for s in sizes):
-        raise RunError(f"corrupt sweep.json in {sweep_dir}: sizes is not a list of {{name, settings}}")
-    return sizes
+        raise RunError(f"corrupt sweep.json in {folder}: {err!r}") from None
 
 
 def _size_of(flat: dict, sizes: list[dict], design: tuple[comp.Component, ...]) -> str:
@@ -174,7 +173,11 @@ def _run_row(run_id: str, run_dir: Path, metrics: list[dict], design: tuple[comp
     model = _model_config(config, run_dir)
     flat = comp.flat_config({**config, "model": model.model_dump(mode="json")})
     known = [*comp.BUILTINS, *(c for c in design if c.name not in comp.BY_NAME)]
-    row = {"run_id": run_id, "path": str(run_dir), "label": comp.label(flat, known),
+    name, lr = config.get("name"), flat.get("train.lr", TrainConfig.model_fields["lr"].default)
+    row = {"run_id": run_id, "path": str(run_dir),
+           "config": name.partition("/")[2] or name if isinstance(name, str) else None,
+           "lr": lr if isinstance(lr, (int, float)) and not isinstance(lr, bool) else None,
+           "label": comp.label(flat, known),
            "role": comp.role({c.name: c.state(flat) for c in design}, [c.name for c in design]),
            "size": _size_of(flat, sizes, design)}
     row |= {c.name: bool(c.state(flat)) for c in known}
@@ -295,11 +298,12 @@ def _runs_frame(rows: list[dict]) -> pd.DataFrame:
 LOSS_METRIC, SPEED_METRIC = "best_val_loss", "tokens_per_s"
 
 
-def components_of(runs: pd.DataFrame) -> dict[str, comp.Component]:
-    """The components of every study under the runs, by name (about, source: the report names them)."""
+def components_of(runs: pd.DataFrame, studies: dict) -> dict[str, comp.Component]:
+    """The components of every study under the runs, by name (about, source: the report names them); studies:
+    their folders' sweep.json, as load_runs read them."""
     out: dict[str, comp.Component] = {}
-    for sweep_dir in dict.fromkeys(Path(p).parent for p in runs["path"]):
-        out |= {c.name: c for c in _design(sweep_dir) if c.name not in out}
+    for folder in dict.fromkeys(Path(p).parent for p in runs["path"]):
+        out |= {c.name: c for c in design_of(studies.get(folder), folder) if c.name not in out}
     return out
 
 

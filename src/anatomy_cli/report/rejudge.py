@@ -7,11 +7,11 @@ the rule changes (issue 35: no variance borrows from another's), every shipped c
 exactly as `anatomy report` would judge the same runs today:
 
   rejudge   a results document -> (the document judged again, one line per call that changed)
-  main      python -m anatomy_cli.report.rejudge FILE ... [--check]: rewrite each file (or only list
-            the changes, exit 1 if any), printing a markdown table of the calls that changed
+  rejudge_files  `anatomy rejudge FILE ... [--check]`: rewrite each file (or only list the changes, exit 1
+            if any), the CLI printing a markdown table of the calls that changed
 
 What is judged again: the loss effects of every group (stats.judge at the family's recorded alpha and
-margin), the speed effects (a speed effect from training runs is `not timed`, as report_frames says
+margin), the speed effects (a speed effect from training runs is `not timed`, as report.build judges it
 since issue 37; a timing pass's are judged like the loss), and a size ladder's by-size calls and trends
 (scale.scale_call on the slopes judged again). What is not: a --decide study's rounds (which seeds each
 look trained was decided by the rule of its day; decide.json keeps that record as it was).
@@ -21,15 +21,15 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 from scipy import stats as sps
 
-from anatomy_cli.report import results, stats
+from anatomy_cli.report import stats
 from anatomy_cli.report.effects import OVERLAP_NOTE
 from anatomy_cli.report.frames import LOSS_METRIC, SPEED_METRIC
-from anatomy_cli.spec.errors import InputError
+from anatomy_cli.report.results_build import _plain
+from anatomy_cli.report.results_file import load
 
 
 def paired_of(row: dict, n: float, gain: float, low: float, high: float) -> dict:
@@ -56,7 +56,7 @@ def _judged(rows: list[dict], margin: float, alpha: float) -> list[dict]:
         row = {k: v for k, v in old.items() if k != "prior_df"}
         for key in ("adj_low", "adj_high", "adj_level", "family", "df", "mde", "p_holm", "call"):
             value = new[key]
-            row[key] = None if isinstance(value, float) and not math.isfinite(value) else results._plain(value)
+            row[key] = None if isinstance(value, float) and not math.isfinite(value) else _plain(value)
         out.append(row)
     return out
 
@@ -145,28 +145,17 @@ def table(changes: list[dict]) -> list[str]:
     return out
 
 
-def main(argv: list[str]) -> int:
-    check = "--check" in argv
-    paths = [Path(a) for a in argv if a != "--check"]
-    if not paths:
-        print("usage: python -m anatomy_cli.report.rejudge FILE ... [--check]", file=sys.stderr)
-        return 2
+def rejudge_files(paths: list[Path], check: bool = False) -> list[dict]:
+    """`anatomy rejudge FILE ... [--check]`: each results file judged again (rewritten unless `check`), every file
+    read before any is written; the calls that changed (table() prints them). A file that cannot be read raises
+    ResultsError (one line)."""
+    from anatomy_cli.store.runs import atomic_write_text
+
+    docs = [(path, load(path)) for path in paths]
     changed = []
-    for path in paths:
-        try:
-            doc = results.load(path)
-        except (OSError, InputError) as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
+    for path, doc in docs:
         new, changes = rejudge(doc)
         changed += changes
         if not check and new != doc:
-            from anatomy_cli.store.runs import atomic_write_text
-
             atomic_write_text(path, json.dumps(new, indent=1, allow_nan=False) + "\n")
-    print("\n".join(table(changed)) if changed else "no call changes")
-    return 1 if check and changed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    return changed

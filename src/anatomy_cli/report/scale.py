@@ -108,7 +108,7 @@ def series_of(group: str, size: str) -> str:
     return ", ".join(p for p in group.split(", ") if p != f"size {size}")
 
 
-def size_table(runs: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
+def size_table(runs: pd.DataFrame, curves: pd.DataFrame, names: list[str] = ()) -> pd.DataFrame:
     """SIZE_COLUMNS, one row per series and size, smallest first: parameters (its reference end's,
     else the median over its runs), steps, tokens per run and per non-embedding parameter, and its
     flags (counts of completed runs)."""
@@ -134,7 +134,7 @@ def size_table(runs: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
                      "runs": len(done), "still_improving": improving, "overfit": overfit,
                      "flags": "; ".join(filter(None, flags))})
     df = pd.DataFrame(rows, columns=SIZE_COLUMNS)
-    order = {name: i for i, name in enumerate(ladder_names(runs))}  # sizes that share a count: the ladder's order
+    order = {name: i for i, name in enumerate(names)}  # sizes that share a count: the ladder's order
     df = df.sort_values("size", key=lambda s: s.map(lambda n: order.get(n, len(order))), kind="stable")
     return df.sort_values(["series", "non_embedding_params"], kind="stable").reset_index(drop=True)
 
@@ -305,14 +305,17 @@ def by_size_csv(s: Scale) -> pd.DataFrame:
     return s.by_size.merge(trend.rename(columns={"call": "scale_call"}), on=["series", "flip", "direction"], how="left")
 
 
-def scale_frames(runs: pd.DataFrame, curves: pd.DataFrame, effects: pd.DataFrame,
+def scale_frames(runs: pd.DataFrame, curves: pd.DataFrame, effects: pd.DataFrame, studies: dict | None = None,
                  metric: str = "best_val_loss") -> Scale | None:
-    """The sized groups under the report's runs, judged (Scale); None without two sizes."""
+    """The sized groups under the report's runs, judged (Scale); None without two sizes. studies: the study
+    folders' sweep.json records (frames.load_runs'), where the ladder's size names and budget rule are."""
     from anatomy_cli.report import effects as effects_mod
 
     if "size" not in runs or runs.loc[runs["role"] != "", "size"].replace("", np.nan).nunique() < 2:
         return None
-    sizes = size_table(runs, curves)
+    ladder = _ladder(runs, studies or {})
+    names = list(dict.fromkeys(size["name"] for size in ladder))
+    sizes = size_table(runs, curves, names)
     gains = effects_mod.seed_gains(runs, metric)
     gains = gains[gains["size"] != ""].copy()
     gains["series"] = [series_of(g, s) for g, s in zip(gains["group"], gains["size"])]
@@ -327,25 +330,16 @@ def scale_frames(runs: pd.DataFrame, curves: pd.DataFrame, effects: pd.DataFrame
     # the study's alpha, as its loss families were judged: level = 1 - alpha / family (a --decide study's looks')
     tested = loss[loss["family"] > 0]
     alpha = float(((1 - tested["adj_level"]) * tested["family"]).iloc[0]) if len(tested) else stats.ALPHA
-    return Scale(sizes, placed, trends(gains, placed, margin, sized, alpha), budget_rule(runs),
-                 tuple(ladder_notes(sizes, sized, ladder_names(runs))))
+    return Scale(sizes, placed, trends(gains, placed, margin, sized, alpha), budget_rule(ladder),
+                 tuple(ladder_notes(sizes, sized, names)))
 
 
-def ladder_names(runs: pd.DataFrame) -> list[str]:
-    """The sizes the runs' sweep.json files name, in ladder order (runs or not)."""
-    from anatomy_cli.report import frames
-
-    names: dict[str, None] = {}
-    for sweep_dir in dict.fromkeys(Path(p).parent for p in runs.loc[runs["size"] != "", "path"]):
-        names |= dict.fromkeys(size["name"] for size in frames.sweep_sizes(sweep_dir))
-    return list(names)
+def _ladder(runs: pd.DataFrame, studies: dict) -> list[dict]:
+    """The sizes the sized runs' sweep.json records name, in ladder order (runs or not)."""
+    folders = dict.fromkeys(Path(p).parent for p in runs.loc[runs["size"] != "", "path"])
+    return [size for f in folders if studies.get(f) is not None for size in studies[f].sizes]
 
 
-def budget_rule(runs: pd.DataFrame) -> dict:
+def budget_rule(ladder: list[dict]) -> dict:
     """The size ladder's budget rule as sweep.json records it: {"budget", "tokens_per_param"?}."""
-    from anatomy_cli.report import frames
-
-    for sweep_dir in dict.fromkeys(Path(p).parent for p in runs.loc[runs["size"] != "", "path"]):
-        for size in frames.sweep_sizes(sweep_dir):
-            return {k: size[k] for k in ("budget", "tokens_per_param") if k in size}
-    return {}
+    return next(({k: size[k] for k in ("budget", "tokens_per_param") if k in size} for size in ladder), {})

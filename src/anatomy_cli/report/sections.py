@@ -1,6 +1,6 @@
 """The report's words and tables, in reading order, as page.py blocks (no torch).
 
-  Parts          what the sections are made from (frames already judged by stats.py's rule)
+  Parts          what the sections are made from: a Report (report/build.py, judged by stats.py's rule)
   lead           the opening paragraph: the runs, and the question the report answers
   sections       verdict, curves, effects over training, routing (a mixture of experts), speed, runs,
                  effect details, samples
@@ -16,6 +16,7 @@ its call is made from; raw 95% intervals and Holm p-values appear only under Eff
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from anatomy_cli.report import fair_lr, textable
 from anatomy_cli.report import scale as scale_mod
 from anatomy_cli.report import speed as speed_mod
 from anatomy_cli.report import verdict as vd
+from anatomy_cli.report.build import Report
 from anatomy_cli.report.effects import same_model_lines
 from anatomy_cli.report.frames import CTX_PREFIX, RUN_COLUMNS, SAMPLE_CHARS
 from anatomy_cli.report.plateau import plateau_lines
@@ -49,16 +51,24 @@ LOSS_FORMATS = {c: "{:+.4f}" for c in GAIN_COLUMNS}
 
 @dataclass(frozen=True)
 class Parts:
-    root: Path
-    runs: pd.DataFrame
-    effects: pd.DataFrame
-    verdict: pd.DataFrame  # loss effects, ranked (verdict.verdict_frame)
-    speed: pd.DataFrame  # speed effects, ranked
-    eval_effects: pd.DataFrame
+    """A Report (report.build's) and the images written for it: what every section reads."""
+
+    r: Report
     images: dict[str, Path]
-    components: dict[str, comp.Component]
-    scale: scale_mod.Scale | None = None  # a study with two sizes or more
-    tuned: fair_lr.Tuned | None = None  # a tuned study (--tune-lr): the shared-LR comparison
+
+    root = property(lambda self: self.r.root)
+    rules = property(lambda self: self.r.rules)
+    runs = property(lambda self: self.r.runs)
+    effects = property(lambda self: self.r.effects)
+    verdict = property(lambda self: self.r.verdict)  # loss effects, ranked (verdict.verdict_frame)
+    speed = property(lambda self: self.r.speed_verdict)  # speed effects, ranked
+    eval_effects = property(lambda self: self.r.eval_effects)
+    scale = property(lambda self: self.r.scale)  # a study with two sizes or more
+    tuned = property(lambda self: self.r.tuning)  # a tuned study (--tune-lr): the shared-LR comparison
+
+    @functools.cached_property
+    def components(self) -> dict[str, comp.Component]:
+        return self.r.components
 
 
 def lead(p: Parts) -> str:
@@ -124,8 +134,8 @@ def verdict_blocks(p: Parts) -> list:
                     f"(nats/char; positive = the component helps), largest first; "
                     f"{directions_text(p.verdict, ref, top)}."),
               ("table", verdict_table(p.verdict), False),
-              ("list", [vd.rule_line(p.verdict, "nats/char", looks=decide_mod.planned_looks(p.root)),
-                        *decide_lines(p.root),
+              ("list", [vd.rule_line(p.verdict, "nats/char", looks=p.rules.looks),
+                        *decide_lines(p.rules.decide),
                         *same_model_lines(p.runs), *warning_lines(p.runs),
                         budget_line(bud, ref, top) if p.scale is None else f"**Budget**: {budget_text(p.scale)}",
                         noise_line(vd.noise_floor(p.runs), ref, top)])]
@@ -134,7 +144,7 @@ def verdict_blocks(p: Parts) -> list:
     if p.scale is not None:
         blocks += [("p", "Across sizes (the call across sizes; Effects across scale has the rule):"),
                    ("list", scale_lines(p.scale))]
-    advice = vd.seeds_advice(p.root, p.runs, p.verdict)
+    advice = vd.seeds_advice(p.rules, p.runs, p.verdict)
     if advice is not None:  # the cause the runs show; a command only where it trains something
         blocks += [("p", advice.text)] + ([("code", advice.command)] if advice.command else [])
     return blocks
@@ -147,10 +157,9 @@ def warning_lines(runs: pd.DataFrame) -> list[str]:
     return [f"**{r.run_id}** {r.warning}" for r in flagged.itertuples()]
 
 
-def decide_lines(root: Path) -> list[str]:
-    """A --decide study: its rounds, each look's alpha and why it stopped (the seeds column says what
-    each effect got)."""
-    record = decide_mod.read_record(root)
+def decide_lines(record) -> list[str]:
+    """A --decide study (its decide.json record): its rounds, each look's alpha and why it stopped (the seeds
+    column says what each effect got)."""
     return [decide_mod.stop_text(record)] if record is not None else []
 
 
@@ -177,24 +186,24 @@ def verdict_table(verdict: pd.DataFrame, fmt: str = "{:+.3f}") -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["rank", "component", "change", "gain", "interval", "call", "seeds"])
 
 
-def verdict_text(verdict: pd.DataFrame, runs: pd.DataFrame, root: Path, max_width: int | None,
-                 across: scale_mod.Scale | None = None) -> str:
-    """The verdict for a terminal or a pipe: plain text fitted to max_width (None: no limit); with
+def verdict_text(r: Report, max_width: int | None) -> str:
+    """A Report's verdict for a terminal or a pipe: plain text fitted to max_width (None: no limit); with
     sizes, a line per component with its call across sizes."""
+    verdict, runs, across = r.verdict, r.runs, r.scale
     if verdict.empty:
         return "verdict: no paired runs yet (an end and a variant with a shared seed)."
     ref, top = end_names(runs)
     head = "verdict: gain in best val loss (nats/char; > 0 = the component helps), largest first"
     ends = vd.ends_text(runs, ref, top)
-    rule = vd.rule_line(verdict, "nats/char", short=True, looks=decide_mod.planned_looks(root), calls=False)
+    rule = vd.rule_line(verdict, "nats/char", short=True, looks=r.rules.looks, calls=False)
     out = [textable.wrap(head, max_width), *([textable.wrap(ends, max_width)] if ends else []), "",
            directions_table(verdict, ref, top, max_width), "", textable.wrap(rule, max_width)]
-    out += words_text(verdict, root, max_width)
+    out += words_text(verdict, r.rules, max_width)
     out += [textable.wrap(line, max_width) for line in plateau_lines(runs, bold=False)]
     if across is not None:
         out += ["", "Across sizes (gain at the smallest -> the largest size):"]
         out += [textable.wrap(line, max_width) for line in scale_lines(across, bold=False)]
-    advice = vd.seeds_advice(root, runs, verdict)
+    advice = vd.seeds_advice(r.rules, runs, verdict)
     if advice is not None:
         out += [textable.wrap(advice.text, max_width)] + ([f"  {advice.command}"] if advice.command else [])
     return "\n".join(out)
@@ -234,13 +243,13 @@ def directions_table(verdict: pd.DataFrame, ref: str, top: str, max_width: int |
     return "\n\n".join(parts)
 
 
-def words_text(verdict: pd.DataFrame, root: Path, max_width: int | None) -> list[str]:
+def words_text(verdict: pd.DataFrame, rules, max_width: int | None) -> list[str]:
     """The verdict's words, one line each (verdict.words), and where --decide came from; on a terminal,
     where a newcomer meets them, not behind a flag they would have to know of."""
     import textwrap
 
     pairs = vd.words(verdict, "nats/char")
-    record = decide_mod.read_record(root)
+    record = rules.decide
     if record is not None:
         pairs.append(("look", f"a judgement after a round of seeds; {len(record.looks)} planned, at "
                               f"{', '.join(map(str, record.looks))} seeds"))
@@ -248,7 +257,7 @@ def words_text(verdict: pd.DataFrame, root: Path, max_width: int | None) -> list
     out = ["The words:"] + [textwrap.fill(text, max(40, max_width or 10**6), initial_indent=f"  {word:<{w - 2}}",
                                           subsequent_indent=" " * w) for word, text in pairs]
     if record is not None:
-        out += [textable.wrap(f"--decide (turned on by {decide_mod.turned_on_by(root)})"
+        out += [textable.wrap(f"--decide (turned on by {decide_mod.turned_on_by(rules)})"
                               + decide_mod.stop_text(record).removeprefix("--decide"), max_width)]
     return out
 
@@ -308,9 +317,9 @@ def noise_line(floor: dict, ref_name: str, top_name: str) -> str:
 
 
 def speed_blocks(p: Parts) -> list:
-    record = speed_mod.read_timing(p.root)
+    record = p.rules.timing
     if record is None:
-        cmd = vd.ablate_command(p.root, "--time")
+        cmd = vd.ablate_command(p.rules, "--time")
         return [("p", "Not measured fairly here: the training runs' tokens/s shared the CPU with whichever runs "
                       "overlapped them (effects.csv keeps them, noted). For a fair timing, each config timed for a "
                       "few steps in one idle worker, interleaved in rounds:"), ("code", cmd)]

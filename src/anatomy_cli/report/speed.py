@@ -1,6 +1,5 @@
 """Speed effects from a timing pass's record (sweep/timing.py writes it): the analysis half (no torch).
 
-  read_timing      sweep_dir/timing.json checked whole (TimingRecord), or None without one
   timing_effects   timing record -> effect rows (stats.paired) for tokens_per_s, as gains
   noise            the reference end's round-to-round spread of tokens/s, in %
   summary_line     one line: rounds, steps, what was timed
@@ -10,60 +9,22 @@ gain_r = 100 * (tokens/s with the component / tokens/s without it - 1), judged o
 report's one rule (stats.py) against the fixed margin stats.SPEED_MARGIN; the reference end's
 round-to-round spread is reported beside it as the effects' noise, never used as the margin.
 
-The record (sweep/timing.py writes it): steps, warmup, rounds, threads, ends [reference name, all-on
-name], configs [{slug, role, flip, group}], rounds_data [{slug: tokens/s}]. A record that does not
-fit it is a RunError naming the field: the report stops there rather than go on without the timing
-pass it was asked to read (rerun `anatomy ablate --time` to write a new one).
+The record (store/records.py's TimingRecord, read by records.read_timing): steps, warmup, rounds, threads,
+ends [reference name, all-on name], configs [{slug, role, flip, group}], rounds_data [{slug: tokens/s}]. A
+record that does not fit it is a RunError naming the field: the report stops there rather than go on
+without the timing pass it was asked to read (rerun `anatomy ablate --time` to write a new one).
 """
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
-from typing import Annotated
 
 import numpy as np
-from pydantic import Field, ValidationError
 
 from anatomy_cli.report import stats
 from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, END_OF, REFERENCE, REMOVE_ONE, shown
-from anatomy_cli.store import runs
 
 METRIC = "tokens_per_s"
-
-
-Count = Annotated[int, Field(ge=0)]
-
-
-class TimedConfig(runs.FileModel):
-    slug: str
-    role: str  # components.role's kind: reference, all-on, add-one, remove-one, other
-    flip: str | None  # the component an add-one / remove-one config flips; null for the ends
-    group: str = ""
-
-
-class TimingRecord(runs.FileModel):
-    steps: Count
-    warmup: Count
-    rounds: Count = None
-    threads: Annotated[int, Field(ge=1)]
-    ends: Annotated[list[str], Field(min_length=2, max_length=2)] = None
-    configs: list[TimedConfig]
-    rounds_data: list[dict[str, Annotated[float, Field(ge=0)]]]  # per round {slug: tokens/s}
-
-
-def read_timing(sweep_dir: Path) -> dict | None:
-    """The timing record as written (a plain dict), checked against TimingRecord; None without one."""
-    path = Path(sweep_dir) / runs.TIMING
-    if not path.is_file():
-        return None
-    record = runs.read_json(path)
-    try:
-        TimingRecord.model_validate(record)
-    except ValidationError as err:
-        raise runs.RunError(f"corrupt {runs.TIMING} in {Path(sweep_dir)}: "
-                            f"{runs.schema_problem(err, ('rounds_data',))}") from None
-    return record
 
 
 def timing_effects(record: dict) -> list[dict]:

@@ -4,8 +4,8 @@ The question. Effects tested together answer one question and form one family of
 effects of one group (one size's design), the speed effects of one group, the trends of one size
 ladder. Each family is judged alone, so adding a size to a study never changes another size's calls.
 
-The margin. The smallest effect that matters is fixed before the data: `min_effect` in the spec or
-`--min-effect`, else DEFAULT_MARGIN (nats/char; SPEED_MARGIN % for speed). The seed-to-seed noise is
+The margin. The smallest effect that matters is fixed before the data: the study spec's `margin` (set when
+the study starts), else DEFAULT_MARGIN (nats/char; SPEED_MARGIN % for speed). The seed-to-seed noise is
 reported beside it, never used as it: a margin estimated from the same few seeds makes "negligible"
 a claim the data chose (at the true margin it was called negligible 3-15 % of the time).
 
@@ -60,18 +60,23 @@ import numpy as np
 from scipy import optimize, special
 from scipy import stats as sps
 
-ALPHA = 0.05
+from anatomy_cli.spec import config
+
+ALPHA = config.ALPHA  # the family-wise error (spec/config.py: study records check their alpha against it)
 POWER = 0.8
 MIN_PAIRS = 3
-DEFAULT_MARGIN = 0.02  # nats/char: the smallest loss effect that matters unless the spec or --min-effect says
+DEFAULT_MARGIN = 0.02  # nats/char: the smallest loss effect that matters unless the study's margin says
 SPEED_MARGIN = 5.0  # percent of tokens/s
 HELPS, HURTS, NEGLIGIBLE, SMALL, UNDECIDED, TOO_FEW, NONE = (
     "helps", "hurts", "negligible", "below margin", "undecided", "too few seeds", "no completed pairs")
 CALLS = (HELPS, HURTS, NEGLIGIBLE, SMALL, UNDECIDED, TOO_FEW)
 # No call, by design: a speed effect from training runs, which shared the CPU (only a timing pass calls speed)
 NOT_TIMED = "not timed"
-DEFAULT, GIVEN = "default", "min-effect"  # where a family's margin came from (margin_basis)
-AFTER = "chosen after the runs"  # a report's --min-effect other than the margin the study recorded
+# Where a family's margin came from (margin_basis): the default, or given before the data by the study's spec or
+# command line ("min-effect" in files written before the key was called margin); AFTER: a report's --margin
+# other than the margin the study recorded, a view of the same runs.
+DEFAULT, GIVEN, GIVEN_BEFORE = "default", "given", "min-effect"
+AFTER = "chosen after the runs"
 
 
 def paired(diffs) -> dict:

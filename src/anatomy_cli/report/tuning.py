@@ -1,26 +1,22 @@
-"""A tuned study's record, tune.json, and which of its folder's runs are which (no torch).
+"""A tuned study's runs told apart, and the LR selection's own error (no torch).
 
 `anatomy ablate --tune-lr` (study/tuned.py) trains three kinds of run into one sweep folder, each an
 ordinary run whose id is the hash of its config: the selection runs (the LR grid of every config, on
 the selection seeds), the study's runs (the study's seeds, each config at its frozen LR) and the
 shared-LR runs (the study's seeds at train.lr; where a config's LR did not move, these are its study
 runs: the same config, the same id). The seeds tell the selection runs apart (disjoint from every
-study seed), the LR the other two. The verdict is the study's runs; for it, each config's LR is part
-of the config (the runs of one comparison train at their own LRs), so their `settings` say
-train.lr = "tuned" and they pair as one group.
+study seed), the LR the other two (the runs frame's `config` and `lr` columns, read from each run's
+config). The verdict is the study's runs; for it, each config's LR is part of the config (the runs of
+one comparison train at their own LRs), so their `settings` leave train.lr out, and `tuned` marks them.
 
-  TuneRecord     RUNS_DIR/tune.json: the grid, the selection seeds, the rule, each config's choice
-  read_record / write_record   the file, checked whole / atomically
-  rerun_flags    the ablate options that go on with the study (advice commands say them)
-  slug_of        a run's config name (its slug) from its run id
-  arm_of         the config name of a frame of one config's runs
-  study_runs     a tuned folder's frames narrowed to the study's runs at the frozen LRs (report_frames)
+  study_runs     a tuned folder's frames narrowed to the study's runs at the frozen LRs (report.build)
   shared_runs    its runs at the shared LR on the study's seeds (the shared-LR comparison)
   selection_runs its selection runs
+  arm_of         the config name of a frame of one config's runs
+  rerun_flags    the settings that go on with the study (advice commands say them: spec/knobs.py)
   regret_bound   how much worse a frozen LR may be than its config's best (the selection's own error)
   family_sd      the median paired sd of the effects judged together: the floor under each one's own
   allowance      an effect's interval widening for the two configs' regret bounds (stats.judge reads it)
-  tuned_record   the tune.json of a group of study runs at their frozen LRs (None for any other runs)
 
 The selection's error. A config frozen at an LR that is not its best trains the study's seeds a little
 worse than it could: its regret r >= 0. A gain measured between two frozen configs is then the gain at
@@ -41,160 +37,62 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import statistics
 from pathlib import Path
-from typing import Annotated, Literal
 
 import pandas as pd
-from pydantic import Field, model_validator
 
+from anatomy_cli.spec import knobs
 from anatomy_cli.store import runs as runs_mod
+from anatomy_cli.store.records import TuneRecord
 
-TUNE = "tune.json"
 REGRET_Z = 2.0  # the regret bound's one-sided level for a runner-up being in truth better (97.7 %)
-TUNED = "tuned"  # the train.lr of a study run's settings: its config's own, frozen LR
-RUN_ID = re.compile(r"^(?P<slug>.+)-s(?P<seed>-?\d+)-[0-9a-f]{8}$")
-
-Lr = Annotated[float, Field(gt=0)]
-Loss = Annotated[float, Field(ge=0)]
 
 
-class TuneGrid(runs_mod.FileModel):
-    """The LR grid: `points` LRs center x factor^k (k = -points//2 .. +points//2), up to `extend` more past
-    the edge an arm's best lands on."""
-
-    center: Lr
-    points: Annotated[int, Field(ge=3)]
-    factor: Annotated[float, Field(gt=1)]
-    extend: Annotated[int, Field(ge=0)]
-
-
-class TuneArm(runs_mod.FileModel):
-    """One config's selection: the LRs it trained (ascending, extensions included), its selection loss at
-    each (the mean over the selection seeds of the capped best val loss), the LR chosen (None: not tuned)
-    and why, its best loss and its sensitivity (mean over the grid's points of min(loss, initial loss)
-    minus the best). config: the hash of its config without seed and LR (a changed config is refused)."""
-
-    arm: str
-    config: str
-    lrs: list[Lr]
-    losses: list[Loss]
-    lr: Lr | None
-    tuned: bool
-    reason: str
-    best_loss: Loss
-    sensitivity: Annotated[float, Field(ge=0)]
-    extended: Annotated[int, Field(ge=0)] = 0
-
-    @model_validator(mode="after")
-    def _whole(self) -> TuneArm:
-        if len(self.lrs) != len(self.losses) or self.lrs != sorted(self.lrs):
-            raise ValueError(f"{self.arm}: lrs and losses are not one ascending grid")
-        if self.tuned != (self.lr is not None) or (self.lr is not None and self.lr not in self.lrs):
-            raise ValueError(f"{self.arm}: a tuned arm's lr is one of its lrs, an untuned arm has none")
-        return self
-
-
-class TuneRecord(runs_mod.FileModel):
-    """tune.json: the grid and selection seeds the study was planned with (written before the first
-    selection run trains, so a rerun with another grid is refused), the rule in words, the initial loss
-    a diverged run counts at, what turned tuning on, whether the study's seeds also train at the shared LR
-    (shared; absent in files written before it: true), and each config's choice (filled in once its grid
-    is trained: from then on frozen)."""
-
-    grid: TuneGrid
-    seeds: Annotated[list[int], Field(min_length=1)]
-    rule: str
-    initial_loss: Annotated[float, Field(gt=0)]
-    by: Literal["flag", "spec"] | None = None
-    seeds_given: Annotated[int, Field(ge=1)] | list[int] | None = None  # as asked: a count, or a list
-    shared: bool = True  # the shared-LR runs beside the study where an LR moved ([tune] shared)
-    arms: list[TuneArm] = []
-
-    @model_validator(mode="after")
-    def _distinct(self) -> TuneRecord:
-        names = [a.arm for a in self.arms]
-        if len(set(names)) != len(names) or len(set(self.seeds)) != len(self.seeds):
-            raise ValueError("an arm or a selection seed is listed twice")
-        return self
-
-    @property
-    def chosen(self) -> dict[str, float | None]:
-        """{arm: frozen LR, None where not tuned}."""
-        return {a.arm: a.lr for a in self.arms}
-
-    def arm(self, name: str) -> TuneArm | None:
-        return next((a for a in self.arms if a.arm == name), None)
-
-
-def read_record(root: Path) -> TuneRecord | None:
-    """The study's tune.json, or None when it was not tuned."""
-    return runs_mod.read_record(root, TUNE, TuneRecord)
-
-
-def write_record(root: Path, record: TuneRecord) -> None:
-    """tune.json, atomically (the plan goes down before the first selection run: the folder may be new)."""
-    runs_mod.write_record(root, TUNE, record)
-
-
-def rerun_flags(root: Path) -> list[str]:
-    """The ablate options that go on with a tuned study at root: --tune-lr where the flag turned it on, and
-    each grid option the study was planned with other than its default, and --no-tune-shared where it was
-    planned without the shared-LR runs (none for a study not tuned)."""
+def rerun_settings(record: TuneRecord | None) -> list[knobs.Setting]:
+    """The settings that go on with a tuned study: tune on where the command line turned it on, each grid
+    setting the study was planned with other than its default, and the shared-LR runs off where it was
+    planned without them (none for a study not tuned)."""
     from anatomy_cli.spec.config import TuneSpec
 
-    record = read_record(root)
     if record is None:
         return []
     default, g = TuneSpec(), record.grid
-    out = ["--tune-lr"] if record.by == "flag" else []
-    out += ["--tune-points", str(g.points)] if g.points != default.points else []
-    out += ["--tune-factor", f"{g.factor:g}"] if g.factor != default.factor else []
-    out += ["--tune-extend", str(g.extend)] if g.extend != default.extend else []
+    out = [knobs.Setting("tune", True, "--tune-lr")] if record.by == "flag" else []
+    out += [knobs.Setting(f"tune.{k}", v, "") for k, v in (("points", g.points), ("factor", g.factor),
+                                                            ("extend", g.extend)) if v != getattr(default, k)]
     given = record.seeds_given
     if given is not None and given != default.seeds:
-        out += ["--tune-seeds", str(given) if isinstance(given, int) else ",".join(map(str, given))
-                + ("," if len(given) == 1 else "")]
-    return out + ([] if record.shared else ["--no-tune-shared"])
+        out.append(knobs.Setting("tune.seeds", given, ""))
+    return out + ([] if record.shared else [knobs.Setting("tune.shared", False, "")])
 
 
-def slug_of(run_id: str) -> str | None:
-    """'2017+rope' of '2017+rope-s1337-0a1b2c3d' (runs.run_id's form); None for a name of another form."""
-    m = RUN_ID.match(Path(run_id).name)
-    return m.group("slug") if m else None
+def rerun_flags(record: TuneRecord | None) -> list[str]:
+    """rerun_settings as command-line words (spec/knobs.py's aliases: '--tune-points', '3')."""
+    return knobs.command_args(rerun_settings(record))
 
 
 def arm_of(runs: pd.DataFrame) -> str | None:
-    """The config name (slug) of a frame of one config's runs (an effect's end or variant side); None if empty."""
-    return slug_of(Path(runs["path"].iloc[0]).name) if len(runs) else None
-
-
-def _lr(settings: str) -> float | None:
-    value = json.loads(settings).get("train.lr")
-    return float(value) if isinstance(value, (int, float)) else None
+    """The config name of a frame of one config's runs (an effect's end or variant side); None if empty."""
+    return runs["config"].iloc[0] if len(runs) else None
 
 
 def _kinds(runs: pd.DataFrame, folder: Path, record: TuneRecord) -> tuple[pd.Series, pd.Series, pd.Series]:
     """(study, shared, selection) masks over the runs of `folder` (a run of another folder is none)."""
     here = runs["path"].map(lambda p: Path(p).parent == Path(folder))
-    slugs = runs["path"].map(lambda p: slug_of(Path(p).name))
-    lrs = runs["settings"].map(_lr)
-    chosen = record.chosen
-    picked = [here.iloc[i] and chosen.get(slugs.iloc[i]) is not None and lrs.iloc[i] == chosen[slugs.iloc[i]]
-              for i in range(len(runs))]
+    chosen = runs["config"].map(record.chosen)
     selection = here & runs["seed"].isin(record.seeds)
-    study = pd.Series(picked, index=runs.index, dtype=bool) & ~selection
-    shared = here & ~selection & slugs.isin(chosen) & (lrs == record.grid.center)
+    study = here & chosen.notna() & (runs["lr"] == chosen) & ~selection
+    shared = here & ~selection & runs["config"].isin(record.chosen) & (runs["lr"] == record.grid.center)
     return study, shared, selection
 
 
-def study_runs(runs: pd.DataFrame, curves: pd.DataFrame, folder: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The frames a report judges: unchanged without tune.json in `folder`; with it, the runs of other
-    folders and the study's runs at their configs' frozen LRs (settings' train.lr = TUNED, so the configs
-    of one comparison pair across their LRs), their curves only. The selection and shared-LR runs are
-    read by report/fair_lr.py."""
-    record = read_record(folder)
+def study_runs(runs: pd.DataFrame, curves: pd.DataFrame, folder: Path, record: TuneRecord | None
+               ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The frames a report judges: unchanged without tune.json in `folder` (record None); with it, the runs of
+    other folders and the study's runs at their configs' frozen LRs (their settings without train.lr, so the
+    configs of one comparison pair across their LRs, and `tuned` true), their curves only. The selection
+    and shared-LR runs are read by report/fair_lr.py."""
     if record is None or runs.empty:
         return runs, curves
     here = runs["path"].map(lambda p: Path(p).parent == Path(folder))
@@ -204,10 +102,15 @@ def study_runs(runs: pd.DataFrame, curves: pd.DataFrame, folder: Path) -> tuple[
                                 f"{': every LR still to choose' if not record.arms else ''}): rerun its ablate to "
                                 f"go on")
     keep = runs[study | ~here].copy()
-    tuned = study[study | ~here]
-    keep.loc[tuned, "settings"] = keep.loc[tuned, "settings"].map(
-        lambda s: json.dumps({**json.loads(s), "train.lr": TUNED}, sort_keys=True, default=str))
+    keep["tuned"] = study[study | ~here]
+    keep.loc[keep["tuned"], "settings"] = keep.loc[keep["tuned"], "settings"].map(without_lr)
     return keep, curves[curves["run_id"].isin(keep["run_id"])]
+
+
+def without_lr(settings: str) -> str:
+    """A runs frame's settings without train.lr: a tuned study's configs each train at their own."""
+    return json.dumps({k: v for k, v in json.loads(settings).items() if k != "train.lr"}, sort_keys=True,
+                      default=str)
 
 
 def shared_runs(runs: pd.DataFrame, folder: Path, record: TuneRecord) -> pd.DataFrame:
@@ -270,10 +173,7 @@ def allowance(record: TuneRecord, end: str | None, variant: str | None, add_one:
     return {"allow_low": bound[without], "allow_high": bound[with_]}
 
 
-def tuned_record(members: pd.DataFrame) -> TuneRecord | None:
-    """The tune.json of `members` when they are one tuned study's runs at their frozen LRs (study_runs' frame:
-    settings' train.lr = TUNED, one folder); None for any other runs (a shared-LR study included)."""
-    if members.empty or not members["settings"].map(lambda s: json.loads(s).get("train.lr") == TUNED).all():
-        return None
-    folders = {Path(p).parent for p in members["path"]}
-    return read_record(folders.pop()) if len(folders) == 1 else None
+def is_tuned(members: pd.DataFrame) -> bool:
+    """Whether `members` are one tuned study's runs at their frozen LRs (study_runs' `tuned`), whose effects
+    the LR selection's error widens; a shared-LR study or any other runs are not."""
+    return bool(len(members)) and "tuned" in members and bool(members["tuned"].fillna(False).astype(bool).all())

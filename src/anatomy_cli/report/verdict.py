@@ -94,31 +94,30 @@ def budget(runs: pd.DataFrame) -> dict:
     return out
 
 
-def ablate_command(root: Path, *extra: str) -> str:
-    """The `anatomy ablate` command that made the sweep at root (sweep.json's invocation: spec, --flip,
-    --steps) with `extra` options, writing to the same directory."""
-    root = Path(root)
-    how = (runs_mod.read_design(root) or {}).get("invocation") or {}
-    spec = how.get("spec")
-    if spec is None and not how:
-        guess = Path("experiments") / f"{root.name}.toml"
+def ablate_command(rules, *extra: str) -> str:
+    """The `anatomy ablate` command that made the study its Rules judge (sweep.json's invocation: its spec and
+    the settings over it, each by its alias: spec/knobs.py; a tuned study's grid from tune.json) with `extra`
+    options, writing to the same directory."""
+    from anatomy_cli.spec import knobs
+
+    folder, how = Path(rules.folder), rules.invocation
+    spec = how.spec if how is not None else None
+    if how is None:
+        guess = Path("experiments") / f"{folder.name}.toml"
         spec = str(guess) if guess.is_file() else "SPEC"
-    parts = ["anatomy", "ablate"] + ([str(spec)] if spec else [])
-    if how.get("flip"):
-        parts += ["--flip", str(how["flip"])]
-    if how.get("steps"):
-        parts += ["--steps", str(how["steps"])]
-    parts += tuning_mod.rerun_flags(root)  # a tuned study goes on with its grid (tune.json)
-    return " ".join([*parts, *extra, "--runs-dir", str(root.parent)])
+    words = knobs.command_args([s for s in rules.settings if not s.key.startswith("tune")])
+    parts = ["anatomy", "ablate"] + ([str(spec)] if spec else []) + words
+    parts += tuning_mod.rerun_flags(rules.tune)  # a tuned study goes on with its grid (tune.json)
+    return " ".join([*parts, *extra, "--runs-dir", str(folder.parent)])
 
 
-def more_seeds(root: Path, runs: pd.DataFrame, wanted: int = SEEDS_WANTED) -> tuple[str, tuple[float, int] | None]:
+def more_seeds(rules, runs: pd.DataFrame, wanted: int = SEEDS_WANTED) -> tuple[str, tuple[float, int] | None]:
     """(the command that brings every config to `wanted` seeds, (estimated seconds, workers) or None).
 
     Completed runs are skipped by the sweep, so the command trains only the new seeds. The estimate
     comes from the finished runs' measured times (_estimate).
     """
-    return ablate_command(root, "--seeds", str(wanted)), _estimate(Path(root), runs, wanted)
+    return ablate_command(rules, "--seeds", str(wanted)), _estimate(runs, wanted)
 
 
 def estimate_text(est: tuple[float, int] | None) -> str:
@@ -134,7 +133,7 @@ def rule_line(judged: pd.DataFrame, unit: str, seeds: str = "seeds", short: bool
     """The rule (stats.py) in one sentence, with a family's numbers: its level, m and looks in
     stats.rule_text's one wording, how its variances were read, the margin and its basis, and the
     effect it detects 80 % of the time (the median mde). looks: the study's planned looks
-    (decide.planned_looks; 1 for a timing pass, which is judged once). calls=False (short): without what
+    (rules.Rules.looks; 1 for a timing pass, which is judged once). calls=False (short): without what
     a call needs, for a terminal that defines each call below it (words)."""
     if judged.empty or not (judged["family"] > 0).any():
         return f"The rule: no intervals yet (a call needs {stats.MIN_PAIRS} {seeds} or more)."
@@ -171,8 +170,8 @@ def rule_line(judged: pd.DataFrame, unit: str, seeds: str = "seeds", short: bool
 def margin_text(judged: pd.DataFrame, unit: str) -> tuple[str | None, str]:
     """(the family's margin as shown, '0.020 nats/char' or '5.0%', None when unknown; where it came from)."""
     margin, basis = float(judged["margin"].iloc[0]), judged["margin_basis"].iloc[0]
-    where = ("given by min_effect" if basis == stats.GIVEN else basis if str(basis).startswith(stats.AFTER)
-             else "the default, fixed before the data")
+    where = ("given by the study's margin" if basis in (stats.GIVEN, stats.GIVEN_BEFORE) else basis
+             if str(basis).startswith(stats.AFTER) else "the default, fixed before the data")
     return ((f"{margin:.1f}%" if unit == "%" else f"{margin:.3f} {unit}") if math.isfinite(margin) else None), where
 
 
@@ -207,7 +206,7 @@ def ends_text(runs: pd.DataFrame, ref_name: str, top_name: str) -> str:
             f"loss over {n}; {ref - top:+.3f} apart)")
 
 
-def power_lines(root: Path, runs: pd.DataFrame, effects: pd.DataFrame, flips=None) -> list[str]:
+def power_lines(runs: pd.DataFrame, effects: pd.DataFrame, flips=None) -> list[str]:
     """What the runs already in a sweep folder say about power, one line per group: the family's
     median minimum detectable effect now (of the call: stats.call_mde), and the seeds (with their estimated
     cost on this machine) at which an effect of twice the margin is called helps 80 % of the time
@@ -239,12 +238,12 @@ def power_lines(root: Path, runs: pd.DataFrame, effects: pd.DataFrame, flips=Non
         elif need <= n_now:
             lines.append(f"{now}, {twice} included")
         else:
-            cost = estimate_text(_estimate(Path(root), runs, need))
+            cost = estimate_text(_estimate(runs, need))
             lines.append(f"{now}; {twice} needs {need} seeds{cost}: --seeds {need}")
     return lines
 
 
-def _estimate(root: Path, runs: pd.DataFrame, wanted: int) -> tuple[float, int] | None:
+def _estimate(runs: pd.DataFrame, wanted: int) -> tuple[float, int] | None:
     """The wall time of what `--seeds wanted` trains: each config's missing seeds and its unfinished runs
     (failed, interrupted), each as its finished runs measured here (their wall_s), plus the per-run and
     start-up times of this machine's calibration when one is cached; None without them."""
@@ -282,7 +281,7 @@ class Advice:
     command: str | None = None
 
 
-def seeds_advice(root: Path, runs: pd.DataFrame, judged: pd.DataFrame, wanted: int = SEEDS_WANTED) -> Advice | None:
+def seeds_advice(rules, runs: pd.DataFrame, judged: pd.DataFrame, wanted: int = SEEDS_WANTED) -> Advice | None:
     """None when every effect of `judged` has `wanted` pairs; else the cause the runs show, in order:
     the study is still running (live runs or a live sweep lock: report again later; a command would
     meet the lock), seeds are missing (the `--seeds` command that adds them), runs did not finish
@@ -290,7 +289,7 @@ def seeds_advice(root: Path, runs: pd.DataFrame, judged: pd.DataFrame, wanted: i
     more seeds would train nothing), or the end and the variant share too few seeds."""
     if judged.empty or not (judged["n_pairs"] < wanted).any():
         return None
-    running = still_running(root, runs)
+    running = still_running(rules.folder, runs)
     if running:
         return Advice(f"The study is still running ({running}): some effects have fewer than {wanted} seeds for "
                       f"now. Report again when it finishes (a command that adds seeds would meet the sweep's lock).")
@@ -299,7 +298,7 @@ def seeds_advice(root: Path, runs: pd.DataFrame, judged: pd.DataFrame, wanted: i
     missing = sum(max(0, wanted - g["seed"].nunique()) for g in configs)
     unfinished = studied[~studied["status"].isin([*runs_mod.DONE_STATES, runs_mod.RUNNING])]
     diverged = studied[studied["status"] == runs_mod.DIVERGED]
-    cmd, est = more_seeds(root, runs, wanted)
+    cmd, est = more_seeds(rules, runs, wanted)
     also = f" Besides, {diverged_text(diverged)}." if len(diverged) else ""
     if missing:
         say = ("One seed: each effect is a point estimate, no interval." if (judged["n_pairs"] <= 1).all()

@@ -1,7 +1,7 @@
 """Write the comparison report: report.md/.html, CSV, JSON and figures, from the frames and effects (no torch).
 
-  write_report       the files: report.md/.html (words: sections.py, verdict.py), CSV, JSON, figures
-                     (figures.py), rendered by page.py
+  write_report       a Report's files (report.build): report.md/.html (words: sections.py, verdict.py), CSV,
+                     JSON (report_document), figures (figures.py), rendered by page.py
   FILES, is_report   the names it may write, and whether a folder is one it wrote
 
 Library code: returns data or writes files, never prints or exits; problems raise RunError or
@@ -17,10 +17,9 @@ import pandas as pd
 
 from anatomy_cli.report import fair_lr, figures, scale
 from anatomy_cli.report import page as document
-from anatomy_cli.report import speed as speed_mod
-from anatomy_cli.report import verdict as vd
-from anatomy_cli.report.effects import _pairings, effects_by_eval, groups, report_frames
-from anatomy_cli.report.frames import LOSS_METRIC, SPEED_METRIC, as_written, components_of, records
+from anatomy_cli.report.build import Report
+from anatomy_cli.report.effects import _pairings, groups
+from anatomy_cli.report.frames import as_written, records
 from anatomy_cli.report.plateau import plateau_record
 from anatomy_cli.spec.roles import ADD_ONE
 from anatomy_cli.store.runs import (
@@ -42,82 +41,66 @@ def is_report(folder: Path) -> bool:
     return (Path(folder) / FIGURES[0]).is_file()
 
 
-def _document(root, runs, effects, verdict, eval_effects, across, tuned=None) -> dict:
-    return {"root": str(root), "runs": records(runs), "effects": records(as_written(effects)),
-            "verdict": records(as_written(verdict)),
-            "eval_effects": records(eval_effects), **({"scale": across.record()} if across is not None else {}),
-            "plateau": plateau_record(runs), **({"tuning": fair_lr.record(tuned)} if tuned is not None else {})}
-
-
 def json_text(doc: dict) -> str:
     return json.dumps(doc, indent=2, allow_nan=False) + "\n"
 
 
-def report_document(root: Path, frames: tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame] | None = None) -> dict:
+def report_document(r: Report) -> dict:
     """What report.json holds (`anatomy report --json` prints it, whichever --format was written)."""
-    runs, curves, effects = frames if frames is not None else report_frames(root)
-    verdict = vd.verdict_frame(effects[effects["metric"] == LOSS_METRIC])
-    return _document(root, runs, effects, verdict, effects_by_eval(runs, curves),
-                     scale.scale_frames(runs, curves, effects), fair_lr.tuned_frames(runs, effects))
+    return {"root": str(r.root), "runs": records(r.runs), "effects": records(as_written(r.effects)),
+            "verdict": records(as_written(r.verdict)), "eval_effects": records(r.eval_effects),
+            **({"scale": r.scale.record()} if r.scale is not None else {}), "plateau": plateau_record(r.runs),
+            **({"tuning": fair_lr.record(r.tuning)} if r.tuning is not None else {})}
 
 
-def write_report(root: Path, out_dir: Path | None = None, formats: tuple[str, ...] = FORMATS,
-                 frames: tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame] | None = None) -> dict[str, Path]:
-    """Write the report files into out_dir (default <root>/report/); returns {file name: path}.
+def write_report(r: Report, out_dir: Path | None = None, formats: tuple[str, ...] = FORMATS) -> dict[str, Path]:
+    """Write the report files of `r` (report.build's) into out_dir (default <root>/report/); returns {file name:
+    path}.
 
     Always the figures (forest.png, curves.png, effects-over-training.png; speed.png with a timing
     pass; grad-norm.png for a stability study; scale.png for a study at two sizes or more;
     expert-load.png when a run is a mixture of experts; lr-sensitivity.png for a tuned study); 'csv'
     adds runs.csv, effects.csv (loss and speed, told apart by `metric`), eval-effects.csv, with sizes
     effects-by-size.csv and, tuned, lr-comparison.csv (fair_lr.comparison); 'md' report.md, 'html' a
-    self-contained report.html, 'json' report.json ({"root", "runs", "effects", "verdict",
-    "eval_effects", "plateau": plateau.plateau_record}, "scale" with sizes: scale.Scale.record, and
-    "tuning" for a tuned study: fair_lr.record; NaN -> null). `frames`,
-    from report_frames(root), spares reading the runs again.
+    self-contained report.html, 'json' report.json (report_document; NaN -> null).
     """
     from anatomy_cli.report import sections
 
     unknown = sorted(set(formats) - set(FORMATS))
     if unknown:
         raise ValueError(f"unknown report format(s) {', '.join(unknown)}; choose from {', '.join(FORMATS)}")
-    runs, curves, effects = frames if frames is not None else report_frames(root)
-    out = Path(out_dir) if out_dir is not None else Path(root) / "report"
+    out = Path(out_dir) if out_dir is not None else Path(r.root) / "report"
     out.mkdir(parents=True, exist_ok=True)
-    loss, speed = effects[effects["metric"] == LOSS_METRIC], effects[effects["metric"] == SPEED_METRIC]
-    verdict, speed_verdict = vd.verdict_frame(loss), vd.verdict_frame(speed)
-    eval_effects = effects_by_eval(runs, curves)
-    panels = curve_panels(runs)
-    paths = {"forest.png": figures.plot_forest(verdict, out / "forest.png"),
-             "curves.png": figures.plot_curves(curves, panels, out / "curves.png"),
-             "effects-over-training.png": figures.plot_eval_effects(eval_effects, out / "effects-over-training.png")}
-    if speed_mod.read_timing(Path(root)) is not None:
-        paths["speed.png"] = figures.plot_forest(speed_verdict, out / "speed.png", unit="%")
-    if _stability_study(Path(root), runs):
-        paths["grad-norm.png"] = figures.plot_curves(curves, panels, out / "grad-norm.png", value="grad_norm")
-    across = scale.scale_frames(runs, curves, effects)
-    if across is not None:
-        paths["scale.png"] = figures.plot_scale(across.by_size, across.trends, out / "scale.png")
-    loads = expert_loads(runs)
+    panels = curve_panels(r.runs)
+    paths = {"forest.png": figures.plot_forest(r.verdict, out / "forest.png"),
+             "curves.png": figures.plot_curves(r.curves, panels, out / "curves.png"),
+             "effects-over-training.png": figures.plot_eval_effects(r.eval_effects, out / "effects-over-training.png")}
+    if r.rules.timing is not None:
+        paths["speed.png"] = figures.plot_forest(r.speed_verdict, out / "speed.png", unit="%")
+    if _stability_study(Path(r.root), r.runs):
+        paths["grad-norm.png"] = figures.plot_curves(r.curves, panels, out / "grad-norm.png", value="grad_norm")
+    if r.scale is not None:
+        paths["scale.png"] = figures.plot_scale(r.scale.by_size, r.scale.trends, out / "scale.png")
+    loads = expert_loads(r.runs)
     if loads:
         paths["expert-load.png"] = figures.plot_expert_load(loads, out / "expert-load.png")
-    tuned = fair_lr.tuned_frames(runs, effects)  # a tuned study (--tune-lr): its LR curves, the shared-LR calls
+    tuned = r.tuning  # a tuned study (--tune-lr): its LR curves, the shared-LR calls
     if tuned is not None:
         arms = {a.arm: {"lrs": a.lrs, "losses": a.losses, "lr": a.lr, "initial_loss": tuned.record.initial_loss}
                 for a in tuned.record.arms}
         paths["lr-sensitivity.png"] = figures.plot_lr_sensitivity(arms, tuned.panels, out / "lr-sensitivity.png")
     texts = {}
     if "csv" in formats:
-        texts |= {"runs.csv": runs.to_csv(index=False), "effects.csv": as_written(effects).to_csv(index=False),
-                  "eval-effects.csv": eval_effects.to_csv(index=False)}
-        if across is not None:
-            texts["effects-by-size.csv"] = scale.by_size_csv(across).to_csv(index=False)
+        texts |= {"runs.csv": r.runs.to_csv(index=False), "effects.csv": as_written(r.effects).to_csv(index=False),
+                  "eval-effects.csv": r.eval_effects.to_csv(index=False)}
+        if r.scale is not None:
+            texts["effects-by-size.csv"] = scale.by_size_csv(r.scale).to_csv(index=False)
         if tuned is not None:
             texts["lr-comparison.csv"] = tuned.comparison.to_csv(index=False)
     if "json" in formats:
-        texts["report.json"] = json_text(_document(root, runs, effects, verdict, eval_effects, across, tuned))
+        texts["report.json"] = json_text(report_document(r))
     if "md" in formats or "html" in formats:
-        parts = sections.Parts(Path(root), runs, effects, verdict, speed_verdict, eval_effects, paths,
-                               components_of(runs), across, tuned)
+        parts = sections.Parts(r, paths)
         lead, body = sections.lead(parts), sections.sections(parts)
         if "md" in formats:
             texts["report.md"] = document.markdown("anatomy report", lead, body)

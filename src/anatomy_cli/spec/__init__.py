@@ -2,6 +2,8 @@
 
   errors       InputError, the one base class of bad input
   config       pydantic specs: ModelConfig, TrainConfig, DataConfig, RunConfig, AblationSpec; --set
+  knobs        a study's knobs spelled once: --set KEY=VALUE over the study spec, and the older flags as
+               aliases from one table (what the report's advice commands are written from too)
   components   the component table (every part anatomy can switch, one row each) and the roles a
                run's settings give it in a design
   roles        the words runs and effects are named by: reference / all-on, add-one / remove-one

@@ -16,7 +16,17 @@ import types
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from anatomy_cli.spec.errors import InputError
 from anatomy_cli.spec.roles import ADD_ONE, REMOVE_ONE, Direction
@@ -114,6 +124,30 @@ def hash_resolved(config: dict) -> dict:
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 Seed = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)]
 MAX_SEEDS = 1000  # a seed count beyond this is a typo (each seed is a full set of runs)
+ALPHA = 0.05  # the family-wise error every family of calls is held to (report/stats.py's rule)
+# The one bound of a margin (the smallest loss effect that matters), wherever it is given: a spec's margin,
+# --margin on ablate and report, a study record. A finite number of nats per token above 0 and at most this
+# (a margin of 10 nats is no effect any model here can show).
+MAX_MARGIN = 10.0
+
+
+def check_margin(value: Any, name: str = "margin") -> float:
+    """A margin as given (an option, a key): a finite number in (0, MAX_MARGIN], or a one-line refusal naming
+    `name`; returned as a float."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or not 0 < value <= MAX_MARGIN:
+        raise ConfigError(f"{name} must be a finite number of nats above 0 and at most {MAX_MARGIN:g} (the smallest "
+                          f"loss effect that matters), got {value!r}")
+    return float(value)
+
+
+def seeds_of(given: int | list[int], base: int, below: bool = False) -> list[int]:
+    """The seeds a spec's `seeds` means: a list as it is; a count n, the n seeds from `base` up (base, base + 1,
+    ...), or with `below` the n seeds just under it (base - 1, base - 2, ...: a tuned study's selection seeds,
+    which no count of study seeds ever reaches). The one place a count of seeds becomes seeds."""
+    if not isinstance(given, int):
+        return list(given)
+    return [base - 1 - i for i in range(given)] if below else [base + i for i in range(given)]
 
 
 def ceil_to(n: int, multiple: int) -> int:
@@ -169,6 +203,8 @@ MIN_INDEX_HEADS = 8
 def dsa_index_heads_for(n_head: int) -> int:
     """The derived dsa_index_heads: DeepSeek-V3.2's half of n_head (64 of 128), at least MIN_INDEX_HEADS."""
     return max(MIN_INDEX_HEADS, n_head // 2)
+
+
 ROUTER_SETTINGS = ("moe_n_group", "moe_topk_group", "moe_routed_scaling_factor")  # the deepseek router's
 
 
@@ -751,13 +787,33 @@ class ComponentSpec(_Frozen):
     off: dict[str, Any] | None = None
 
 
+BUDGET = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*")
+
+
+def budget_seconds(text: str) -> float:
+    """'30m' | '2h' | '90s' | '45' (seconds) -> seconds; ValueError (one line) for anything else."""
+    m = BUDGET.fullmatch(text)
+    if not m or float(m.group(1)) <= 0 or not math.isfinite(float(m.group(1))):
+        raise ValueError(f"{text!r} is not a time: give one such as 30m, 2h, 90s or 600 (seconds)")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+
+
+def _check_budget(text: str) -> str:
+    budget_seconds(text)
+    return text
+
+
+Budget = Annotated[str, AfterValidator(_check_budget)]
+
+
 class DecideSpec(_Frozen):
     """`[decide]`: train in rounds, seeds only where an effect is still open (`anatomy ablate --decide`,
-    report/decide.py). The ablate options of the same names override these."""
+    report/decide.py). A setting `--set decide.max_seeds=6` (or its alias: spec/knobs.py) sets one; `--set decide=false`
+    turns the table off."""
 
-    max_seeds: int = Field(default=10, ge=2, le=MAX_SEEDS)
+    max_seeds: int | None = Field(default=None, ge=2, le=MAX_SEEDS)  # None: 10, or the first look's seeds if more
     step: int = Field(default=2, ge=1, le=MAX_SEEDS)
-    budget: str | None = Field(default=None, pattern=r"^\s*\d+(\.\d+)?\s*[smh]?\s*$")  # 30m, 2h, 90s, 600
+    budget: Budget | None = None  # 30m, 2h, 90s, 600 (seconds)
 
 
 class TuneSpec(_Frozen):
@@ -768,8 +824,8 @@ class TuneSpec(_Frozen):
     base.seed: base.seed - 1, base.seed - 2, ..., which no count of study seeds ever reaches) or a list.
     shared: also train the study's seeds at the shared LR (base.train.lr) where a config's LR moved, for
     the report's shared-LR comparison (false: only the selection and the study train, and no call is
-    checked for LR confounding). The ablate options --tune-points, --tune-factor, --tune-extend,
-    --tune-seeds and --tune-shared/--no-tune-shared override these."""
+    checked for LR confounding). `--set tune.points=7` (or its alias: spec/knobs.py) sets one; `--set
+    tune=false` turns the table off."""
 
     points: int = Field(default=5, ge=1, le=31)  # odd and at least 3: study/tuning.py's Grid says why
     factor: float = Field(default=2.0, gt=0)  # above 1: Grid refuses the rest in one line
@@ -777,6 +833,14 @@ class TuneSpec(_Frozen):
     seeds: Annotated[list[Seed], Field(min_length=1, max_length=MAX_SEEDS)] | Annotated[
         int, Field(ge=1, le=MAX_SEEDS)] = 1
     shared: bool = True  # strict, as every spec field: `shared = 0` or "no" is refused in one line
+
+
+class TimingSpec(_Frozen):
+    """`[timing]`: the timing pass (`anatomy ablate --time`): `steps` timed steps per config and round, over
+    `rounds` rounds (the speed interval is over rounds; a call needs 3)."""
+
+    steps: int = Field(default=20, ge=1, le=MAX_SIZE)
+    rounds: int = Field(default=5, ge=3, le=MAX_SEEDS)
 
 
 COMPONENT_NAME = r"^[a-z][a-z0-9_]{0,31}$"
@@ -822,6 +886,9 @@ class AblationSpec(_Frozen):
     # The design's components (built-in or declared below); default: the five 2017 -> LLaMA parts
     # plus every component the spec declares.
     flips: list[str] | None = None
+    # Which of them get runs of their own (add-one, remove-one, factorial); the rest stay at the ends.
+    # Named here, they also join the components (`--flip rope,swiglu` is its alias). Default: all.
+    only: list[str] | None = None
     components: dict[str, ComponentSpec] = {}
     # one-at-a-time: add each flip to the reference end, remove each from the all-on end, or both
     directions: list[Direction] = [ADD_ONE, REMOVE_ONE]
@@ -837,10 +904,13 @@ class AblationSpec(_Frozen):
     # a step count past 2^64).
     tokens_per_param: float | None = Field(default=None, gt=0, le=1e6)
     # The smallest loss effect that matters (nats/char), fixed before the data: a call's practical part and
-    # the margin "negligible" is tested against (report/stats.py; default stats.DEFAULT_MARGIN).
-    min_effect: float | None = Field(default=None, gt=0, le=10)
+    # the margin "negligible" is tested against (report/stats.py; default stats.DEFAULT_MARGIN). `min_effect`
+    # is its older name, read as it.
+    margin: float | None = Field(default=None, gt=0, le=MAX_MARGIN,
+                                 validation_alias=AliasChoices("margin", "min_effect"))
     decide: DecideSpec | None = None  # present: `ablate` trains in rounds (report/decide.py)
     tune: TuneSpec | None = None  # present: `ablate` tunes each config's LR first (study/tuned.py)
+    timing: TimingSpec = TimingSpec()  # the timing pass's steps and rounds (`ablate --time`)
 
     @model_validator(mode="after")
     def _check_design(self) -> AblationSpec:
@@ -848,8 +918,10 @@ class AblationSpec(_Frozen):
             raise ValueError("seeds must be a positive count or a non-empty list")
         if isinstance(self.seeds, list) and (not self.seeds or len(set(self.seeds)) != len(self.seeds)):
             raise ValueError("seeds must be a non-empty list of distinct integers")
-        if self.flips is not None and (not self.flips or len(set(self.flips)) != len(self.flips)):
-            raise ValueError("flips must be a non-empty list without repeats")
+        for name in ("flips", "only"):
+            names = getattr(self, name)
+            if names is not None and (not names or len(set(names)) != len(names)):
+                raise ValueError(f"{name} must be a non-empty list without repeats")
         if not self.directions or len(set(self.directions)) != len(self.directions):
             raise ValueError("directions must be a non-empty list without repeats")
         for name in self.components:
@@ -888,9 +960,7 @@ class AblationSpec(_Frozen):
 
     @property
     def seed_list(self) -> list[int]:
-        if isinstance(self.seeds, int):
-            return [self.base.seed + i for i in range(self.seeds)]
-        return list(self.seeds)
+        return seeds_of(self.seeds, self.base.seed)
 
 
 # --------------------------------------------------------------------------------- helpers
@@ -948,9 +1018,17 @@ def setting_keys() -> list[str]:
     return keys
 
 
+PLURAL = {"an integer": "integers", "a number": "numbers", "a string": "strings", "true or false": "true or false"}
+
+
 def describe_type(annotation: Any) -> str:
     """A field's type in words: 'an integer', 'true or false', "one of 'learned', 'rope', 'nope'"."""
     origin = get_origin(annotation)
+    if origin is Annotated:  # a bounded type: its bounds are the config's to state
+        return describe_type(get_args(annotation)[0])
+    if origin is list:
+        inner = describe_type(get_args(annotation)[0]) if get_args(annotation) else "a value"
+        return f"a list of {PLURAL.get(inner, 'values: ' + inner)}"
     if origin is Literal:
         return "one of " + ", ".join(repr(a) for a in get_args(annotation))
     if origin in (Union, types.UnionType):  # `int | None`: None is the default, never typed (TOML has no null)

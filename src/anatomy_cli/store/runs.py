@@ -383,43 +383,11 @@ def read_ctx_losses(path: Path) -> dict[int, float | None]:
     return {int(n): loss for n, loss in by_ctx.items()}
 
 
-def read_design(sweep_dir: Path) -> dict | None:
-    """sweep.json of a sweep directory ({"components": [record, ...]}), or None when there is none."""
-    path = Path(sweep_dir) / SWEEP
-    if not path.is_file():
-        return None
-    data = read_json(path)
-    if not isinstance(data, dict) or not isinstance(data.get("components"), list):
-        raise RunError(f"corrupt {SWEEP} in {Path(sweep_dir)}: no components list")
-    return data
-
-
 def runs_folder(path: Path) -> Path:
     """A runs directory that is not a file (it may not exist yet)."""
     if path.exists() and not path.is_dir():
         raise InputError(f"runs directory is a file: {path}")
     return path
-
-
-MARGIN = "margin"  # sweep.json's key: the margin (nats/char) the study was planned with
-
-
-class StudyMargin(FileModel):
-    """sweep.json's margin, typed: a positive number of nats/char, at most 10 (as a spec's min_effect)."""
-
-    margin: Annotated[float, Field(gt=0, le=10)]
-
-
-def recorded_margin(sweep_dir: Path) -> float | None:
-    """The margin sweep.json recorded when the study started (ablate's --min-effect, else its spec's
-    min_effect); None when it recorded none (the report's default margin then applies)."""
-    design = read_design(sweep_dir)
-    if not design or MARGIN not in design:
-        return None
-    try:
-        return StudyMargin.model_validate({MARGIN: design[MARGIN]}).margin
-    except ValidationError as err:
-        raise RunError(f"corrupt {SWEEP} in {Path(sweep_dir)}: {schema_problem(err)}") from None
 
 
 def run_status(run_dir: Path) -> str | None:

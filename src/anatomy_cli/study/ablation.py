@@ -1,8 +1,8 @@
 """`anatomy ablate`'s study, as library calls the CLI renders: what was asked, the plan and its refusals,
 the workers, the estimate, the training (rounds with --decide) and the closing counts.
 
-  Ask         the flags of one `ablate` invocation, as given (None: the spec's)
-  Study       a planned study: spec, plan, sweep folder, rounds, margin, then corpora, stacking, workers
+  Ask         one `ablate` invocation: its spec, the settings over it, its modes, where to run
+  Study       a planned study: the spec as validated, plan, sweep folder, rounds, then corpora, stacking, workers
   plan_study  every refusal before anything is shown or written, then the plan
   size_study  the corpora read once, seeds per stacked model, the worker count
   run_study   train the plan (rounds with --decide; after the LR selection with --tune-lr, tuned.py)
@@ -18,8 +18,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from anatomy_cli.report import decide, stats
-from anatomy_cli.spec.config import AblationSpec, ConfigError, DecideSpec, choose
-from anatomy_cli.store import runs
+from anatomy_cli.spec import knobs
+from anatomy_cli.spec.config import AblationSpec, ConfigError, choose
+from anatomy_cli.store import records, runs
 from anatomy_cli.study import tuned as tuned_mod
 from anatomy_cli.study import tuning
 from anatomy_cli.study.rounds import Rounds, RoundsDone, looks_of, run_rounds
@@ -28,105 +29,116 @@ from anatomy_cli.sweep import plan as plan_mod
 EXECUTORS = ("local", "dask")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Ask:
-    """One `anatomy ablate` invocation's flags; None means the spec's (or the default's)."""
+    """One `anatomy ablate` invocation: its spec, the settings laid over it (--set and the aliases of
+    spec/knobs.py, in order: a later one wins), its modes, and where and how to run."""
 
     spec: Path | None = None
-    flip: str | None = None
-    seeds: int | None = None
-    steps: int | None = None
-    workers: int | None = None
+    settings: tuple[knobs.Setting, ...] = ()
+    decide: bool = False  # --decide: rounds (the setting decide=true)
+    tune_lr: bool = False  # --tune-lr: fair learning rates (tune=true)
+    time_pass: bool = False  # --time: time every config instead of training (no rounds, no tuning)
     runs_dir: Path = Path("runs")
+    workers: int | None = None
     executor: str = "local"
     address: str | None = None
-    device: str | None = None
-    compile: bool = False
-    dtype: str | None = None
-    margin: float | None = None
     stack: str = "auto"
-    decide: bool = False
-    max_seeds: int | None = None
-    decide_step: int | None = None
-    budget: str | None = None
-    time_pass: bool = False
-    tune_lr: bool = False
-    tune_points: int | None = None
-    tune_factor: float | None = None
-    tune_extend: int | None = None
-    tune_seeds: str | None = None  # a count or a comma-separated list, as typed
-    tune_shared: bool | None = None  # --tune-shared / --no-tune-shared
-
-    def plan_at(self, seeds: int | None = None) -> tuple[AblationSpec, list]:
-        """The spec and plan these flags give (at `seeds` seeds instead of --seeds: a later look)."""
-        return plan_mod.load_plan(self.spec, self.flip, self.seeds if seeds is None else seeds, self.steps,
-                                  device=self.device, compile=self.compile or None, dtype=self.dtype)
 
     @property
-    def invocation(self) -> dict:
-        """sweep.json's record of how the study was asked for (the report says the command that adds seeds)."""
-        return {"spec": None if self.spec is None else str(self.spec), "flip": self.flip, "steps": self.steps}
+    def all_settings(self) -> list[knobs.Setting]:
+        """The modes as settings, then the settings as given."""
+        modes = [knobs.Setting("decide", True, "--decide")] if self.decide else []
+        modes += [knobs.Setting("tune", True, "--tune-lr")] if self.tune_lr else []
+        return modes + list(self.settings)
+
+    def given(self, key: str) -> knobs.Setting | None:
+        """The last command-line setting of `key` or of a key inside it (decide: decide.max_seeds too)."""
+        return next((s for s in reversed(self.all_settings) if s.key == key or s.key.startswith(f"{key}.")), None)
+
+    def name_of(self, key: str) -> str:
+        """How `key` was set, for a message: the option given on the command line ('--max-seeds', '--set
+        decide.max_seeds'), else the spec's key."""
+        return next((s.option for s in reversed(self.all_settings) if s.key == key), key)
+
+    @property
+    def spec_path(self) -> Path:
+        return self.spec or plan_mod.experiments_dir() / plan_mod.DEFAULT_SPEC
+
+    def origin(self, table: str) -> str:
+        """Where a mode table came from, for a message: '--decide' (as typed), else "SPEC's [decide] table"."""
+        given = self.given(table)
+        return given.typed if given is not None else f"{self.spec_path}'s [{table}] table"
+
+    @property
+    def invocation(self) -> records.Invocation:
+        """sweep.json's record of how the study was asked for (the report's advice commands say it again)."""
+        return records.Invocation(spec=None if self.spec is None else str(self.spec),
+                                  settings=[records.SettingRecord(key=s.key, value=s.value, typed=s.typed)
+                                            for s in self.all_settings])
 
 
 @dataclass(frozen=True)
 class Study:
     ask: Ask
-    spec: AblationSpec
+    spec: AblationSpec  # the spec file with the settings over it, validated once: every round expands this
     plan: list
     sweep_dir: Path
     rounds: Rounds | None  # --decide's plan of looks, else None
-    margin: float | None  # the flag, else the spec's min_effect, else None (the report's default)
     vocab: dict = field(default_factory=dict)  # corpus source -> vocabulary size (size_study)
     per_model: int = 1  # seeds per stacked model
     workers: int = 1
     tune: tuned_mod.TunePlan | None = None  # --tune-lr's grid, else None
 
+    @property
+    def margin(self) -> float | None:
+        """The study's margin (its spec's, or as set), None: the report's default."""
+        return self.spec.margin
 
-def decide_plan(ask: Ask, spec: AblationSpec, margin: float | None) -> Rounds | None:
-    """--decide's rounds: each option given, else the spec's [decide] table's, else the defaults; None
-    without --decide or a [decide] table (and always with --time, which times instead of training)."""
-    rounds = (ask.decide or spec.decide is not None) and not ask.time_pass
-    if not rounds:
-        if ask.max_seeds is not None or ask.budget is not None or ask.decide_step is not None:
-            raise ConfigError("--max-seeds, --decide-step and --budget plan the rounds of --decide: add --decide")
+    def plan_at(self, seeds: int) -> list:
+        """The plan at `seeds` seeds (a later look): the spec the study validated, never its file again."""
+        return plan_mod.expand(self.spec.model_copy(update={"seeds": seeds}))
+
+
+def decide_plan(ask: Ask, spec: AblationSpec) -> Rounds | None:
+    """The rounds of the spec's [decide] table (there from the file, or from --decide / --set decide...); None
+    without one, and always with --time, which times instead of training."""
+    if spec.decide is None or ask.time_pass:
         return None
-    table = spec.decide or DecideSpec()
-    budget = ask.budget if ask.budget is not None else table.budget
-    budget_s = decide.parse_budget(budget, "--budget" if ask.budget is not None else "decide.budget")
-    max_seeds = ask.max_seeds if ask.max_seeds is not None else (table.max_seeds if spec.decide else None)
-    step = ask.decide_step if ask.decide_step is not None else table.step
-    if ask.seeds is None and not isinstance(spec.seeds, int):
-        raise ConfigError("--decide adds seeds by count: give the spec's seeds as a count, or --seeds N")
-    first = ask.seeds or spec.seeds
-    if first < stats.MIN_PAIRS:  # a look with fewer pairs can call nothing and would spend alpha for it
-        raise ConfigError(f"--decide starts from {first} seed{'s' * (first > 1)}, but a call needs {stats.MIN_PAIRS}: "
-                          f"give --seeds {stats.MIN_PAIRS} or more")
-    return Rounds(looks_of(first, max_seeds, step), margin, budget_s, budget,
-                  by="flag" if ask.decide or spec.decide is None else "spec")
+    where = ask.origin("decide")
+    if not isinstance(spec.seeds, int):
+        raise ConfigError(f"{where} trains in rounds, which add seeds by count: give the spec's seeds as a count, or "
+                          f"--seeds N")
+    if spec.seeds < stats.MIN_PAIRS:  # a look with fewer pairs can call nothing and would spend alpha for it
+        raise ConfigError(f"{where} trains in rounds, which start from the study's {spec.seeds} "
+                          f"seed{'s' * (spec.seeds > 1)} ({ask.name_of('seeds')}), but a call needs {stats.MIN_PAIRS}: "
+                          f"give --seeds {stats.MIN_PAIRS} or more, or turn the rounds off with --set decide=false")
+    table = spec.decide
+    budget_s = decide.parse_budget(table.budget, ask.name_of("decide.budget"))
+    looks = looks_of(spec.seeds, table.max_seeds, table.step, ask.name_of("decide.max_seeds"))
+    return Rounds(looks, spec.margin, budget_s, table.budget, by="flag" if ask.given("decide") else "spec")
 
 
 def plan_study(ask: Ask) -> Study:
-    """The study these flags ask for, or the one-line refusal of a bad flag, spec or folder, before
+    """The study this invocation asks for, or the one-line refusal of a bad option, spec or folder, before
     anything is written."""
-    if ask.steps is not None and ask.steps <= 0:
-        raise ConfigError(f"--steps must be > 0, got {ask.steps}")
     choose(ask.executor, "--executor", EXECUTORS)
     plan_mod.stack_size(ask.stack, "cpu")  # refuses a bad --stack before anything else
-    if ask.decide and ask.time_pass:
-        raise ConfigError("--decide trains; --time times: run them one after the other")
-    decide.parse_budget(ask.budget)
-    spec, plan = ask.plan_at()
-    margin = ask.margin if ask.margin is not None else spec.min_effect
-    rounds = decide_plan(ask, spec, margin)
+    for mode, flag in ((ask.decide, "--decide"), (ask.tune_lr, "--tune-lr")):
+        if mode and ask.time_pass:
+            raise ConfigError(f"{flag} trains; --time times: run them one after the other")
+    spec, plan = plan_mod.load_plan(ask.spec, ask.all_settings)
+    rounds = decide_plan(ask, spec)
     tune = tuned_mod.tune_plan(ask, spec, plan, rounds)
-    if ask.device not in (None, "auto", "cpu") and ask.executor == "local":  # here, not in each worker
+    device = spec.base.train.device
+    if device not in ("auto", "cpu") and ask.executor == "local":  # here, not in each worker
         from anatomy_cli.training.devices import resolve_device
 
-        resolve_device(ask.device, "--device")
+        resolve_device(device, ask.name_of("base.train.device"))
     sweep_dir = runs.runs_folder(ask.runs_dir) / spec.name
     runs.refuse_inside_runs(sweep_dir, "--runs-dir", "sweep directory", itself="sweep")  # before the plan shows
     runs.refuse_corpus_overlap((p.config.data.source for p in plan), sweep_dir, "--runs-dir")
-    study = Study(ask, spec, plan, sweep_dir, rounds, margin, tune=tune)
+    study = Study(ask, spec, plan, sweep_dir, rounds, tune=tune)
     check_record(study)
     return study
 
@@ -174,9 +186,7 @@ class TuneCost:
 def tune_cost(study: Study) -> TuneCost:
     """The selection and the study priced apart (estimate, from this machine's step times; an LR does not
     change a run's step time, so a run at an LR not chosen yet is priced at train.lr)."""
-    from anatomy_cli.report.tuning import read_record
-
-    tune, record = study.tune, read_record(study.sweep_dir)
+    tune, record = study.tune, records.read_tune(study.sweep_dir)
     grid = tuned_mod.selection_plan(tune, study.plan)
     if record is not None and all(record.arm(a) is not None for a in tuned_mod.arms(study.plan)):
         extra = sum(a.extended for a in record.arms) * len(tune.grid.seeds)
@@ -199,24 +209,34 @@ def train_runs(study: Study, todo: list, display=None, stop=None) -> list[str | 
     """Train the pending runs of `todo` into the sweep folder; each run's status (display: progress
     events; stop: asked between steps, a requested stop saves the runs in flight)."""
     summaries = plan_mod.execute(todo, study.sweep_dir, study.workers, display, sweep_name=study.spec.name,
-                                 executor=study.ask.executor, address=study.ask.address,
-                                 invocation=study.ask.invocation, margin=study.margin, stop=stop,
+                                 executor=study.ask.executor, address=study.ask.address, stop=stop,
                                  stack=study.per_model)
     return [x.get("status") for x in summaries]
 
 
-def check_record(study: Study) -> decide.DecideRecord | None:
-    """The folder's decide.json, if any. A folder decided with other looks is refused (a new plan after
-    seeing the data spends its alpha twice), and so is training it without --decide (seeds the rounds
-    withheld would join calls made at the looks' alpha, and the report's stop line would no longer hold)."""
-    record = decide.read_record(study.sweep_dir)
-    tuned_mod.check_record(study.tune, study.plan, study.sweep_dir, study.ask.time_pass, decided=record is not None)
-    if record is not None and study.rounds is None and not study.ask.time_pass:
-        raise ConfigError(f"{study.sweep_dir} was decided in rounds (decide.json): add --decide with the same "
-                          f"--seeds, --max-seeds and --decide-step to go on, or use another --runs-dir")
+def check_record(study: Study) -> records.DecideRecord | None:
+    """The folder's decide.json, if any, after the refusals of a study that would change what the folder's
+    records fixed when it started: another margin (a margin chosen after the data: a report at another margin is
+    a view, `anatomy report DIR --margin M`), a folder decided with other looks (a new plan after seeing the data
+    spends its alpha twice), and training a decided one without rounds (seeds the rounds withheld would join
+    calls made at the looks' alpha, and the report's stop line would no longer hold)."""
+    folder, ask = study.sweep_dir, study.ask
+    record = records.read_decide(folder)
+    tuned_mod.check_record(study.tune, study.plan, folder, ask.time_pass, decided=record is not None)
+    begun = records.read_study(folder)
+    if begun is not None and begun.study_margin != study.margin and runs.find_runs(folder) and not ask.time_pass:
+        was = f"{begun.study_margin:g}" if begun.study_margin is not None else f"the default {stats.DEFAULT_MARGIN:g}"
+        now = f"{study.margin:g}" if study.margin is not None else f"the default {stats.DEFAULT_MARGIN:g}"
+        raise ConfigError(f"{folder} started at margin {was} (sweep.json), and {ask.name_of('margin')} asks for {now}: "
+                          f"a study's margin is fixed when it starts; judge the same runs at another margin with "
+                          f"`anatomy report {folder} --margin {now.split()[-1]}` (a view beside the study's report), "
+                          f"or use another --runs-dir")
+    if record is not None and study.rounds is None and not ask.time_pass:
+        raise ConfigError(f"{folder} was decided in rounds (decide.json): add --decide with the same seeds and "
+                          f"[decide] settings to go on, or use another --runs-dir")
     if record is not None and study.rounds is not None and record.looks != study.rounds.looks:
-        raise ConfigError(f"{study.sweep_dir} was decided with looks at {', '.join(map(str, record.looks))} seeds: "
-                          f"rerun with the same --seeds, --max-seeds and --decide-step, or use another --runs-dir "
+        raise ConfigError(f"{folder} was decided with looks at {', '.join(map(str, record.looks))} seeds: rerun "
+                          f"with the same seeds and [decide] settings (max_seeds, step), or use another --runs-dir "
                           f"(a new plan after seeing the data would spend its alpha twice)")
     return record
 
@@ -226,7 +246,7 @@ class StudyDone:
     statuses: list[str | None]  # every run trained or found done, in plan order per round
     seconds: float
     rounds: RoundsDone | None = None
-    tune: object | None = None  # --tune-lr: tune.json's record (report/tuning.py), None before the LRs are chosen
+    tune: records.TuneRecord | None = None  # --tune-lr: tune.json's record, None before the LRs are chosen
 
     def count(self, status: str) -> int:
         return self.statuses.count(status)
@@ -242,15 +262,15 @@ def run_study(study: Study, train: Callable[[list], list], say: Callable[[str], 
 
     started = clock()
     before = check_record(study)  # again: the folder may have changed since the plan was shown
+    plan_mod.record_study(study.sweep_dir, study.plan, study.ask.invocation, study.margin)  # before anything trains
     if study.tune is not None:
         return _run_tuned(study, train, say, clock, started, before, price)
     if study.rounds is None:
         return StudyDone(train(study.plan), clock() - started)
-    done = run_rounds(study.plan, study.rounds, train, lambda: load_runs(study.sweep_dir)[0],
-                      lambda n: study.ask.plan_at(n)[1],
+    done = run_rounds(study.plan, study.rounds, train, lambda: load_runs(study.sweep_dir)[0], study.plan_at,
                       pending=lambda todo: plan_mod.pending_runs(todo, study.sweep_dir),
                       cost=lambda todo: round_seconds(study, todo),
-                      save=lambda record: decide.write_record(study.sweep_dir, record), say=say, clock=clock,
+                      save=lambda record: records.write_decide(study.sweep_dir, record), say=say, clock=clock,
                       before=before)
     return StudyDone(list(done.statuses.values()), clock() - started, done)
 
@@ -300,10 +320,10 @@ def _run_tuned(study: Study, train, say, clock, started: float, before, price=No
     if study.rounds is None or not first:
         beside(first)
         return StudyDone(list(statuses.values()), clock() - started, tune=record)
-    done = run_rounds(first, study.rounds, beside,
-                      lambda: study_runs(*load_runs(study.sweep_dir), study.sweep_dir)[0],
-                      lambda n: tuned_mod.tuned_plan(study.ask.plan_at(n)[1], record),
+    done = run_rounds(first, replace(study.rounds, tune=record), beside,
+                      lambda: study_runs(*load_runs(study.sweep_dir), study.sweep_dir, record)[0],
+                      lambda n: tuned_mod.tuned_plan(study.plan_at(n), record),
                       pending=lambda todo: plan_mod.pending_runs(todo, study.sweep_dir),
                       cost=lambda todo: round_seconds(study, todo + tuned_mod.shared_of(todo, record)),
-                      save=lambda r: decide.write_record(study.sweep_dir, r), say=say, clock=clock, before=before)
+                      save=lambda r: records.write_decide(study.sweep_dir, r), say=say, clock=clock, before=before)
     return StudyDone(list(statuses.values()), clock() - started, done, tune=record)

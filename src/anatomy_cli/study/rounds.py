@@ -22,13 +22,13 @@ import pandas as pd
 
 from anatomy_cli.report import decide, stats
 from anatomy_cli.report import effects as effects_mod
-from anatomy_cli.store import runs
+from anatomy_cli.store import records, runs
 
 
-def looks_of(first: int, max_seeds: int | None, step: int) -> list[int]:
-    """The seed counts --decide looks at, from the study's first count (--seeds, else the spec's):
-    up to max_seeds, else decide.MAX_SEEDS (or the first count, when it is more)."""
-    return decide.schedule(first, max_seeds if max_seeds is not None else max(decide.MAX_SEEDS, first), step)
+def looks_of(first: int, max_seeds: int | None, step: int, name: str = "decide.max_seeds") -> list[int]:
+    """The seed counts --decide looks at, from the study's first count (its seeds): up to max_seeds, else
+    decide.MAX_SEEDS (or the first count, when it is more); name: how the cap was given, for a refusal."""
+    return decide.schedule(first, max_seeds if max_seeds is not None else max(decide.MAX_SEEDS, first), step, name)
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,8 @@ class Rounds:
     budget_s: float | None = None
     budget: str | None = None
     futility: bool = True
-    by: str | None = None  # "flag" (--decide) or "spec" (the spec's [decide] table), recorded in decide.json
+    by: str | None = None  # "flag" (the command line) or "spec" (the spec's [decide] table), in decide.json
+    tune: records.TuneRecord | None = None  # a tuned study's record: its looks judge with the LR allowance
 
     @property
     def alpha(self) -> float:
@@ -51,7 +52,7 @@ class Rounds:
 
 @dataclass
 class RoundsDone:
-    record: decide.DecideRecord
+    record: records.DecideRecord
     statuses: dict[str, str | None]  # run id -> status, every run trained or found done
     effects: pd.DataFrame  # the last look's effects
 
@@ -63,9 +64,9 @@ def _plural(n: int) -> str:
 def run_rounds(first: Sequence, rounds: Rounds, train: Callable[[list], list], read: Callable[[], pd.DataFrame],
                plan_at: Callable[[int], list], *, pending: Callable[[list], list] = list,
                cost: Callable[[list], float] = lambda todo: 0.0,
-               save: Callable[[decide.DecideRecord], None] = lambda record: None,
+               save: Callable[[records.DecideRecord], None] = lambda record: None,
                say: Callable[[str], None] = lambda line: None, clock: Callable[[], float] = time.monotonic,
-               before: decide.DecideRecord | None = None) -> RoundsDone:
+               before: records.DecideRecord | None = None) -> RoundsDone:
     """Train the first round (`first`: the planned runs at the first look's seeds; each has run_id and
     slug), then at each planned look judge the effects on the look's runs (the runs of its plan at n
     seeds, from `read()`: a runs frame) at the looks' alpha, and give the next round's seeds only to
@@ -79,7 +80,7 @@ def run_rounds(first: Sequence, rounds: Rounds, train: Callable[[list], list], r
     counts the seconds its rounds took). A round whose runs did not all finish (failed, interrupted,
     never started) is not judged: the rounds stop there, and a rerun resumes them.
     """
-    record = decide.DecideRecord(looks=rounds.looks, alpha=rounds.alpha, margin=rounds.margin, by=rounds.by)
+    record = records.DecideRecord(looks=rounds.looks, alpha=rounds.alpha, margin=rounds.margin, by=rounds.by)
     started, statuses, todo, full = clock(), {}, list(first), list(first)  # full: every config at the look's n
     looks, cap = rounds.looks, rounds.looks[-1]
     earlier = {r.seeds: r.seconds for r in before.rounds} if before is not None else {}
@@ -101,14 +102,14 @@ def run_rounds(first: Sequence, rounds: Rounds, train: Callable[[list], list], r
         ids = {p.run_id: p.slug for p in full}
         runs_k = read()
         runs_k = runs_k[runs_k["run_id"].isin(ids)]
-        effects = effects_mod.component_effects(runs_k, min_effect=rounds.margin, alpha=record.alpha)
+        effects = effects_mod.component_effects(runs_k, margin=rounds.margin, alpha=record.alpha, tune=rounds.tune)
         still = decide.open_effects(effects)
         hopeless = decide.futile(effects, cap) if rounds.futility else still.iloc[0:0]
         blank = still[still["call"] == stats.NONE]  # every pair lost (diverged): more seeds of it are no answer
         round_s = clock() - began
         if not trained and n in earlier:  # found done: the round took the time it took when it trained
             round_s = max(round_s, earlier[n])
-        record = record.model_copy(update={"rounds": [*record.rounds, decide.Round(
+        record = record.model_copy(update={"rounds": [*record.rounds, records.Round(
             seeds=n, trained=len(todo), seconds=round(round_s, 1), open=decide.names(still),
             futile=decide.names(hopeless) if k < len(looks) - 1 else [])]})
         save(record)

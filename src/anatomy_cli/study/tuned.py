@@ -15,8 +15,8 @@ a sweep is refused: its report would count the outer one's runs), told apart by 
 reads tune.json and never re-picks: a tuned arm keeps its LR; a rerun with another grid, other
 selection seeds or the shared-LR comparison turned the other way is refused.
 
-  TunePlan       the grid a study tunes with, resolved once (flag over spec) and what turned it on
-  tune_plan      --tune-lr's options and the spec's [tune] table -> a TunePlan, or a one-line refusal
+  TunePlan       the grid a study tunes with, resolved once from the spec's [tune] table, and what turned it on
+  tune_plan      the spec's [tune] table (from the file, --tune-lr or --set tune...) -> a TunePlan, or a refusal
   check_record   the folder's tune.json against the plan: another grid, seeds, shared or config refused
   at_lr          a planned run at another LR (and seed)
   selection_run  the run of one selection Job
@@ -33,8 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from anatomy_cli.report import tuning as record_mod
-from anatomy_cli.spec.config import SEED_MIN, ConfigError, RunConfig, TuneSpec, validate
+from anatomy_cli.spec.config import SEED_MIN, ConfigError, RunConfig, seeds_of, validate
+from anatomy_cli.store import records as record_mod
 from anatomy_cli.store import runs
 from anatomy_cli.study import tuning
 
@@ -65,58 +65,30 @@ class TunePlan:
         return [g.lr(k) for k in range(-g.half - g.extend, g.half + g.extend + 1)]
 
 
-def _seeds(text: str | None, table: TuneSpec, base_seed: int) -> tuple[tuple[int, ...], int | list[int]]:
-    """(the selection seeds, as given) of --tune-seeds N | A,B,... (one seed: 'A,'), else the table's: a count
-    is the seeds just below the base seed."""
-    given = table.seeds
-    if text is not None:
-        parts = [t.strip() for t in text.split(",")]
-        parts = parts[:-1] if len(parts) == 2 and not parts[1] else parts  # '7,': the one seed 7
-        try:
-            numbers = [int(t) for t in parts]
-        except ValueError:
-            raise ConfigError(f"--tune-seeds takes a count or a comma-separated list of seeds (one seed: '7,'), got "
-                              f"{text!r}") from None
-        given = numbers[0] if "," not in text else numbers
-        if isinstance(given, int) and given < 1:
-            raise ConfigError(f"--tune-seeds must be a count of 1 or more, or a list of seeds, got {text!r}")
-    seeds = tuple(range(base_seed - 1, base_seed - 1 - given, -1)) if isinstance(given, int) else tuple(given)
-    if min(seeds) < SEED_MIN:
-        raise ConfigError(f"selection seeds below the base seed {base_seed} reach past {SEED_MIN}: give --tune-seeds "
-                          f"as a list")
-    return seeds, given
-
-
 def tune_plan(ask, spec, plan, rounds) -> TunePlan | None:
-    """--tune-lr's grid: each option given, else the spec's [tune] table's, else the defaults; None without
-    --tune-lr or a [tune] table (and with --time, which times instead of training). Refused in one line: a
-    grid Grid refuses (one point, a factor <= 1), an LR of the grid that is not a positive finite number,
-    configs at more than one train.lr, and selection seeds that are study seeds, now or at any look of
-    --decide (`rounds`)."""
-    options = {"--tune-points": ask.tune_points, "--tune-factor": ask.tune_factor,
-               "--tune-extend": ask.tune_extend, "--tune-seeds": ask.tune_seeds, "--tune-shared": ask.tune_shared}
-    if ask.tune_lr and ask.time_pass:
-        raise ConfigError("--tune-lr trains; --time times: run them one after the other")
-    if not (ask.tune_lr or spec.tune is not None) or ask.time_pass:
-        given = [name if v is not False else "--no-tune-shared" for name, v in options.items() if v is not None]
-        if given and not ask.time_pass:
-            raise ConfigError(f"{', '.join(given)} plan{'s' * (len(given) == 1)} the LR grid of --tune-lr: add "
-                              f"--tune-lr")
+    """The grid of the spec's [tune] table (there from the file, or from --tune-lr, its aliases or --set tune...);
+    None without one, and with --time, which times instead of training. Refused in one line: a grid Grid
+    refuses (one point, a factor <= 1), an LR of the grid that is not a positive finite number, configs at
+    more than one train.lr, and selection seeds that are study seeds, now or at any look of --decide
+    (`rounds`)."""
+    table = spec.tune
+    if table is None or ask.time_pass:
         return None
-    table = spec.tune or TuneSpec()
+    where = ask.origin("tune")
     centers = sorted({p.config.train.lr for p in plan})
     if len(centers) > 1:
-        raise ConfigError(f"--tune-lr tunes around one train.lr, and this plan's configs train at "
+        raise ConfigError(f"{where} tunes around one train.lr, and this plan's configs train at "
                           f"{', '.join(f'{c:g}' for c in centers)} (a size's or an axis's train.lr): give them one")
-    pick = {name: value if value is not None else getattr(table, name.removeprefix("--tune-"))
-            for name, value in options.items() if name != "--tune-seeds"}
-    seeds, given = _seeds(ask.tune_seeds, table, spec.base.seed)
+    seeds = tuple(seeds_of(table.seeds, spec.base.seed, below=True))
+    if min(seeds) < SEED_MIN:
+        raise ConfigError(f"{ask.name_of('tune.seeds')}: selection seeds below the base seed {spec.base.seed} reach "
+                          f"past {SEED_MIN}: give them as a list")
     try:
-        grid = tuning.Grid(center=centers[0], points=pick["--tune-points"], factor=float(pick["--tune-factor"]),
-                           extend=pick["--tune-extend"], seeds=seeds)
+        grid = tuning.Grid(center=centers[0], points=table.points, factor=float(table.factor), extend=table.extend,
+                           seeds=seeds)
     except ValueError as err:
-        raise ConfigError(str(err)) from None
-    tuned = TunePlan(grid, "flag" if ask.tune_lr or spec.tune is None else "spec", given, pick["--tune-shared"])
+        raise ConfigError(f"{where}: {err}") from None
+    tuned = TunePlan(grid, "flag" if ask.given("tune") else "spec", table.seeds, table.shared)
     for k in range(-grid.half - grid.extend, grid.half + grid.extend + 1):
         try:
             lr = grid.lr(k)
@@ -128,11 +100,11 @@ def tune_plan(ask, spec, plan, rounds) -> TunePlan | None:
                               f"fewer points")
     study_seeds = {p.config.seed for p in plan}
     if rounds is not None:
-        study_seeds |= {spec.base.seed + i for i in range(rounds.looks[-1])}
+        study_seeds |= set(seeds_of(rounds.looks[-1], spec.base.seed))
     try:
         grid.disjoint(sorted(study_seeds))
     except ValueError as err:
-        raise ConfigError(f"{err} (with --decide: any seed up to --max-seeds); choose other --tune-seeds (a count "
+        raise ConfigError(f"{err} (with --decide: any seed up to its max_seeds); choose other tune.seeds (a count "
                           f"takes the seeds below the base seed {spec.base.seed})") from None
     return tuned
 
@@ -180,7 +152,7 @@ def check_record(tune: TunePlan | None, plan, sweep_dir: Path, time_pass: bool =
     would not have been chosen on other seeds), an arm whose config changed since its LR was chosen, and
     --tune-lr on a folder decided in rounds without it (`decided`: decide.json is there, tune.json is not), and
     the shared-LR comparison turned the other way (its runs would be there for some rounds and not others)."""
-    record = record_mod.read_record(sweep_dir)
+    record = record_mod.read_tune(sweep_dir)
     if record is None:
         if tune is not None and decided:
             raise ConfigError(f"{sweep_dir} was decided in rounds without --tune-lr (decide.json): tune it in "
@@ -205,7 +177,7 @@ def check_record(tune: TunePlan | None, plan, sweep_dir: Path, time_pass: bool =
                           f"{str(record.shared).lower()}): rerun with {flag}, or use another --runs-dir")
     for name, p in arms(plan).items():
         arm = record.arm(name)
-        if arm is not None and arm.config != config_key(p):
+        if arm is not None and arm.config_hash != config_key(p):
             raise ConfigError(f"{sweep_dir}: {name}'s LR was chosen for another config (tune.json; other --steps, "
                               f"say): rerun with the same settings, or use another --runs-dir")
     return record
@@ -234,10 +206,10 @@ def select(tune: TunePlan, plan, sweep_dir: Path, train: Callable[[list], list],
     study's trainer; `statuses` collects each run's), run_selection chooses, and tune.json is written (its
     plan first, when the folder has none). Raises tuning.Unfinished when a selection run did not finish."""
     by_arm = arms(plan)
-    record = record_mod.read_record(sweep_dir)
+    record = record_mod.read_tune(sweep_dir)
     if record is None:
         record = tune.record(initial_loss)
-        record_mod.write_record(sweep_dir, record)
+        record_mod.write_tune(sweep_dir, record)
     todo = [a for a in by_arm if record.arm(a) is None]
     if not todo:
         return record
@@ -252,7 +224,7 @@ def select(tune: TunePlan, plan, sweep_dir: Path, train: Callable[[list], list],
                                 lr=c.lr, tuned=c.tuned, reason=c.reason, best_loss=c.best_loss,
                                 sensitivity=c.sensitivity, extended=c.extended) for c in choices.values()]
     record = record.model_copy(update={"arms": [*record.arms, *arms_]})
-    record_mod.write_record(sweep_dir, record)
+    record_mod.write_tune(sweep_dir, record)
     for arm in arms_:
         say(f"--tune-lr: {arm.arm} " + (f"at lr {arm.lr:.3g} ({arm.reason})" if arm.tuned else arm.reason))
     return record

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from anatomy_cli.spec import components
+from anatomy_cli.spec import components, knobs
 from anatomy_cli.spec.components import Component, Design
 from anatomy_cli.spec.config import (
     MAX_SIZE,
@@ -33,10 +33,9 @@ from anatomy_cli.spec.config import (
     load_toml,
     resolve_source,
     validate,
-    validate_field,
 )
 from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, REFERENCE, REMOVE_ONE
-from anatomy_cli.store import runs
+from anatomy_cli.store import records, runs
 from anatomy_cli.store.lockfile import DirLock, Locked
 from anatomy_cli.sweep.jobs import Event, Job, Stop, execute_local
 
@@ -57,11 +56,19 @@ def experiments_dir() -> Path:
     return Path(__file__).resolve().parents[3] / "experiments"
 
 
-def load_spec(path: Path | None) -> AblationSpec:
-    """The spec file, parsed and validated field by field (its plan is checked by load_plan)."""
+def load_spec(path: Path | None, settings: Iterable[knobs.Setting] = ()) -> AblationSpec:
+    """The spec file with `settings` (--set and its aliases: spec/knobs.py) laid over it, validated once: the
+    one way a study spec is read. A setting of base.train.steps where the spec computes each size's steps
+    (budget 'tokens-per-param') is refused, as a setting that would do nothing."""
     path = path or experiments_dir() / DEFAULT_SPEC
-    data = resolve_source(load_toml(path), Path(path).parent, "base.data")
-    return validate(AblationSpec, resolve_spec_sources(data, Path(path).parent))
+    settings = list(settings)
+    data = resolve_spec_sources(resolve_source(load_toml(path), Path(path).parent, "base.data"), Path(path).parent)
+    spec = validate(AblationSpec, knobs.apply_settings(data, settings))
+    steps = next((s for s in settings if s.key == "base.train.steps"), None)
+    if steps is not None and spec.budget == "tokens-per-param":
+        raise ConfigError(f"{steps.typed} sets one budget for every size, but spec {spec.name} computes each size's "
+                          f"steps (budget 'tokens-per-param'); change its tokens_per_param instead")
+    return spec
 
 
 def resolve_spec_sources(data: dict, base_dir: Path) -> dict:
@@ -87,17 +94,13 @@ def _resolved(source, base_dir: Path):
     return source
 
 
-def load_plan(path: Path | None, flips: str | None = None, seeds: int | None = None, steps: int | None = None,
-              **train) -> tuple[AblationSpec, list[PlannedRun]]:
-    """The one way a spec is read: parsed, its base.train fields overridden (`train`, None = keep),
-    its components and every planned config validated, and its plan size checked before the plan
-    is built. `anatomy components SPEC`, `ablate` (also --dry-run and --time) and `check` all
-    read specs through here, so a spec one of them accepts, all accept."""
-    spec = load_spec(path)
-    sets = {f"base.train.{k}": validate_field(f"train.{k}", v, f"--{k}") for k, v in train.items() if v is not None}
-    if sets:
-        spec = validate(AblationSpec, apply_overrides(spec.model_dump(mode="json"), sets))
-    return spec, expand(spec, parse_flips(flips, spec_table(spec)), seeds, steps)
+def load_plan(path: Path | None, settings: Iterable[knobs.Setting] = ()) -> tuple[AblationSpec, list[PlannedRun]]:
+    """The spec (load_spec: the file and the settings over it, validated once) and its plan, every planned
+    config validated and the plan's size checked before it is built. `anatomy components SPEC`, `ablate`
+    (also --dry-run and --time), `scale-plan` and `check` all read specs through here, so a spec one of them
+    accepts, all accept."""
+    spec = load_spec(path, settings)
+    return spec, expand(spec)
 
 
 def check_data(plan) -> dict[str | None, int]:
@@ -196,17 +199,18 @@ def parse_flips(text: str | None, known: Iterable[str] = components.BUILTIN_NAME
 def design_of(spec: AblationSpec, flips: list[str] | None = None) -> Design:
     """The study's components and which of them get runs of their own.
 
-    The components are the spec's flips (default: the five plus the spec's own) and any --flip
-    names; runs of their own (add-one, remove-one, factorial) go to --flip's names when given. The
+    The components are the spec's flips (default: the five plus the spec's own) and any names of `only`;
+    runs of their own (add-one, remove-one, factorial) go to only's names when given (--flip). The
     five 2017 -> LLaMA parts travel together: a study that flips any of them has all five at its
     ends, so `flips = ["rope"]` still compares against the 2017 and LLaMA ends.
     """
     table = spec_table(spec)
     names = spec.flips if spec.flips is not None else [*components.FIVE, *spec.components]
-    unknown = [n for n in [*names, *(flips or [])] if n not in table]
-    if unknown:
-        raise ConfigError(f"flips: unknown component(s) {', '.join(dict.fromkeys(unknown))}; "
-                          f"choose from {', '.join(table)} (or declare one under [components.NAME])")
+    for key, given in (("flips", names), ("only (--flip)", flips or [])):
+        unknown = [n for n in given if n not in table]
+        if unknown:
+            raise ConfigError(f"{key}: unknown component(s) {', '.join(dict.fromkeys(unknown))}; "
+                              f"choose from {', '.join(table)} (or declare one under [components.NAME])")
     members = list(dict.fromkeys([*names, *(flips or [])]))
     if set(members) & set(components.FIVE):
         members = list(dict.fromkeys([*components.FIVE, *members]))
@@ -248,8 +252,7 @@ def design_points(spec: AblationSpec, design: Design) -> list[Point]:
     return points
 
 
-def expand(spec: AblationSpec, flips: list[str] | None = None, seeds: int | None = None,
-           steps: int | None = None) -> list[PlannedRun]:
+def expand(spec: AblationSpec) -> list[PlannedRun]:
     """The full plan; raises ConfigError listing every invalid config before anything runs.
 
     Component settings are resolved against the base with its size's and axis values (so gqa
@@ -259,16 +262,11 @@ def expand(spec: AblationSpec, flips: list[str] | None = None, seeds: int | None
     switches: plan_sizes). With [[sizes]] the whole design runs at every size, its slugs starting
     with the size's name.
     """
-    design = design_of(spec, flips) if spec.design != "list" else None
+    design = design_of(spec, spec.only) if spec.design != "list" else None
     base = spec.base.model_dump(mode="json")
-    if steps is not None:
-        if spec.budget == "tokens-per-param":
-            raise ConfigError(f"--steps sets one budget for every size, but spec {spec.name} computes each size's "
-                              f"steps (budget 'tokens-per-param'); change its tokens_per_param instead")
-        base["train"]["steps"] = steps
     axes = {axis_key(k): v for k, v in spec.axes.items()}
-    check_plan_size(spec, design, seeds)  # before anything is built: 2^24 factorial points would fill memory
-    seed_list = [spec.base.seed + i for i in range(seeds)] if seeds else spec.seed_list
+    check_plan_size(spec, design)  # before anything is built: 2^24 factorial points would fill memory
+    seed_list = spec.seed_list
     points = design_points(spec, design) if design else [(c.name, "list", None, {}) for c in spec.configs]
     sets = {c.name: dict(c.set) for c in spec.configs}
     plan, errors, seen = [], [], set()
@@ -308,7 +306,7 @@ def expand(spec: AblationSpec, flips: list[str] | None = None, seeds: int | None
     return plan
 
 
-def plan_factors(spec: AblationSpec, design: Design | None, seeds: int | None = None) -> dict[str, int]:
+def plan_factors(spec: AblationSpec, design: Design | None) -> dict[str, int]:
     """The plan's dimensions, counted without building anything: design points (2^k for a factorial
     of k components; 1 + k and 1 + k one-at-a-time per direction), axis values, seeds. The product
     bounds the runs (a design point met twice is planned once)."""
@@ -320,11 +318,11 @@ def plan_factors(spec: AblationSpec, design: Design | None, seeds: int | None = 
     else:
         points = 1 + (ADD_ONE in spec.directions) * k + (REMOVE_ONE in spec.directions) * (1 + k)
     return {"configs": points, "axis values": math.prod(len(v) for v in spec.axes.values()),
-            "seeds": seeds or len(spec.seed_list), **({"sizes": len(spec.sizes)} if spec.sizes else {})}
+            "seeds": len(spec.seed_list), **({"sizes": len(spec.sizes)} if spec.sizes else {})}
 
 
-def check_plan_size(spec: AblationSpec, design: Design | None, seeds: int | None = None) -> int:
-    factors = plan_factors(spec, design, seeds)
+def check_plan_size(spec: AblationSpec, design: Design | None) -> int:
+    factors = plan_factors(spec, design)
     size = math.prod(factors.values())
     if size > MAX_PLAN_RUNS:
         shown = " x ".join(f"{n:,} {what}" for what, n in factors.items())
@@ -476,37 +474,30 @@ def plan_stack(choice: str, plan: list[PlannedRun], executor: str) -> int:
     return size
 
 
-def record_design(sweep_dir: Path, design: Design | None, invocation: dict | None = None,
-                  sizes: Iterable[PlannedSize] = (), margin: float | None = None) -> None:
-    """Add the design's components (and sizes) to sweep_dir/sweep.json, which the report reads to
-    tell roles (and which size a run is).
+def record_design(sweep_dir: Path, design: Design | None, sizes: Iterable[PlannedSize] = (),
+                  invocation: records.Invocation | None = None, margin: float | None = None) -> None:
+    """Add the design's components (and sizes) to sweep_dir/sweep.json, which the report reads to tell
+    roles (and which size a run is); with `invocation` (a study's: its spec and settings), how the study was
+    asked for, and its margin (kept as the folder's first study recorded it: records.merged_study).
 
     A sweep directory may hold several invocations (other --flip choices, more seeds): the file keeps
     the union of their components and sizes. A spec component or a size redefined under the same
-    name is refused, since runs already written were planned with the old definition. The margin the
-    study was planned with (`margin`: --min-effect, else the spec's min_effect) is written once, when
-    the folder's first study starts, and kept by every later one (runs.recorded_margin reads it).
-    """
-    path = Path(sweep_dir) / runs.SWEEP
-    old = runs.read_design(sweep_dir) or {"components": []}
-    rows = {r["name"]: r for r in old["components"]}
-    for c in design.components if design else ():
-        row = components.record(c)
-        if c.origin != "built-in" and c.name in rows and rows[c.name] != row:
-            raise ConfigError(f"{path}: component {c.name} was defined differently by an earlier sweep in this "
-                              f"directory; rename it or use another spec name")
-        rows.setdefault(c.name, row)
-    rungs = {r["name"]: r for r in old.get("sizes", [])}
-    for size in sizes:
-        if rungs.setdefault(size.name, size.record()) != size.record():
-            raise ConfigError(f"{path}: size {size.name} was defined differently by an earlier sweep in this "
-                              f"directory; rename it or use another spec name")
-    keep = {k: v for k, v in old.items() if k not in ("components", "sizes", runs.MARGIN)}
-    extra = {"invocation": invocation} if invocation is not None else keep
-    first = runs.recorded_margin(sweep_dir) if runs.MARGIN in old else margin
-    runs.atomic_write_json(path, {"components": list(rows.values()), **extra,
-                                  **({"sizes": list(rungs.values())} if rungs else {}),
-                                  **({runs.MARGIN: first} if first is not None else {})})
+    name is refused, since runs already written were planned with the old definition."""
+    rows = [components.record(c) for c in (design.components if design else ())]
+    rungs = [size.record() for size in sizes]
+    records.write_study(sweep_dir, records.merged_study(sweep_dir, rows, rungs, invocation, margin))
+
+
+def record_study(sweep_dir: Path, plan: list[PlannedRun], invocation: records.Invocation,
+                 margin: float | None) -> None:
+    """A study's sweep.json, written before any of its runs trains (under the sweep's lock): its design, its
+    sizes, how it was asked for and its margin (the folder's first study's margin stays)."""
+    sweep_dir = Path(sweep_dir)
+    runs.check_placement(sweep_dir, "sweep", "--runs-dir")
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    with SweepLock(sweep_dir):
+        record_design(sweep_dir, next((p.design for p in plan if p.design), None),
+                      list(dict.fromkeys(p.size for p in plan if p.size)), invocation, margin)
 
 
 def pending_runs(plan: list[PlannedRun], sweep_dir: Path) -> list[PlannedRun]:
@@ -515,14 +506,13 @@ def pending_runs(plan: list[PlannedRun], sweep_dir: Path) -> list[PlannedRun]:
 
 def execute(plan: list[PlannedRun], sweep_dir: Path, workers: int = 1, on_event: Event | None = None,
             sweep_name: str | None = None, executor: str = "local", address: str | None = None,
-            invocation: dict | None = None, stop: Stop | None = None, stack: int = 1,
-            margin: float | None = None) -> list[dict]:
+            stop: Stop | None = None, stack: int = 1) -> list[dict]:
     """Run every pending run of the plan into sweep_dir/<run_id>; return all summaries.
 
     executor 'local' runs in this process (workers=1) or a process pool; 'dask' submits each run
-    to an existing dask.distributed cluster at `address` (see dask_exec.py). `invocation` (spec,
-    flip, steps: how the CLI was called) goes into sweep.json, so a report can say the command
-    that adds seeds; `margin`, the study's margin, is recorded there once (record_design).
+    to an existing dask.distributed cluster at `address` (see dask_exec.py). The design's components
+    and sizes go into sweep.json (record_design); how a study was asked for, and its margin, the study
+    records itself before it trains (record_study).
     When stop() turns true (local executor) the runs in flight save and end 'interrupted', no new
     run starts, and this returns after every worker has exited, with the lock released: a rerun
     resumes the sweep.
@@ -537,7 +527,7 @@ def execute(plan: list[PlannedRun], sweep_dir: Path, workers: int = 1, on_event:
         design = next((p.design for p in plan if p.design), None)
         sizes = list(dict.fromkeys(p.size for p in plan if p.size))
         if design is not None or sizes:
-            record_design(sweep_dir, design, invocation, sizes, margin)
+            record_design(sweep_dir, design, sizes)
         todo = pending_runs(plan, sweep_dir)
         emit({"event": "plan", "total": len(plan), "todo": len(todo), "skipped": len(plan) - len(todo)})
         threads = max(1, (os.cpu_count() or 1) // max(1, workers))

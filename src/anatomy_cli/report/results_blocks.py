@@ -1,12 +1,9 @@
-"""A study's results as one small file, and the README's numbers rendered from it (no torch).
+"""The README's and docs' numbers, rendered from results files (no torch): marked blocks, never typed by hand.
 
-  write_results   the file `anatomy report RUNS_DIR --results PATH` writes (pandas only there)
-  is_results      whether a file is one (the only kind of file --results replaces)
-  load            a results file, checked whole against ResultsFile, as its plain dict
-  render          one marked block or inline value, from a results document (plain dicts)
-  update          every marked block of a text, rewritten from its study's results file
-  main            python -m anatomy_cli.report.results [--check] [FILE ...]: rewrite, or list what drifted
-                  (default: README.md and docs/*.md)
+  render   one marked block or inline value of a results document (BLOCKS: a table of the kinds, by name)
+  update   every marked block of a text, rewritten from its study's results file
+  drifted  the blocks whose text differs from what their file renders
+  rewrite  `anatomy results [--check] [FILE ...]`: rewrite, or list what drifted (README.md and docs/*.md)
 
 Marked blocks. A README names a study's file (experiments/results/<study>.json beside it) and
 what to show; the text between the markers is the tool's, never typed by hand:
@@ -18,409 +15,33 @@ rule's level, family, looks and family-wise error: stats.rule_text, as the termi
 lr CONFIG (a tuned study's chosen LR of one config), shared-gain / shared-interval / shared-call FLIP DIRECTION
 (a tuned study's effect at the shared LR) (inline). tuning: each effect at its configs' own LRs beside the
 shared LR, flagged LR-confounded where the calls differ; lrs: each config's chosen LR and why (report/fair_lr.py).
-
-The file (FORMAT, VERSION 1): study, runs {total, completed}, seeds, budget, ends {role: {name,
-mean, sd, seeds, best_step, last_step, final}}, effects [{metric, unit, flip, direction, against,
-group, n_pairs, gain, adj_low, adj_high, adj_level, family, threshold, threshold_basis, call,
-raw_low, raw_high, p_holm}],
-eval_gains [{flip, direction, group, steps, tokens, gain}] (val-loss gain at every evaluation);
-configs [{role, params, active_params, state_bytes_4k, positions}] (what each config costs);
-with sizes, scale {budget, sizes, effects, trends} (scale.Scale.record's rows); with --decide, decide
-(decide.json); with --tune-lr, tuning {grid {center, points, factor, extend}, seeds (the selection seeds),
-arms [{name, lr, best_loss, sensitivity, reason, lrs}] (lr null: not tuned), comparison
-[fair_lr.COMPARISON_COLUMNS]} (fair_lr.tuned_frames' record and comparison). No curves, no paths.
-Readers ignore keys they do not know; VERSION changes only when a key's meaning does, and a reader
-refuses a newer version by name. A reader checks every key it knows (ResultsFile): a key may be absent
-(files written before it existed; a block that needs it says so), but one that is present has its type,
-null only where the writer writes null, no NaN, no negative count.
 """  # noqa: E501 (the docstring is docs/layout.md's text)
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import statistics
-import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
-
-from pydantic import Field, ValidationError, model_validator
 
 from anatomy_cli.report import decide as decide_mod
 from anatomy_cli.report import fair_lr, stats
 from anatomy_cli.report import tuning as tuning_mod
-from anatomy_cli.report.decide import DecideRecord
-from anatomy_cli.spec.errors import InputError
+from anatomy_cli.report.results_file import ResultsError, _shown, load
 from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, REFERENCE, REMOVE_ONE, VERB, variant
-from anatomy_cli.store.runs import FileModel, schema_problem
+from anatomy_cli.store.records import DecideRecord
 
-FORMAT, VERSION = "anatomy-results", 1
 RESULTS_DIR = Path("experiments") / "results"
 MARK = re.compile(r"<!-- results (?P<study>[\w.-]+) (?P<what>[^>]*?) -->(?P<body>.*?)<!-- /results -->", re.DOTALL)
-EFFECT_KEYS = ("metric", "unit", "flip", "direction", "against", "group", "n_pairs", "gain", "adj_low", "adj_high",
-               "adj_level", "family", "threshold", "threshold_basis", "call", "raw_low", "raw_high", "p_holm",
-               "mde", "noise", "df", "note")
-BLOCKS = ("verdict", "directions", "ends", "rule", "moves", "scale", "parts", "decide", "tuning", "lrs")
 INLINE = ("gain", "interval", "call", "trend", "lr", "shared-gain", "shared-interval", "shared-call")
-
-
-class ResultsError(InputError):
-    """A results file or a marked block that cannot be read or rendered."""
-
-
-# --------------------------------------------------------------------------- the file's schema
-# Every key may be absent (= None: not validated); present, it has its type. `| None`: null written
-# for a value that could not be measured. Count: an integer >= 0. Amount: a number >= 0 from a table
-# column (an integer, or a float where the column had gaps). Share: a probability or a level, 0 to 1.
-
-Count = Annotated[int, Field(ge=0)]
-Amount = Annotated[float, Field(ge=0)]
-Share = Annotated[float, Field(ge=0, le=1)]
-Lr = Annotated[float, Field(gt=0)]
-
-
-class RunCounts(FileModel):
-    total: Count = None
-    completed: Count = None
-
-
-class Budget(FileModel):  # verdict.budget
-    reference: Amount | None = None  # each end's mean best val loss
-    all_on: Amount | None = Field(None, alias="all-on")
-    reference_best_step: Count = None
-    all_on_best_step: Count = Field(None, alias="all-on_best_step")
-    steps: Count | None = None
-    batch_size: Count | None = None
-    ctx_len: Count | None = None
-    tokens: Count = None
-    still_improving: bool = None
-
-
-class End(FileModel):
-    name: str = None
-    mean: Amount | None = None
-    sd: Amount | None = None
-    seeds: Count = None
-    best_step: Count = None
-    last_step: Count | None = None
-    final: Amount | None = None
-
-
-class Effect(FileModel):  # EFFECT_KEYS
-    metric: str = None
-    unit: str | None = None
-    flip: str = None
-    direction: str = None
-    against: str | None = None
-    group: str = None
-    n_pairs: Amount = None
-    gain: float | None = None
-    adj_low: float | None = None
-    adj_high: float | None = None
-    adj_level: Share | None = None
-    family: Amount | None = None
-    margin: Amount | None = Field(None, alias="threshold")  # the file's name for the margin (frames.FILE_NAMES)
-    margin_basis: str | None = Field(None, alias="threshold_basis")
-    call: str = None
-    raw_low: float | None = None
-    raw_high: float | None = None
-    p_holm: Share | None = None
-    mde: Amount | None = None
-    noise: Amount | None = None
-    df: Amount | None = None
-    prior_df: float | None = None  # files judged before issue 35: the moderation's d0 (0: none borrowed; null: inf)
-    note: str | None = None  # speed from the training runs, not a timing pass: effects.OVERLAP_NOTE
-
-
-class EvalGain(FileModel):
-    flip: str = None
-    direction: str = None
-    group: str = None
-    steps: list[Count] = None
-    tokens: list[Amount | None] = None
-    gain: list[float | None] = None
-
-    @model_validator(mode="after")
-    def _aligned(self) -> EvalGain:
-        if len({len(v) for v in (self.steps, self.tokens, self.gain) if v is not None}) > 1:
-            raise ValueError("steps, tokens and gain differ in length (one value of each per evaluation)")
-        return self
-
-
-class ConfigCost(FileModel):
-    role: str = None
-    params: Count | None = None
-    active_params: Count | None = None
-    state_bytes_4k: Count | None = None
-    positions: Count = None
-
-
-class ScaleBudget(FileModel):
-    budget: str = None
-    tokens_per_param: Amount = None
-
-
-class ScaleSize(FileModel):  # scale.SIZE_COLUMNS
-    series: str = None
-    size: str = None
-    non_embedding_params: Amount | None = None
-    params: Amount | None = None
-    steps: Amount | None = None
-    tokens: Amount | None = None
-    tokens_per_param: Amount | None = None
-    runs: Amount | None = None
-    still_improving: Amount | None = None
-    overfit: Amount | None = None
-    flags: str | None = None
-
-
-class ScaleEffect(FileModel):  # scale.BY_SIZE_COLUMNS
-    series: str = None
-    flip: str = None
-    direction: str = None
-    against: str | None = None
-    size: str = None
-    non_embedding_params: Amount | None = None
-    steps: Amount | None = None
-    tokens: Amount | None = None
-    n_pairs: Amount | None = None
-    gain: float | None = None
-    adj_low: float | None = None
-    adj_high: float | None = None
-    call: str | None = None
-    flags: str | None = None
-
-
-class Trend(FileModel):  # scale.TREND_COLUMNS
-    series: str = None
-    flip: str = None
-    direction: str = None
-    against: str | None = None
-    sizes: Amount | None = None
-    n_seeds: Amount | None = None
-    slope: float | None = None
-    slope_adj_low: float | None = None
-    slope_adj_high: float | None = None
-    adj_level: Share | None = None
-    slope_low: float | None = None
-    slope_high: float | None = None
-    p_value: Share | None = None
-    p_holm: Share | None = None
-    fit_smallest: float | None = None
-    fit_largest: float | None = None
-    change: float | None = None
-    margin: Amount | None = Field(None, alias="threshold")
-    call: str = None
-
-
-class Scale(FileModel):
-    budget: ScaleBudget = None
-    sizes: list[ScaleSize] = None
-    effects: list[ScaleEffect] = None
-    trends: list[Trend] = None
-
-
-class TuningArm(FileModel):  # one config's selection (tuning.TuneArm's; name: its arm)
-    name: str = None
-    lr: Lr | None = None  # null: not tuned (its best at the grid's edge)
-    best_loss: Amount = None
-    sensitivity: Amount = None
-    reason: str = None
-    lrs: list[Lr] = None  # the LRs it trained, ascending
-
-
-class TuningRow(FileModel):  # fair_lr.COMPARISON_COLUMNS
-    flip: str = None
-    direction: str = None
-    against: str | None = None
-    group: str = None
-    n_pairs: Amount = None
-    gain: float | None = None  # null: not tuned (call fair_lr.NOT_TUNED)
-    adj_low: float | None = None
-    adj_high: float | None = None
-    call: str = None
-    shared_n_pairs: Amount = None
-    shared_gain: float | None = None
-    shared_low: float | None = None
-    shared_high: float | None = None
-    shared_call: str = None
-    confounded: bool = None
-    end_arm: str | None = None
-    variant_arm: str | None = None
-    end_lr: Lr | None = None
-    variant_lr: Lr | None = None
-
-
-class Tuning(FileModel):
-    grid: tuning_mod.TuneGrid = None
-    seeds: list[int] = None  # the selection seeds
-    arms: list[TuningArm] = None
-    comparison: list[TuningRow] = None
-
-
-class ResultsFile(FileModel):
-    """The results file (FORMAT, VERSION): load() checks a file against it and renders the plain dict."""
-
-    format: str = None
-    version: Annotated[int, Field(ge=1)] = None
-    study: str = None
-    runs: RunCounts = None
-    seeds: list[int] = None
-    budget: Budget = None
-    ends: dict[str, End] = None
-    effects: list[Effect] = None
-    eval_gains: list[EvalGain] = None
-    configs: list[ConfigCost] = None
-    scale: Scale = None
-    decide: DecideRecord = None  # a --decide study's plan, rounds and why it stopped (report/decide.py)
-    tuning: Tuning = None  # a --tune-lr study's LRs and its shared-LR comparison (report/fair_lr.py)
-
-
-# --------------------------------------------------------------------------- writing (from report frames)
-
-
-def build(root: Path, frames) -> dict:
-    """The results document of the runs under root (frames: effects.report_frames(root))."""
-    from anatomy_cli.report import effects as effects_mod
-    from anatomy_cli.report import frames as frames_mod
-    from anatomy_cli.report import scale, sections
-    from anatomy_cli.report import verdict as vd
-
-    runs, curves, effects = frames
-    ref, top = sections.end_names(runs)
-    floor = vd.noise_floor(runs)
-    ends = {role: {"name": name, "mean": _num(floor[role][2]), "sd": _num(floor[role][0]), "seeds": floor[role][1],
-                   **_fit(runs, role)}
-            for role, name in ((REFERENCE, ref), (ALL_ON, top)) if role in floor}
-    ev = effects_mod.effects_by_eval(runs, curves)
-    eval_gains = [{"flip": f, "direction": d, "group": g, "steps": [int(x) for x in cell["step"]],
-                   "tokens": [_num(x, 0) for x in cell["tokens"]], "gain": [_num(x, 4) for x in cell["gain"]]}
-                  for (f, d, g), cell in ev.groupby(["flip", "direction", "group"], sort=False)]
-    across = scale.scale_frames(runs, curves, effects)
-    scaled = {} if across is None else {"scale": {k: [{c: _plain(v) for c, v in r.items()} for r in rows]
-                                                  if isinstance(rows, list) else rows
-                                                  for k, rows in across.record().items()}}
-    record = decide_mod.read_record(Path(root))
-    scaled |= {"decide": record.model_dump(mode="json")} if record is not None else {}
-    tuned = fair_lr.tuned_frames(runs, effects)
-    scaled |= {"tuning": _tuning_record(tuned)} if tuned is not None else {}
-    return {"format": FORMAT, "version": VERSION, "study": Path(root).name,
-            "runs": {"total": len(runs), "completed": int((runs["status"] == "completed").sum())},
-            "seeds": sorted(int(s) for s in runs["seed"].dropna().unique()),
-            "budget": {k: _num(v) if isinstance(v, float) else v for k, v in vd.budget(runs).items()},
-            "ends": ends,
-            "effects": [{k: _plain(r[k]) for k in EFFECT_KEYS}
-                        for r in frames_mod.records(frames_mod.as_written(effects))],
-            "eval_gains": eval_gains, "configs": _configs(runs), **scaled}
-
-
-def _fit(runs, role: str) -> dict:
-    """Where an end's runs (verdict.end_runs, as its mean and sd) reached their best val loss and
-    where they ended: median best step, last step, mean val loss at the last evaluation."""
-    from anatomy_cli.report.verdict import end_runs
-
-    best = end_runs(runs, role)
-    if best.empty or best["best_step"].isna().all():
-        return {}
-    last = json.loads(best["settings"].iloc[0]).get("train.steps")  # completed: trained to its steps
-    return {"best_step": int(best["best_step"].median()), "last_step": last,
-            "final": _num(best["final_val_loss"].mean())}
-
-
-def _tuning_record(t: fair_lr.Tuned) -> dict:
-    """A tuned study's "tuning": its grid, selection seeds, each config's choice, and the comparison's rows
-    (fair_lr.comparison; LRs to six significant digits, the rest as the file's other numbers)."""
-    from anatomy_cli.report import frames as frames_mod
-
-    r = t.record
-    arms = [{"name": a.arm, "lr": _sig(a.lr), "best_loss": _num(a.best_loss), "sensitivity": _num(a.sensitivity),
-             "reason": a.reason, "lrs": [_sig(x) for x in a.lrs]} for a in r.arms]
-    rows = [{k: _sig(v) if k in ("end_lr", "variant_lr") else _plain(v) for k, v in row.items()}
-            for row in frames_mod.records(t.comparison)]
-    return {"grid": r.grid.model_dump(mode="json"), "seeds": list(r.seeds), "arms": arms, "comparison": rows}
-
-
-def _configs(runs) -> list[dict]:
-    """What each config of the study costs, by role: parameters (total, active per token) and its
-    decode state at frames.LONG_POSITIONS positions (batch 1, fp32)."""
-    from anatomy_cli.report import frames as frames_mod
-
-    keys = ("params", "active_params", "state_bytes_4k")
-    rows = runs[(runs["role"] != "") & (runs["status"] == "completed")]
-    return [{"role": role, "positions": frames_mod.LONG_POSITIONS,
-             **{k: None if k not in sub or sub[k].isna().all() else int(sub[k].median()) for k in keys}}
-            for role, sub in rows.groupby("role", sort=True)]
-
-
-def is_results(path: Path) -> bool:
-    """Whether path holds a results file (its "format" is FORMAT): the only file `report --results`
-    replaces (runs.refuse_replacing)."""
-    from anatomy_cli.store.runs import json_object
-
-    return (json_object(path) or {}).get("format") == FORMAT
-
-
-def write_results(path: Path, root: Path, frames) -> Path:
-    from anatomy_cli.store.runs import atomic_write_text
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps(build(root, frames), indent=1, allow_nan=False) + "\n")
-    return path
-
-
-def _num(x, digits: int = 6):
-    return None if x is None or not math.isfinite(float(x)) else round(float(x), digits)
-
-
-def _sig(x, digits: int = 6):
-    """A learning rate: `digits` significant digits (2e-05 kept whole, where _num's decimals would round it)."""
-    return None if x is None or not math.isfinite(float(x)) else float(f"{float(x):.{digits - 1}e}")
-
-
-def _plain(v):
-    return _num(v) if isinstance(v, float) else v
-
-
-# --------------------------------------------------------------------------- reading and rendering
-
-
-def load(path: Path) -> dict:
-    """A results file as its plain dict (what the renderers read), checked first: not one, a newer
-    version (refused by name before anything else, as its keys may mean something else), or a key
-    of the wrong type (ResultsFile) is a ResultsError naming the file and the key."""
-    shown = _shown(path)
-    try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as err:
-        raise ResultsError(f"cannot read results file {shown}: {err}") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        got = f"its format is {json.dumps(doc.get('format'))[:40]}" if isinstance(doc, dict) else "not a JSON object"
-        raise ResultsError(f"{shown} is not an anatomy results file ({got}, not {json.dumps(FORMAT)})")
-    version = doc.get("version", VERSION)
-    if isinstance(version, int) and not isinstance(version, bool) and version > VERSION:
-        raise ResultsError(f"{shown} is results version {version}; this anatomy reads up to {VERSION}")
-    try:
-        ResultsFile.model_validate(doc)
-    except ValidationError as err:
-        raise ResultsError(f"{shown}: {schema_problem(err)}") from None
-    return doc
-
-
-def _shown(path: Path) -> Path:
-    """path as a message names it: relative to the working folder when inside it."""
-    try:
-        return Path(path).resolve().relative_to(Path.cwd().resolve())
-    except (OSError, ValueError):
-        return Path(path)
 
 
 def render(doc: dict, what: str) -> str:
     """One marked block (a BLOCKS kind: markdown between newlines) or an inline value."""
     kind, *args = what.split()
     if kind in BLOCKS:
-        return "\n" + globals()[f"_{kind}"](doc, *args) + "\n"
+        return "\n" + BLOCKS[kind](doc, *args) + "\n"
     if kind == "family":
         return _family(doc)
     if kind in INLINE:
@@ -540,7 +161,8 @@ def _rule(doc: dict) -> str:
     if basis == "noise floor":  # a file written by the old rule (margin: the reference end's seed-to-seed sd)
         return (f"{family}; a call needs the interval to exclude 0 and the gain to lie beyond {edge} (the reference "
                 f"end's seed-to-seed sd); negligible: the interval lies inside it.")
-    basis = "given by min_effect" if basis == "min-effect" else "the default margin, fixed before the data"
+    basis = ("given by the study's margin" if basis in (stats.GIVEN, stats.GIVEN_BEFORE) else basis
+             if str(basis).startswith(stats.AFTER) else "the default margin, fixed before the data")
     mdes = sorted(x["mde"] for x in _loss(doc) if x.get("mde") is not None and x["group"] == e["group"])
     mde = (f" An effect of {statistics.median(mdes):.3f} nats/char is called 80 % of the time (the median minimum "
            f"detectable effect)." if mdes else "")
@@ -680,6 +302,13 @@ def _inline(doc: dict, kind: str, flip: str = "", direction: str = "", step: str
     return {"gain": _g(e["gain"]), "interval": _interval(e), "call": e["call"]}[kind]
 
 
+
+# The block kinds, by name: what a marker `<!-- results STUDY KIND -->` renders.
+BLOCKS: dict[str, Callable[..., str]] = {"verdict": _verdict, "directions": _directions, "ends": _ends, "rule": _rule,
+                                         "moves": _moves, "scale": _scale, "parts": _parts, "decide": _decide,
+                                         "tuning": _tuning, "lrs": _lrs}
+
+
 # --------------------------------------------------------------------------- documents
 
 
@@ -707,18 +336,19 @@ def drifted(text: str, folder: Path) -> list[str]:
     return [f"{a['study']} {a['what']}" for a, b in zip(MARK.finditer(text), MARK.finditer(fresh)) if a[0] != b[0]]
 
 
-def main(argv: list[str]) -> int:
-    check = "--check" in argv
-    paths = [Path(a) for a in argv if a != "--check"] or [Path("README.md"), *sorted(Path("docs").glob("*.md"))]
+def rewrite(paths: list[Path], check: bool = False, say: Callable[[str], None] = print) -> int:
+    """`anatomy results [--check] [FILE ...]` (default: README.md and docs/*.md): rewrite each file's marked blocks
+    from its results files (say: one line per file rewritten), or with check, the number of blocks that drifted
+    (say: one line each). A file missing, unreadable or rendering nothing raises ResultsError (one line)."""
+    paths = paths or [Path("README.md"), *sorted(Path("docs").glob("*.md"))]
     bad = 0
-    for path in paths:  # a file missing, unreadable or rendering nothing: one line, exit 2
+    for path in paths:
         try:
             text = path.read_text(encoding="utf-8")
-            bad += _one_file(path, text, check)
-        except (OSError, UnicodeDecodeError, ResultsError) as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
-    return 1 if bad else 0
+        except (OSError, UnicodeDecodeError) as err:
+            raise ResultsError(f"cannot read {path}: {err}") from None
+        bad += _one_file(path, text, check, say)
+    return bad
 
 
 def root_of(path: Path) -> Path:
@@ -737,7 +367,7 @@ def unclosed(text: str) -> list[int]:
     return [text.count("\n", 0, m.start()) + 1 for m in OPENING.finditer(text) if m.start() not in inside]
 
 
-def _one_file(path: Path, text: str, check: bool) -> int:
+def _one_file(path: Path, text: str, check: bool, say: Callable[[str], None]) -> int:
     """--check: the number of drifted blocks (each named on stderr); else rewrite them, 0. A marker
     left open is one line naming the file and line, before anything is rewritten."""
     lines = unclosed(text)
@@ -746,14 +376,11 @@ def _one_file(path: Path, text: str, check: bool) -> int:
     if check:
         blocks = drifted(text, root_of(path))
         for block in blocks:
-            print(f"{path}: block '{block}' differs from its results file", file=sys.stderr)
+            say(f"{path}: block '{block}' differs from its results file")
         return len(blocks)
     new = update(text, root_of(path))
     if new != text:
         path.write_text(new, encoding="utf-8")
-        print(f"{path}: rewritten from {RESULTS_DIR}/")
+        say(f"{path}: rewritten from {RESULTS_DIR}/")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

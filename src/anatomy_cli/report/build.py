@@ -1,0 +1,65 @@
+"""The report, computed once (no torch): one frozen Report, built by one function from a folder of runs, then
+read by every output (the terminal's verdict, report.md/.html, report.json and `report --json`, the results
+file), none of which computes anything of its own.
+
+  Report        the study's rules, the runs (as loaded, and as judged), curves, effects (loss and speed),
+                the verdicts, effects over training, the size ladder, a tuned study's comparison
+  build_report  a folder -> its Report: each study record read once (report/rules.py), the runs loaded once
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from anatomy_cli.report import effects as effects_mod
+from anatomy_cli.report import fair_lr, frames, plateau, rules, scale, tuning
+from anatomy_cli.report import verdict as vd
+from anatomy_cli.report.frames import LOSS_METRIC, SPEED_METRIC
+from anatomy_cli.spec import components as comp
+from anatomy_cli.store import records
+
+
+@dataclass(frozen=True)
+class Report:
+    root: Path
+    rules: rules.Rules  # the study's records and the judging they make (margin, alpha, looks)
+    studies: dict  # {study folder: its sweep.json record or None}, as the runs were loaded with them
+    everything: pd.DataFrame  # every run under root (a tuned study's selection and shared-LR runs included)
+    runs: pd.DataFrame  # the runs judged (a tuned study's at their frozen LRs)
+    curves: pd.DataFrame
+    effects: pd.DataFrame  # loss and speed, told apart by `metric`
+    verdict: pd.DataFrame  # the loss effects ranked (verdict.verdict_frame)
+    speed_verdict: pd.DataFrame
+    eval_effects: pd.DataFrame  # each loss effect at every evaluation (effects.effects_by_eval)
+    scale: scale.Scale | None  # a size ladder's effects by size and trends
+    tuning: fair_lr.Tuned | None  # a tuned study's LRs and its shared-LR comparison
+
+    @property
+    def loss(self) -> pd.DataFrame:
+        return self.effects[self.effects["metric"] == LOSS_METRIC]
+
+    @property
+    def components(self) -> dict[str, comp.Component]:
+        """The components of every study under the runs, by name."""
+        return frames.components_of(self.runs, self.studies)
+
+
+def build_report(root: Path, margin: float | None = None) -> Report:
+    """Every run under root judged by its study's Rules (`margin`, where given and not the study's: a view at
+    another margin): the records read once, the runs loaded once, every frame computed once."""
+    root, studies = Path(root), {}
+    everything, curves = frames.load_runs(root, studies)  # fills in each study folder's sweep.json, read once
+    folders = sorted(studies)
+    judge = rules.judged_by(root, folders, margin, studies)
+    runs, curves = tuning.study_runs(everything, curves, judge.folder, judge.tune)
+    timing = judge.timing if len(folders) == 1 else records.read_timing(root)
+    effects = effects_mod.study_effects(runs, judge, timing)
+    runs = plateau.entered(runs, effects)  # each run marked with the effects it enters (plateau runs)
+    loss, speed = (effects[effects["metric"] == m] for m in (LOSS_METRIC, SPEED_METRIC))
+    return Report(root, judge, studies, everything, runs, curves, effects, vd.verdict_frame(loss),
+                  vd.verdict_frame(speed), effects_mod.effects_by_eval(runs, curves),
+                  scale.scale_frames(runs, curves, effects, studies), fair_lr.tuned_frames(everything, runs, effects,
+                                                                                           judge))
