@@ -14,10 +14,10 @@ minus the variant's; a false call is helps/hurts on an effect whose truth is 0 o
 
 Four rules, on the same simulated runs (common random numbers: a run at the same arm, LR and seed is the
 same run under every rule):
-  tuned (argmin)    study.tuning.run_selection on the selection seeds (the loop `anatomy ablate --tune-lr`
+  tuned (argmin)    study.lr_selection.run_selection on the selection seeds (the loop `anatomy ablate --tune-lr`
                     runs: the grid, then extensions at an edge), each arm frozen at its best grid point, then
                     the study seeds at those LRs judged; an arm not tuned gives its effects no call
-  tuned (parabola)  the same selection with the rule study.tuning.PARABOLA: the vertex of the quadratic in
+  tuned (parabola)  the same selection with the rule study.lr_selection.PARABOLA: the vertex of the quadratic in
                     log LR through the best point and its neighbours, and study runs of its own at that LR
   shared LR         every arm at train.lr, the study seeds judged (today's studies)
   naive             run_selection on the study seeds themselves (argmin), those same runs judged
@@ -61,12 +61,11 @@ from pathlib import Path
 import calibrate_verdict as cv
 import numpy as np
 
-from anatomy_cli.report import stats
-from anatomy_cli.report import tuning as allowance_mod
+from anatomy_cli.report import lr_allowance, stats
 from anatomy_cli.spec.components import FIVE
 from anatomy_cli.spec.roles import ADD_ONE, REFERENCE, variant
 from anatomy_cli.store import records as record_mod
-from anatomy_cli.study.tuning import PARABOLA, Grid, run_selection
+from anatomy_cli.study.lr_selection import PARABOLA, Grid, run_selection
 
 CENTER = 1e-3  # train.lr
 INITIAL = math.log(65)  # ln V of a 65-character vocabulary: a diverged run's loss
@@ -171,7 +170,7 @@ def runs(rng: np.random.Generator, setting: Setting, families: int, n: int, comm
 
 def select(losses: np.ndarray, g: Grid) -> tuple[np.ndarray, np.ndarray, list[record_mod.TuneRecord]]:
     """Each arm's chosen exponent by the argmin and by the parabola (each (families, 6); NaN: not tuned) from
-    study.tuning.run_selection over simulated runs `losses` (families, 6, exponents, seeds), and each
+    study.lr_selection.run_selection over simulated runs `losses` (families, 6, exponents, seeds), and each
     family's tune.json record of the argmin's choices (arms named by their index: '0' the reference). All
     the families are one selection (every arm its own), as a study of many configs is: the trainer marks
     runs trained, the reader returns them."""
@@ -206,9 +205,9 @@ def judged(study: np.ndarray, used: np.ndarray, records=None) -> tuple[np.ndarra
     """(calls, gains), each (families, 5), of study runs (families, 6, n) at the LRs a rule used (used:
     (families, 6) exponents, NaN: the arm not tuned, its effects no call) through the real verdict:
     stats.paired on each effect's paired gains (the reference minus the variant, seed by seed; a diverged
-    run at the initial loss), with `records` (each family's tune.json) report.tuning.allowance's widening
+    run at the initial loss), with `records` (each family's tune.json) report.lr_allowance.allowance's widening
     for the selection's error (the reference the end, each variant its add-one; each effect's sd floored at
-    the family's median, report.tuning.family_sd, as a report does), then stats.judge over the family's
+    the family's median, report.lr_allowance.family_sd, as a report does), then stats.judge over the family's
     effects at alpha 0.05 and the margin."""
     loss = np.where(np.isfinite(study), study, INITIAL)
     diffs = loss[:, :1] - loss[:, 1:]  # (families, 5, n): positive = the component helps
@@ -218,8 +217,8 @@ def judged(study: np.ndarray, used: np.ndarray, records=None) -> tuple[np.ndarra
         tested = np.flatnonzero(ok[f])
         rows = [stats.paired(diffs[f, i]) for i in tested]
         if records is not None:
-            floor = allowance_mod.family_sd(r["sd"] for r in rows)
-            rows = [r | allowance_mod.allowance(records[f], "0", str(1 + i), True, r["sd"], floor)
+            floor = lr_allowance.family_sd(r["sd"] for r in rows)
+            rows = [r | lr_allowance.allowance(records[f], "0", str(1 + i), True, r["sd"], floor)
                     for r, i in zip(rows, tested)]
         rows = stats.judge(rows, stats.DEFAULT_MARGIN, stats.ALPHA)
         calls[f, tested] = [r["call"] for r in rows]

@@ -1,6 +1,7 @@
 """The README is a front door and the reference lives in docs/: README.md stays within 160 lines, its tour
-comes before line 60, its first 100 lines hold fewer than 10 statistics terms, and it links every docs page; every relative link in README.md and docs/*.md reaches a file that exists
-(and, with #anchor, a heading in it); every docs page opens with a `# ` title and links back."""
+comes before line 60, its first 100 lines hold fewer than 10 statistics terms, and it links every docs page;
+every relative link in README.md and docs/*.md reaches a file that exists (and, with #anchor, a heading in
+it); every docs page opens with a `# ` title and links back."""
 
 from __future__ import annotations
 

@@ -253,7 +253,7 @@ def test_every_bad_input_error_derives_from_one_torch_free_base():
             "CacheFullError", "ExportError"} <= set(found)
     others = {name for name, cls in found.items() if not issubclass(cls, (InputError, Locked))}
     # a worker killed under us (signal, out of memory): not the input's fault; selection runs of --tune-lr that did
-    # not finish (study.tuning.Unfinished): caught by study.ablation.run_study, which stops and says to rerun
+    # not finish (study.lr_selection.Unfinished): caught by study.ablation.run_study, which stops and says to rerun
     assert others == {"WorkerDied", "Unfinished"}
     code = ("import sys, anatomy_cli.spec.errors; "
             "print(sorted(m for m in sys.modules if m.startswith(('torch', 'anatomy'))))")

@@ -213,9 +213,9 @@ def test_depth_stability_tiny_sweep_gives_grad_norms_and_a_table(corpus, tmp_pat
     data = load_toml(SPEC)
     data["base"]["model"] |= {"d_model": 16, "ctx_len": 16}
     data["base"]["train"] |= {"batch_size": 4, "eval_interval": 4, "eval_batches": 1, "log_interval": 4,
-                              "sample_len": 0, "device": "cpu", "threads": 1}
+                              "sample_len": 0, "device": "cpu", "threads": 1, "steps": 8}
     data["base"]["data"] = {"source": str(corpus)}
-    plan = expand(validate(AblationSpec, data), steps=8)
+    plan = expand(validate(AblationSpec, data))
     try:
         execute(plan, tmp_path / "sweep", workers=1)
     finally:

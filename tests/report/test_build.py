@@ -15,7 +15,7 @@ from anatomy_cli.report import build as build_mod
 from anatomy_cli.report import frames, rules
 from anatomy_cli.report.build import build_report
 from anatomy_cli.store import records
-from tests.report.test_fair_lr import tuned_folder
+from tests.report.test_lr_comparison import tuned_folder
 from tests.report.test_rule_words import decided_study
 
 READERS = ("read_study", "read_decide", "read_tune", "read_timing")

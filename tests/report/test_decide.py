@@ -42,8 +42,8 @@ def test_open_calls_are_the_undecided_ones():
 @pytest.mark.parametrize("args, fragment", [
     (["--max-seeds", "5"], "add --decide"),
     (["--budget", "10m"], "add --decide"),
-    (["--decide", "--budget", "soon"], "--budget soon: decide.budget: 'soon' is not a time"),
-    (["--decide", "--max-seeds", "2"], "--max-seeds 2: a cap of 2 seeds is below the 3 the study starts with"),
+    (["--decide", "--budget", "soon"], "--budget: 'soon' is not a time"),
+    (["--decide", "--max-seeds", "2"], "--max-seeds: a cap of 2 seeds is below the 3 the study starts with"),
     (["--decide", "--time"], "--decide trains; --time times"),
 ])
 def test_bad_decide_options_are_one_line(tmp_path, args, fragment):

@@ -194,9 +194,9 @@ The 2017 end trains at <!-- results tuned lr 2017 --><!-- /results -->, +rope at
 
 
 def tuned_results(tmp_path, optimum=None) -> tuple[Path, dict]:
-    """A tuned study trained by test_fair_lr's fake trainer, its results file written by write_results and
+    """A tuned study trained by test_lr_comparison's fake trainer, its results file written by write_results and
     read back through load (the schema)."""
-    from tests.report.test_fair_lr import tuned_folder
+    from tests.report.test_lr_comparison import tuned_folder
 
     root = tuned_folder(tmp_path, optimum)
     path = results_build.write_results(tmp_path / "doc" / results_blocks.RESULTS_DIR / "tuned.json", build_report(root))
@@ -204,7 +204,7 @@ def tuned_results(tmp_path, optimum=None) -> tuple[Path, dict]:
 
 
 def test_a_tuned_study_s_results_file_holds_its_lrs_and_the_shared_lr_comparison(tmp_path):
-    from anatomy_cli.report import tuning
+    from anatomy_cli.report import lr_allowance
 
     path, doc = tuned_results(tmp_path)  # rope moves the best LR down: negligible tuned, helps at the shared LR
     record = records.read_tune(tmp_path / "runs" / doc["study"])
@@ -219,11 +219,11 @@ def test_a_tuned_study_s_results_file_holds_its_lrs_and_the_shared_lr_comparison
     g = results_blocks._g  # the file's other tables' numbers, the true minus sign included
     assert (f"| rope | added to 2017 | {g(row['gain'])} | [{g(row['adj_low'])}, {g(row['adj_high'])}] | negligible "
             f"| {g(row['shared_gain'])} | [{g(row['shared_low'])}, {g(row['shared_high'])}] | helps | LR-confounded "
-            f"| {tuning.lr_text(6e-3)}, {tuning.lr_text(3e-3)} |") in text
+            f"| {lr_allowance.lr_text(6e-3)}, {lr_allowance.lr_text(3e-3)} |") in text
     best = {a["name"]: a for a in doc["tuning"]["arms"]}
-    assert (f"| 2017+rope | {tuning.lr_text(3e-3)} | {best['2017+rope']['best_loss']:.4f} | "
+    assert (f"| 2017+rope | {lr_allowance.lr_text(3e-3)} | {best['2017+rope']['best_loss']:.4f} | "
             f"{best['2017+rope']['sensitivity']:.4f} | 3 | {record.arm('2017+rope').reason} |") in text
-    assert f"trains at <!-- results tuned lr 2017 -->{tuning.lr_text(6e-3)}<!-- /results -->" in text
+    assert f"trains at <!-- results tuned lr 2017 -->{lr_allowance.lr_text(6e-3)}<!-- /results -->" in text
     assert f"shared-gain rope add-one -->{g(row['shared_gain'])}<!-- /results -->" in text and "-->helps<" in text
     assert results_blocks.drifted(text, tmp_path / "doc") == []
 
@@ -236,7 +236,7 @@ def test_a_tuned_study_s_results_file_holds_its_lrs_and_the_shared_lr_comparison
 
 
 def test_a_config_not_tuned_shows_as_not_tuned(tmp_path):
-    from anatomy_cli.report import tuning
+    from anatomy_cli.report import lr_allowance
 
     _, doc = tuned_results(tmp_path, {"2017": 6e-3, "2017+rope": 0.05})  # +rope's best past the extended edge
     arm = next(a for a in doc["tuning"]["arms"] if a["name"] == "2017+rope")
@@ -244,7 +244,7 @@ def test_a_config_not_tuned_shows_as_not_tuned(tmp_path):
     assert arm["lr"] is None and row["gain"] is None and row["call"] == "not tuned"
     table = results_blocks.render(doc, "tuning")
     assert f"| rope | added to 2017 | n/a | — | not tuned | {results_blocks._g(row['shared_gain'])} |" in table
-    assert table.rstrip().endswith(f"| {tuning.lr_text(6e-3)}, not tuned |") and "LR-confounded" not in table
+    assert table.rstrip().endswith(f"| {lr_allowance.lr_text(6e-3)}, not tuned |") and "LR-confounded" not in table
     assert results_blocks.render(doc, "lr 2017+rope") == "not tuned"
     assert f"| 2017+rope | not tuned | {arm['best_loss']:.4f} |" in results_blocks.render(doc, "lrs")
 

@@ -179,7 +179,7 @@ def tune_line(study) -> str:
     frozen LRs, 36 runs (the table), and beside it up to 36 at the shared LR (est. 5.4min)'; with shared off,
     '..., and no run at the shared LR 0.001 beside it (the shared-LR comparison is off)'."""
     from anatomy_cli.study import ablation
-    from anatomy_cli.study.tuned import arms
+    from anatomy_cli.study.lr_study import arms
 
     cost, g = ablation.tune_cost(study), study.tune.grid
     seeds = ", ".join(map(str, g.seeds))
@@ -274,14 +274,14 @@ def _time(plan, sweep_dir: Path, workers: int, table) -> None:
 def _write_report(r, out: Path | None, formats: tuple[str, ...]) -> dict:
     """Write a Report's files (report.build's), then print its answer: the verdict as plain text, and where the
     report is."""
-    from anatomy_cli.report import fair_lr, write
+    from anatomy_cli.report import lr_comparison, write
     from anatomy_cli.report.sections import verdict_text
     from anatomy_cli.report.textable import width, wrap
 
     paths = write.write_report(r, out, formats)
     console.print(verdict_text(r, width()), highlight=False, markup=False, soft_wrap=True)
     if r.tuning is not None:  # a tuned study: its LRs and what the shared LR would call
-        console.print("\n".join(wrap(line, width()) for line in fair_lr.lines(r.tuning)), highlight=False,
+        console.print("\n".join(wrap(line, width()) for line in lr_comparison.lines(r.tuning)), highlight=False,
                       markup=False, soft_wrap=True)
     main = next((paths[k] for k in ("report.html", "report.md", "report.json", "effects.csv") if k in paths),
                 paths["forest.png"])

@@ -6,8 +6,8 @@
   stats      the one rule every call follows, and the paired statistics it rests on
   plateau    runs left on the unigram plateau: the rule, and the effects they enter
   decide     ablate --decide: rounds of seeds where effects are open, alpha split over the looks
-  tuning     a tuned study's runs told apart, and the LR selection's error (regret bounds, allowance)
-  fair_lr    a tuned study's calls beside the shared LR's (LR-confounded), its section
+  lr_allowance  a tuned study's runs told apart, and the LR selection's error (regret bounds, allowance)
+  lr_comparison  a tuned study's calls beside the shared LR's (LR-confounded), its section
   verdict    the answer a report leads with: each component's worth, ranked
   speed      speed effects from a timing pass's record
   scale      effects across model sizes: trends

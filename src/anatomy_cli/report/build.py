@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from anatomy_cli.report import effects as effects_mod
-from anatomy_cli.report import fair_lr, frames, plateau, rules, scale, tuning
+from anatomy_cli.report import frames, lr_allowance, lr_comparison, plateau, rules, scale
 from anatomy_cli.report import verdict as vd
 from anatomy_cli.report.frames import LOSS_METRIC, SPEED_METRIC
 from anatomy_cli.spec import components as comp
@@ -35,7 +35,7 @@ class Report:
     speed_verdict: pd.DataFrame
     eval_effects: pd.DataFrame  # each loss effect at every evaluation (effects.effects_by_eval)
     scale: scale.Scale | None  # a size ladder's effects by size and trends
-    tuning: fair_lr.Tuned | None  # a tuned study's LRs and its shared-LR comparison
+    tuning: lr_comparison.Tuned | None  # a tuned study's LRs and its shared-LR comparison
 
     @property
     def loss(self) -> pd.DataFrame:
@@ -54,12 +54,12 @@ def build_report(root: Path, margin: float | None = None) -> Report:
     everything, curves = frames.load_runs(root, studies)  # fills in each study folder's sweep.json, read once
     folders = sorted(studies)
     judge = rules.judged_by(root, folders, margin, studies)
-    runs, curves = tuning.study_runs(everything, curves, judge.folder, judge.tune)
+    runs, curves = lr_allowance.study_runs(everything, curves, judge.folder, judge.tune)
     timing = judge.timing if len(folders) == 1 else records.read_timing(root)
     effects = effects_mod.study_effects(runs, judge, timing)
     runs = plateau.entered(runs, effects)  # each run marked with the effects it enters (plateau runs)
     loss, speed = (effects[effects["metric"] == m] for m in (LOSS_METRIC, SPEED_METRIC))
     return Report(root, judge, studies, everything, runs, curves, effects, vd.verdict_frame(loss),
                   vd.verdict_frame(speed), effects_mod.effects_by_eval(runs, curves),
-                  scale.scale_frames(runs, curves, effects, studies), fair_lr.tuned_frames(everything, runs, effects,
-                                                                                           judge))
+                  scale.scale_frames(runs, curves, effects, studies),
+                  lr_comparison.tuned_frames(everything, runs, effects, judge))

@@ -24,10 +24,9 @@ import math
 import numpy as np
 import pandas as pd
 
+from anatomy_cli.report import lr_allowance, stats
 from anatomy_cli.report import plateau as plateau_mod
 from anatomy_cli.report import speed as speed_mod
-from anatomy_cli.report import stats
-from anatomy_cli.report import tuning as tuning_mod
 from anatomy_cli.report import verdict as vd
 from anatomy_cli.report.frames import HIGHER_IS_BETTER, LOSS_METRIC, RELATIVE_METRICS, SPEED_METRIC
 from anatomy_cli.report.rules import Rules
@@ -146,16 +145,16 @@ def _all_pairings(members: pd.DataFrame):
 
 
 def _group_effects(members: pd.DataFrame, group: str, metric: str, tune: TuneRecord | None = None) -> list[dict]:
-    tuned = tune if metric == LOSS_METRIC and tuning_mod.is_tuned(members) else None  # its LRs' error
+    tuned = tune if metric == LOSS_METRIC and lr_allowance.is_tuned(members) else None  # its LRs' error
     found = []  # (row, the end's runs, the variant's runs)
     for flip, direction, against, ref, var in _pairings(members):
         row = _paired(ref, var, metric, direction)
         if row:
             found.append(({"flip": flip, "direction": direction, "against": against, "group": group, **row}, ref, var))
     if tuned is not None:  # each effect's allowance, its noise floored at the group's median sd
-        floor = tuning_mod.family_sd(row["sd"] for row, _, _ in found)
+        floor = lr_allowance.family_sd(row["sd"] for row, _, _ in found)
         for row, ref, var in found:
-            row |= tuning_mod.allowance(tuned, tuning_mod.arm_of(ref), tuning_mod.arm_of(var),
+            row |= lr_allowance.allowance(tuned, lr_allowance.arm_of(ref), lr_allowance.arm_of(var),
                                         row["direction"] == ADD_ONE, row["sd"], floor)
             if math.isfinite(row["allow_low"]) and math.isfinite(row["allow_high"]):
                 row["note"] = "; ".join(filter(None, [row["note"], allowance_note(row)]))

@@ -432,7 +432,7 @@ def plot_lr_sensitivity(arms: dict, panels: list[dict], path: Path) -> Path:
     (a star; an open circle at the best of a config not tuned), the initial loss dashed.
 
     arms: {config name: {"lrs", "losses", "lr", "initial_loss"}} (tune.json's arms); panels: [{"flip",
-    "title", "end", "variant"}] (fair_lr.panels), in display order.
+    "title", "end", "variant"}] (lr_comparison.panels), in display order.
     """
     nrows, ncols = _grid([len(panels)])
     fig = Figure(figsize=(_width(max(2, ncols)), 2.7 * nrows + 1.1), layout="constrained")

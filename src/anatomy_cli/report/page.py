@@ -21,7 +21,7 @@ import pandas as pd
 WRAP_COLUMNS = ("note",)  # long prose cells wrap; every other cell keeps to one line (tables scroll)
 TEXT_COLUMNS = ("run_id", "label", "status", "flip", "component", "direction", "change", "against", "group",
                 "margin_basis", "note", "call", "interval", "metric", "size", "flags",
-                "shared interval", "shared call", "flag", "config", "why")  # the last five: fair_lr.py's tables
+                "shared interval", "shared call", "flag", "config", "why")  # the last five: lr_comparison.py's tables
 
 
 def markdown(title: str, lead: str, sections: list[tuple[str, list]]) -> str:

@@ -14,7 +14,7 @@ Kinds: verdict, directions, ends, rule, moves, scale, parts, decide, tuning, lrs
 rule's level, family, looks and family-wise error: stats.rule_text, as the terminal and the report say them),
 lr CONFIG (a tuned study's chosen LR of one config), shared-gain / shared-interval / shared-call FLIP DIRECTION
 (a tuned study's effect at the shared LR) (inline). tuning: each effect at its configs' own LRs beside the
-shared LR, flagged LR-confounded where the calls differ; lrs: each config's chosen LR and why (report/fair_lr.py).
+shared LR, flagged LR-confounded where the calls differ; lrs: each config's chosen LR and why (report/lr_comparison.py).
 """  # noqa: E501 (the docstring is docs/layout.md's text)
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from anatomy_cli.report import decide as decide_mod
-from anatomy_cli.report import fair_lr, stats
-from anatomy_cli.report import tuning as tuning_mod
+from anatomy_cli.report import lr_allowance, lr_comparison, stats
 from anatomy_cli.report.results_file import ResultsError, _shown, load
 from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, REFERENCE, REMOVE_ONE, VERB, variant
 from anatomy_cli.store.records import DecideRecord
@@ -253,22 +252,22 @@ def _shared(r: dict) -> dict:
 
 
 def _tuning(doc: dict) -> str:
-    """A tuned study's effects at each config's own LR beside the shared LR (fair_lr.table's columns),
+    """A tuned study's effects at each config's own LR beside the shared LR (lr_comparison.table's columns),
     flagged where the two calls differ."""
     lines = ["| component | change | tuned gain | interval | call | shared-LR gain | shared interval | shared call | "
              "flag | LRs (end, variant) |", "|---|---|---:|---|---|---:|---|---|---|---|"]
     for r in _tuning_of(doc)["comparison"]:
-        s, flag = _shared(r), fair_lr.CONFOUNDED if r["confounded"] else ""
-        lrs = f"{tuning_mod.lr_text(r['end_lr'])}, {tuning_mod.lr_text(r['variant_lr'])}"
+        s, flag = _shared(r), lr_comparison.CONFOUNDED if r["confounded"] else ""
+        lrs = f"{lr_allowance.lr_text(r['end_lr'])}, {lr_allowance.lr_text(r['variant_lr'])}"
         lines.append(f"| {r['flip']} | {_change(doc, r)} | {_g(r['gain'])} | {_interval(r)} | {r['call']} | "
                      f"{_g(s['gain'])} | {_interval(s)} | {s['call']} | {flag} | {lrs} |")
     return "\n".join(lines)
 
 
 def _lrs(doc: dict) -> str:
-    """Each config's selection (fair_lr.arms_table's columns): its LR, best selection loss, sensitivity, why."""
+    """Each config's selection (lr_comparison.arms_table's columns): its LR, best selection loss, sensitivity, why."""
     lines = ["| config | LR | selection loss | sensitivity | LRs tried | why |", "|---|---|---:|---:|---:|---|"]
-    lines += [f"| {a['name']} | {tuning_mod.lr_text(a['lr'])} | {a['best_loss']:.4f} | {a['sensitivity']:.4f} | "
+    lines += [f"| {a['name']} | {lr_allowance.lr_text(a['lr'])} | {a['best_loss']:.4f} | {a['sensitivity']:.4f} | "
               f"{len(a['lrs'])} | {a['reason']} |" for a in _tuning_of(doc)["arms"]]
     return "\n".join(lines)
 
@@ -278,7 +277,7 @@ def _inline(doc: dict, kind: str, flip: str = "", direction: str = "", step: str
         arm = next((a for a in _tuning_of(doc)["arms"] if a["name"] == flip), None)
         if arm is None:
             raise ResultsError(f"{doc['study']}: no tuned config {flip!r}")
-        return tuning_mod.lr_text(arm["lr"])
+        return lr_allowance.lr_text(arm["lr"])
     if kind.startswith("shared-"):
         r = next((r for r in _tuning_of(doc)["comparison"] if r["flip"] == flip and r["direction"] == direction), None)
         if r is None:

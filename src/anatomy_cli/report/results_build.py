@@ -13,8 +13,8 @@ import json
 import math
 from pathlib import Path
 
-from anatomy_cli.report import fair_lr
 from anatomy_cli.report import frames as frames_mod
+from anatomy_cli.report import lr_comparison
 from anatomy_cli.report import verdict as vd
 from anatomy_cli.report.build import Report
 from anatomy_cli.report.results_file import EFFECT_KEYS, FORMAT, VERSION
@@ -63,9 +63,9 @@ def _fit(runs, role: str) -> dict:
             "final": _num(best["final_val_loss"].mean())}
 
 
-def _tuning_record(t: fair_lr.Tuned) -> dict:
+def _tuning_record(t: lr_comparison.Tuned) -> dict:
     """A tuned study's "tuning": its grid, selection seeds, each config's choice, and the comparison's rows
-    (fair_lr.comparison; LRs to six significant digits, the rest as the file's other numbers)."""
+    (lr_comparison.comparison; LRs to six significant digits, the rest as the file's other numbers)."""
     r = t.record
     arms = [{"name": a.arm, "lr": _sig(a.lr), "best_loss": _num(a.best_loss), "sensitivity": _num(a.sensitivity),
              "reason": a.reason, "lrs": [_sig(x) for x in a.lrs]} for a in r.arms]

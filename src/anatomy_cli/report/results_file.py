@@ -16,7 +16,7 @@ configs [{role, params, active_params, state_bytes_4k, positions}] (what each co
 with sizes, scale {budget, sizes, effects, trends} (scale.Scale.record's rows); with --decide, decide
 (decide.json); with --tune-lr, tuning {grid {center, points, factor, extend}, seeds (the selection seeds),
 arms [{name, lr, best_loss, sensitivity, reason, lrs}] (lr null: not tuned), comparison
-[fair_lr.COMPARISON_COLUMNS]} (fair_lr.tuned_frames' record and comparison). No curves, no paths.
+[lr_comparison.COMPARISON_COLUMNS]} (lr_comparison.tuned_frames' record and comparison). No curves, no paths.
 Readers ignore keys they do not know; VERSION changes only when a key's meaning does, and a reader
 refuses a newer version by name. A reader checks every key it knows (ResultsFile): a key may be absent
 (files written before it existed; a block that needs it says so), but one that is present has its type,
@@ -206,13 +206,13 @@ class TuningArm(FileModel):  # one config's selection (records.TuneArm's; name: 
     lrs: list[Lr] = None  # the LRs it trained, ascending
 
 
-class TuningRow(FileModel):  # fair_lr.COMPARISON_COLUMNS
+class TuningRow(FileModel):  # lr_comparison.COMPARISON_COLUMNS
     flip: str = None
     direction: str = None
     against: str | None = None
     group: str = None
     n_pairs: Amount = None
-    gain: float | None = None  # null: not tuned (call fair_lr.NOT_TUNED)
+    gain: float | None = None  # null: not tuned (call lr_comparison.NOT_TUNED)
     adj_low: float | None = None
     adj_high: float | None = None
     call: str = None
@@ -250,7 +250,7 @@ class ResultsFile(FileModel):
     configs: list[ConfigCost] = None
     scale: Scale = None
     decide: DecideRecord = None  # a --decide study's plan, rounds and why it stopped (report/decide.py)
-    tuning: Tuning = None  # a --tune-lr study's LRs and its shared-LR comparison (report/fair_lr.py)
+    tuning: Tuning = None  # a --tune-lr study's LRs and its shared-LR comparison (report/lr_comparison.py)
 
 
 def load(path: Path) -> dict:

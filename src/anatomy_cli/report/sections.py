@@ -8,7 +8,7 @@
                  for any set of judged effects (a section per model size, say)
   ranking_moves  the ranking early, midway and at the end of training
   scale_blocks / scale_lines   effects across model sizes (a study with [[sizes]]: scale.py's calls)
-  (a tuned study's section, the shared-LR comparison: fair_lr.py's blocks)
+  (a tuned study's section, the shared-LR comparison: lr_comparison.py's blocks)
 
 Every number a section shows is a gain (positive = having the component helps) with the interval
 its call is made from; raw 95% intervals and Holm p-values appear only under Effect details.
@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from anatomy_cli.report import decide as decide_mod
-from anatomy_cli.report import fair_lr, textable
+from anatomy_cli.report import lr_comparison, textable
 from anatomy_cli.report import scale as scale_mod
 from anatomy_cli.report import speed as speed_mod
 from anatomy_cli.report import verdict as vd
@@ -89,7 +89,7 @@ def sections(p: Parts) -> list[tuple[str, list]]:
     curves = [("img", p.images["curves.png"])] + ([("img", p.images["grad-norm.png"])]
                                                   if "grad-norm.png" in p.images else [])
     across = [("Effects across scale", scale_blocks(p))] if p.scale is not None else []
-    across += [("Fair learning rates", fair_lr.blocks(p.tuned, p.images.get("lr-sensitivity.png")))] \
+    across += [("Fair learning rates", lr_comparison.blocks(p.tuned, p.images.get("lr-sensitivity.png")))] \
         if p.tuned is not None else []
     return [
         ("Verdict", verdict_blocks(p) + ([("img", p.images["forest.png"])] if p.verdict.empty else [])  # else in it

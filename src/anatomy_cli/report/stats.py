@@ -119,7 +119,7 @@ def judge(effects: list[dict], margin: float, alpha: float = ALPHA, min_pairs: i
 
     The family size m counts the effects that have an interval (two pairs or more); an unknown
     (NaN) margin counts as 0, so only the statistical part decides. An effect of a tuned study carries
-    allow_low/allow_high (report/tuning.py's allowance: the bound on the gain the LR selection's error may
+    allow_low/allow_high (report/lr_allowance.py's allowance: the bound on the gain the LR selection's error may
     add or hide): its interval is widened by them, its mde by allow_low; its p-value is the plain t's.
     """
     rows = [dict(e) for e in effects]

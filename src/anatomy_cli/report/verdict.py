@@ -30,8 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from anatomy_cli.report import stats
-from anatomy_cli.report import tuning as tuning_mod
+from anatomy_cli.report import lr_allowance, stats
 from anatomy_cli.report.frames import run_flags
 from anatomy_cli.spec.roles import ALL_ON, REFERENCE
 from anatomy_cli.store import lockfile
@@ -107,7 +106,7 @@ def ablate_command(rules, *extra: str) -> str:
         spec = str(guess) if guess.is_file() else "SPEC"
     words = knobs.command_args([s for s in rules.settings if not s.key.startswith("tune")])
     parts = ["anatomy", "ablate"] + ([str(spec)] if spec else []) + words
-    parts += tuning_mod.rerun_flags(rules.tune)  # a tuned study goes on with its grid (tune.json)
+    parts += lr_allowance.rerun_flags(rules.tune)  # a tuned study goes on with its grid (tune.json)
     return " ".join([*parts, *extra, "--runs-dir", str(folder.parent)])
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from anatomy_cli.report import fair_lr, figures, scale
+from anatomy_cli.report import figures, lr_comparison, scale
 from anatomy_cli.report import page as document
 from anatomy_cli.report.build import Report
 from anatomy_cli.report.effects import _pairings, groups
@@ -50,7 +50,7 @@ def report_document(r: Report) -> dict:
     return {"root": str(r.root), "runs": records(r.runs), "effects": records(as_written(r.effects)),
             "verdict": records(as_written(r.verdict)), "eval_effects": records(r.eval_effects),
             **({"scale": r.scale.record()} if r.scale is not None else {}), "plateau": plateau_record(r.runs),
-            **({"tuning": fair_lr.record(r.tuning)} if r.tuning is not None else {})}
+            **({"tuning": lr_comparison.record(r.tuning)} if r.tuning is not None else {})}
 
 
 def write_report(r: Report, out_dir: Path | None = None, formats: tuple[str, ...] = FORMATS) -> dict[str, Path]:
@@ -61,7 +61,7 @@ def write_report(r: Report, out_dir: Path | None = None, formats: tuple[str, ...
     pass; grad-norm.png for a stability study; scale.png for a study at two sizes or more;
     expert-load.png when a run is a mixture of experts; lr-sensitivity.png for a tuned study); 'csv'
     adds runs.csv, effects.csv (loss and speed, told apart by `metric`), eval-effects.csv, with sizes
-    effects-by-size.csv and, tuned, lr-comparison.csv (fair_lr.comparison); 'md' report.md, 'html' a
+    effects-by-size.csv and, tuned, lr-comparison.csv (lr_comparison.comparison); 'md' report.md, 'html' a
     self-contained report.html, 'json' report.json (report_document; NaN -> null).
     """
     from anatomy_cli.report import sections

@@ -817,7 +817,7 @@ class DecideSpec(_Frozen):
 
 
 class TuneSpec(_Frozen):
-    """`[tune]`: fair learning rates (`anatomy ablate --tune-lr`, study/tuned.py): every config of the plan
+    """`[tune]`: fair learning rates (`anatomy ablate --tune-lr`, study/lr_study.py): every config of the plan
     trains a log-spaced grid of `points` LRs, a factor `factor` apart around base.train.lr (up to `extend`
     more past an edge its best lands on), on selection seeds of its own; its LR is frozen at the grid's
     best, and the study's seeds then train each config at its own. seeds: a count (the seeds just below
@@ -827,7 +827,7 @@ class TuneSpec(_Frozen):
     checked for LR confounding). `--set tune.points=7` (or its alias: spec/knobs.py) sets one; `--set
     tune=false` turns the table off."""
 
-    points: int = Field(default=5, ge=1, le=31)  # odd and at least 3: study/tuning.py's Grid says why
+    points: int = Field(default=5, ge=1, le=31)  # odd and at least 3: study/lr_selection.py's Grid says why
     factor: float = Field(default=2.0, gt=0)  # above 1: Grid refuses the rest in one line
     extend: int = Field(default=2, ge=0, le=16)
     seeds: Annotated[list[Seed], Field(min_length=1, max_length=MAX_SEEDS)] | Annotated[
@@ -909,7 +909,7 @@ class AblationSpec(_Frozen):
     margin: float | None = Field(default=None, gt=0, le=MAX_MARGIN,
                                  validation_alias=AliasChoices("margin", "min_effect"))
     decide: DecideSpec | None = None  # present: `ablate` trains in rounds (report/decide.py)
-    tune: TuneSpec | None = None  # present: `ablate` tunes each config's LR first (study/tuned.py)
+    tune: TuneSpec | None = None  # present: `ablate` tunes each config's LR first (study/lr_study.py)
     timing: TimingSpec = TimingSpec()  # the timing pass's steps and rounds (`ablate --time`)
 
     @model_validator(mode="after")

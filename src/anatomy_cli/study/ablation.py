@@ -5,7 +5,7 @@ the workers, the estimate, the training (rounds with --decide) and the closing c
   Study       a planned study: the spec as validated, plan, sweep folder, rounds, then corpora, stacking, workers
   plan_study  every refusal before anything is shown or written, then the plan
   size_study  the corpora read once, seeds per stacked model, the worker count
-  run_study   train the plan (rounds with --decide; after the LR selection with --tune-lr, tuned.py)
+  run_study   train the plan (rounds with --decide; after the LR selection with --tune-lr, lr_study.py)
               through a trainer; what it did
 """
 
@@ -21,8 +21,7 @@ from anatomy_cli.report import decide, stats
 from anatomy_cli.spec import knobs
 from anatomy_cli.spec.config import AblationSpec, ConfigError, choose
 from anatomy_cli.store import records, runs
-from anatomy_cli.study import tuned as tuned_mod
-from anatomy_cli.study import tuning
+from anatomy_cli.study import lr_selection, lr_study
 from anatomy_cli.study.rounds import Rounds, RoundsDone, looks_of, run_rounds
 from anatomy_cli.sweep import plan as plan_mod
 
@@ -88,7 +87,7 @@ class Study:
     vocab: dict = field(default_factory=dict)  # corpus source -> vocabulary size (size_study)
     per_model: int = 1  # seeds per stacked model
     workers: int = 1
-    tune: tuned_mod.TunePlan | None = None  # --tune-lr's grid, else None
+    tune: lr_study.TunePlan | None = None  # --tune-lr's grid, else None
 
     @property
     def margin(self) -> float | None:
@@ -129,7 +128,7 @@ def plan_study(ask: Ask) -> Study:
             raise ConfigError(f"{flag} trains; --time times: run them one after the other")
     spec, plan = plan_mod.load_plan(ask.spec, ask.all_settings)
     rounds = decide_plan(ask, spec)
-    tune = tuned_mod.tune_plan(ask, spec, plan, rounds)
+    tune = lr_study.tune_plan(ask, spec, plan, rounds)
     device = spec.base.train.device
     if device not in ("auto", "cpu") and ask.executor == "local":  # here, not in each worker
         from anatomy_cli.training.devices import resolve_device
@@ -187,14 +186,14 @@ def tune_cost(study: Study) -> TuneCost:
     """The selection and the study priced apart (estimate, from this machine's step times; an LR does not
     change a run's step time, so a run at an LR not chosen yet is priced at train.lr)."""
     tune, record = study.tune, records.read_tune(study.sweep_dir)
-    grid = tuned_mod.selection_plan(tune, study.plan)
-    if record is not None and all(record.arm(a) is not None for a in tuned_mod.arms(study.plan)):
+    grid = lr_study.selection_plan(tune, study.plan)
+    if record is not None and all(record.arm(a) is not None for a in lr_study.arms(study.plan)):
         extra = sum(a.extended for a in record.arms) * len(tune.grid.seeds)
-        plan = tuned_mod.tuned_plan(study.plan, record)
-        shared = tuned_mod.shared_of(plan, record) + tuned_mod.untuned_runs(study.plan, record)
+        plan = lr_study.tuned_plan(study.plan, record)
+        shared = lr_study.shared_of(plan, record) + lr_study.untuned_runs(study.plan, record)
         chosen = True
     else:
-        extra = len(tuned_mod.arms(study.plan)) * tune.grid.extend * len(tune.grid.seeds)
+        extra = len(lr_study.arms(study.plan)) * tune.grid.extend * len(tune.grid.seeds)
         plan, shared, chosen = study.plan, study.plan if tune.shared else [], False
     todo = plan_mod.pending_runs(grid, study.sweep_dir)
     study_todo = plan_mod.pending_runs(plan, study.sweep_dir)
@@ -222,7 +221,7 @@ def check_record(study: Study) -> records.DecideRecord | None:
     calls made at the looks' alpha, and the report's stop line would no longer hold)."""
     folder, ask = study.sweep_dir, study.ask
     record = records.read_decide(folder)
-    tuned_mod.check_record(study.tune, study.plan, folder, ask.time_pass, decided=record is not None)
+    lr_study.check_record(study.tune, study.plan, folder, ask.time_pass, decided=record is not None)
     begun = records.read_study(folder)
     if begun is not None and begun.study_margin != study.margin and runs.find_runs(folder) and not ask.time_pass:
         was = f"{begun.study_margin:g}" if begun.study_margin is not None else f"the default {stats.DEFAULT_MARGIN:g}"
@@ -293,37 +292,37 @@ def study_line(study: Study, first: list, shared: list, center: float, price: Ca
 
 
 def _run_tuned(study: Study, train, say, clock, started: float, before, price=None) -> StudyDone:
-    """--tune-lr: the selection (tuned.select), then the study's seeds at the frozen LRs, in --decide's rounds or
+    """--tune-lr: the selection (lr_study.select), then the study's seeds at the frozen LRs, in --decide's rounds or
     at once; beside each round, its runs at the shared LR where the LR moved (and the untuned arms' runs), unless
     the study was planned without them (shared off: shared_of and untuned_runs are empty)."""
     from anatomy_cli.report.frames import load_runs
-    from anatomy_cli.report.tuning import study_runs
+    from anatomy_cli.report.lr_allowance import study_runs
 
     statuses: dict[str, str | None] = {}
     try:
-        record = tuned_mod.select(study.tune, study.plan, study.sweep_dir, train, initial_loss(study), statuses, say)
-    except tuning.Unfinished as err:
+        record = lr_study.select(study.tune, study.plan, study.sweep_dir, train, initial_loss(study), statuses, say)
+    except lr_selection.Unfinished as err:
         say(f"--tune-lr: {err}")
         return StudyDone(list(statuses.values()), clock() - started)
-    alone = tuned_mod.untuned_runs(study.plan, record)
+    alone = lr_study.untuned_runs(study.plan, record)
 
     def beside(todo: list) -> list:
         nonlocal alone
-        extra, alone = tuned_mod.shared_of(todo, record) + alone, []  # the untuned arms' runs: with the first round
+        extra, alone = lr_study.shared_of(todo, record) + alone, []  # the untuned arms' runs: with the first round
         got = train(todo + extra) if todo or extra else []  # shared off, no arm tuned: nothing to train
         statuses.update(zip((p.run_id for p in todo + extra), got))
         return got[:len(todo)]
 
-    first = tuned_mod.tuned_plan(study.plan, record)
+    first = lr_study.tuned_plan(study.plan, record)
     if price is not None:
-        say(study_line(study, first, tuned_mod.shared_of(first, record) + alone, record.grid.center, price))
+        say(study_line(study, first, lr_study.shared_of(first, record) + alone, record.grid.center, price))
     if study.rounds is None or not first:
         beside(first)
         return StudyDone(list(statuses.values()), clock() - started, tune=record)
     done = run_rounds(first, replace(study.rounds, tune=record), beside,
                       lambda: study_runs(*load_runs(study.sweep_dir), study.sweep_dir, record)[0],
-                      lambda n: tuned_mod.tuned_plan(study.plan_at(n), record),
+                      lambda n: lr_study.tuned_plan(study.plan_at(n), record),
                       pending=lambda todo: plan_mod.pending_runs(todo, study.sweep_dir),
-                      cost=lambda todo: round_seconds(study, todo + tuned_mod.shared_of(todo, record)),
+                      cost=lambda todo: round_seconds(study, todo + lr_study.shared_of(todo, record)),
                       save=lambda r: records.write_decide(study.sweep_dir, r), say=say, clock=clock, before=before)
     return StudyDone(list(statuses.values()), clock() - started, done, tune=record)

@@ -1,4 +1,4 @@
-"""Calls that name the real cause (issue #30, class 5), on hand-written run folders (no training).
+"""Advice that names the real cause (issue #30, class 5), on hand-written run folders (no training).
 
 A study with three seeds whose sizes share one parameter count, or whose size has no completed runs,
 is not short of seeds; a size whose runs all diverged is not fixed by the seeds it already has; a

@@ -1,6 +1,6 @@
 """A tuned study's runs told apart, and the LR selection's own error (no torch).
 
-`anatomy ablate --tune-lr` (study/tuned.py) trains three kinds of run into one sweep folder, each an
+`anatomy ablate --tune-lr` (study/lr_study.py) trains three kinds of run into one sweep folder, each an
 ordinary run whose id is the hash of its config: the selection runs (the LR grid of every config, on
 the selection seeds), the study's runs (the study's seeds, each config at its frozen LR) and the
 shared-LR runs (the study's seeds at train.lr; where a config's LR did not move, these are its study
@@ -92,7 +92,7 @@ def study_runs(runs: pd.DataFrame, curves: pd.DataFrame, folder: Path, record: T
     """The frames a report judges: unchanged without tune.json in `folder` (record None); with it, the runs of
     other folders and the study's runs at their configs' frozen LRs (their settings without train.lr, so the
     configs of one comparison pair across their LRs, and `tuned` true), their curves only. The selection
-    and shared-LR runs are read by report/fair_lr.py."""
+    and shared-LR runs are read by report/lr_comparison.py."""
     if record is None or runs.empty:
         return runs, curves
     here = runs["path"].map(lambda p: Path(p).parent == Path(folder))

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from anatomy_cli.report import stats
-from anatomy_cli.study.tuning import (
+from anatomy_cli.study.lr_selection import (
     DIVERGED,
     INSIDE,
     Choice,
@@ -275,7 +275,7 @@ def test_picking_lrs_on_the_study_seeds_biases_the_gains_toward_the_flatter_arm(
 
 def test_the_parabola_rule_moves_the_lr_to_the_vertex_within_half_a_step():
     """Not what a study uses (the argmin): benchmarks/calibrate_tuning.py measures it beside the argmin."""
-    from anatomy_cli.study.tuning import PARABOLA, vertex
+    from anatomy_cli.study.lr_selection import PARABOLA, vertex
 
     assert vertex(2.1, 2.0, 2.1) == 0.0 and vertex(2.0, 2.0, 2.0) == 0.0
     assert vertex(2.2, 2.0, 2.1) == pytest.approx(0.1 / 0.6)  # toward the lower neighbour
@@ -291,7 +291,7 @@ def test_the_parabola_rule_moves_the_lr_to_the_vertex_within_half_a_step():
 def test_ten_study_seeds_call_the_selection_regret_unless_the_interval_allows_for_it(harness):
     """Optima a doubling apart on flat curves, equal best losses (true effects 0), 10 study seeds and one
     selection seed: the frozen LRs' regrets differ by more than 10 seeds' interval, so the bare argmin calls
-    them as the component's worth; widened by report.tuning.allowance, the tuned calls keep about 5 %."""
+    them as the component's worth; widened by report.lr_allowance.allowance, the tuned calls keep about 5 %."""
     rows = harness.run_setting(np.random.default_rng(36), setting(harness, "shift x2, flat"), 150, n_study=10,
                                rules=(harness.TUNED, harness.BARE))
     fwer = {r["rule"]: r["fwer"] for r in rows}

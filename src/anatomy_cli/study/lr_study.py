@@ -1,8 +1,8 @@
 """A tuned study (`anatomy ablate --tune-lr`, a spec's [tune] table): fair learning rates (no torch).
 
 Phase 1 trains every config (arm) of the plan on an LR grid around train.lr, on selection seeds that
-no study seed ever equals, and study/tuning.py's run_selection chooses each arm's LR from those runs;
-the choices are frozen in tune.json (report/tuning.py). Phase 2 trains the study's seeds, each arm at
+no study seed ever equals, and study/lr_selection.py's run_selection chooses each arm's LR from those runs;
+the choices are frozen in tune.json (report/lr_allowance.py). Phase 2 trains the study's seeds, each arm at
 its frozen LR, and the verdict (with --decide, its rounds) is made from those runs as from any study.
 Beside them the same seeds train at the shared LR where an arm's LR moved, so the report can show
 what the shared LR would have called (a config whose LR did not move is the same run either way);
@@ -34,9 +34,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from anatomy_cli.spec.config import SEED_MIN, ConfigError, RunConfig, seeds_of, validate
-from anatomy_cli.store import records as record_mod
-from anatomy_cli.store import runs
-from anatomy_cli.study import tuning
+from anatomy_cli.store import records, runs
+from anatomy_cli.study import lr_selection
 
 RULE = ("each config's LR is the grid point of lowest selection loss (the mean over the selection seeds of each "
         "run's best val loss; a diverged run counts at the initial loss, ln of the vocabulary size, never dropped); "
@@ -46,15 +45,15 @@ RULE = ("each config's LR is the grid point of lowest selection loss (the mean o
 
 @dataclass(frozen=True)
 class TunePlan:
-    grid: tuning.Grid
+    grid: lr_selection.Grid
     by: str  # "flag" (--tune-lr) or "spec" (the spec's [tune] table), recorded in tune.json
     seeds_given: int | list[int] = 1  # the selection seeds as asked: a count, or a list
     shared: bool = True  # the shared-LR runs beside the study where an LR moved ([tune] shared)
 
-    def record(self, initial_loss: float) -> record_mod.TuneRecord:
+    def record(self, initial_loss: float) -> records.TuneRecord:
         """tune.json's plan, before any arm is chosen."""
         g = self.grid
-        return record_mod.TuneRecord(grid=record_mod.TuneGrid(center=g.center, points=g.points, factor=g.factor,
+        return records.TuneRecord(grid=records.TuneGrid(center=g.center, points=g.points, factor=g.factor,
                                                               extend=g.extend),
                                      seeds=list(g.seeds), rule=RULE, initial_loss=initial_loss, by=self.by,
                                      seeds_given=self.seeds_given, shared=self.shared)
@@ -84,8 +83,8 @@ def tune_plan(ask, spec, plan, rounds) -> TunePlan | None:
         raise ConfigError(f"{ask.name_of('tune.seeds')}: selection seeds below the base seed {spec.base.seed} reach "
                           f"past {SEED_MIN}: give them as a list")
     try:
-        grid = tuning.Grid(center=centers[0], points=table.points, factor=float(table.factor), extend=table.extend,
-                           seeds=seeds)
+        grid = lr_selection.Grid(center=centers[0], points=table.points, factor=float(table.factor),
+                                 extend=table.extend, seeds=seeds)
     except ValueError as err:
         raise ConfigError(f"{where}: {err}") from None
     tuned = TunePlan(grid, "flag" if ask.given("tune") else "spec", table.seeds, table.shared)
@@ -146,13 +145,13 @@ def selection_plan(tune: TunePlan, plan) -> list:
 
 
 def check_record(tune: TunePlan | None, plan, sweep_dir: Path, time_pass: bool = False, decided: bool = False
-                 ) -> record_mod.TuneRecord | None:
+                 ) -> records.TuneRecord | None:
     """The folder's tune.json, if any. Refused: a tuned folder trained without --tune-lr (its verdict is the
     tuned runs'), a new grid or other selection seeds (an LR re-picked after the study's seeds trained at it
     would not have been chosen on other seeds), an arm whose config changed since its LR was chosen, and
     --tune-lr on a folder decided in rounds without it (`decided`: decide.json is there, tune.json is not), and
     the shared-LR comparison turned the other way (its runs would be there for some rounds and not others)."""
-    record = record_mod.read_tune(sweep_dir)
+    record = records.read_tune(sweep_dir)
     if record is None:
         if tune is not None and decided:
             raise ConfigError(f"{sweep_dir} was decided in rounds without --tune-lr (decide.json): tune it in "
@@ -201,15 +200,15 @@ def _reader(tune: TunePlan, by_arm: dict, sweep_dir: Path) -> Callable[[], dict]
 
 
 def select(tune: TunePlan, plan, sweep_dir: Path, train: Callable[[list], list], initial_loss: float,
-           statuses: dict, say: Callable[[str], None] = lambda line: None) -> record_mod.TuneRecord:
+           statuses: dict, say: Callable[[str], None] = lambda line: None) -> records.TuneRecord:
     """Phase 1: the arms tune.json has no choice for yet train the grid (train(todo) -> statuses, through the
     study's trainer; `statuses` collects each run's), run_selection chooses, and tune.json is written (its
-    plan first, when the folder has none). Raises tuning.Unfinished when a selection run did not finish."""
+    plan first, when the folder has none). Raises lr_selection.Unfinished when a selection run did not finish."""
     by_arm = arms(plan)
-    record = record_mod.read_tune(sweep_dir)
+    record = records.read_tune(sweep_dir)
     if record is None:
         record = tune.record(initial_loss)
-        record_mod.write_tune(sweep_dir, record)
+        records.write_tune(sweep_dir, record)
     todo = [a for a in by_arm if record.arm(a) is None]
     if not todo:
         return record
@@ -218,19 +217,19 @@ def select(tune: TunePlan, plan, sweep_dir: Path, train: Callable[[list], list],
         wanted = [selection_run(by_arm, j) for j in jobs]
         statuses.update(zip((p.run_id for p in wanted), train(wanted)))
 
-    choices = tuning.run_selection(todo, tune.grid, trainer, _reader(tune, by_arm, sweep_dir), record.initial_loss,
-                                   say=say)
-    arms_ = [record_mod.TuneArm(arm=c.arm, config=config_key(by_arm[c.arm]), lrs=list(c.lrs), losses=list(c.losses),
+    choices = lr_selection.run_selection(todo, tune.grid, trainer, _reader(tune, by_arm, sweep_dir),
+                                         record.initial_loss, say=say)
+    arms_ = [records.TuneArm(arm=c.arm, config=config_key(by_arm[c.arm]), lrs=list(c.lrs), losses=list(c.losses),
                                 lr=c.lr, tuned=c.tuned, reason=c.reason, best_loss=c.best_loss,
                                 sensitivity=c.sensitivity, extended=c.extended) for c in choices.values()]
     record = record.model_copy(update={"arms": [*record.arms, *arms_]})
-    record_mod.write_tune(sweep_dir, record)
+    records.write_tune(sweep_dir, record)
     for arm in arms_:
         say(f"--tune-lr: {arm.arm} " + (f"at lr {arm.lr:.3g} ({arm.reason})" if arm.tuned else arm.reason))
     return record
 
 
-def tuned_plan(plan, record: record_mod.TuneRecord) -> list:
+def tuned_plan(plan, record: records.TuneRecord) -> list:
     """Phase 2: each run of `plan` whose arm was tuned, at the arm's frozen LR (the same run where it did not
     move); an arm not tuned has no tuned runs."""
     chosen = record.chosen
@@ -238,14 +237,14 @@ def tuned_plan(plan, record: record_mod.TuneRecord) -> list:
             if chosen.get(p.slug) is not None]
 
 
-def shared_of(todo, record: record_mod.TuneRecord) -> list:
+def shared_of(todo, record: records.TuneRecord) -> list:
     """The shared-LR runs beside tuned runs: each run of `todo` whose LR moved, at the grid's center (the shared
     LR; a run that did not move is its own); none where the study was planned without them (shared off)."""
     center = record.grid.center
     return [at_lr(p, center) for p in todo if p.config.train.lr != center] if record.shared else []
 
 
-def untuned_runs(plan, record: record_mod.TuneRecord) -> list:
+def untuned_runs(plan, record: records.TuneRecord) -> list:
     """The runs of `plan` whose arm was not tuned, as planned (at the shared LR): shared-LR runs only, so none
     with shared off (such an arm then trains nothing past its selection)."""
     chosen = record.chosen

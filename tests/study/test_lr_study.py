@@ -1,4 +1,4 @@
-"""study.tuned: `anatomy ablate --tune-lr`'s plan (flag over the spec's [tune] table, resolved once), its
+"""study/lr_study.py: `anatomy ablate --tune-lr`'s plan (the spec's [tune] table, resolved once), its
 refusals (one line, exit 2, nothing written), selection seeds that no study seed can be, and the two
 phases driven by a fake trainer: each config's LR chosen from the grid's runs and frozen in tune.json,
 the study's seeds at those LRs, the shared-LR runs beside them where an LR moved, and a rerun (after an
@@ -13,9 +13,9 @@ import pytest
 from helpers import asked, flat, invoke, one_error_line
 from toy_data import write_spec
 
-from anatomy_cli.report import tuning as record_mod
+from anatomy_cli.report import lr_allowance
 from anatomy_cli.store import records, runs
-from anatomy_cli.study import ablation, tuned
+from anatomy_cli.study import ablation, lr_study
 from anatomy_cli.study.ablation import Ask, plan_study
 
 
@@ -34,7 +34,7 @@ def spec_at(tmp_path, tune=None, **train):
     (["--tune-seeds", "1338,"], {}, "the selection seeds must not be study seeds: 1338 is both"),
     (["--tune-seeds", "1341,1336", "--decide", "--max-seeds", "5"], {}, "1341 is both"),  # a later look's seed
     (["--tune-seeds", "x"], {}, "--tune-seeds takes a count or a comma-separated list"),
-    (["--tune-seeds", "0"], {}, "--tune-seeds 0: tune.seeds: Input should be greater than or equal to 1"),
+    (["--tune-seeds", "0"], {}, "--tune-seeds: Input should be greater than or equal to 1"),
     (["--time"], {}, "--tune-lr trains; --time times"),
     ([], {"tune": {"points": 1}}, "odd number of points"),
     ([], {"tune": {"seeds": [1337]}}, "1337 is both"),
@@ -82,11 +82,11 @@ def test_selection_seeds_sit_below_every_seed_the_study_could_use(tmp_path):
 def test_a_run_at_the_shared_lr_is_the_planned_run_and_another_lr_another_run(tmp_path):
     study = plan_study(Ask(spec=spec_at(tmp_path), runs_dir=tmp_path / "runs", tune_lr=True))
     p = study.plan[0]
-    assert tuned.at_lr(p, p.config.train.lr).run_id == p.run_id
-    moved = tuned.at_lr(p, 6e-3)
+    assert lr_study.at_lr(p, p.config.train.lr).run_id == p.run_id
+    moved = lr_study.at_lr(p, 6e-3)
     assert moved.run_id != p.run_id and moved.config.train.lr == 6e-3 and moved.config.seed == p.config.seed
-    assert tuned.config_key(moved) == tuned.config_key(p)  # the same config but for its LR
-    assert tuned.at_lr(p, 6e-3, 1336).config.seed == 1336
+    assert lr_study.config_key(moved) == lr_study.config_key(p)  # the same config but for its LR
+    assert lr_study.at_lr(p, 6e-3, 1336).config.seed == 1336
 
 
 # ---------------------------------------------------------------------------- the two phases, a fake trainer
@@ -144,7 +144,7 @@ def test_the_selection_chooses_each_lr_then_the_study_trains_at_it_with_the_shar
     # their LRs; 2017's moved: its 3 seeds at the shared LR too
     assert len(trainer.trained) == 6 + 1 + 6 + 3 == len(done.statuses)
     assert record.arm("2017").extended == 1 and record.arm("2017").lrs == [1.5e-3, 3e-3, 6e-3, 1.2e-2]
-    plan = tuned.tuned_plan(study.plan, record)
+    plan = lr_study.tuned_plan(study.plan, record)
     assert {p.config.train.lr for p in plan if p.slug == "2017"} == {6e-3}
     assert all((study.sweep_dir / p.run_id).is_dir() for p in study.plan)  # the shared-LR study is all there
     assert ablation.run_study(study, FakeTrainer(study.sweep_dir)).tune == record  # a rerun trains nothing new
@@ -213,7 +213,7 @@ def test_an_arm_best_at_the_edge_is_not_tuned_and_keeps_only_its_shared_lr_runs(
     rope = record.arm("2017+rope")
     assert not rope.tuned and rope.lr is None and "best at the edge" in rope.reason and rope.extended == 1
     assert len(rope.lrs) == 4  # the grid and one extension
-    assert [p.slug for p in tuned.tuned_plan(study.plan, record)] == ["2017"] * 3
+    assert [p.slug for p in lr_study.tuned_plan(study.plan, record)] == ["2017"] * 3
     assert {p.run_id for p in study.plan} <= set(trainer.trained)  # at the shared LR, for the comparison
 
 
@@ -279,8 +279,8 @@ def test_shared_off_trains_no_run_at_the_shared_lr_and_tune_json_says_so(tmp_pat
     assert len(moved) == 3 and not moved & trained["off"] and not any((off.sweep_dir / r).exists() for r in moved)
     assert {p.run_id for p in on.plan if p.slug == "2017"} <= trained["on"]  # shared on: still trained
     assert len(trained["off"]) == 6 + 1 + 6 and len(trained["on"]) == 6 + 1 + 6 + 3
-    assert record_mod.rerun_flags(records.read_tune(off.sweep_dir))[-1] == "--no-tune-shared"
-    assert "--no-tune-shared" not in record_mod.rerun_flags(records.read_tune(on.sweep_dir))
+    assert lr_allowance.rerun_flags(records.read_tune(off.sweep_dir))[-1] == "--no-tune-shared"
+    assert "--no-tune-shared" not in lr_allowance.rerun_flags(records.read_tune(on.sweep_dir))
 
 
 def test_shared_off_prices_no_shared_lr_run_before_or_after_the_choice(tmp_path):

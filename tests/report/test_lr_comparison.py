@@ -1,4 +1,4 @@
-"""report.fair_lr and report.tuning on a tuned folder written by a fake trainer (no training): the verdict
+"""report/lr_comparison.py on a tuned folder written by a fake trainer (no training): the verdict
 reads the study's runs at their frozen LRs only, the shared-LR runs are judged as a family of their own
 beside it, and an effect the shared LR makes is flagged LR-confounded, in report.md, report.json and the
 figure."""
@@ -12,8 +12,7 @@ import pytest
 from helpers import asked
 from toy_data import write_spec
 
-from anatomy_cli.report import fair_lr, stats, write
-from anatomy_cli.report import tuning as record_mod
+from anatomy_cli.report import lr_allowance, lr_comparison, stats, write
 from anatomy_cli.report.build import build_report
 from anatomy_cli.store import records, runs
 from anatomy_cli.study import ablation
@@ -62,7 +61,7 @@ def test_the_shared_lr_makes_a_call_the_tuned_lrs_do_not_and_it_is_flagged(tmp_p
     assert (row.flip, row.call, row.n_pairs, row.shared_n_pairs) == ("rope", stats.NEGLIGIBLE, 5, 5)
     assert row.shared_call == stats.HELPS and math.isclose(row.shared_gain, 0.1, abs_tol=0.01)
     assert row.confounded and (row.end_lr, row.variant_lr) == (6e-3, 3e-3)
-    assert fair_lr.lines(tuned)[1].startswith("LR-confounded: rope added: negligible at its own LRs, helps at "
+    assert lr_comparison.lines(tuned)[1].startswith("LR-confounded: rope added: negligible at its own LRs, helps at "
                                               "the shared LR")
     paths = write.write_report(build_report(root))
     md = paths["report.md"].read_text()
@@ -80,51 +79,13 @@ def test_a_folder_not_tuned_reads_as_before(tmp_path):
     r = build_report(study.sweep_dir)
     runs_df = r.runs
     assert len(runs_df) == 6 and r.tuning is None and "tuned" not in runs_df
-    assert record_mod.rerun_flags(r.rules.tune) == []
+    assert lr_allowance.rerun_flags(r.rules.tune) == []
 
 
 def test_the_advice_command_goes_on_with_the_grid(tmp_path):
     root = tuned_folder(tmp_path)
-    assert record_mod.rerun_flags(records.read_tune(root)) == ["--tune-lr", "--tune-points", "3", "--tune-extend", "1"]
-
-
-# ------------------------------------------------------------------ the selection's error in the interval
-
-
-def test_the_regret_bound_is_the_runner_up_chance_plus_the_grid_step_cost():
-    lrs = [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2]
-    sharp = [2.4, 2.1, 2.0, 2.1, 2.4]  # symmetric, a lead of 0.1: a runner-up is no threat at sigma 0.01
-    assert record_mod.regret_bound(lrs, sharp, 4e-3, sigma=0.01) == 0.0
-    assert record_mod.regret_bound(lrs, sharp, 4e-3, sigma=0.05) == pytest.approx(2 * 0.05 * math.sqrt(2) - 0.1)
-    lopsided = [2.5, 2.1, 2.0, 2.3, 2.6]  # the quadratic's vertex a quarter step down, 0.0125 below the point
-    assert record_mod.regret_bound(lrs, lopsided, 4e-3, sigma=0.0) == pytest.approx(0.0125)
-    flat = [2.0] * 5
-    assert record_mod.regret_bound(lrs, flat, 4e-3, sigma=0.01) == pytest.approx(2 * 0.01 * math.sqrt(2))
-    assert math.isnan(record_mod.regret_bound(lrs, sharp, None, sigma=0.01))  # not tuned
-    assert math.isnan(record_mod.regret_bound(lrs, sharp, 1e-3, sigma=0.01))  # an edge is never chosen
-
-
-def test_the_allowance_widens_below_by_the_config_without_the_component(tmp_path):
-    root = tuned_folder(tmp_path)
-    record = records.read_tune(root)
-    end, var = (record_mod.regret_bound(a.lrs, a.losses, a.lr, 0.02 / math.sqrt(2)) for a in record.arms)
-    added = record_mod.allowance(record, "2017", "2017+rope", True, 0.02)
-    removed = record_mod.allowance(record, "2017", "2017+rope", False, 0.02)  # the end then has the component
-    assert (added["allow_low"], added["allow_high"]) == (end, var)
-    assert (removed["allow_low"], removed["allow_high"]) == (var, end)
-
-
-def test_an_effects_own_sd_is_floored_at_its_familys_median_in_the_allowance(tmp_path):
-    """At 3 seeds an effect's sd is often far below its truth, and its interval narrow exactly then: the
-    allowance takes the larger of its own sd and the median of the effects judged with it."""
-    record = records.read_tune(tuned_folder(tmp_path))
-    assert record_mod.family_sd([0.03, math.nan, 0.01, None, 0.02]) == 0.02
-    assert record_mod.family_sd([0.01, 0.04]) == pytest.approx(0.025) and math.isnan(record_mod.family_sd([]))
-    floored = record_mod.allowance(record, "2017", "2017+rope", True, 1e-4, floor=0.02)
-    assert floored == record_mod.allowance(record, "2017", "2017+rope", True, 0.02)
-    assert record_mod.allowance(record, "2017", "2017+rope", True, 0.03, floor=0.02) == \
-        record_mod.allowance(record, "2017", "2017+rope", True, 0.03)
-    assert record_mod.allowance(record, "2017", "2017+rope", True, math.nan, floor=0.02) == floored
+    assert lr_allowance.rerun_flags(records.read_tune(root)) == ["--tune-lr", "--tune-points", "3", "--tune-extend",
+                                                                 "1"]
 
 
 def test_a_tuned_report_floors_each_allowance_at_the_groups_median_sd(tmp_path):
@@ -138,12 +99,12 @@ def test_a_tuned_report_floors_each_allowance_at_the_groups_median_sd(tmp_path):
     r = build_report(study.sweep_dir)
     effects = r.effects
     rows = effects[effects["metric"] == "best_val_loss"]
-    floor = record_mod.family_sd(rows["sd"])
+    floor = lr_allowance.family_sd(rows["sd"])
     low, high = rows.loc[rows["sd"].idxmin()], rows.loc[rows["sd"].idxmax()]
     assert low["sd"] < floor <= high["sd"]  # the family's smallest own sd, and one its floor leaves alone
 
     def crit(row, sd, floor):  # the critical t the interval was built with, given the allowance
-        allowed = record_mod.allowance(record, "2017", f"2017+{row['flip']}", True, sd, floor)
+        allowed = lr_allowance.allowance(record, "2017", f"2017+{row['flip']}", True, sd, floor)
         return (row["gain"] - row["adj_low"] - allowed["allow_low"]) / row["se"]
 
     t = crit(high, high["sd"], math.nan)  # every effect of the family is judged at one level, with one df
@@ -161,19 +122,6 @@ def test_judge_widens_the_interval_and_the_mde_by_the_allowance():
     assert 0.3 < wide["mde"] < 0.3 + bare["mde"]  # the gain must pass crit x se + the allowance
     nan, = stats.judge([plain | {"allow_low": math.nan, "allow_high": math.nan}], 0.02)
     assert nan["adj_low"] == bare["adj_low"]
-
-
-def test_a_tuned_report_widens_each_tuned_interval_and_says_so_and_not_the_shared_ones(tmp_path):
-    root = tuned_folder(tmp_path, {k: v * 2 ** 0.3 for k, v in OPTIMUM.items()})  # optima between grid points
-    r = build_report(root)
-    effects = r.effects
-    row = effects[effects["metric"] == "best_val_loss"].iloc[0]
-    bound = record_mod.allowance(records.read_tune(root), "2017", "2017+rope", True, row["sd"])
-    crit = (row["gain"] - row["adj_low"] - bound["allow_low"]) / row["se"]
-    assert crit == pytest.approx((row["adj_high"] - bound["allow_high"] - row["gain"]) / row["se"])
-    assert bound["allow_low"] > 0 and "interval widened by the LR selection's error" in row["note"]
-    shared = r.tuning.comparison.iloc[0]
-    assert shared.shared_high - shared.shared_gain == pytest.approx(shared.shared_gain - shared.shared_low)
 
 
 # ------------------------------------------------------------- [tune] shared = false: no shared-LR runs
@@ -201,9 +149,9 @@ def test_a_study_without_shared_lr_runs_lists_its_tuned_effects_unflagged(tmp_pa
     assert (row.end_arm, row.variant_arm, row.end_lr, row.variant_lr) == ("2017", "2017+rope", 6e-3, 3e-3)
     assert tuned.panels == [{"flip": "rope", "direction": "add-one", "end": "2017", "variant": "2017+rope",
                              "title": "+rope vs 2017"}]
-    assert fair_lr.lines(tuned)[1] == ("the shared-LR comparison was not trained ([tune] shared = false): no call is "
-                                       "checked for LR confounding")
-    assert record_mod.rerun_flags(r.rules.tune) == ["--tune-lr", "--tune-points", "3", "--tune-extend", "1",
+    assert lr_comparison.lines(tuned)[1] == ("the shared-LR comparison was not trained ([tune] shared = false): no "
+                                             "call is checked for LR confounding")
+    assert lr_allowance.rerun_flags(r.rules.tune) == ["--tune-lr", "--tune-points", "3", "--tune-extend", "1",
                                                     "--no-tune-shared"]
     paths = write.write_report(r)
     md = paths["report.md"].read_text()
@@ -223,8 +171,8 @@ def test_without_shared_lr_runs_a_config_not_tuned_has_an_effect_with_no_call(tm
     assert set(runs_df["config"]) == {"2017"}  # 2017+rope trained only its selection
     tuned = r.tuning
     row, = tuned.comparison.itertuples()
-    assert (row.flip, row.against, row.call, row.shared_call, row.confounded) == ("rope", "2017 end",
-                                                                               fair_lr.NOT_TUNED, stats.NONE, False)
+    assert (row.flip, row.against, row.call, row.shared_call, row.confounded) == (
+        "rope", "2017 end", lr_comparison.NOT_TUNED, stats.NONE, False)
     assert (row.end_lr, row.variant_lr) == (6e-3, None) and [p["variant"] for p in tuned.panels] == ["2017+rope"]
     paths = write.write_report(build_report(root))
     assert "its effects get no tuned call, and no shared-LR one" in paths["report.md"].read_text()

@@ -1,4 +1,4 @@
-"""Hostile input, round five (issue 37, cause 4 and the weak list's one-line fixes): `export` into a
+"""Export never writes into runs (issue 37, cause 4 and the weak list's one-line fixes): `export` into a
 folder that holds runs (a runs directory, a sweep folder without its sweep.json) is refused in one
 line, --overwrite or not: its config.json beside the runs made `report` read the folder as one run
 and ignore the real ones."""

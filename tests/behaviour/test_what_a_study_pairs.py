@@ -1,4 +1,4 @@
-"""Issue 37, causes 2, 3 and 10: a study never mixes corpora, a flip that changes nothing is not
+"""What a study pairs (issue 37, causes 2, 3 and 10): a study never mixes corpora, a flip that changes nothing is not
 measured, and one policy for knobs that do nothing (a default is never the reason for a refusal).
 
 Each test failed on the code before its fix."""

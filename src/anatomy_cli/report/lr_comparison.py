@@ -1,7 +1,7 @@
 """A tuned study's comparison: each component at its configs' own LRs beside the shared LR (no torch).
 
 The verdict of a tuned study (`anatomy ablate --tune-lr`) is made from the study's runs at each
-config's frozen LR (report/tuning.py narrows the frames to them). Here the same effects are judged
+config's frozen LR (report/lr_allowance.py narrows the frames to them). Here the same effects are judged
 again from the runs at the shared LR (train.lr, the grid's center) on the same seeds, as a family of
 their own at the study's alpha and margin, and each component gets both: the tuned gain (the call),
 the shared-LR gain beside it, and the flag LR-confounded where the two calls differ (the shared LR
@@ -29,8 +29,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from anatomy_cli.report import stats
-from anatomy_cli.report import tuning as tuning_mod
+from anatomy_cli.report import lr_allowance, stats
 from anatomy_cli.report.effects import _pairings, component_effects, groups
 from anatomy_cli.report.frames import LOSS_METRIC, records
 from anatomy_cli.spec.roles import VERB, variant
@@ -58,14 +57,14 @@ class Tuned:
 
 def tuned_frames(everything: pd.DataFrame, runs: pd.DataFrame, effects: pd.DataFrame, rules) -> Tuned | None:
     """The tuned study of a report (None unless the study its Rules judge was tuned): `everything` the runs frame
-    as loaded (the selection and shared-LR runs included), `runs` the judged frame (tuning.study_runs'),
+    as loaded (the selection and shared-LR runs included), `runs` the judged frame (lr_allowance.study_runs'),
     `effects` its judged effects."""
     record, folder = rules.tune, rules.folder
     if record is None:
         return None
-    shared = tuning_mod.shared_runs(everything, folder, record) if record.shared else everything.iloc[0:0]
-    selection = tuning_mod.selection_runs(everything, folder, record)
-    pairs = pairings(pd.concat([runs, selection.assign(settings=selection["settings"].map(tuning_mod.without_lr),
+    shared = lr_allowance.shared_runs(everything, folder, record) if record.shared else everything.iloc[0:0]
+    selection = lr_allowance.selection_runs(everything, folder, record)
+    pairs = pairings(pd.concat([runs, selection.assign(settings=selection["settings"].map(lr_allowance.without_lr),
                                                        tuned=True)]))
     return Tuned(folder, record, comparison(shared, effects[effects["metric"] == LOSS_METRIC], record, pairs,
                                             rules.alpha), panels(pairs))
@@ -78,7 +77,7 @@ def pairings(runs: pd.DataFrame) -> dict[tuple[str, str, str], tuple[str, str | 
     out = {}
     for group, members in groups(runs[runs["role"] != ""]):
         for flip, direction, against, ref, var in _pairings(members):
-            out.setdefault((flip, direction, group), (against, tuning_mod.arm_of(ref), tuning_mod.arm_of(var)))
+            out.setdefault((flip, direction, group), (against, lr_allowance.arm_of(ref), lr_allowance.arm_of(var)))
     return out
 
 
@@ -144,7 +143,7 @@ def table(t: Tuned) -> pd.DataFrame:
                      "tuned gain": _gain(r.gain), "interval": _interval(r.adj_low, r.adj_high), "call": r.call,
                      "shared-LR gain": _gain(r.shared_gain), "shared interval": _interval(r.shared_low, r.shared_high),
                      "shared call": r.shared_call, "flag": CONFOUNDED if r.confounded else "",
-                     "LRs (end, variant)": f"{tuning_mod.lr_text(r.end_lr)}, {tuning_mod.lr_text(r.variant_lr)}"})
+                     "LRs (end, variant)": f"{lr_allowance.lr_text(r.end_lr)}, {lr_allowance.lr_text(r.variant_lr)}"})
     out = pd.DataFrame(rows, columns=["component", "change", "tuned gain", "interval", "call", "shared-LR gain",
                                       "shared interval", "shared call", "flag", "LRs (end, variant)"])
     return out if t.record.shared else out.drop(columns=["shared-LR gain", "shared interval", "shared call", "flag"])
@@ -152,7 +151,7 @@ def table(t: Tuned) -> pd.DataFrame:
 
 def arms_table(t: Tuned) -> pd.DataFrame:
     """Each config's selection: its LR, its best selection loss, its sensitivity, why."""
-    rows = [{"config": a.arm, "LR": tuning_mod.lr_text(a.lr), "selection loss": f"{a.best_loss:.4f}",
+    rows = [{"config": a.arm, "LR": lr_allowance.lr_text(a.lr), "selection loss": f"{a.best_loss:.4f}",
              "sensitivity": f"{a.sensitivity:.4f}", "LRs tried": str(len(a.lrs)), "why": a.reason}
             for a in t.record.arms]
     return pd.DataFrame(rows, columns=["config", "LR", "selection loss", "sensitivity", "LRs tried", "why"])
@@ -200,7 +199,7 @@ def blocks(t: Tuned, image: Path | None) -> list:
 
 def lines(t: Tuned) -> list[str]:
     """The terminal's: the LRs chosen and each flagged effect (or that none could be: shared off)."""
-    chosen = ", ".join(f"{a.arm} {tuning_mod.lr_text(a.lr)}" for a in t.record.arms)
+    chosen = ", ".join(f"{a.arm} {lr_allowance.lr_text(a.lr)}" for a in t.record.arms)
     out = [f"--tune-lr: LRs chosen on selection seeds {', '.join(map(str, t.record.seeds))}: {chosen}"]
     flagged = t.comparison[t.comparison["confounded"]]
     out += [f"{CONFOUNDED}: {r.flip} {VERB[r.direction]}: {r.call} at its own LRs, {r.shared_call} at the shared LR "
