@@ -209,12 +209,12 @@ def test_save_and_load_prepared_round_trip(tmp_path):
     assert (out / corpus_mod.TRAIN_BIN).stat().st_size == len(corpus.train)  # uint8 on disk
     assert np.array_equal(np.fromfile(out / corpus_mod.VAL_BIN, dtype=np.uint8), np.array(corpus.val))
     loaded = prepared.load_prepared(out)
-    assert loaded.train.typecode == "B" and loaded.meta["dtype"] == "B"
-    assert loaded.train == corpus.train and loaded.val == corpus.val
+    assert loaded.train.dtype == np.uint8 and isinstance(loaded.train, np.memmap) and loaded.meta["dtype"] == "B"
+    assert np.array_equal(loaded.train, corpus.train) and np.array_equal(loaded.val, corpus.val)
     assert loaded.vocab.chars == corpus.vocab.chars
     assert loaded.meta["sha256"] == corpus.meta["sha256"]
     via_source = load.load_corpus(str(out))  # a prepared directory is recognised as such
-    assert via_source.train == corpus.train
+    assert np.array_equal(via_source.train, corpus.train)
 
 
 def as_older_folder(out):
@@ -262,7 +262,7 @@ def test_prepared_uint16_directories_still_load(tmp_path):
     assert (out / corpus_mod.TRAIN_BIN).stat().st_size == 2 * len(corpus.train)  # what prepare wrote before uint8
     as_older_folder(out)
     loaded = prepared.load_prepared(out)
-    assert loaded.train.typecode == "H" and list(loaded.train) == list(corpus.train)
+    assert loaded.train.dtype == np.uint16 and list(loaded.train) == list(corpus.train)
     (out / corpus_mod.VAL_BIN).write_bytes(b"\x07" * 21)  # odd byte count: not a uint16 array
     with pytest.raises(DataError, match="corrupt"):
         prepared.load_prepared(out)
@@ -371,7 +371,8 @@ def test_prepare_records_each_files_fingerprint(tmp_path):
     assert loaded.meta["fingerprint"] == meta["fingerprint"]
     # the default corpus through the streaming prepare: the same ids and hash as the in-memory build
     corpus = load.corpus_from_source(None, min_len=8)
-    assert loaded.train == corpus.train and loaded.val == corpus.val and meta["sha256"] == corpus.meta["sha256"]
+    assert np.array_equal(loaded.train, corpus.train) and np.array_equal(loaded.val, corpus.val)
+    assert meta["sha256"] == corpus.meta["sha256"]
 
 
 @pytest.mark.parametrize("name, edit", [

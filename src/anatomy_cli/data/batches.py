@@ -98,8 +98,8 @@ def fixed_windows(ids, batch_size: int, ctx_len: int, n_batches: int, device="cp
 
 def eval_counts(corpus, ctx_len: int, batch_size: int, eval_batches: int) -> tuple[int, int]:
     """(val_tokens, val_bytes): how many targets the fixed validation windows of a run with these
-    settings hold (fixed_windows(corpus.val, batch_size, ctx_len, eval_batches)), and the UTF-8 bytes
-    they stand for (corpus.vocab.token_bytes: a character's bytes, a BPE token's own; specials 0).
+    settings hold (fixed_windows over the val split, batch_size, ctx_len, eval_batches), and the UTF-8
+    bytes they stand for (the vocabulary's token_bytes: a character's bytes, a BPE token's own; specials 0).
     A target that two overlapping windows hold is counted twice, as its loss is."""
     import numpy as np
 

@@ -10,7 +10,7 @@ instead of trained on; a run records it in its summary (corpus_files) and a resu
 whose files differ from the ones it started on.
 
 nanoGPT's layout. A tokenizer folder's ids are uint16 (uint32 past 65,536 tokens) and it holds
-meta.pkl, {"vocab_size": V, "dtype": "uint16"}: nanoGPT's train.py reads train.bin/val.bin with
+meta.pkl, {"vocab_size": V, "dtype": "uint16"}: nanoGPT's training script reads train.bin/val.bin with
 np.memmap(dtype=np.uint16) and its vocab_size from meta.pkl, so it trains on the folder as it is. A char
 folder is as it always was (uint8 ids up to 256 characters, no meta.pkl: its fingerprint and the ids of
 the runs on it stay); one of more than 256 characters is uint16 and reads the same way.
@@ -184,7 +184,7 @@ def save_corpus(corpus: Corpus, out_dir: Path) -> None:
 
 
 def _nanogpt_meta(out: Path, vocab_size: int) -> None:
-    """meta.pkl, as nanoGPT's prepare scripts write it (train.py reads its vocab_size)."""
+    """meta.pkl, as nanoGPT's prepare scripts write it (its training script reads vocab_size)."""
     runs.atomic_write_bytes(out / NANOGPT_META, pickle.dumps({"vocab_size": vocab_size, "dtype": "uint16"}))
 
 

@@ -250,12 +250,13 @@ def train_bpe(pieces: Iterable[str], n: int) -> Tokens:
 def from_hub(name: str) -> Tokens:
     """hf:NAME's tokenizer.json from the Hugging Face Hub (its cache when there); one line offline."""
     try:
-        import huggingface_hub
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub.utils import logging as hub_logging
     except ImportError:
         raise DataError("hf: tokenizers need huggingface_hub: pip install huggingface_hub") from None
-    huggingface_hub.utils.logging.set_verbosity_error()
+    hub_logging.set_verbosity_error()  # no retry warnings on our stderr: a failure is one line
     try:
-        path = huggingface_hub.hf_hub_download(name, TOKENIZER_FILE)
+        path = hf_hub_download(name, TOKENIZER_FILE)
     except Exception as err:  # offline, no such repository, no tokenizer.json in it, an HTTP error
         first = " ".join(str(err).split())[:200] or err.__class__.__name__
         raise DataError(f"cannot get the tokenizer hf:{name} from the Hugging Face Hub ({first}); offline, "
