@@ -30,6 +30,18 @@ def as_numpy(ids):
     return ids if isinstance(ids, np.ndarray) else np.frombuffer(ids, dtype=np.dtype(ids.typecode))
 
 
+def fresh_map(data):
+    """A memmapped split mapped anew (nanoGPT's get_batch does the same each batch): the pages one batch
+    touches leave this process with its map, so a long run's resident memory does not grow toward the
+    corpus (they stay in the page cache, the kernel's to keep or drop). An array in memory as it is."""
+    file = getattr(data, "file", None)  # a prepared split's open file (prepared.map_ids): this very file
+    if file is None:
+        return data
+    import numpy as np
+
+    return np.memmap(file, dtype=data.dtype, mode="r", offset=data.offset, shape=data.shape)
+
+
 def gather(data, starts, length: int):
     """[N] start positions -> [N, length] int64 windows of `data`, widened only here (never the corpus)."""
     import numpy as np
@@ -62,7 +74,7 @@ class BatchSampler:
     def next(self):
         torch = self.torch
         starts = torch.randint(len(self.data) - self.ctx_len, (self.batch_size,), generator=self.gen)
-        window = gather(self.data, starts, self.ctx_len + 1)  # [B, T + 1]
+        window = gather(fresh_map(self.data), starts, self.ctx_len + 1)  # [B, T + 1]
         x, y = window[:, :-1], window[:, 1:]  # [B, T] inputs and next-token targets
         return to_device(x, self.device), to_device(y, self.device)  # whatever the device: CUDA, MPS, CPU
 

@@ -32,6 +32,7 @@ import contextlib
 import hashlib
 import itertools
 import json
+import os
 from array import array
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -222,7 +223,24 @@ class Corpus:
     meta: dict
 
 
-COUNT_IDS = 1 << 22  # ids counted at a time: np.bincount widens what it counts to int64 (8 bytes an id)
+COUNT_IDS = 1 << 20  # ids counted at a time: np.bincount widens what it counts to int64 (8 bytes an id)
+
+
+def id_blocks(ids, n: int = COUNT_IDS) -> Iterator:
+    """An id array's ids as numpy blocks of at most n: slices of an array in memory; a memmap's read from
+    its file (np.fromfile), not through the map, whose pages would stay resident in this process."""
+    import numpy as np
+
+    file = getattr(ids, "file", None)  # a prepared split's open file (prepared.map_ids)
+    if isinstance(ids, np.memmap) and file is not None:
+        for start in range(0, len(ids), n):
+            count = min(n, len(ids) - start)
+            raw = os.pread(file.fileno(), count * ids.itemsize, ids.offset + start * ids.itemsize)
+            yield np.frombuffer(raw, dtype=ids.dtype)
+        return
+    view = ids if isinstance(ids, np.ndarray) else np.frombuffer(ids, dtype=np.dtype(ids.typecode))
+    for start in range(0, len(view), n):
+        yield view[start : start + n]
 
 
 def id_counts(ids, vocab_size: int):
@@ -230,10 +248,9 @@ def id_counts(ids, vocab_size: int):
     COUNT_IDS at a time, so the int64 copy np.bincount makes is of a block, never of the corpus (issue 48)."""
     import numpy as np
 
-    view = ids if isinstance(ids, np.ndarray) else np.frombuffer(ids, dtype=np.dtype(ids.typecode))
     total = np.zeros(vocab_size, dtype=np.int64)
-    for start in range(0, len(view), COUNT_IDS):
-        total += np.bincount(view[start : start + COUNT_IDS], minlength=vocab_size)
+    for block in id_blocks(ids):
+        total += np.bincount(block, minlength=vocab_size)
     return total.astype(np.float64)
 
 

@@ -33,7 +33,6 @@ from pathlib import Path
 
 from anatomy_cli.data.corpus import (
     CHUNK_CHARS,
-    COUNT_IDS,
     ID_TYPES,
     META,
     TRAIN_BIN,
@@ -44,6 +43,7 @@ from anatomy_cli.data.corpus import (
     Progress,
     Source,
     encode_source,
+    id_blocks,
     id_typecode,
     token_typecode,
 )
@@ -203,30 +203,25 @@ def ids_dtype(code: str):
 
 
 def map_ids(path: Path, code: str):
-    """A .bin file as a read-only np.memmap of its ids (nothing read until a batch touches it)."""
+    """A .bin file as a read-only np.memmap of its ids (nothing read until a batch touches it). The map
+    keeps the open file as `.file`: a new map of it (batches.fresh_map) and a block read of it
+    (corpus.id_blocks) see this file, even once `prepare` has put another in its place."""
     import numpy as np
 
     itemsize = array(code).itemsize
-    size = path.stat().st_size
-    if size % itemsize:
-        raise ValueError(f"{path.name} is not a whole number of ids")
-    if size == 0:
-        raise ValueError(f"{path.name} is empty")
-    return np.memmap(path, dtype=ids_dtype(code), mode="r")
+    f = open(path, "rb")  # noqa: SIM115 (held by the map for the corpus's life)
+    size = os.fstat(f.fileno()).st_size
+    if size % itemsize or size == 0:
+        f.close()
+        raise ValueError(f"{path.name} is {'empty' if size == 0 else 'not a whole number of ids'}")
+    ids = np.memmap(f, dtype=ids_dtype(code), mode="r")
+    ids.file = f
+    return ids
 
 
-def max_id(path: Path, code: str) -> int:
-    """The largest id in a .bin file, read COUNT_IDS at a time (not through the map: its pages would
-    stay resident in this process, and a load should not hold the corpus)."""
-    import numpy as np
-
-    top = -1
-    with open(path, "rb") as f:
-        while True:
-            block = np.fromfile(f, dtype=ids_dtype(code), count=COUNT_IDS)
-            if not len(block):
-                return top
-            top = max(top, int(block.max()))
+def max_id(ids) -> int:
+    """The largest id of a memmapped split, read from its file a block at a time (corpus.id_blocks)."""
+    return max((int(block.max()) for block in id_blocks(ids) if len(block)), default=-1)
 
 
 def load_prepared(path: Path, min_len: int = 1, tokenizer: str | None = None) -> Corpus:
@@ -257,7 +252,7 @@ def load_prepared(path: Path, min_len: int = 1, tokenizer: str | None = None) ->
     try:
         vocab = load_saved(path, meta)
         arrays = [map_ids(path / name, meta["dtype"]) for name in (TRAIN_BIN, VAL_BIN)]
-        top = max(max_id(path / name, meta["dtype"]) for name in (TRAIN_BIN, VAL_BIN))
+        top = max(max_id(ids) for ids in arrays)
     except corrupt as err:
         raise _corrupt(path, err) from None
     if top >= len(vocab):
