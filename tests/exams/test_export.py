@@ -289,7 +289,8 @@ def test_empty_out_dir_is_fine_and_bad_inputs_are_errors(tmp_path):
 
 # ------------------------------------------------------------------------------- a tokenizer's run
 
-BPE_TEXT = "".join(f"{i}: attention 注意力 rotates queries; the norm keeps the scale (café, naïve).\n" for i in range(80))
+BPE_TEXT = "".join(f"{i}: attention 注意力 rotates queries; the norm keeps the scale (café, naïve).\n"
+                   for i in range(80))
 
 
 def test_a_bpe_run_exports_its_tokenizer_and_generates_what_sample_prints(tmp_path):
