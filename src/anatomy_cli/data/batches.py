@@ -34,12 +34,13 @@ def fresh_map(data):
     """A memmapped split mapped anew (nanoGPT's get_batch does the same each batch): the pages one batch
     touches leave this process with its map, so a long run's resident memory does not grow toward the
     corpus (they stay in the page cache, the kernel's to keep or drop). An array in memory as it is."""
-    file = getattr(data, "file", None)  # a prepared split's open file (prepared.map_ids): this very file
-    if file is None:
+    fd = getattr(data, "fd", None)  # a prepared split's open file (prepared.map_ids): this very file
+    if fd is None:
         return data
     import numpy as np
 
-    return np.memmap(file, dtype=data.dtype, mode="r", offset=data.offset, shape=data.shape)
+    with open(fd, "rb", closefd=False) as f:
+        return np.memmap(f, dtype=data.dtype, mode="r", offset=data.offset, shape=data.shape)
 
 
 def gather(data, starts, length: int):

@@ -231,11 +231,11 @@ def id_blocks(ids, n: int = COUNT_IDS) -> Iterator:
     its file (np.fromfile), not through the map, whose pages would stay resident in this process."""
     import numpy as np
 
-    file = getattr(ids, "file", None)  # a prepared split's open file (prepared.map_ids)
-    if isinstance(ids, np.memmap) and file is not None:
+    fd = getattr(ids, "fd", None)  # a prepared split's open file (prepared.map_ids)
+    if isinstance(ids, np.memmap) and fd is not None:
         for start in range(0, len(ids), n):
             count = min(n, len(ids) - start)
-            raw = os.pread(file.fileno(), count * ids.itemsize, ids.offset + start * ids.itemsize)
+            raw = os.pread(fd, count * ids.itemsize, ids.offset + start * ids.itemsize)
             yield np.frombuffer(raw, dtype=ids.dtype)
         return
     view = ids if isinstance(ids, np.ndarray) else np.frombuffer(ids, dtype=np.dtype(ids.typecode))

@@ -27,6 +27,7 @@ import json
 import os
 import pickle
 import tempfile
+import weakref
 from array import array
 from collections.abc import Callable
 from pathlib import Path
@@ -204,19 +205,30 @@ def ids_dtype(code: str):
 
 def map_ids(path: Path, code: str):
     """A .bin file as a read-only np.memmap of its ids (nothing read until a batch touches it). The map
-    keeps the open file as `.file`: a new map of it (batches.fresh_map) and a block read of it
-    (corpus.id_blocks) see this file, even once `prepare` has put another in its place."""
-    import numpy as np
+    keeps the file open as `.fd` (closed with the map): a new map of it (batches.fresh_map) and a block
+    read of it (corpus.id_blocks) see this very file, even once `prepare` has put another in its place."""
 
     itemsize = array(code).itemsize
-    f = open(path, "rb")  # noqa: SIM115 (held by the map for the corpus's life)
-    size = os.fstat(f.fileno()).st_size
-    if size % itemsize or size == 0:
-        f.close()
-        raise ValueError(f"{path.name} is {'empty' if size == 0 else 'not a whole number of ids'}")
-    ids = np.memmap(f, dtype=ids_dtype(code), mode="r")
-    ids.file = f
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        if size % itemsize or size == 0:
+            raise ValueError(f"{path.name} is {'empty' if size == 0 else 'not a whole number of ids'}")
+        ids = open_map(fd, ids_dtype(code), 0, (size // itemsize,))
+    except BaseException:
+        os.close(fd)
+        raise
+    ids.fd = fd
+    weakref.finalize(ids, os.close, fd)
     return ids
+
+
+def open_map(fd: int, dtype, offset: int, shape: tuple[int, ...]):
+    """A read-only np.memmap of an open file descriptor (the map holds its own duplicate of it)."""
+    import numpy as np
+
+    with open(fd, "rb", closefd=False) as f:
+        return np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=shape)
 
 
 def max_id(ids) -> int:

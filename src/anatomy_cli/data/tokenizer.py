@@ -44,6 +44,7 @@ from anatomy_cli.store.runs import atomic_write_text
 
 TOKENIZER_FILE = "tokenizer.json"
 PIECE_CHARS = 1 << 16  # characters per piece handed to the encoder (many at once: its threads share them)
+BATCH_PIECES = 16  # pieces per call of the encoder
 MAX_CARRY = 1 << 24  # characters held while no cut point shows; past it the text is cut where it is
 BYTE_FALLBACK = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
@@ -197,7 +198,8 @@ def cut_point(text: str, lo: int, hi: int) -> int:
 
 def cut_pieces(pieces: Iterable[str], size: int | None = None) -> Iterator[list[str]]:
     """Text in pieces of any length -> batches of pieces of about `size` characters (PIECE_CHARS), each
-    cut at a cut_point; together they hold the text exactly. A batch holds about 64 pieces."""
+    cut at a cut_point; together they hold the text exactly. A batch holds about BATCH_PIECES pieces: what
+    the encoder's threads share, and what bounds its temporaries (the encodings of 1M characters)."""
     size = size or PIECE_CHARS
     carry, batch = "", []
     for piece in pieces:
@@ -210,13 +212,13 @@ def cut_pieces(pieces: Iterable[str], size: int | None = None) -> Iterator[list[
                 break
             batch.append(text[start:p])
             start = p
+            if len(batch) == BATCH_PIECES:
+                yield batch
+                batch = []
         carry = text[start:]
         if len(carry) > MAX_CARRY:  # no cut point in MAX_CARRY characters: cut where it is
             batch.append(carry)
             carry = ""
-        if sum(map(len, batch)) >= 64 * size:
-            yield batch
-            batch = []
     batch += [carry] if carry else []
     if batch:
         yield batch
