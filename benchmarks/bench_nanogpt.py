@@ -72,7 +72,8 @@ def run_nanogpt(checkout: Path, out: Path, steps: int, threads: int) -> tuple[fl
 def run_anatomy(folder: Path, out: Path, vocab: int, steps: int, threads: int) -> tuple[float, int]:
     """(step_time_ms, parameters) of one `anatomy train` run."""
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src"), "OMP_NUM_THREADS": str(threads)}
-    cmd = [sys.executable, "-m", "anatomy_cli", "train", *anatomy_sets(folder, vocab, steps, threads), "--out", str(out)]
+    cmd = [sys.executable, "-m", "anatomy_cli", "train", *anatomy_sets(folder, vocab, steps, threads),
+           "--out", str(out)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode:
         sys.exit(f"anatomy failed ({proc.returncode}): {proc.stderr[-2000:]}")
