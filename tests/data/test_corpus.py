@@ -513,3 +513,25 @@ def test_loading_a_large_corpus_and_its_statistics_stay_within_its_size(tmp_path
     assert result.returncode == 0, result.stderr
     growth = json.loads(result.stdout)
     assert growth < 2.5 * size, f"peak RSS grew {growth / size:.2f}x the corpus ({growth / 2**20:.0f} MiB)"
+
+
+def test_a_large_split_is_mapped_anew_from_the_file_it_was_loaded_from(tmp_path, monkeypatch):
+    """Past REMAP_BYTES each batch maps the split anew (its pages leave with the map), from the open file
+    the corpus was loaded and checked from: a folder prepared again under a live run does not switch its
+    data; the sampler's batches are those of the one map."""
+    monkeypatch.setattr(batches, "REMAP_BYTES", 0)
+    out = tmp_path / "p"
+    prepared.save_corpus(build_corpus(TEXT, "toy"), out)
+    corpus = prepared.load_prepared(out)
+    fresh = batches.fresh_map(corpus.train)
+    assert fresh is not corpus.train and np.array_equal(fresh, corpus.train)
+    want = BatchSampler(np.array(corpus.train), 4, 8, seed=5).next()
+    got = BatchSampler(corpus.train, 4, 8, seed=5).next()
+    assert all(torch.equal(a, b) for a, b in zip(want, got))
+    before = np.array(corpus.train)
+    prepared.save_corpus(build_corpus(TEXT[::-1], "other"), tmp_path / "q")
+    os.replace(tmp_path / "q" / corpus_mod.TRAIN_BIN, out / corpus_mod.TRAIN_BIN)  # another file in its place
+    assert np.array_equal(batches.fresh_map(corpus.train), before)
+    assert np.array_equal(np.concatenate(list(corpus_mod.id_blocks(corpus.train, 100))), before)
+    monkeypatch.setattr(batches, "REMAP_BYTES", 1 << 30)
+    assert batches.fresh_map(corpus.train) is corpus.train  # a small split keeps its one map

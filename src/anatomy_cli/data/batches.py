@@ -30,12 +30,17 @@ def as_numpy(ids):
     return ids if isinstance(ids, np.ndarray) else np.frombuffer(ids, dtype=np.dtype(ids.typecode))
 
 
+REMAP_BYTES = 1 << 30  # a memmapped split larger than this is mapped anew for each batch (fresh_map)
+
+
 def fresh_map(data):
-    """A memmapped split mapped anew (nanoGPT's get_batch does the same each batch): the pages one batch
-    touches leave this process with its map, so a long run's resident memory does not grow toward the
-    corpus (they stay in the page cache, the kernel's to keep or drop). An array in memory as it is."""
+    """A memmapped split of more than REMAP_BYTES mapped anew (nanoGPT's get_batch does so for every
+    split, every batch): the pages one batch touches leave this process with its map, so a long run's
+    resident memory does not grow toward a corpus larger than memory (they stay in the page cache, the
+    kernel's to keep or drop). A smaller split keeps its one map: at most its file's pages stay resident,
+    and a batch pays no page faults for its windows. An array in memory as it is."""
     fd = getattr(data, "fd", None)  # a prepared split's open file (prepared.map_ids): this very file
-    if fd is None:
+    if fd is None or data.nbytes <= REMAP_BYTES:
         return data
     import numpy as np
 

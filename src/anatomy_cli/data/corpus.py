@@ -215,7 +215,9 @@ class CharVocab:
 
 @dataclass
 class Corpus:
-    """Ids as compact arrays: typecode 'B' (uint8), 'H' (uint16) or 'I' (uint32), the smallest that fits."""
+    """Ids as compact arrays: typecode 'B' (uint8), 'H' (uint16) or 'I' (uint32), the smallest that fits
+    (a tokenizer's: uint16 or uint32), or, for a prepared folder, read-only np.memmaps of its files. vocab:
+    a CharVocab or a tokenizer with its interface (data/tokenizer.py)."""
 
     vocab: CharVocab
     train: array
