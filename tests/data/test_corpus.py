@@ -493,9 +493,9 @@ def test_loading_a_large_corpus_and_its_statistics_stay_within_its_size(tmp_path
     """Peak RSS growth of loading a 24 MB prepared folder (uint8 ids), its unigram loss, its val windows'
     bytes and 50 batches, in a fresh process, as a ratio to the corpus's bytes. np.bincount over a whole
     split copied its ids to int64 (8 bytes an id: 8x for uint8, the 6.5x of issue 48); counted in blocks,
-    and with the ids memmapped, the growth is the pages batches touch (at most the file: 1x, they leave
-    with each batch's map) and block temporaries. 2.5x leaves room for the allocator and the kernel's
-    fault-around; the whole-split count measured 8.1x here."""
+    and with the ids memmapped, the growth is the pages batches touch (at most the file: 1x) and block
+    temporaries: 1.4x measured. 2.5x leaves room for the allocator and the kernel's fault-around; the
+    whole-split count measured 8.1x here."""
     from toy_data import tiny_text
 
     block = tiny_text(1 << 20, seed=3) + "\n"
