@@ -94,17 +94,22 @@ class Tokens:
         import numpy as np
 
         if self._bytes is None:
-            special = {t.content for t in self.tok.get_added_tokens_decoder().values() if t.special}
-            added = {t.content for t in self.tok.get_added_tokens_decoder().values()}
+            added = {t.content: t.special for t in self.tok.get_added_tokens_decoder().values()}
             byte_level = "ByteLevel" in json.dumps(json.loads(self.json).get("decoder"))
             out = np.zeros(len(self), dtype=np.int64)
             for token, i in self.tok.get_vocab(with_added_tokens=True).items():
-                out[i] = (0 if token in special else len(token.encode("utf-8")) if token in added
-                          else sum(1 if c in BYTE_OF else len(c.encode("utf-8")) for c in token) if byte_level
-                          else 1 if BYTE_FALLBACK.fullmatch(token)
-                          else len(self.tok.decode([i], skip_special_tokens=False).encode("utf-8")))
+                out[i] = self._bytes_of(token, i, added, byte_level)
             self._bytes = out
         return self._bytes
+
+    def _bytes_of(self, token: str, i: int, added: dict[str, bool], byte_level: bool) -> int:
+        if token in added:  # an added token is raw text (not byte-mapped); a special one stands for none
+            return 0 if added[token] else len(token.encode("utf-8"))
+        if byte_level:  # GPT-2's stand-ins: one character per byte
+            return sum(1 if c in BYTE_OF else len(c.encode("utf-8")) for c in token)
+        if BYTE_FALLBACK.fullmatch(token):  # <0xE4>: one byte of a character the vocabulary lacks
+            return 1
+        return len(self.tok.decode([i], skip_special_tokens=False).encode("utf-8"))
 
     # ---------------------------------------------------------------- text <-> ids
     def encode(self, text: str) -> list[int]:
@@ -120,9 +125,8 @@ class Tokens:
         """Pieces (cut where no token spans) -> one id array of `dtype`, checked as encode is."""
         import numpy as np
 
-        encodings = self.tok.encode_batch_fast(pieces, add_special_tokens=False)
-        n = sum(len(e.ids) for e in encodings)
-        ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), dtype=dtype, count=n)
+        lists = [e.ids for e in self.tok.encode_batch_fast(pieces, add_special_tokens=False)]  # each a new list
+        ids = np.fromiter(itertools.chain.from_iterable(lists), dtype=dtype, count=sum(map(len, lists)))
         self._check(ids, pieces)
         return ids
 
