@@ -285,3 +285,38 @@ def test_empty_out_dir_is_fine_and_bad_inputs_are_errors(tmp_path):
         export_hf(run_dir, tmp_path / "x", which="final")
     with pytest.raises(RunError, match="not found"):
         export_hf(tmp_path / "nope", tmp_path / "y")
+
+
+# ------------------------------------------------------------------------------- a tokenizer's run
+
+BPE_TEXT = "".join(f"{i}: attention 注意力 rotates queries; the norm keeps the scale (café, naïve).\n"
+                   for i in range(80))
+
+
+def test_a_bpe_run_exports_its_tokenizer_and_generates_what_sample_prints(tmp_path):
+    """data.tokenizer bpe:300 (trained here, on the run's train split): the export holds tokenizer.json, and
+    AutoTokenizer.from_pretrained(out) + LlamaForCausalLM.generate give `anatomy sample`'s greedy text."""
+    from helpers import invoke
+
+    src = tmp_path / "text.txt"
+    src.write_text(BPE_TEXT, encoding="utf-8")
+    cfg = RunConfig.model_validate({
+        "name": "bpe", "seed": 7, "model": model_kwargs(),
+        "train": {"steps": 20, "batch_size": 4, "lr": 1e-2, "warmup": 0, "eval_interval": 10, "eval_batches": 2,
+                  "log_interval": 10, "sample_len": 0, "device": "cpu", "threads": 2},
+        "data": {"source": str(src), "tokenizer": "bpe:300"}})
+    assert train(cfg, tmp_path / "run")["status"] == "completed"
+    result = export_hf(tmp_path / "run", tmp_path / "hf")
+    assert result["files"] == ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                               "README.md"]
+    assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == (tmp_path / "run" / "tokenizer.json").read_bytes()
+    prompt, new = "注意 the norm", 16
+    sampled = invoke("sample", tmp_path / "run", "--prefix", prompt, "--temp", "0", "--max-new", new)
+    assert sampled.exit_code == 0, sampled.output
+    tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"), local_files_only=True)
+    ids = tok(prompt, return_tensors="pt", add_special_tokens=False).input_ids
+    assert ids.shape[1] + new <= CTX  # inside the window: no context shift on anatomy's side
+    out = load_hf(tmp_path / "hf").generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
+                                            do_sample=False, pad_token_id=0)
+    assert tok.decode(out[0].tolist(), skip_special_tokens=False) + "\n" == sampled.stdout
+    assert len(set(out[0, ids.shape[1]:].tolist())) > 1  # a constant generation would prove little

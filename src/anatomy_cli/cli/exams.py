@@ -57,7 +57,8 @@ def eval_cmd(
     device: Device = "cpu",
     json_out: JsonOut = False,
 ):
-    """Length extrapolation: best-weights val loss over fixed windows of each length -> eval.json.
+    """Length extrapolation: best-weights val loss (nats per token, and bits per byte) over fixed windows of
+    each length (in tokens) -> eval.json.
 
     RoPE runs are evaluated past their training length; a learned position table ends at ctx_len,
     so longer lengths are reported as n/a (null in eval.json), never cropped. A length the val
@@ -86,15 +87,16 @@ def _eval_table(results: list[dict]) -> Table:
     import math
 
     table = Table(title="val loss by context length (best weights)")
-    for col in ("run", "label", "pos", "train ctx", "ctx", "val loss", "bits/char", "vs train ctx"):
+    for col in ("run", "label", "pos", "train ctx", "ctx", "val loss", "bits/token", "bits/byte", "vs train ctx"):
         table.add_column(col, justify="left" if col in ("run", "label", "pos") else "right")
     for r in results:
         ref = r["val_loss_by_ctx"].get(str(r["ctx_len"]))
         for n, loss in r["val_loss_by_ctx"].items():
             cells = [_num(loss), _num(loss / math.log(2)) if loss is not None else "-",
+                     _num((r.get("val_bpb_by_ctx") or {}).get(n)),
                      f"{loss - ref:+.4f}" if loss is not None and ref is not None else "-"]
             if loss is None:
-                cells = ["n/a", "", ""]  # the reason is printed under the table
+                cells = ["n/a", "", "", ""]  # the reason is printed under the table
             table.add_row(Path(r["run_dir"]).name, r["label"], r["pos_type"], str(r["ctx_len"]), n, *cells)
     return table
 

@@ -54,24 +54,36 @@ def prepare(
     max_chars: Annotated[Optional[int], typer.Option(
         help="Datasets: take whole documents, in order, while they hold at most this many characters (50000000: 50 MB "
         "of English); meta.json says whether it cut the stream.", show_default=False)] = None,
+    tokenizer: Annotated[str, typer.Option(
+        help="char (one id per character); bpe:N, a byte-level BPE of N tokens (<|endoftext|> and the 256 bytes "
+        "included) trained on the train split; the path of a tokenizer.json (or of a folder holding one); or "
+        "hf:NAME, a tokenizer on the Hugging Face Hub. Not char: uint16 ids and meta.pkl, as nanoGPT reads them.")
+    ] = "char",
     json_out: JsonOut = False,
 ):
-    """Corpus -> character vocabulary + compact train/val ids + meta.json (with the files' fingerprint).
+    """Corpus -> vocabulary (characters, or a tokenizer) + compact train/val ids + meta.json (with the files'
+    fingerprint).
 
     Streams: memory does not grow with the corpus. Documents are joined with a blank line.
     """
-    from anatomy_cli.data.corpus import META, TRAIN_BIN, VAL_BIN, VOCAB_FILE
+    from anatomy_cli.data.corpus import META
     from anatomy_cli.data.load import open_source
+    from anatomy_cli.data.prepared import WRITTEN, check_rewrite
     from anatomy_cli.data.prepared import prepare as write_prepared
+    from anatomy_cli.data.tokenizer import check_spec
+    from anatomy_cli.spec.config import parse_tokenizer
 
+    tokenizer = parse_tokenizer(tokenizer, "--tokenizer")
     # Not in a run or a sweep; an existing folder only if it is a prepared corpus or holds nothing else (its
     # meta.json would turn a folder of text a run trains on into a prepared corpus).
     runs.refuse_inside_runs(out, "--out", "prepared corpus directory")
     runs.refuse_foreign(out, "--out", "prepared corpus", lambda folder: (folder / META).is_file(),
-                        (TRAIN_BIN, VAL_BIN, VOCAB_FILE, META).__contains__, only=True)
+                        WRITTEN.__contains__, only=True)
+    check_rewrite(out, tokenizer)  # a folder of another tokenizer's ids is not replaced
+    check_spec(tokenizer)  # a tokenizer.json that is not there or is corrupt, before reading the corpus
     src = open_source(source, field, split)
     with StopFlag(graceful=False), PrepareProgress() as progress:  # SIGTERM/SIGHUP unwind: temp files removed
-        meta = write_prepared(src, out, val_frac, ctx_len, max_chars, progress)
+        meta = write_prepared(src, out, val_frac, ctx_len, max_chars, progress, tokenizer)
     info = {k: v for k, v in meta.items() if k != "char_counts"} | {"out": str(out)}
     if json_out:
         console.print_json(json.dumps(info))
@@ -192,7 +204,7 @@ def train(
     runs.check_replace(run_dir, overwrite)  # training checks again under the lock; here, before the warning
     from anatomy_cli.data.load import check_source
 
-    check_source(cfg.data.source)  # a missing corpus, before the warning below
+    check_source(cfg.data.source, cfg.data.tokenizer)  # a missing corpus or tokenizer, before the warning below
     if cfg.train.warmup_note:  # after the refusals above: a warning never comes before an error of its command
         warn(cfg.train.warmup_note)
     from anatomy_cli.training import run as training
@@ -275,8 +287,8 @@ def sample(
     run_dir: Annotated[Path, typer.Argument(help="A run directory written by train or ablate.")],
     prefix: Annotated[str, typer.Option(help="Text to continue.")] = "## ",
     temp: Annotated[float, typer.Option(help="Temperature; 0 = greedy.")] = 0.8,
-    max_new: Annotated[int, typer.Option(help="Characters to generate.")] = 500,
-    top_k: Annotated[Optional[int], typer.Option(help="Sample only from the k most likely characters.")] = None,
+    max_new: Annotated[int, typer.Option(help="Tokens to generate (characters, for a char run).")] = 500,
+    top_k: Annotated[Optional[int], typer.Option(help="Sample only from the k most likely tokens.")] = None,
     seed: Annotated[int, typer.Option(help="Sampling seed (any 64-bit integer).")] = 0,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Recompute the whole context every step.")] = False,
     weights: Annotated[str, typer.Option(help="best | last")] = "best",
@@ -285,7 +297,8 @@ def sample(
                                          "matmuls that gain little from threads and stall when a core is busy "
                                          "(benchmarks/RESULTS.md).")] = 1,
 ):
-    """Stream text from a trained run: prefill the prefix, then one character per step via the KV cache."""
+    """Stream text from a trained run: prefill the prefix (encoded with the run's tokenizer), then one token per
+    step via the KV cache, printed once it completes a character."""
     if weights not in ("best", "last"):
         raise ConfigError(f"--weights must be best or last, got {weights!r}")
     if not SEED_MIN <= seed <= SEED_MAX:  # checked here: as an option range, --help printed all 20 digits
@@ -303,9 +316,12 @@ def sample(
     window = check_options(cfg.model, temp, top_k, window)
     # the KV cache and position tables of the window, before generate allocates them
     require_memory(window_bytes(cfg.model, window), next(model.parameters()).device, f"--window {window}")
+    from anatomy_cli.data.tokenizer import StreamDecoder
+
     ids = vocab.encode(prefix)
     sys.stdout.write(prefix)
+    text = StreamDecoder(vocab, ids)  # a token that ends inside a character waits for the rest of it
     for i in generate(model, ids, max_new, temp, top_k, seed, use_cache=not no_cache, window=window):
-        sys.stdout.write(vocab.chars[i])
+        sys.stdout.write(text.push(i))
         sys.stdout.flush()
-    sys.stdout.write("\n")
+    sys.stdout.write(text.flush() + "\n")

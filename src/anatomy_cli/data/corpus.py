@@ -1,4 +1,4 @@
-"""Corpus -> text -> character vocabulary -> train/val ids -> batches.
+"""Corpus -> text -> vocabulary (characters, or a tokenizer) -> train/val ids -> batches.
 
 Sources: a UTF-8 text file; a directory of .md/.txt files (sorted by path, YAML front matter
 stripped, joined with DOC_SEP); a directory written by `anatomy prepare`; None, the embedded default
@@ -18,7 +18,12 @@ text is never held whole; `prepare` writes the ids straight to its files, so its
 grow with the corpus (a network stream, which cannot be read twice, is spooled to disk on the first
 pass). Ids are kept in the smallest unsigned type that holds the vocabulary (uint8 for up to 256
 characters) and batches are gathered from them without an int64 copy of the corpus.
-Prepared folders (writing, loading, fingerprints) are prepared.py's."""
+Prepared folders (writing, loading, fingerprints) are prepared.py's.
+
+Tokenizers. The char vocabulary (CharVocab) is learned by pass one. Any other (data.tokenizer: bpe:N, a
+tokenizer.json, hf:NAME; data/tokenizer.py) is made between the passes: a BPE is trained on the train
+split's text alone (read up to the split, never past it), then pass two encodes both splits with it.
+Its ids are uint16 up to 65,536 tokens, else uint32 (token_typecode: nanoGPT's dtype, never uint8)."""
 
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ import contextlib
 import hashlib
 import itertools
 import json
+import os
 from array import array
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -43,6 +49,8 @@ CHUNK_CHARS = 1 << 22  # characters (or bytes read) per piece: bounds the tempor
 ID_TYPES = ("B", "H", "I")  # array typecodes of uint8, uint16, uint32 ids: the first that holds the vocabulary
 
 Pieces = Callable[[], Iterator[str]]  # each call yields the whole text (or every document) again, in pieces
+# A tokenizer other than char, made from the train split: Maker(train_pieces) -> a vocabulary (data/tokenizer.py)
+Maker = Callable[[Pieces], object]
 Progress = Callable[[dict], None]  # {"phase": "read" | "encode", "chars", "documents", "total"}
 
 
@@ -154,11 +162,20 @@ def read_source(source: str | Path | None) -> tuple[str, str]:
 
 
 class CharVocab:
-    """Sorted unique characters; id = index. Saved as a JSON list of characters."""
+    """Sorted unique characters; id = index. Saved as a JSON list of characters. The interface every
+    vocabulary has (data/tokenizer.py): spec, file, len, encode, decode, token_bytes, save."""
+
+    spec, file = "char", VOCAB_FILE
 
     def __init__(self, chars: list[str]):
         self.chars = list(chars)
         self.index = {c: i for i, c in enumerate(self.chars)}
+
+    def token_bytes(self):
+        """[V] int64: each character's UTF-8 bytes (a Chinese character is 3, not 1)."""
+        import numpy as np
+
+        return np.array([len(c.encode("utf-8")) for c in self.chars], dtype=np.int64)
 
     @classmethod
     def from_text(cls, text: str) -> CharVocab:
@@ -198,7 +215,9 @@ class CharVocab:
 
 @dataclass
 class Corpus:
-    """Ids as compact arrays: typecode 'B' (uint8), 'H' (uint16) or 'I' (uint32), the smallest that fits."""
+    """Ids as compact arrays: typecode 'B' (uint8), 'H' (uint16) or 'I' (uint32), the smallest that fits
+    (a tokenizer's: uint16 or uint32), or, for a prepared folder, read-only np.memmaps of its files. vocab:
+    a CharVocab or a tokenizer with its interface (data/tokenizer.py)."""
 
     vocab: CharVocab
     train: array
@@ -206,19 +225,46 @@ class Corpus:
     meta: dict
 
 
-def unigram_loss(corpus: Corpus) -> float:
-    """The val loss (nats/char) of a model that knows only how often each character occurs: the
-    cross-entropy on the val split of the train split's character frequencies, add-one smoothed over the
-    vocabulary (a character only the val split holds still gets a probability). A property of the corpus
-    and its split, not of any model: a run that has learned nothing but these frequencies sits at it
-    (the unigram plateau, report/plateau.py). Counts only, one pass over each split's ids."""
+COUNT_IDS = 1 << 20  # ids counted at a time: np.bincount widens what it counts to int64 (8 bytes an id)
+
+
+def id_blocks(ids, n: int = COUNT_IDS) -> Iterator:
+    """An id array's ids as numpy blocks of at most n: slices of an array in memory; a memmap's read from
+    its file (np.fromfile), not through the map, whose pages would stay resident in this process."""
     import numpy as np
 
-    def counts(ids) -> np.ndarray:
-        view = ids if isinstance(ids, np.ndarray) else np.frombuffer(ids, dtype=np.dtype(ids.typecode))
-        return np.bincount(view, minlength=len(corpus.vocab)).astype(np.float64)
+    fd = getattr(ids, "fd", None)  # a prepared split's open file (prepared.map_ids)
+    if isinstance(ids, np.memmap) and fd is not None:
+        for start in range(0, len(ids), n):
+            count = min(n, len(ids) - start)
+            raw = os.pread(fd, count * ids.itemsize, ids.offset + start * ids.itemsize)
+            yield np.frombuffer(raw, dtype=ids.dtype)
+        return
+    view = ids if isinstance(ids, np.ndarray) else np.frombuffer(ids, dtype=np.dtype(ids.typecode))
+    for start in range(0, len(view), n):
+        yield view[start : start + n]
 
-    train, val = counts(corpus.train), counts(corpus.val)
+
+def id_counts(ids, vocab_size: int):
+    """[vocab_size] float64: how often each id occurs in `ids` (an id array or a memmap), counted
+    COUNT_IDS at a time, so the int64 copy np.bincount makes is of a block, never of the corpus (issue 48)."""
+    import numpy as np
+
+    total = np.zeros(vocab_size, dtype=np.int64)
+    for block in id_blocks(ids):
+        total += np.bincount(block, minlength=vocab_size)
+    return total.astype(np.float64)
+
+
+def unigram_loss(corpus: Corpus) -> float:
+    """The val loss (nats/token) of a model that knows only how often each token occurs: the
+    cross-entropy on the val split of the train split's token frequencies, add-one smoothed over the
+    vocabulary (a token only the val split holds still gets a probability). A property of the corpus,
+    its split and its tokenizer, not of any model: a run that has learned nothing but these frequencies
+    sits at it (the unigram plateau, report/plateau.py). Counts only, one pass over each split's ids."""
+    import numpy as np
+
+    train, val = id_counts(corpus.train, len(corpus.vocab)), id_counts(corpus.val, len(corpus.vocab))
     p = (train + 1.0) / (train.sum() + len(train))
     return float(-(val * np.log(p)).sum() / val.sum())
 
@@ -234,33 +280,71 @@ def build_corpus(text: str, description: str, val_frac: float = 0.1, min_len: in
     return build(Source(description, pieces=pieces), val_frac, min_len)
 
 
-def build(src: Source, val_frac: float = 0.1, min_len: int = 1) -> Corpus:
-    """A source's ids in memory, as compact arrays."""
+def token_typecode(vocab_size: int) -> str:
+    """The ids of a tokenizer other than char: uint16 (nanoGPT's np.memmap dtype) up to 65,536 tokens, else
+    uint32 (never uint8, even for a small user vocabulary: nanoGPT reads uint16)."""
+    return "H" if vocab_size <= 1 << 16 else "I"
+
+
+def build(src: Source, val_frac: float = 0.1, min_len: int = 1, maker: Maker | None = None) -> Corpus:
+    """A source's ids in memory, as compact arrays (maker: a tokenizer other than char, encode_source)."""
     arrays: list[array] = []
 
     def writers(code: str):
         arrays.extend((array(code), array(code)))
         return arrays[0].frombytes, arrays[1].frombytes
 
-    vocab, meta = encode_source(src, writers, val_frac, min_len)
+    vocab, meta = encode_source(src, writers, val_frac, min_len, maker=maker)
     return Corpus(vocab, arrays[0], arrays[1], meta)
 
 
 def encode_source(src: Source, writers: Callable[[str], tuple], val_frac: float = 0.1, min_len: int = 1,
                   max_chars: int | None = None, progress: Progress | None = None,
-                  spool: Path | None = None) -> tuple[CharVocab, dict]:
+                  spool: Path | None = None, maker: Maker | None = None) -> tuple[CharVocab, dict]:
     """Both passes over a source: (vocabulary, meta). Pass one learns the characters, length and hash
     (and writes a stream's documents to `spool`); pass two hands each split's ids, as bytes, to
-    writers(typecode) -> (write train, write val). max_chars caps a document source (see _take)."""
+    writers(typecode) -> (write train, write val). max_chars caps a document source (see _take).
+
+    maker (data/tokenizer.vocab_maker; None: char): a tokenizer made between the passes from the train
+    split's pieces (a BPE is trained on them, and only on them) or loaded; pass two then encodes with it."""
     if max_chars is not None and (src.docs is None or max_chars < 1):
         raise DataError(f"--max-chars must be a positive number of characters, got {max_chars}" if src.docs
                         else f"--max-chars applies to document sources, not {src.description} "
                         f"(cut a text with head -c)")
     scan = _scan(src, max_chars, progress, spool)
+    if maker is not None:
+        return _encode_tokens(src, scan, maker, writers, val_frac, min_len, max_chars, progress, spool)
     code = id_typecode(len(scan.vocab))
     parts = _parts(src, scan, val_frac, spool)
     counts, sizes = _encode(parts, scan.vocab, writers(code), progress, scan.chars)
     return scan.vocab, _meta(src, scan, val_frac, counts, sizes, min_len, max_chars)
+
+
+def _encode_tokens(src: Source, scan: Scan, maker: Maker, writers, val_frac: float, min_len: int,
+                   max_chars: int | None, progress: Progress | None, spool: Path | None) -> tuple[object, dict]:
+    """encode_source past pass one for a tokenizer other than char: make it from the train split (read
+    up to the split, never past it), then encode both splits in pieces (Tokens.encode_parts)."""
+    import numpy as np
+
+    vocab = maker(lambda: (piece for _, piece in itertools.takewhile(lambda p: p[0] == 0,
+                                                                     _parts(src, scan, val_frac, spool))))
+    scan.val_documents = 0  # the walk above counted some; pass two counts them all
+    code = token_typecode(len(vocab))
+    write, sizes, n_bytes, chars = writers(code), [0, 0], [0, 0], [0]
+
+    def counted(parts):
+        for part, piece in parts:
+            chars[0] += len(piece)
+            yield part, piece
+
+    for part, ids in vocab.encode_parts(counted(_parts(src, scan, val_frac, spool)), np.dtype(code)):
+        write[part](ids.view(np.uint8))
+        sizes[part] += len(ids)
+        n_bytes[part] += int(vocab.token_bytes()[ids].sum())
+        _tell(progress, "encode", chars[0], None, scan.chars)
+    meta = _meta(src, scan, val_frac, None, sizes, min_len, max_chars, what="tokens")
+    return vocab, meta | {"vocab_size": len(vocab), "tokenizer": vocab.spec, "tokenizer_sha256": vocab.sha256,
+                          "token_dtype": np.dtype(code).name, "train_bytes": n_bytes[0], "val_bytes": n_bytes[1]}
 
 
 # ------------------------------------------------------------------------------- the two passes
@@ -413,17 +497,20 @@ def _tell(progress: Progress | None, phase: str, chars: int, documents: int | No
         progress({"phase": phase, "chars": chars, "documents": documents, "total": total})
 
 
-def _meta(src: Source, scan: Scan, val_frac: float, counts: dict[str, int], sizes: list[int], min_len: int,
-          max_chars: int | None = None) -> dict:
+def _meta(src: Source, scan: Scan, val_frac: float, counts: dict[str, int] | None, sizes: list[int], min_len: int,
+          max_chars: int | None = None, what: str = "ids") -> dict:
+    """meta.json's record of a source; counts None (a tokenizer other than char): no char_counts."""
     if min(sizes) < min_len + 1:
         whole = " (validation holds whole documents)" if src.docs is not None else ""
         raise DataError(f"corpus too short: {scan.chars} characters give {sizes[0]} train / {sizes[1]} val "
-                        f"ids, each split needs more than ctx_len={min_len}{whole}")
+                        f"{what}, each split needs more than ctx_len={min_len}{whole}")
     meta = {"source": src.description, "characters": scan.chars, "vocab_size": len(scan.vocab),
             "train_ids": sizes[0], "val_ids": sizes[1], "val_frac": val_frac}
     if src.docs is not None:
         meta |= src.meta | {"documents": scan.documents, "val_documents": scan.val_documents,
                             "separator": DOC_SEP, "max_chars": max_chars, "capped": scan.capped}
+    if counts is None:
+        return meta | {"sha256": scan.digest.hexdigest()}
     return meta | {
         "sha256": scan.digest.hexdigest(),
         # most common first, ties in order of first occurrence (as collections.Counter.most_common)

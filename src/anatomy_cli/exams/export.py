@@ -18,7 +18,10 @@ dense LLaMA, any n_kv_head. The mapping is a pure rename, plus one split:
 Both sides rotate with the half-split RoPE pairing (dimension i with i + head_dim/2), so Q/K rows
 need no permutation (the Meta -> HF conversion script permutes because Meta's code pairs
 neighbours). The char vocabulary goes out as vocab.json (a JSON list; id = index) with a README
-that shows how to encode and decode: there is no `tokenizers` tokenizer for it.
+that shows how to encode and decode: there is no `tokenizers` tokenizer for it. Any other tokenizer
+(data.tokenizer bpe:N, a tokenizer.json, hf:NAME) goes out as the run's tokenizer.json beside a
+tokenizer_config.json naming PreTrainedTokenizerFast, so `AutoTokenizer.from_pretrained(out)` loads
+it and `LlamaForCausalLM.generate` on its ids gives `anatomy sample`'s greedy text.
 """
 
 from __future__ import annotations
@@ -38,7 +41,10 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 VOCAB_FILE = "vocab.json"
 README_FILE = "README.md"
-EXPORT_FILES = (CONFIG_FILE, WEIGHTS_FILE, VOCAB_FILE, README_FILE)
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG = "tokenizer_config.json"
+EXPORT_FILES = (CONFIG_FILE, WEIGHTS_FILE, VOCAB_FILE, README_FILE)  # a char run's
+TOKEN_EXPORT_FILES = (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE, TOKENIZER_CONFIG, README_FILE)  # any other's
 
 
 # anatomy block-local names -> HF layer-local names (the qkv split is handled separately)
@@ -220,6 +226,17 @@ def check_out_dir(out_dir: Path, run_dir: Path, overwrite: bool) -> None:
         raise ExportError(f"export target {out_dir} exists and is not empty (pass --overwrite to replace it)")
 
 
+def tokenizer_config(vocab) -> dict[str, Any]:
+    """tokenizer_config.json for a run's tokenizer.json: the fast tokenizer class, its specials, no
+    clean-up of spaces (decode gives the text the ids stand for, as anatomy's sample prints it) and no
+    BOS/EOS added (the model never saw them)."""
+    specials = [t.content for t in vocab.tok.get_added_tokens_decoder().values() if t.special]
+    eos = specials[0] if specials else None
+    return {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
+            "add_bos_token": False, "add_eos_token": False, "eos_token": eos,
+            "model_max_length": None, "anatomy_tokenizer": vocab.spec}
+
+
 def readme_prompt(run_cfg, chars: list[str]) -> str:
     """The run's sample prefix, kept to characters the vocabulary has (else its first character)."""
     known = set(chars)
@@ -258,6 +275,36 @@ beyond it is untested (anatomy's own sampler drops the oldest half of the window
 """
 
 
+def token_readme(run_cfg, vocab, run_dir: Path, which: str, n_params: int) -> str:
+    """README of a run whose tokenizer is not char: how to load both and generate."""
+    m = run_cfg.model
+    prompt = run_cfg.train.sample_prefix or "\n"
+    tied = ", the LM head tied to the token embedding" if m.tie_embeddings else ""
+    return f"""# {run_cfg.name} ({components.label(run_cfg)}): a Llama exported by anatomy ({vocab.spec})
+
+Exported from the anatomy run `{run_dir.name}` ({which} weights) as a plain
+`LlamaForCausalLM`: {m.n_layer} layers, d_model {m.d_model}, {m.n_head} query heads,
+{m.n_kv_head} key/value heads, SwiGLU hidden {m.ffn_hidden}, RoPE base {m.rope_base:g},
+RMSNorm eps {m.norm_eps:g}, trained context {m.ctx_len} tokens, {n_params:,} parameters (float32){tied}.
+
+## Tokenizer: {vocab.spec}, {m.vocab_size:,} tokens
+
+`tokenizer.json` is the run's own tokenizer (sha256 {vocab.sha256[:16]}...). The model never saw BOS/EOS
+tokens (none is added), so `generate` runs for exactly `max_new_tokens`. Run from this folder:
+
+```python
+import torch; from transformers import AutoTokenizer, LlamaForCausalLM
+tok = AutoTokenizer.from_pretrained("."); model = LlamaForCausalLM.from_pretrained(".").eval()
+ids = tok({prompt!r}, return_tensors="pt", add_special_tokens=False).input_ids
+out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=64, do_sample=False)
+print(tok.decode(out[0], skip_special_tokens=False))
+```
+
+The model saw windows of {m.ctx_len} tokens in training; RoPE runs past that, but quality beyond it is
+untested (anatomy's own sampler drops the oldest half of the window instead).
+"""
+
+
 def export_hf(run_dir: Path | str, out_dir: Path | str, which: str = "best",
               overwrite: bool = False) -> dict[str, Any]:
     """Write a LlamaForCausalLM folder for a LLaMA-shaped run; return what was written.
@@ -278,11 +325,18 @@ def export_hf(run_dir: Path | str, out_dir: Path | str, which: str = "best",
     out_dir.mkdir(parents=True, exist_ok=True)
     runs.atomic_write_json(out_dir / CONFIG_FILE, config)
     runs.atomic_write_bytes(out_dir / WEIGHTS_FILE, save(tensors, metadata={"format": "pt"}))
-    runs.atomic_write_json(out_dir / VOCAB_FILE, vocab.chars)
-    runs.atomic_write_text(out_dir / README_FILE, readme_text(run_cfg, vocab.chars, run_dir, which, n_params))
+    if vocab.spec == "char":
+        files = EXPORT_FILES
+        runs.atomic_write_json(out_dir / VOCAB_FILE, vocab.chars)
+        runs.atomic_write_text(out_dir / README_FILE, readme_text(run_cfg, vocab.chars, run_dir, which, n_params))
+    else:
+        files = TOKEN_EXPORT_FILES
+        vocab.save(out_dir / TOKENIZER_FILE)
+        runs.atomic_write_json(out_dir / TOKENIZER_CONFIG, tokenizer_config(vocab))
+        runs.atomic_write_text(out_dir / README_FILE, token_readme(run_cfg, vocab, run_dir, which, n_params))
     return {
         "out_dir": str(out_dir),
-        "files": list(EXPORT_FILES),
+        "files": list(files),
         "run_dir": str(run_dir),
         "which": which,
         "label": components.label(run_cfg),

@@ -1,7 +1,7 @@
 """Length extrapolation: a run's best weights evaluated at other context lengths.
 
   parse_ctx_list   '128,256' or '1x,2x,4x' -> [(n, is_multiple)]; bad text is a ConfigError
-  eval_lengths     one run dir -> best-weights val loss at each context length
+  eval_lengths     one run dir -> best-weights val loss (nats/token) and bits per byte at each context length
   eval_tree        a run dir or a sweep dir -> eval_lengths for each completed run, eval.json written
 
 Length extrapolation is measured, never faked: a learned position table has no row past ctx_len,
@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from anatomy_cli.data.batches import bits_per_byte, eval_counts
 from anatomy_cli.spec import components
 from anatomy_cli.spec.config import (
     ConfigError,
@@ -88,20 +89,19 @@ def val_loss_at(model, val_ids, n: int, batch_size: int, batches: int, dtype: st
 
 
 def run_corpus(cfg, run_dir: Path, cache: dict | None = None):
-    """The run's corpus (one read per source), checked against the run's vocab.json."""
-    from anatomy_cli.data.corpus import CharVocab, DataError
-    from anatomy_cli.data.load import load_corpus
+    """The run's corpus (one read per source and tokenizer), checked against the vocabulary the run saved
+    (vocab.json's characters, or tokenizer.json's sha256)."""
+    from anatomy_cli.data.load import run_corpus as load_run_corpus
+    from anatomy_cli.training.checkpoint import run_vocab
 
     cache = {} if cache is None else cache
-    key = (cfg.data.source, cfg.data.val_frac)
+    key = (cfg.data.source, cfg.data.val_frac, cfg.data.tokenizer)
     if key not in cache:
-        cache[key] = load_corpus(cfg.data.source, cfg.data.val_frac, 1)
+        cache[key] = load_run_corpus(cfg, min_len=1)
     corpus = cache[key]
-    try:
-        vocab = CharVocab.load(Path(run_dir) / runs.VOCAB)
-    except DataError as err:
-        raise runs.RunError(str(err)) from None
-    if vocab.chars != corpus.vocab.chars:
+    vocab = run_vocab(run_dir)
+    if getattr(vocab, "chars", None) != getattr(corpus.vocab, "chars", None) \
+            or getattr(vocab, "sha256", None) != getattr(corpus.vocab, "sha256", None):
         raise runs.RunError(f"{run_dir}: the corpus changed since the run was trained (vocabulary differs)")
     return corpus
 
@@ -116,16 +116,19 @@ def eval_lengths(run_dir: Path, ctx: list[tuple[int, bool]], batches: int | None
     corpus = run_corpus(cfg, run_dir, corpus_cache)
     bs, nb = batch_size or cfg.train.batch_size, batches or cfg.train.eval_batches
     losses: dict[str, float | None] = {}
+    bpb: dict[str, float | None] = {}  # the same losses in bits per byte (data/batches.py)
     notes: dict[str, str] = {}
     for n in resolve_lengths(ctx, cfg.model.ctx_len):
         problem = length_problem(cfg.model, n, len(corpus.val))
         if problem:
-            losses[str(n)], notes[str(n)] = None, problem
+            losses[str(n)], bpb[str(n)], notes[str(n)] = None, None, problem
         else:
             require_memory(eval_bytes(cfg.model, n, bs, nb), device,
-                           f"{run_dir}: --batches {nb} x --batch-size {bs} windows of {n} characters")
+                           f"{run_dir}: --batches {nb} x --batch-size {bs} windows of {n} tokens")
             losses[str(n)] = val_loss_at(model, corpus.val, n, bs, nb, cfg.train.dtype)  # the run's own dtype
-    return {"val_loss_by_ctx": losses, "ctx_len": cfg.model.ctx_len, "pos_type": cfg.model.pos_type,
+            bpb[str(n)] = bits_per_byte(losses[str(n)], *eval_counts(corpus, n, bs, nb))
+    return {"val_loss_by_ctx": losses, "val_bpb_by_ctx": bpb, "ctx_len": cfg.model.ctx_len,
+            "pos_type": cfg.model.pos_type,
             "notes": notes, "label": components.label(cfg), "weights": "best", "batch_size": bs, "batches": nb,
             "dtype": cfg.train.dtype}
 
@@ -149,8 +152,11 @@ def write_eval(run_dir: Path, result: dict) -> dict:
             and all(old.get(k) == result.get(k) for k in MERGE_KEYS))
     losses = {**(old.get("val_loss_by_ctx", {}) if same else {}), **result["val_loss_by_ctx"]}
     losses = dict(sorted(losses.items(), key=lambda kv: int(kv[0])))
+    old_bpb = old.get("val_bpb_by_ctx", {}) if same and isinstance(old.get("val_bpb_by_ctx"), dict) else {}
+    bpb = {n: {**old_bpb, **result.get("val_bpb_by_ctx", {})}.get(n) for n in losses}
     notes = {**(old.get("notes", {}) if same else {}), **result["notes"]}
-    merged = {**result, "val_loss_by_ctx": losses, "notes": {k: v for k, v in notes.items() if losses.get(k) is None}}
+    merged = {**result, "val_loss_by_ctx": losses, "val_bpb_by_ctx": bpb,
+              "notes": {k: v for k, v in notes.items() if losses.get(k) is None}}
     runs.atomic_write_json(path, merged)
     return merged
 

@@ -64,7 +64,7 @@ def generate(model, prefix: list[int], max_new: int, temp: float = 0.8, top_k: i
     """Yield max_new ids after `prefix` (one id per step, for streaming)."""
     window = check_options(model.cfg, temp, top_k, window)
     if not prefix:
-        raise SampleError("the prefix must hold at least one character")
+        raise SampleError("the prefix must hold at least one token (one character, for a char run)")
     device = next(model.parameters()).device
     gen = torch.Generator().manual_seed(seed)
     ids = list(prefix)

@@ -9,8 +9,9 @@
   plateau_lines   one line per flagged run, for the verdict (terminal, report.md/html)
   plateau_record  report.json's "plateau": the flagged runs, and the runs whose unigram loss is unknown
 
-Why. A character model first learns how often each character occurs: its val loss drops to the
-unigram loss (data.corpus.unigram_loss: the val split's cross-entropy under the train split's character
+Why. A character model first learns how often each character occurs (a BPE model, each token: every loss
+here is in nats per token of the run's own tokenizer): its val loss drops to the
+unigram loss (data.corpus.unigram_loss: the val split's cross-entropy under the train split's token
 frequencies) and may sit there a long while before it learns anything of context (the post-norm 2017
 end at a short warmup leaves it at a random step, or never). A run still there at its end, or that left
 it only in its last evaluations, has a best val loss that measures when it escaped, not its config: the
@@ -80,15 +81,15 @@ def unigram_of(run_dir: Path, cache: dict | None = None) -> float | None:
     sha = summary.get("corpus_sha256")
     config = read_config(Path(run_dir)) or {}
     data = config.get("data") if isinstance(config.get("data"), dict) else {}
-    source, val_frac = data.get("source"), data.get("val_frac", 0.1)
+    source, val_frac, tokenizer = data.get("source"), data.get("val_frac", 0.1), data.get("tokenizer", "char")
     if not isinstance(sha, str) or (source is not None and (not isinstance(source, str) or source.startswith("hf:"))):
         return None
     if source is not None and not Path(source).is_absolute() and isinstance(summary.get("started_in"), str):
         source = str(Path(summary["started_in"]) / source)
     cache = {} if cache is None else cache
-    key = (source, val_frac)
+    key = (source, val_frac) if tokenizer == "char" else (source, val_frac, tokenizer)
     if key not in cache:
-        cache[key] = _read_corpus(source, val_frac)
+        cache[key] = _read_corpus(source, val_frac, tokenizer)
     meta, loss = cache[key] or ({}, None)
     files = summary.get("corpus_files")
     if meta.get("sha256") != sha or (files and meta.get("fingerprint") != files):
@@ -96,12 +97,12 @@ def unigram_of(run_dir: Path, cache: dict | None = None) -> float | None:
     return loss
 
 
-def _read_corpus(source: str | None, val_frac) -> tuple[dict, float] | None:
+def _read_corpus(source: str | None, val_frac, tokenizer: str = "char") -> tuple[dict, float] | None:
     from anatomy_cli.data.corpus import unigram_loss
     from anatomy_cli.data.load import load_corpus
 
     try:
-        corpus = load_corpus(source, float(val_frac))
+        corpus = load_corpus(source, float(val_frac), tokenizer=str(tokenizer))
     except Exception:  # a corpus gone, changed, unreadable or badly formed: its unigram loss is unknown
         return None
     return corpus.meta, unigram_loss(corpus)

@@ -708,11 +708,57 @@ class TrainConfig(_Frozen):
                 f"train.warmup below train.steps for a full schedule")
 
 
+# Tokenizers (data/tokenizer.py). A byte-level BPE holds the 256 bytes, its specials and its merges, so
+# bpe:N needs N >= 256 + the specials. One special, END_OF_TEXT, is reserved (id 0) and never inserted by
+# prepare: a BPE corpus encodes the same text as a char corpus (documents joined by a blank line), so the
+# two count the same bytes; it is there for exports and for a user who joins documents with it.
+END_OF_TEXT = "<|endoftext|>"
+BPE_SPECIALS = (END_OF_TEXT,)
+BPE_MIN_VOCAB = 256 + len(BPE_SPECIALS)
+BPE_MAX_VOCAB = 1 << 32  # ids are stored as uint32 past 65,536
+
+
+def tokenizer_problem(value: str) -> str | None:
+    """Why a tokenizer spec is refused, or None. A spec is "char", "bpe:N" (N between BPE_MIN_VOCAB and
+    BPE_MAX_VOCAB), "hf:NAME" (a tokenizer on the Hugging Face Hub), or a path (a tokenizer.json, or a
+    folder holding one, as transformers' save_pretrained writes); whether a path or a name exists is
+    the data room's to say (data/tokenizer.py)."""
+    if not value.strip():
+        return "empty: give char, bpe:N, hf:NAME or the path of a tokenizer.json"
+    if value.startswith("hf:") and not value[3:].strip():
+        return "hf: needs a tokenizer's name on the Hub, e.g. hf:gpt2"
+    n = value[4:] if value.startswith("bpe:") else None
+    if n is not None and (not n.isdecimal() or not BPE_MIN_VOCAB <= int(n) <= BPE_MAX_VOCAB):
+        return (f"a byte-level BPE needs a vocabulary of at least {BPE_MIN_VOCAB} tokens (256 bytes + "
+                f"{len(BPE_SPECIALS)} special, {END_OF_TEXT}) and at most {BPE_MAX_VOCAB:,}, e.g. bpe:4096")
+    return None
+
+
+def parse_tokenizer(value: str, option: str = "data.tokenizer") -> str:
+    """A tokenizer spec checked (tokenizer_problem) and in its one spelling: bpe:04096 is bpe:4096."""
+    problem = tokenizer_problem(value)
+    if problem:
+        raise ConfigError(f"{option} {value}: {problem}")
+    return f"bpe:{int(value[4:])}" if value.startswith("bpe:") else value
+
+
 class DataConfig(_Frozen):
     # A UTF-8 text file, a directory of .md/.txt files, a directory written by `anatomy prepare`,
     # or None for the embedded default corpus. Relative paths resolve against the spec's folder.
     source: str | None = Field(default=None, min_length=1)  # "" would read the working directory
     val_frac: float = Field(default=0.1, gt=0, lt=1)
+    # How text becomes ids (parse_tokenizer): "char" (one id per character, every study before tokens),
+    # "bpe:N" (a byte-level BPE of N tokens trained on the train split), a tokenizer.json path, or hf:NAME.
+    # A prepared folder's tokenizer must be the one named here (data/load.py refuses another).
+    tokenizer: str = new("char", min_length=1)
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _tokenizer(cls, value: str) -> str:
+        problem = tokenizer_problem(value)
+        if problem:
+            raise ValueError(f"{value} is refused: {problem}")
+        return parse_tokenizer(value)
 
 
 # Settings a config may carry where they do nothing without a refusal: n_kv_head is the attention's head
@@ -1155,15 +1201,19 @@ def refuse_ablation_spec(data: dict, spec: Path) -> None:
 
 
 def resolve_source(data: dict, base_dir: Path, section: str = "data") -> dict:
-    """Make a relative data.source (or base.data.source) relative to the spec file's folder."""
+    """Make a relative data.source (or base.data.source), and a tokenizer given as a path, relative to
+    the spec file's folder."""
     node = data
     for part in section.split("."):
         node = node.get(part, {}) if isinstance(node, dict) else {}
-    src = node.get("source") if isinstance(node, dict) else None
-    if isinstance(src, str) and not Path(src).is_absolute() and not Path(src).exists():
-        candidate = base_dir / src
-        if candidate.exists():
-            data = set_dotted(data, f"{section}.source", str(candidate.resolve()))
+    for key in ("source", "tokenizer"):
+        src = node.get(key) if isinstance(node, dict) else None
+        if key == "tokenizer" and isinstance(src, str) and (src == "char" or src.startswith(("bpe:", "hf:"))):
+            continue
+        if isinstance(src, str) and src and not Path(src).is_absolute() and not Path(src).exists():
+            candidate = base_dir / src
+            if candidate.exists():
+                data = set_dotted(data, f"{section}.{key}", str(candidate.resolve()))
     return data
 
 

@@ -7,8 +7,10 @@ A run directory holds, in the order they are written:
                     also has z_loss, the term added to it; a mixture-of-experts model's steps have
                     moe_aux_loss, its load-balancing loss before train.moe_aux_loss scales it; a
                     dsa model's dsa_indexer_loss, its indexer's KL loss before train.dsa_indexer_loss);
-                    evaluation steps add val_loss, elapsed_s
-  vocab.json        the character vocabulary (a JSON list of characters, index = id)
+                    evaluation steps add val_loss, elapsed_s and val_bpb (bits per byte:
+                    data/batches.py)
+  vocab.json        the character vocabulary (a JSON list of characters, index = id), or
+  tokenizer.json    the tokenizer of a run whose data.tokenizer is not char (data/tokenizer.py)
   best.safetensors  weights at the best val loss;  last.safetensors  weights at the end (of a
                     finished or stopped run; removed when it resumes)
   resume.pt         the latest checkpoint while the run is unfinished (at every evaluation, or as
@@ -21,7 +23,9 @@ A run directory holds, in the order they are written:
                     'diverged', 'failed', 'interrupted', 'running'), losses, params (total) and
                     active_params (per token), tokens, speed, hardware, cpu_capability,
                     corpus_sha256 (the fingerprint of the training text; resume refuses another),
-                    for a prepared folder corpus_files (its files' fingerprint: data/prepared.py), and
+                    for a prepared folder corpus_files (its files' fingerprint: data/prepared.py),
+                    tokenizer and tokenizer_sha256, val_tokens and val_bytes (the fixed val windows'
+                    targets and the UTF-8 bytes they stand for) and best_val_bpb, and
                     for a mixture of experts expert_load ([layer][expert] fractions of routed
                     tokens, see train.expert_load)
   .lock             held by the process training the run (lockfile.DirLock); a 'running'
@@ -52,13 +56,14 @@ CONFIG = "config.json"
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 VOCAB = "vocab.json"
+TOKENIZER = "tokenizer.json"  # a run's tokenizer when data.tokenizer is not char, in place of vocab.json
 BEST = "best.safetensors"
 LAST = "last.safetensors"
 RESUME = "resume.pt"
 SAMPLES = "samples.txt"
 TIMING = "timing.json"  # in a sweep directory, by `ablate --time`: the timing pass's rounds
 EVAL = "eval.json"  # optional, by `anatomy eval`: {"val_loss_by_ctx": {"128": 1.52, "512": null}, ...}
-RUN_FILES = (CONFIG, METRICS, VOCAB, BEST, LAST, RESUME, SAMPLES, SUMMARY)
+RUN_FILES = (CONFIG, METRICS, VOCAB, TOKENIZER, BEST, LAST, RESUME, SAMPLES, SUMMARY)
 SWEEP = "sweep.json"  # in a sweep directory: the components its runs were planned with
 
 COMPLETED = "completed"
@@ -216,7 +221,7 @@ def json_line(row: dict) -> str:
 # Fields a reader may do arithmetic on: a value of another type is a corrupt file, not a crash later.
 METRIC_INTS = ("step", "tokens")
 METRIC_FLOATS = ("train_loss", "val_loss", "grad_norm", "lr", "elapsed_s", "z_loss", "moe_aux_loss",
-                 "dsa_indexer_loss")
+                 "dsa_indexer_loss", "val_bpb")
 
 
 def _is_int(v: Any) -> bool:

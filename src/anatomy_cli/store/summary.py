@@ -75,6 +75,17 @@ class RunSummary(BaseModel):
     # The val loss of the corpus's character frequencies alone (data.corpus.unigram_loss, nats/char): where a
     # run that learned nothing else sits (report/plateau.py flags a run that ends there).
     unigram_loss: float | None = _field(CARRIED)
+    # The tokenizer (data.tokenizer's spec, e.g. "char", "bpe:4096") and the sha256 of its tokenizer.json
+    # (None for char: vocab.json and corpus_sha256 say it): a resume refuses another.
+    tokenizer: str | None = _field(CARRIED)
+    tokenizer_sha256: str | None = _field(CARRIED)
+    # Bits per byte (data/batches.py): the fixed val windows' targets (val_tokens) and the UTF-8 bytes they
+    # stand for (val_bytes), constants of the corpus, tokenizer and eval settings; best_val_bpb and
+    # final_val_bpb are best_val_loss and final_val_loss x val_tokens / (ln 2 x val_bytes).
+    val_tokens: int | None = _field(CARRIED)
+    val_bytes: int | None = _field(CARRIED)
+    best_val_bpb: float | None = None
+    final_val_bpb: float | None = None
     # Resumes (training.run.resume): the step each one continued from, in order (0: killed before its
     # first checkpoint, trained again from the start). None: never resumed.
     resumed_at: list[int] | None = _field(CARRIED)
@@ -84,7 +95,8 @@ class RunSummary(BaseModel):
     # A mixture of experts: [layer][expert] fractions of routed tokens (train.expert_load).
     expert_load: list[list[float]] | None = None
 
-    @field_validator("best_val_loss", "final_val_loss", "bits_per_char", "unigram_loss")
+    @field_validator("best_val_loss", "final_val_loss", "bits_per_char", "unigram_loss", "best_val_bpb",
+                     "final_val_bpb")
     @classmethod
     def _a_loss(cls, loss: float | None) -> float | None:
         if loss is not None and loss < 0:  # NaN (a diverged run's) compares false and passes

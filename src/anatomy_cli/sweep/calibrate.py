@@ -208,7 +208,7 @@ def measure_in_worker(jobs: list[dict], threads: int) -> tuple[float, list[dict]
     torch.set_num_threads(threads)
     for job in jobs:  # the corpus is read once per process, as a sweep worker's first run does
         d = job["data"]
-        load_corpus(d["source"], d["val_frac"], job["model"]["ctx_len"])
+        load_corpus(d["source"], d["val_frac"], job["model"]["ctx_len"], d.get("tokenizer"))
     if jobs:
         run(jobs[0], 2, 1)  # warm-up: first-use costs belong to the start-up, not to a shape's steps
     ready, out = time.time(), []

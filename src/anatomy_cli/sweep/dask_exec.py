@@ -27,12 +27,12 @@ class ExecutorError(InputError):
     """The cluster cannot be reached or a worker lacks anatomy."""
 
 
-def corpus_files(source: str, val_frac: float, ctx_len: int) -> CorpusFiles:
+def corpus_files(source: str, val_frac: float, ctx_len: int, tokenizer: str | None = None) -> CorpusFiles:
     """The corpus of `source` as a prepared folder's files: what local training would read, as bytes."""
     from anatomy_cli.data.load import load_corpus
     from anatomy_cli.data.prepared import save_corpus
 
-    corpus = load_corpus(source, val_frac, ctx_len)
+    corpus = load_corpus(source, val_frac, ctx_len, tokenizer)
     with tempfile.TemporaryDirectory(prefix="anatomy-ship-") as tmp:
         save_corpus(corpus, Path(tmp))
         return {p.name: p.read_bytes() for p in Path(tmp).iterdir() if p.is_file()}
@@ -46,10 +46,10 @@ def _ship(job: Job, shipped: dict | None = None) -> tuple[Job, CorpusFiles | Non
     data = job.config["data"]
     files = None
     if data["source"] is not None:
-        key = (data["source"], data["val_frac"])
+        key = (data["source"], data["val_frac"], data.get("tokenizer"))
         shipped = {} if shipped is None else shipped
         if key not in shipped:
-            shipped[key] = corpus_files(data["source"], data["val_frac"], job.config["model"]["ctx_len"])
+            shipped[key] = corpus_files(data["source"], data["val_frac"], job.config["model"]["ctx_len"], key[2])
         files = shipped[key]
     return job.at(job.run_dir, threads=job.config["train"]["threads"] or 1), files
 

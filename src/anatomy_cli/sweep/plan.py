@@ -116,7 +116,7 @@ def corpus_facts(plan) -> dict[str | None, dict]:
     for p in plan:
         d = p.config.data
         if d.source not in facts:
-            corpus = load_corpus(d.source, d.val_frac, p.config.model.ctx_len)
+            corpus = load_corpus(d.source, d.val_frac, p.config.model.ctx_len, d.tokenizer)
             facts[d.source] = {"vocab": len(corpus.vocab), "train_tokens": len(corpus.train)}
     return facts
 
@@ -139,7 +139,7 @@ def refuse_other_corpus(plan, sweep_dir: Path) -> None:
             continue
         if source not in now:
             cfg = by_source[source].config
-            meta = load_corpus(source, cfg.data.val_frac, cfg.model.ctx_len).meta
+            meta = load_corpus(source, cfg.data.val_frac, cfg.model.ctx_len, cfg.data.tokenizer).meta
             now[source] = (meta.get("sha256"), meta.get("fingerprint"))
         sha, files = now[source]
         if summary["corpus_sha256"] != sha or changed_file(summary.get("corpus_files"), files):

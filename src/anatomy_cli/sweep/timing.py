@@ -108,7 +108,7 @@ _CORPORA: dict = {}
 
 
 def _corpus(load_corpus, cfg):
-    key = (cfg.data.source, cfg.data.val_frac, cfg.model.ctx_len)
+    key = (cfg.data.source, cfg.data.val_frac, cfg.model.ctx_len, cfg.data.tokenizer)
     if key not in _CORPORA:
         _CORPORA[key] = load_corpus(*key)
     return _CORPORA[key]

@@ -15,7 +15,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from anatomy_cli.data.corpus import CharVocab, DataError
+from anatomy_cli.data.corpus import DataError
+from anatomy_cli.data.tokenizer import load_saved
 from anatomy_cli.model import LM
 from anatomy_cli.spec.config import ConfigError, RunConfig, validate
 from anatomy_cli.store import runs
@@ -117,15 +118,24 @@ def example_run(sweep_dir: Path) -> Path:
     return (done or found or [Path(sweep_dir) / "<a run id>"])[0]
 
 
-def load_run(run_dir: Path, which: str = "best", device: str | torch.device = "cpu"):
-    """(config, vocab, model in eval mode) of a finished or interrupted run."""
+def run_vocab(run_dir: Path):
+    """The vocabulary a run saved: its tokenizer.json (data.tokenizer other than char), else its vocab.json;
+    missing or corrupt is a one-line RunError."""
     cfg = load_run_config(run_dir)
     try:
-        vocab = CharVocab.load(Path(run_dir) / runs.VOCAB)
+        return load_saved(Path(run_dir), {"tokenizer": cfg.data.tokenizer})
     except DataError as err:
         raise runs.RunError(str(err)) from None
+
+
+def load_run(run_dir: Path, which: str = "best", device: str | torch.device = "cpu"):
+    """(config, vocab, model in eval mode) of a finished or interrupted run: vocab is the run's CharVocab
+    or Tokens (data/tokenizer.py)."""
+    cfg = load_run_config(run_dir)
+    vocab = run_vocab(run_dir)
     if len(vocab) != cfg.model.vocab_size:
-        raise runs.RunError(f"{run_dir}: vocab.json has {len(vocab)} characters, config says {cfg.model.vocab_size}")
+        what = "characters" if vocab.spec == "char" else "tokens"
+        raise runs.RunError(f"{run_dir}: {vocab.file} has {len(vocab)} {what}, config says {cfg.model.vocab_size}")
     model = LM(cfg.model).to(device)
     name = {"best": runs.BEST, "last": runs.LAST}[which]
     hint = "; use --weights best (saved at the best val loss, before it diverged)" if which == "last" else ""

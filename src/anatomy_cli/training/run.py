@@ -13,8 +13,10 @@ from pathlib import Path
 
 import torch
 
+from anatomy_cli.data.batches import run_eval_counts
 from anatomy_cli.data.corpus import Corpus, unigram_loss
-from anatomy_cli.data.load import load_corpus
+from anatomy_cli.data.load import run_corpus
+from anatomy_cli.data.tokenizer import spec_of
 from anatomy_cli.model.generate import generate
 from anatomy_cli.spec import components
 from anatomy_cli.spec.config import ConfigError, RunConfig
@@ -38,8 +40,17 @@ def resolve_config(cfg: RunConfig, corpus: Corpus) -> RunConfig:
     """Fill model.vocab_size from the data (or check it matches)."""
     n = len(corpus.vocab)
     if cfg.model.vocab_size not in (None, n):
-        raise ConfigError(f"model.vocab_size={cfg.model.vocab_size} but the corpus has {n} distinct characters")
+        what = "distinct characters" if spec_of(corpus.vocab) == "char" else f"tokens ({spec_of(corpus.vocab)})"
+        raise ConfigError(f"model.vocab_size={cfg.model.vocab_size} but the corpus has {n} {what}")
     return cfg.model_copy(update={"model": cfg.model.model_copy(update={"vocab_size": n})})
+
+
+def sample_prefix(vocab, prefix: str) -> str:
+    """The prefix samples.txt starts from: a char vocabulary keeps the characters it has (else its first);
+    a tokenizer encodes any text (a byte-level BPE has every byte), so the prefix stays as it is."""
+    if spec_of(vocab) != "char":
+        return prefix or "\n"
+    return "".join(c for c in prefix if c in vocab.index) or vocab.chars[0]
 
 
 def write_samples(tr: Trainer) -> str:
@@ -49,9 +60,10 @@ def write_samples(tr: Trainer) -> str:
     load_weights(tr.model, tr.run_dir / runs.BEST)
     tr.model.eval()
     vocab = tr.corpus.vocab
-    prefix = "".join(c for c in t.sample_prefix if c in vocab.index) or vocab.chars[0]
-    ids = list(generate(tr.model, vocab.encode(prefix), t.sample_len, t.sample_temp, seed=tr.cfg.seed))
-    text = prefix + vocab.decode(ids)
+    prefix = sample_prefix(vocab, t.sample_prefix)
+    prompt = vocab.encode(prefix)
+    ids = list(generate(tr.model, prompt, t.sample_len, t.sample_temp, seed=tr.cfg.seed))
+    text = prefix + vocab.decode(ids) if spec_of(vocab) == "char" else vocab.decode(prompt + ids)
     header = f"# prefix={prefix!r} temp={t.sample_temp} seed={tr.cfg.seed} weights=best\n"
     runs.atomic_write_text(tr.run_dir / runs.SAMPLES, header + text + "\n")
     return text
@@ -109,7 +121,9 @@ def summarize(tr: Trainer, status: str, diverged_at: int | None, carried: dict,
         best_val_loss=best,
         best_step=log.best_step if best is not None else None,
         final_val_loss=log.last_val if math.isfinite(log.last_val) else None,
-        bits_per_char=best / math.log(2) if best is not None else None,
+        bits_per_char=best / math.log(2) if best is not None else None,  # per token: the char runs' name
+        best_val_bpb=log.bpb(best) if best is not None else None,
+        final_val_bpb=log.bpb(log.last_val) if math.isfinite(log.last_val) else None,
         steps_done=steps,
         tokens_seen=tokens,
         tokens_per_s=tokens / tr.train_time if tr.train_time > 0 else None,
@@ -139,7 +153,7 @@ def train(cfg: RunConfig, run_dir: Path, progress: Progress | None = None,
     Holds run_dir/.lock throughout (RunBusy if a live process trains it). overwrite=False refuses a
     folder that is not empty; a folder of other runs is always refused (runs.check_replace).
     """
-    corpus = load_corpus(cfg.data.source, cfg.data.val_frac, cfg.model.ctx_len)
+    corpus = run_corpus(cfg)
     cfg = resolve_config(cfg, corpus)
     check_fits(cfg, resolve_device(cfg.train.device))
     run_dir = Path(run_dir)
@@ -157,15 +171,15 @@ def _from_scratch(cfg: RunConfig, run_dir: Path, corpus: Corpus, progress, stop,
 
 
 def prepare_fresh(cfg: RunConfig, run_dir: Path, corpus: Corpus, carried: dict) -> dict:
-    """Empty run_dir of a previous attempt, write config.json (first) and vocab.json; the carried
-    summary fields with this run's id and corpus fingerprint."""
+    """Empty run_dir of a previous attempt, write config.json (first) and the vocabulary (vocab.json, or
+    tokenizer.json); the carried summary fields with this run's id and corpus fingerprint."""
     for name in runs.RUN_FILES:
         if name != runs.CONFIG:
             (run_dir / name).unlink(missing_ok=True)
     runs.drop_temp_files(run_dir)
     runs.atomic_write_json(run_dir / runs.CONFIG, cfg.model_dump(mode="json"))  # first
-    corpus.vocab.save(run_dir / runs.VOCAB)
-    return {**started_in(cfg), **carried, "run_id": run_dir.name, **corpus_identity(corpus)}
+    corpus.vocab.save(run_dir / corpus.vocab.file)  # vocab.json (char) or tokenizer.json
+    return {**started_in(cfg), **carried, "run_id": run_dir.name, **corpus_identity(corpus, cfg)}
 
 
 def started_in(cfg: RunConfig) -> dict:
@@ -230,9 +244,9 @@ def resume_preamble(run_dir: Path, cfg: RunConfig, corpus: Corpus | None = None)
         raise runs.RunError(f"{run_dir} is {status or 'not a run'}; only interrupted runs can be resumed")
     before = RunSummary.model_validate(runs.read_summary(run_dir) or {})
     if corpus is None:
-        corpus = load_corpus(data_source(cfg, before), cfg.data.val_frac, cfg.model.ctx_len)
+        corpus = run_corpus(cfg, data_source(cfg, before))
     check_corpus(run_dir, cfg, before, corpus)
-    return corpus, {**before.carried(), "run_id": run_dir.name, **corpus_identity(corpus)}
+    return corpus, {**before.carried(), "run_id": run_dir.name, **corpus_identity(corpus, cfg)}
 
 
 def drop_stale(run_dir: Path) -> None:
@@ -247,13 +261,16 @@ def has_checkpoint(run_dir: Path) -> bool:
     return (Path(run_dir) / runs.RESUME).is_file()
 
 
-def corpus_identity(corpus: Corpus) -> dict:
+def corpus_identity(corpus: Corpus, cfg: RunConfig) -> dict:
     """What a summary records of its corpus: the sha256 of its text and, for a prepared folder, its
-    files' fingerprint (data/prepared.py), so a resume can tell other data from the same; and its unigram
-    loss (data.corpus.unigram_loss), the plateau a report measures each run's curve against."""
+    files' fingerprint (data/prepared.py), so a resume can tell other data from the same; its tokenizer
+    (spec and sha256: a resume refuses another); its unigram loss (data.corpus.unigram_loss), the plateau
+    a report measures each run's curve against; and the val windows' tokens and bytes (bits per byte)."""
     files = corpus.meta.get("fingerprint")
+    tokens, n_bytes = run_eval_counts(corpus, cfg)
     return ({"corpus_sha256": corpus.meta.get("sha256")} | ({"corpus_files": files} if files else {})
-            | {"unigram_loss": unigram_loss(corpus)})
+            | {"tokenizer": spec_of(corpus.vocab), "tokenizer_sha256": getattr(corpus.vocab, "sha256", None),
+               "unigram_loss": unigram_loss(corpus), "val_tokens": tokens, "val_bytes": n_bytes})
 
 
 def check_corpus(run_dir: Path, cfg: RunConfig, before: RunSummary, corpus: Corpus) -> None:
@@ -268,6 +285,10 @@ def check_corpus(run_dir: Path, cfg: RunConfig, before: RunSummary, corpus: Corp
     if name is not None:
         raise runs.RunError(f"{run_dir}: {name} of the prepared corpus {cfg.data.source} changed since the run "
                             f"started; resuming would train on other data")
+    was, now = before.tokenizer_sha256, getattr(corpus.vocab, "sha256", None)
+    if was and now != was:
+        raise runs.RunError(f"{run_dir}: the tokenizer changed since the run started (tokenizer.json's sha256 "
+                            f"{was[:12]}... is now {str(now)[:12]}...); resuming would train on other ids")
     if len(corpus.vocab) != cfg.model.vocab_size:
         raise runs.RunError(f"{run_dir}: the corpus changed since the run started (vocabulary size differs)")
 

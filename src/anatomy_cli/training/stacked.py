@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 from torch.func import functional_call, stack_module_state, vmap
 
-from anatomy_cli.data.batches import BatchSampler, fixed_windows
+from anatomy_cli.data.batches import BatchSampler, fixed_windows, run_eval_counts
 from anatomy_cli.data.corpus import Corpus
 from anatomy_cli.model import LM
 from anatomy_cli.spec.config import RunConfig
@@ -113,8 +113,10 @@ class StackedTrainer:
         set_expand_kv(self.base, gqa_expanded(cfgs[0], self.device))
         self.val = fixed_windows(corpus.val, t.batch_size, cfgs[0].model.ctx_len, t.eval_batches, self.device)
         self.autocast = autocast(self.device, t.dtype)
+        counts = run_eval_counts(corpus, cfgs[0])  # the members' windows are one set: one count
         for m in self.members:  # what train.finalize reads of a Trainer besides the books
             m.val, m.autocast, m.fwd = self.val, self.autocast, m.model
+            m.log.counts = counts
         self.step, self.elapsed, self.train_time = 0, 0.0, 0.0
         self.size = len(self.members)  # members at the start: the summary's `stacked`
         self.cadence = Cadence.of(t)
@@ -299,7 +301,7 @@ def train_group(cfgs: list[RunConfig], run_dirs: list[Path], progress: Progress 
                 extras: list[dict] | None = None, resume: bool = False) -> list[dict]:
     """Train (or, resume=True, continue from their checkpoints, all at one step) runs that differ
     only by seed as one stack; each run folder ends as it would alone. Returns their summaries."""
-    from anatomy_cli.data.load import load_corpus
+    from anatomy_cli.data.load import run_corpus
     from anatomy_cli.store.summary import RunSummary
     from anatomy_cli.training.checkpoint import load_run_config
     from anatomy_cli.training.run import (
@@ -321,7 +323,7 @@ def train_group(cfgs: list[RunConfig], run_dirs: list[Path], progress: Progress 
     source = c0.data.source  # a resumed stack reads a relative source from the folder it started in
     if resume:
         source = data_source(c0, RunSummary(started_in=(runs.read_summary(run_dirs[0]) or {}).get("started_in")))
-    corpus = load_corpus(source, c0.data.val_frac, c0.model.ctx_len)
+    corpus = run_corpus(c0, source)
     cfgs = cfgs if resume else [resolve_config(c, corpus) for c in cfgs]
     check_fits(cfgs[0], resolve_device(c0.train.device), copies=len(cfgs))
     with contextlib.ExitStack() as held:

@@ -33,7 +33,7 @@ from typing import Protocol
 
 import torch
 
-from anatomy_cli.data.batches import BatchSampler, fixed_windows
+from anatomy_cli.data.batches import BatchSampler, bits_per_byte, fixed_windows, run_eval_counts
 from anatomy_cli.data.corpus import Corpus
 from anatomy_cli.model import LM
 from anatomy_cli.model.moe import update_biases
@@ -282,6 +282,11 @@ class RunLog:
         self.last_val, self.train_loss = math.nan, math.nan
         self.diverged_at: int | None = None  # the first diverged step; the loop stops at its next log point
         self.events = tb_events.for_run(self.run_dir, cfg.model_dump(mode="json"))  # None without tensorboard
+        self.counts: tuple[int, int] | None = None  # (val_tokens, val_bytes): set by the trainer (bpb)
+
+    def bpb(self, val_loss: float) -> float | None:
+        """A val loss (nats per token) in bits per byte over the fixed val windows (data/batches.py)."""
+        return None if self.counts is None else bits_per_byte(val_loss, *self.counts)
 
     def tokens(self, step: int) -> int:
         return step * self.cfg.train.batch_size * self.cfg.model.ctx_len
@@ -304,6 +309,7 @@ class RunLog:
             if not lines or lines[-1]["step"] != step:
                 lines.append({"step": step, "tokens": self.tokens(step)})
             lines[-1].update(val_loss=val_loss, elapsed_s=round(elapsed, 3))
+            lines[-1].update({} if self.counts is None else {"val_bpb": self.bpb(val_loss)})
             self.note(step, val_loss)
         runs.append_text(self.run_dir / runs.METRICS, "".join(runs.json_line(r) for r in lines), durable)
         if self.events is not None:
@@ -394,6 +400,7 @@ class Trainer:
         self.step, self.elapsed, self.train_time = 0, 0.0, 0.0
         self.last: StepRecord | None = None  # the latest step's record
         self.log = RunLog(cfg, run_dir)
+        self.log.counts = run_eval_counts(corpus, cfg)
         self.cadence = Cadence.of(t)
 
     # ------------------------------------------------------------------ one step
