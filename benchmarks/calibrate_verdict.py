@@ -4,14 +4,14 @@ Each simulated family is one study of the five LLaMA parts (rmsnorm, prenorm, ro
 2017 reference end, its five add-one variants, the LLaMA all-on end and its five remove-one variants,
 11 configs x n seeds, 10 effects in one group. Per seed and config
 
-    best_val_loss = base(end) + seed effect + config truth + the config's own noise (+ a collapse)
+    best_val_bpb = base(end) + seed effect + config truth + the config's own noise (+ a collapse)
 
 where the seed effect (shared by every config of that seed, sd ~ END_SD) cancels in the paired
 differences, so each effect's paired sd is set by the own noise of its two configs: the end's (END_OWN,
 small) and the variant's, chosen so the effect's paired sd is what the noise setting asks for.
 
 What runs through the real report code. The synthetic losses are generated vectorised, as a runs frame
-(role, design, settings, size, seed, status, run_id, best_val_loss) with many families stacked as separate
+(role, design, settings, size, seed, status, run_id, best_val_bpb) with many families stacked as separate
 groups (a `family` setting). That frame is paired by `effects.paired_rows` (the pairing
 `component_effects` uses: same seed, both runs completed; gain, sd, the group's noise) and judged by
 `effects.effects_frame(rows, {metric: effects.margin_of(metric)})`, the body of `effects.component_effects`:
@@ -93,7 +93,7 @@ from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, DIRECTIONS, REFERENCE, REMOV
 from anatomy_cli.store.runs import COMPLETED
 from anatomy_cli.study.rounds import Rounds, run_rounds
 
-METRIC = "best_val_loss"
+METRIC = "best_val_bpb"  # the report's loss metric (frames.LOSS_METRIC)
 END_SD = 0.04  # true seed-to-seed sd of an end's best val loss (the demo's: 0.046 and 0.040)
 END_OWN = 0.0025  # the part of it that is the end config's own noise; the rest is the shared seed effect
 SIGMA = 0.04  # the tested effect's paired sd, and every effect's when alike
@@ -178,7 +178,7 @@ def simulate(rng: np.random.Generator, n: int, noise: Noise, families: int, firs
             "size": [""] * m, "status": ["completed"] * m}
     # plain object columns: the pairing runs ~30 % faster than on pandas' arrow strings
     runs = pd.DataFrame({k: pd.Series(v, dtype=object) for k, v in text.items()})
-    runs["seed"], runs["best_val_loss"] = seed, loss.reshape(-1)
+    runs["seed"], runs[METRIC] = seed, loss.reshape(-1)
     return runs, expected
 
 

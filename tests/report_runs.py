@@ -49,6 +49,8 @@ def make_run(root, name, flips=(), seed=1, best=2.0, final=None, status="complet
         (run / "summary.json").write_text(json.dumps({
             "status": status, "run_id": name, "seed": seed, "params": 12345,
             "best_val_loss": best, "best_step": 4, "final_val_loss": final,
+            # one byte per ln 2 nats of a token: the report's bits per byte are these numbers as they are
+            "best_val_bpb": best, "final_val_bpb": final,
             "bits_per_char": None if best is None else best / math.log(2), "tokens_per_s": tokens_per_s,
             "step_time_ms": 5.0, "wall_s": 1.0, "diverged_at": 3 if status == "diverged" else None,
             "error": None, "sweep": None}))

@@ -45,7 +45,8 @@ def run(root: Path, name: str, flips, size_model: dict, seed: int, best: float, 
                for s in steps]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
     (folder / "summary.json").write_text(json.dumps({
-        "status": status, "best_val_loss": best if done else None, "best_step": steps[-1],
+        "status": status, "best_val_loss": best if done else None, "best_val_bpb": best if done else None,
+        "best_step": steps[-1],
         "final_val_loss": best if done else None, "params": 1, "wall_s": 1.0,
         "diverged_at": 7 if status == "diverged" else None}))
 

@@ -63,7 +63,8 @@ def _frame() -> pd.DataFrame:
            "llama-swiglu-s1339-f07b8529", "llama-gqa-s1337-c953bdf3"]
     labels = ["2017", "rmsnorm", "llama", "rmsnorm+prenorm+rope+gqa", "rmsnorm+prenorm+rope+swiglu"]
     rows = [{"run_id": ids[i], "label": lab,
-             "seed": 1337 + i, "status": "completed", "best_val_loss": 1.5 + i / 10, "best_step": 400,
+             "seed": 1337 + i, "status": "completed", "best_val_loss": 1.5 + i / 10, "best_val_bpb": 1.5 + i / 10,
+             "best_step": 400,
              "overfit_gap": 0.0123, "tokens_per_s": 123456.0} for i, lab in enumerate(labels)]
     return pd.DataFrame(rows)
 

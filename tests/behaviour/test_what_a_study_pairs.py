@@ -34,7 +34,7 @@ def fake_run(folder: Path, name: str, model: dict, seed: int, loss: float, sha: 
     runs.atomic_write_json(run_dir / runs.CONFIG, cfg.model_dump(mode="json"))
     (run_dir / runs.METRICS).write_text(json.dumps({"step": 4, "train_loss": loss, "grad_norm": 1.0,
                                                     "val_loss": loss, "tokens": 64}) + "\n")
-    summary = {"status": runs.COMPLETED, "seed": seed, "best_val_loss": loss, "best_step": 4,
+    summary = {"status": runs.COMPLETED, "seed": seed, "best_val_loss": loss, "best_val_bpb": loss, "best_step": 4,
                "final_val_loss": loss, "params": 1000, "steps_done": 4}
     runs.atomic_write_json(run_dir / runs.SUMMARY, summary | ({"corpus_sha256": sha} if sha else {}))
     return run_dir

@@ -74,7 +74,7 @@ def test_the_report_is_one_frozen_object_every_output_reads(tmp_path):
     r = build_report(tmp_path / "s")
     with pytest.raises(AttributeError):
         r.runs = r.runs.iloc[:0]  # frozen: no output changes what another one shows
-    assert set(r.effects["metric"]) == {"best_val_loss", "tokens_per_s"}
-    assert r.loss.equals(r.effects[r.effects["metric"] == "best_val_loss"])
+    assert set(r.effects["metric"]) == {"best_val_bpb", "tokens_per_s"}
+    assert r.loss.equals(r.effects[r.effects["metric"] == "best_val_bpb"])
     assert list(r.verdict["flip"]) and r.tuning is None and r.scale is None and r.rules.looks == 1
     assert "config" in r.runs and "lr" in r.runs and r.runs["lr"].notna().all()  # read from each run's config

@@ -81,7 +81,7 @@ def test_decide_gives_seeds_only_to_open_effects_and_resumes_to_the_same_decisio
                                  "1 effect open, none of which 5 seeds would decide at the noise measured")
     # the report judges every family at the looks' alpha
     effects = build_report(root).effects
-    noop = effects[(effects["flip"] == "noop") & (effects["metric"] == "best_val_loss")].iloc[0]
+    noop = effects[(effects["flip"] == "noop") & (effects["metric"] == "best_val_bpb")].iloc[0]
     assert noop["call"] == stats.NEGLIGIBLE and noop["adj_level"] == pytest.approx(1 - record["alpha"] / 2)
     assert "--decide:" in result.output and record["stopped"] in result.output
     # the same command again trains nothing and takes the same decisions (each look reads its own seeds)
@@ -105,13 +105,13 @@ def test_dry_run_on_earlier_runs_says_the_seeds_the_margin_needs(tmp_path):
                 "--margin", margin]
         assert invoke(*base, "--no-report").exit_code == 0
         effects = build_report(tmp_path / f"runs{margin}" / "toy").effects
-        loss = effects[effects["metric"] == "best_val_loss"]
+        loss = effects[effects["metric"] == "best_val_bpb"]
         sd = float(np.median(loss["se"] * np.sqrt(loss["n_pairs"])))
         # the seeds at which twice the margin is called helps 80 % of the time (the margin itself: at most half)
         need = stats.seeds_for(sd, len(loss), 2 * margin, margin=margin)
         out = invoke(*base, "--dry-run").output
         line = " ".join(next(x for x in out.split("power: ")[1:]).split())
-        assert f"the plan's {len(loss)} effects' median paired sd is {sd:.3f} nats/char" in line
+        assert f"the plan's {len(loss)} effects' median paired sd is {sd:.3f} bits/byte" in line
         if need is None:
             assert "needs more seeds than anatomy runs" in line
         elif need > 3:
@@ -122,7 +122,7 @@ def test_dry_run_on_earlier_runs_says_the_seeds_the_margin_needs(tmp_path):
 
 
 def _open(flip: str, call: str, n: int, gain: float, se: float) -> dict:
-    return {"metric": "best_val_loss", "flip": flip, "direction": "add-one", "group": "", "call": call,
+    return {"metric": "best_val_bpb", "flip": flip, "direction": "add-one", "group": "", "call": call,
             "n_pairs": n, "gain": gain, "se": se, "df": n - 1.0 if n > 1 else float("nan"),
             "adj_level": 1 - 0.025 / 10, "margin": 0.02}
 

@@ -12,6 +12,7 @@ import pytest
 from report_runs import (
     make_run,
 )
+from toy_data import tiny_text
 
 from anatomy_cli.report import frames
 from anatomy_cli.spec.components import FIVE as FLIPS
@@ -40,7 +41,7 @@ def test_runs_frame_columns_and_values(tmp_path):
     assert nosum["best_val_loss"] == 2.0 and nosum["best_step"] == 4  # from metrics.jsonl
     assert pd.isna(nosum["params"])
 
-    assert list(curves.columns) == ["run_id", "step", "tokens", "split", "loss", "grad_norm"]
+    assert list(curves.columns) == ["run_id", "step", "tokens", "split", "loss", "bpb", "grad_norm"]
     assert set(curves["split"]) == {"train", "val"}
     assert len(curves) == 3 * (5 + 1)
 
@@ -98,3 +99,41 @@ def test_a_killed_runs_running_summary_reads_as_interrupted(tmp_path):
     summary["owner"] = {"pid": 2**22 + 12345, "start": "1", "host": os.uname().nodename}  # no such process
     (run / "summary.json").write_text(json.dumps(summary))
     assert frames.load_runs(tmp_path)[0]["status"].tolist() == ["interrupted"]
+
+
+def test_bits_per_byte_from_the_summary_else_counted_on_the_corpus(tmp_path):
+    """A run's losses in bits per byte: its summary's val tokens and bytes where it records them, else its fixed
+    val windows counted on its corpus as training counts them (an older run); unknown where the corpus is not the
+    one it trained on. Its curves are turned by the same factor."""
+    from anatomy_cli.data.batches import bits_per_byte, run_eval_counts
+    from anatomy_cli.data.load import load_corpus
+    from anatomy_cli.spec.config import RunConfig, validate
+
+    corpus = tmp_path / "mixed.txt"  # English and Chinese, as the embedded corpus: not a byte a character
+    chinese = "训练一个小模型，看看每个部分值多少。"
+    corpus.write_text("".join(f"{line}\n{chinese}\n" for line in tiny_text(4000).splitlines()), encoding="utf-8")
+    cfg = validate(RunConfig, {"model": {"ctx_len": 16}, "train": {"batch_size": 2, "eval_batches": 3},
+                               "data": {"source": str(corpus)}})
+    loaded = load_corpus(str(corpus), 0.1, 16)
+    tokens, size = run_eval_counts(loaded, cfg)
+    assert size > 1.2 * tokens  # the windows hold multi-byte characters
+    for name, extra in (("new", {"val_tokens": tokens, "val_bytes": size}), ("old", {})):
+        run = make_run(tmp_path / "r", name, best=2.0)
+        config = json.loads((run / "config.json").read_text())
+        config["model"]["ctx_len"] = 16
+        config["train"] |= {"batch_size": 2, "eval_batches": 3}
+        config["data"]["source"] = str(corpus)
+        (run / "config.json").write_text(json.dumps(config))
+        summary = json.loads((run / "summary.json").read_text())
+        summary = {k: v for k, v in summary.items() if not k.endswith("_bpb")} | extra
+        summary["corpus_sha256"] = loaded.meta["sha256"]
+        (run / "summary.json").write_text(json.dumps(summary))
+    runs, curves = frames.load_runs(tmp_path / "r")
+    want = bits_per_byte(2.0, tokens, size)
+    assert runs.set_index("run_id")["best_val_bpb"].tolist() == pytest.approx([want, want], rel=1e-12)
+    val = curves[(curves["split"] == "val")]
+    assert val["bpb"].tolist() == pytest.approx((val["loss"] * want / 2.0).tolist())
+    summary["corpus_sha256"] = "0" * 64  # another corpus than the one it trained on: unknown, never guessed
+    (tmp_path / "r" / "old" / "summary.json").write_text(json.dumps(summary))
+    runs, _ = frames.load_runs(tmp_path / "r")
+    assert math.isnan(runs.set_index("run_id").loc["old", "best_val_bpb"])

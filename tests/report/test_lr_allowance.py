@@ -54,7 +54,7 @@ def test_a_tuned_report_widens_each_tuned_interval_and_says_so_and_not_the_share
     root = tuned_folder(tmp_path, {k: v * 2 ** 0.3 for k, v in OPTIMUM.items()})  # optima between grid points
     r = build_report(root)
     effects = r.effects
-    row = effects[effects["metric"] == "best_val_loss"].iloc[0]
+    row = effects[effects["metric"] == "best_val_bpb"].iloc[0]
     bound = lr_allowance.allowance(records.read_tune(root), "2017", "2017+rope", True, row["sd"])
     crit = (row["gain"] - row["adj_low"] - bound["allow_low"]) / row["se"]
     assert crit == pytest.approx((row["adj_high"] - bound["allow_high"] - row["gain"]) / row["se"])

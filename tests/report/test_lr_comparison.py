@@ -35,6 +35,7 @@ def fake_train(root, optimum=None):
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / runs.CONFIG).write_text(json.dumps(p.config.model_dump(mode="json")))
             (run_dir / runs.SUMMARY).write_text(json.dumps({"status": "completed", "best_val_loss": loss,
+                                                            "best_val_bpb": loss,
                                                             "best_step": 12, "final_val_loss": loss}))
         return [runs.COMPLETED] * len(todo)
     return train
@@ -98,7 +99,7 @@ def test_a_tuned_report_floors_each_allowance_at_the_groups_median_sd(tmp_path):
     record = records.read_tune(study.sweep_dir)
     r = build_report(study.sweep_dir)
     effects = r.effects
-    rows = effects[effects["metric"] == "best_val_loss"]
+    rows = effects[effects["metric"] == "best_val_bpb"]
     floor = lr_allowance.family_sd(rows["sd"])
     low, high = rows.loc[rows["sd"].idxmin()], rows.loc[rows["sd"].idxmax()]
     assert low["sd"] < floor <= high["sd"]  # the family's smallest own sd, and one its floor leaves alone

@@ -153,7 +153,7 @@ def study(root, stuck: bool = True):
 
 
 def loss_verdict(effects):
-    return verdict_frame(effects[effects["metric"] == "best_val_loss"])
+    return verdict_frame(effects[effects["metric"] == "best_val_bpb"])
 
 
 def test_a_run_left_on_the_plateau_is_named_in_terminal_report_and_json(tmp_path):
@@ -165,7 +165,7 @@ def test_a_run_left_on_the_plateau_is_named_in_terminal_report_and_json(tmp_path
     assert stuck["plateau_effects"] == "gqa added to the 2017 end"
     assert runs.loc[runs["run_id"] != "2017+gqa-s1", "plateau"].isna().all()
 
-    loss = effects[effects["metric"] == "best_val_loss"].set_index(["flip", "direction"])
+    loss = effects[effects["metric"] == "best_val_bpb"].set_index(["flip", "direction"])
     assert loss.loc[("gqa", "add-one"), "note"].startswith(f"{plateau.NOTE_HEAD}: 2017+gqa-s1.")
     assert (loss.drop(("gqa", "add-one"))["note"] == "").all()  # the effects it does not enter: no note
 
@@ -214,7 +214,7 @@ def test_a_study_with_no_run_on_the_plateau_says_nothing_of_it(tmp_path):
     r = build_report(root)
     runs, effects = r.runs, r.effects
     assert runs["plateau"].isna().all()
-    assert (effects.loc[effects["metric"] == "best_val_loss", "note"] == "").all()
+    assert (effects.loc[effects["metric"] == "best_val_bpb", "note"] == "").all()
     assert "plateau" not in verdict_text(r, 100)
     assert plateau.plateau_lines(runs) == []
     ax = figures.forest_figure(loss_verdict(effects)).axes[0]

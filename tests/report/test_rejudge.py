@@ -36,7 +36,7 @@ def test_a_file_the_report_wrote_today_is_judged_the_same(written):
 
 def test_a_call_that_rested_on_pooling_is_judged_on_its_own_variance(written):
     doc = results_file.load(written)
-    loss = [e for e in doc["effects"] if e["metric"] == "best_val_loss"]
+    loss = [e for e in doc["effects"] if e["metric"] == "best_val_bpb"]
     e = loss[0]
     # as the rule of issues 28-34 recorded one: a narrow interval on 12 pooled df, its own raw one wide
     e |= {"gain": -0.048, "raw_low": -0.110, "raw_high": 0.014, "adj_low": -0.084, "adj_high": -0.012, "df": 12.0,
@@ -44,7 +44,7 @@ def test_a_call_that_rested_on_pooling_is_judged_on_its_own_variance(written):
     new, changes = rejudge.rejudge(doc)
     (change,) = [c for c in changes if c["what"].startswith(e["flip"])]
     assert (change["before"], change["after"]) == (stats.HURTS, stats.UNDECIDED)
-    fresh = next(x for x in new["effects"] if x["flip"] == e["flip"] and x["metric"] == "best_val_loss")
+    fresh = next(x for x in new["effects"] if x["flip"] == e["flip"] and x["metric"] == "best_val_bpb")
     assert fresh["df"] == 2 and "prior_df" not in fresh and fresh["adj_low"] < 0 < fresh["adj_high"]
 
 
@@ -79,7 +79,7 @@ def test_a_ladder_is_judged_again_whole_by_size_rows_and_trends():
     """On the shipped scale study: each size's row repeats its effect's interval and call, and a second
     pass changes nothing (the rewritten file is a fixed point)."""
     doc = results_file.load(results_blocks.RESULTS_DIR / "scale.json")
-    loss = {(e["flip"], e["direction"], e["group"]): e for e in doc["effects"] if e["metric"] == "best_val_loss"}
+    loss = {(e["flip"], e["direction"], e["group"]): e for e in doc["effects"] if e["metric"] == "best_val_bpb"}
     stale = json.loads(json.dumps(doc))
     for row in stale["scale"]["effects"]:
         row |= {"adj_low": -9.0, "adj_high": 9.0}  # an interval the effect does not have

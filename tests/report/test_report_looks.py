@@ -32,7 +32,7 @@ def _verdict(n: int, group: str = "") -> pd.DataFrame:
 
 @pytest.mark.parametrize("n", [1, 3, 12, 30])
 @pytest.mark.parametrize("group", ["", "n_layer=4, d_model=128, ctx_len=256"])
-@pytest.mark.parametrize("unit", ["nats/char", "%"])
+@pytest.mark.parametrize("unit", ["bits/byte", "%"])
 def test_forest_x_label_inside_the_figure(n, group, unit):
     fig = figures.forest_figure(_verdict(n, group), unit)
     FigureCanvasAgg(fig)

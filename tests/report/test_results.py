@@ -69,20 +69,20 @@ def test_results_file_renders_every_kind_and_drift_fails(tmp_path):
     path, doc = rendered_study(tmp_path)
     assert doc["format"] == results_file.FORMAT and doc["version"] == results_file.VERSION and doc["study"] == "toy"
     assert path.stat().st_size < 20_000 and "curves" not in doc and "runs" in doc  # small: no curves, no paths
-    assert {e["flip"]: e["call"] for e in doc["effects"] if e["metric"] == "best_val_loss"} == {
+    assert {e["flip"]: e["call"] for e in doc["effects"] if e["metric"] == "best_val_bpb"} == {
         f: call for f, (_, call) in CALLED.items()}
 
     text = results_blocks.update(DOC, tmp_path / "doc")
-    rope = next(e for e in doc["effects"] if e["flip"] == "rope" and e["metric"] == "best_val_loss")
+    rope = next(e for e in doc["effects"] if e["flip"] == "rope" and e["metric"] == "best_val_bpb")
     assert f"RoPE gains <!-- results toy gain rope add-one -->{rope['gain']:+.3f}<!-- /results --> nats" in text
     assert f"| rope | {rope['gain']:+.3f} [{rope['adj_low']:+.3f}, {rope['adj_high']:+.3f}] helps |" in text
-    pre = next(e for e in doc["effects"] if e["flip"] == "prenorm" and e["metric"] == "best_val_loss")
+    pre = next(e for e in doc["effects"] if e["flip"] == "prenorm" and e["metric"] == "best_val_bpb")
     assert (f"| 1 | prenorm | added to 2017 | +0.405 | [{pre['adj_low']:+.3f}, {pre['adj_high']:+.3f}] | too few "
             f"seeds |") in text  # 2 seeds: no call
     assert "the 2017 end reaches 2.010, seed-to-seed sd 0.010" in text
     assert "Each interval at 99 % (Bonferroni: 0.05 split over the 5 effects), so all 5 hold together" in text
-    mde = statistics.median(e["mde"] for e in doc["effects"] if e["metric"] == "best_val_loss" and e["mde"] is not None)
-    assert f"An effect of {mde:.3f} nats/char is called 80 % of the time" in text
+    mde = statistics.median(e["mde"] for e in doc["effects"] if e["metric"] == "best_val_bpb" and e["mde"] is not None)
+    assert f"An effect of {mde:.3f} bits/byte is called 80 % of the time" in text
     assert results_blocks.drifted(text, tmp_path / "doc") == []
     assert results_blocks.update(text, tmp_path / "doc") == text
 
@@ -123,7 +123,7 @@ def test_report_writes_the_results_file(tmp_path):
 def test_parts_block_shows_quality_speed_size_and_decode_state():
     """The frontier study's table: per added part its loss call, its timed speed call, its total and
     active parameters and its decode state against the reference end's, all from the results file."""
-    loss = {"metric": "best_val_loss", "unit": "abs", "direction": "add-one", "group": "", "family": 2,
+    loss = {"metric": "best_val_bpb", "unit": "abs", "direction": "add-one", "group": "", "family": 2,
             "threshold": 0.03, "threshold_basis": "noise floor", "adj_level": 0.975}
     doc = {"ends": {"reference": {"name": "LLaMA"}}, "effects": [
         loss | {"flip": "moe", "gain": 0.05, "adj_low": 0.02, "adj_high": 0.08, "call": "helps"},

@@ -65,7 +65,7 @@ def test_rule_text_adds_the_looks_and_the_family_up_to_the_family_wise_error():
 def test_terminal_report_speed_and_results_state_the_rule_in_one_wording(tmp_path):
     root = decided_study(tmp_path / "study", timed=True)
     r = build_report(root)
-    loss = r.effects[r.effects["metric"] == "best_val_loss"]
+    loss = r.effects[r.effects["metric"] == "best_val_bpb"]
     speed = r.effects[r.effects["metric"] == "tokens_per_s"]
     level, m = float(loss["adj_level"].min()), int(loss["family"].max())
     assert (m, round(level, 6)) == (10, 0.9975)  # 0.05 over 2 looks and 10 effects
@@ -91,7 +91,7 @@ def test_terminal_report_speed_and_results_state_the_rule_in_one_wording(tmp_pat
 
 def family_of(doc: dict) -> str:
     """stats.rule_text from a results file's numbers, read here apart from results.py."""
-    tested = [e for e in doc["effects"] if e["metric"] == "best_val_loss" and e["family"]]
+    tested = [e for e in doc["effects"] if e["metric"] == "best_val_bpb" and e["family"]]
     looks = len(doc["decide"]["looks"]) if doc.get("decide") else 1
     return stats.rule_text(min(e["adj_level"] for e in tested), max(e["family"] for e in tested), looks,
                            len({e["group"] for e in tested}))

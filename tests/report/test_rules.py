@@ -33,7 +33,7 @@ def study(root, looks=(3, 5, 7, 9, 10), margin=0.04):
 
 
 def rope(effects):
-    loss = effects[(effects["metric"] == "best_val_loss") & (effects["flip"] == "rope")]
+    loss = effects[(effects["metric"] == "best_val_bpb") & (effects["flip"] == "rope")]
     return loss.iloc[0]
 
 
@@ -64,7 +64,7 @@ def test_a_margin_given_after_the_runs_says_so(tmp_path):
     result = invoke("report", root, "--min-effect", "0.2", "--json")
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
-    bases = {e["threshold_basis"] for e in doc["effects"] if e["metric"] == "best_val_loss"}
+    bases = {e["threshold_basis"] for e in doc["effects"] if e["metric"] == "best_val_bpb"}
     assert bases == {f"{stats.AFTER} (the study's: 0.040)"}
 
 

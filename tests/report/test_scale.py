@@ -50,7 +50,8 @@ def sized_run(root: Path, name: str, flips, n_layer: int, seed: int, best: float
     metrics = [{"step": s, "train_loss": 3.0, "val_loss": best if s == best_step else best + 0.1, "tokens": 256 * s}
                for s in (0, 5, 10, 20)]
     (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
-    (run / "summary.json").write_text(json.dumps({"status": "completed", "best_val_loss": best, "best_step": best_step,
+    (run / "summary.json").write_text(json.dumps({"status": "completed", "best_val_loss": best, "best_val_bpb": best,
+                                                  "best_step": best_step,
                                                   "final_val_loss": best + 0.1 * (best_step != 20), "params": 1}))
 
 
@@ -88,7 +89,7 @@ def test_each_call_comes_from_effects_built_to_have_it(tmp_path):
     assert t["p_holm"].tolist() == pytest.approx(stats.holm(t["p_value"]).tolist(), nan_ok=True)  # Holm over the five
     assert (t["n_seeds"] == 3).all() and (t["sizes"] == 3).all()
     # each size's effect is the verdict's: the same gain, interval and call
-    loss = effects[effects["metric"] == "best_val_loss"]
+    loss = effects[effects["metric"] == "best_val_bpb"]
     for r in across.by_size.itertuples():
         e = loss[(loss["flip"] == r.flip) & (loss["group"] == f"size {r.size}")].iloc[0]
         assert (r.gain, r.adj_low, r.call) == (e.gain, e.adj_low, e.call)
@@ -302,7 +303,7 @@ def test_a_sizes_calls_do_not_change_when_other_sizes_join(tmp_path):
 
     def size_l(root):
         effects = build_report(root).effects
-        return effects[(effects["group"] == "size L") & (effects["metric"] == "best_val_loss")][cols].reset_index(
+        return effects[(effects["group"] == "size L") & (effects["metric"] == "best_val_bpb")][cols].reset_index(
             drop=True)
 
     pd.testing.assert_frame_equal(size_l(full), size_l(alone))
@@ -317,7 +318,7 @@ def test_each_groups_noise_is_its_own_and_the_margin_is_fixed(tmp_path):
     for seed, offset in ((4, 0.05), (5, -0.05)):  # S gets two more, noisier seeds: it sorts first by count
         sized_run(root, f"S_2017-s{seed}", (), SIZES["S"], seed, 2.5 + offset)
     effects = build_report(root).effects
-    loss = effects[effects["metric"] == "best_val_loss"]
+    loss = effects[effects["metric"] == "best_val_bpb"]
     assert (loss["margin"] == stats.DEFAULT_MARGIN).all() and (loss["margin_basis"] == stats.DEFAULT).all()
     noise = loss.groupby("group")["noise"].first()
     assert noise["size S"] == pytest.approx(np.std([2.5, 2.51, 2.49, 2.55, 2.45], ddof=1))

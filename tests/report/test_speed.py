@@ -44,7 +44,7 @@ def test_training_runs_tokens_per_s_get_no_call(tmp_path):
     for rows in (doc["effects"], pd.read_csv(paths["effects.csv"], keep_default_na=False).to_dict("records")):
         (row,) = speed_rows(rows)
         assert row["call"] == stats.NOT_TIMED and "--time" in row["note"]
-    loss = [r for r in doc["effects"] if r["metric"] == "best_val_loss"]
+    loss = [r for r in doc["effects"] if r["metric"] == "best_val_bpb"]
     assert [r["call"] for r in loss] == [stats.NEGLIGIBLE]  # loss effects are judged as before
 
 
@@ -59,7 +59,7 @@ def test_a_timing_pass_still_calls_speed(tmp_path):
 
 
 def parts_doc(note: str | None, call: str) -> dict:
-    loss = {"metric": "best_val_loss", "unit": "abs", "flip": "gqa", "direction": "add-one", "group": "",
+    loss = {"metric": "best_val_bpb", "unit": "abs", "flip": "gqa", "direction": "add-one", "group": "",
             "gain": 0.1, "adj_low": 0.05, "adj_high": 0.15, "call": "helps", "note": None}
     speed = loss | {"metric": "tokens_per_s", "unit": "%", "gain": 35.0, "adj_low": 9.0, "adj_high": 61.0,
                     "call": call, "note": note}

@@ -73,7 +73,7 @@ def test_verdict_three_seeds(tmp_path):
     assert f"[{0.25 - half:+.3f}, {0.25 + half:+.3f}]" in top and "one seed" not in top
     assert "2017 end sd 0.1000 over 3 seeds" in top
     assert "**The rule**: each interval at 97.5 % (Bonferroni: 0.05 split over the 2 effects), so all 2 hold" in top
-    assert "larger than the margin, 0.020 nats/char (the default, fixed before the data)" in top
+    assert "larger than the margin, 0.020 bits/byte (the default, fixed before the data)" in top
     assert "80 % of the time" in top  # the family's minimum detectable effect, said up front
     assert md.index("## Effects over training") < md.index("## Speed") < md.index("## Runs")
 
@@ -82,7 +82,7 @@ def test_words_markers_json_and_csv_follow_one_rule(tmp_path):
     called_sweep(tmp_path)
     r = build_report(tmp_path)
     effects = r.effects
-    v = verdict.verdict_frame(effects[effects["metric"] == "best_val_loss"])
+    v = verdict.verdict_frame(effects[effects["metric"] == "best_val_bpb"])
     want = {flip: call for flip, (_, call) in CALLED.items()}
     assert dict(zip(v["flip"], v["call"])) == want
     assert v["margin"].tolist() == pytest.approx([0.02] * 5) and (v["family"] == 5).all()
@@ -109,7 +109,7 @@ def test_words_markers_json_and_csv_follow_one_rule(tmp_path):
                                                  f"{v[v['flip'] == flip].iloc[0].adj_high:+.3f}]")
     doc = json.loads(paths["report.json"].read_text())
     for rows in (doc["effects"], pd.read_csv(paths["effects.csv"]).to_dict("records")):
-        loss = {r["flip"]: r for r in rows if r["metric"] == "best_val_loss"}
+        loss = {r["flip"]: r for r in rows if r["metric"] == "best_val_bpb"}
         assert {f: r["call"] for f, r in loss.items()} == want
         for f, r in loss.items():
             assert r["threshold"] == pytest.approx(0.02) and r["threshold_basis"] == "default"  # files keep the name
@@ -124,7 +124,7 @@ def test_min_effect_moves_the_practical_part(tmp_path):
     called_sweep(tmp_path / "s")
     result = CliRunner().invoke(app, ["report", str(tmp_path / "s"), "--min-effect", "0.5", "--json"])
     assert result.exit_code == 0, result.output
-    loss = {e["flip"]: e for e in json.loads(result.stdout)["effects"] if e["metric"] == "best_val_loss"}
+    loss = {e["flip"]: e for e in json.loads(result.stdout)["effects"] if e["metric"] == "best_val_bpb"}
     # rope's +0.305 [+0.26, +0.35] is now confidently smaller than 0.5; gqa's -0.205 too
     assert loss["rope"]["call"] == "negligible" and loss["gqa"]["call"] == "negligible"
     # a margin given after the runs is a view of them, and the files say so (no sweep.json: the default's study)

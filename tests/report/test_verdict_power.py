@@ -21,7 +21,7 @@ NO_RUNS = pd.DataFrame({"role": [], "design": [], "settings": [], "status": [], 
 
 def _effects(n: int = 3) -> pd.DataFrame:
     """The folder's 10 loss effects (five flips, both directions), judged as the report judges them."""
-    rows = [{"metric": "best_val_loss", "flip": f, "direction": d, "group": "", "n_pairs": n, "gain": 0.05,
+    rows = [{"metric": "best_val_bpb", "flip": f, "direction": d, "group": "", "n_pairs": n, "gain": 0.05,
              "sd": sd} for (f, d), sd in zip([(f, d) for d in ("add-one", "remove-one") for f in FLIPS], SDS)]
     judged = stats.judge(rows, 0.02)
     return pd.DataFrame(judged)

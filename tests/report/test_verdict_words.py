@@ -41,7 +41,7 @@ def test_the_verdict_defines_its_words_one_line_each(tmp_path):
         line = next((x for x in lines if x.startswith(f"  {word}  ")), None)
         assert line is not None, (word, text)
     margin = next(x for x in lines if x.startswith("  margin "))
-    assert "0.020 nats/char: the smallest gain that matters" in margin
+    assert "0.020 bits/byte: the smallest gain that matters" in margin
 
 
 def test_both_directions_side_by_side_and_the_ends_losses(tmp_path):
@@ -54,7 +54,7 @@ def test_both_directions_side_by_side_and_the_ends_losses(tmp_path):
     assert rope.count("[") == 2 and rope.count("helps") == 2  # added | removed on one row
     floor = noise_floor(build_report(root).runs)
     ref, top = floor["reference"][2], floor["all-on"][2]
-    assert f"the 2017 end reaches {ref:.3f} nats/char, the LLaMA end {top:.3f}" in " ".join(text.split())
+    assert f"the 2017 end reaches {ref:.3f} bits/byte, the LLaMA end {top:.3f}" in " ".join(text.split())
     narrow = terminal(root, 60)  # too narrow for both: one table per direction, every line fits
     assert "added to the 2017 end:" in narrow and "removed from the LLaMA end:" in narrow
     assert all(len(x) <= 60 for x in narrow.splitlines())

@@ -80,10 +80,10 @@ def test_write_report_all_formats(tmp_path):
     doc = json.loads(paths["report.json"].read_text(),
                      parse_constant=lambda c: pytest.fail(f"{c} in report.json"))
     assert {r["run_id"] for r in doc["runs"]} >= {"base-s1", "swiglu-s1", "gqa-s1"}
-    assert {e["metric"] for e in doc["effects"]} == {"best_val_loss", "tokens_per_s"}
+    assert {e["metric"] for e in doc["effects"]} == {"best_val_bpb", "tokens_per_s"}
 
     effects = pd.read_csv(paths["effects.csv"])
-    swiglu = effects[(effects["flip"] == "swiglu") & (effects["metric"] == "best_val_loss")]
+    swiglu = effects[(effects["flip"] == "swiglu") & (effects["metric"] == "best_val_bpb")]
     assert swiglu["n_pairs"].tolist() == [0] and swiglu["excluded"].tolist() == [1]
     assert len(pd.read_csv(paths["runs.csv"])) == 8
 

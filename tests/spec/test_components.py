@@ -241,7 +241,8 @@ def test_report_pairs_gqa_under_an_n_head_axis(tmp_path):
         cfg["model"]["vocab_size"] = 50
         (run / "config.json").write_text(json.dumps(cfg))
         best = 2.0 - 0.1 * (p.role in ("all-on", "remove-one")) + 0.01 * (p.flip == "gqa") * p.config.model.n_head
-        (run / "summary.json").write_text(json.dumps({"status": "completed", "best_val_loss": best}))
+        (run / "summary.json").write_text(json.dumps({"status": "completed", "best_val_loss": best,
+                                                      "best_val_bpb": best}))
     runs_df, _ = frames.load_runs(tmp_path)
     assert (runs_df["role"] != "").all()
     effects = effects_mod.component_effects(runs_df)
@@ -266,7 +267,8 @@ def test_two_component_study_pairs_both_directions(tmp_path):
             (run / "config.json").write_text(json.dumps(p.config.model_dump(mode="json")
                                                         | {"model": {**p.config.model.model_dump(mode="json"),
                                                                      "vocab_size": 50}}))
-            (run / "summary.json").write_text(json.dumps({"status": "completed", "best_val_loss": loss[p.slug]}))
+            (run / "summary.json").write_text(json.dumps({"status": "completed", "best_val_loss": loss[p.slug],
+                                                                        "best_val_bpb": loss[p.slug]}))
     effects = effects_mod.component_effects(frames.load_runs(tmp_path)[0]).set_index(["flip", "direction"])
     assert effects.loc[("wd0", "add-one"), "gain"] == pytest.approx(0.1)
     assert effects.loc[("lr2", "add-one"), "gain"] == pytest.approx(0.3)

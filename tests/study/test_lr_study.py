@@ -118,7 +118,8 @@ class FakeTrainer:
                 run_dir.mkdir(parents=True, exist_ok=True)
                 (run_dir / runs.CONFIG).write_text(json.dumps(p.config.model_dump(mode="json")))
                 (run_dir / runs.SUMMARY).write_text(json.dumps({"status": "completed",
-                                                                "best_val_loss": self.loss(p)}))
+                                                                "best_val_loss": self.loss(p),
+                                                                "best_val_bpb": self.loss(p)}))
                 self.trained.append(p.run_id)
             out.append(runs.COMPLETED)
         return out

@@ -55,7 +55,8 @@ class FakeStudy:
             role, s = rid.rsplit("-s", 1)
             rows.append({"run_id": rid, "role": role, "design": "rope+swiglu", "settings": "{}", "size": "",
                          "seed": int(s), "status": self.status.get(rid, COMPLETED),
-                         "best_val_loss": self.loss[(role, int(s))]})
+                         "best_val_loss": self.loss[(role, int(s))],
+                         "best_val_bpb": self.loss[(role, int(s))]})
         return pd.DataFrame(rows)
 
     def seeds(self) -> dict[str, int]:

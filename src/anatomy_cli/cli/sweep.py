@@ -41,7 +41,7 @@ from anatomy_cli.store import runs
 from anatomy_cli.sweep.plan import DEFAULT_SPEC, load_plan, spec_table
 
 Margin = Annotated[Optional[float], typer.Option(
-    "--margin", "--min-effect", help="Judge the loss effects at this margin (nats/char) instead of the study's: a view "
+    "--margin", "--min-effect", help="Judge the loss effects at this margin (bits/byte) instead of the study's: a view "
     "of the same runs, written beside the study's report.")]
 
 

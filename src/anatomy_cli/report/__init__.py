@@ -20,6 +20,7 @@
   results_file    a study's results file: its typed model and its reader
   results_build   a Report as its results file
   results_blocks  the README/docs numbers rendered from results files (marked blocks)
+  results_bpb     a results file written in nats per character, converted exactly to bits per byte
   rejudge    a results file judged again by today's rule, from what it records (no runs needed)
   gate       the CI regression gate: best val loss per config against a committed baseline
 

@@ -44,6 +44,7 @@ import pandas as pd
 import scipy.stats as sps
 
 from anatomy_cli.report import stats
+from anatomy_cli.report.frames import LOSS_METRIC
 from anatomy_cli.spec.config import budget_seconds
 from anatomy_cli.spec.errors import InputError
 from anatomy_cli.spec.roles import END_OF, variant
@@ -94,7 +95,7 @@ def turned_on_by(rules) -> str:
 
 def open_effects(effects: pd.DataFrame) -> pd.DataFrame:
     """The loss effects whose call is still open."""
-    loss = effects[effects["metric"] == "best_val_loss"]
+    loss = effects[effects["metric"] == LOSS_METRIC]
     return loss[loss["call"].isin(OPEN)]
 
 

@@ -43,7 +43,7 @@ EFFECT_COLUMNS = ["metric", "flip", "direction", "against", "group", "n_pairs", 
 # ------------------------------------------------------------------------------- effects
 
 
-def component_effects(runs_df: pd.DataFrame, metric: str = "best_val_loss", margin: float | None = None,
+def component_effects(runs_df: pd.DataFrame, metric: str = LOSS_METRIC, margin: float | None = None,
                       alpha: float = stats.ALPHA, tune: TuneRecord | None = None) -> pd.DataFrame:
     """Add-one and remove-one effect of each flip on `metric`, paired by seed, judged (EFFECT_COLUMNS).
 
@@ -153,9 +153,10 @@ def _group_effects(members: pd.DataFrame, group: str, metric: str, tune: TuneRec
             found.append(({"flip": flip, "direction": direction, "against": against, "group": group, **row}, ref, var))
     if tuned is not None:  # each effect's allowance, its noise floored at the group's median sd
         floor = lr_allowance.family_sd(row["sd"] for row, _, _ in found)
+        scale = float(members["bpb_per_nat"].median()) if "bpb_per_nat" in members else 1.0  # one corpus a group
         for row, ref, var in found:
             row |= lr_allowance.allowance(tuned, lr_allowance.arm_of(ref), lr_allowance.arm_of(var),
-                                        row["direction"] == ADD_ONE, row["sd"], floor)
+                                          row["direction"] == ADD_ONE, row["sd"], floor, scale)
             if math.isfinite(row["allow_low"]) and math.isfinite(row["allow_high"]):
                 row["note"] = "; ".join(filter(None, [row["note"], allowance_note(row)]))
     return [row for row, _, _ in found]
@@ -172,7 +173,7 @@ EVAL_EFFECT_COLUMNS = ["flip", "direction", "against", "group", "step", "tokens"
 
 
 def effects_by_eval(runs_df: pd.DataFrame, curves_df: pd.DataFrame) -> pd.DataFrame:
-    """The paired val-loss gain of each flip at every evaluation step (EVAL_EFFECT_COLUMNS).
+    """The paired val-loss gain (bits per byte) of each flip at every evaluation step (EVAL_EFFECT_COLUMNS).
 
     Same pairs as component_effects on best_val_loss (same seed, both runs completed), but the
     gain is in val loss at one step, with the raw 95% t interval over seeds at that step (no call
@@ -187,7 +188,7 @@ def effects_by_eval(runs_df: pd.DataFrame, curves_df: pd.DataFrame) -> pd.DataFr
             for seed in ref.index.intersection(var.index).sort_values():
                 r, v = ref.loc[seed], var.loc[seed]
                 if r["status"] == COMPLETED and v["status"] == COMPLETED and r.run_id in curves and v.run_id in curves:
-                    gains.append(gain_of(curves[r.run_id]["loss"], curves[v.run_id]["loss"], LOSS_METRIC,
+                    gains.append(gain_of(curves[r.run_id]["bpb"], curves[v.run_id]["bpb"], LOSS_METRIC,
                                          direction).dropna().rename(seed))
             if not gains:
                 continue
@@ -231,7 +232,7 @@ def _paired(ref: pd.DataFrame, var: pd.DataFrame, metric: str, direction: str) -
 SEED_GAIN_COLUMNS = ["group", "size", "flip", "direction", "against", "seed", "gain"]
 
 
-def seed_gains(runs_df: pd.DataFrame, metric: str = "best_val_loss") -> pd.DataFrame:
+def seed_gains(runs_df: pd.DataFrame, metric: str = LOSS_METRIC) -> pd.DataFrame:
     """Every completed pair's gain, one row per seed (SEED_GAIN_COLUMNS): the numbers each effect of
     component_effects is the mean of, with the group's size (scale.py fits trends across sizes to them)."""
     rows = []
@@ -263,7 +264,7 @@ def effects_frame(rows: list[dict], margins: dict[str, tuple[float, str]], alpha
 
 
 def margin_of(metric: str, margin: float | None = None) -> tuple[float, str]:
-    """(the smallest effect that matters, where it came from): `margin` (nats/char, for the loss)
+    """(the smallest effect that matters, where it came from): `margin` (bits per byte, for the loss)
     when given, else the metric's default, fixed before any data (stats.DEFAULT_MARGIN, SPEED_MARGIN)."""
     if metric in RELATIVE_METRICS:
         return stats.SPEED_MARGIN, stats.DEFAULT

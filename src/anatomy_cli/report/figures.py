@@ -32,6 +32,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
 
 from anatomy_cli.report import stats
+from anatomy_cli.report.frames import UNIT
 from anatomy_cli.spec import components as comp
 from anatomy_cli.spec.roles import ADD_ONE, VERB
 from anatomy_cli.store.runs import atomic_write_bytes
@@ -78,11 +79,11 @@ def _empty(ax, text: str) -> None:
 # --------------------------------------------------------------------------- verdict
 
 
-def plot_forest(verdict: pd.DataFrame, path: Path, unit: str = "nats/char") -> Path:
+def plot_forest(verdict: pd.DataFrame, path: Path, unit: str = UNIT) -> Path:
     return save(forest_figure(verdict, unit), path)
 
 
-def forest_figure(verdict: pd.DataFrame, unit: str = "nats/char") -> Figure:
+def forest_figure(verdict: pd.DataFrame, unit: str = UNIT) -> Figure:
     """Each effect's gain (positive = the component helps) with the interval its call is made from,
     one row per component and direction in verdict order; a grey band of +-margin (the smallest
     effect that matters, the verdict's `margin`) and one marker style per call (CALL_MARKERS)."""
@@ -222,7 +223,7 @@ def plot_curves(curves: pd.DataFrame, panels: list[dict], path: Path, value: str
         axes[0][0].yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
         axes[0][0].yaxis.set_major_formatter(FormatStrFormatter("%g"))
         axes[0][0].yaxis.set_minor_formatter(NullFormatter())
-    what = ("val loss (solid, mean over seeds) and train loss (faint, smoothed), nats/char" if value == "loss"
+    what = ("val loss (solid, mean over seeds) and train loss (faint, smoothed), nats/token" if value == "loss"
             else "gradient norm per step (smoothed, mean over seeds)")
     _title(fig, f"{what}; grey = the end the component is compared with", ncols)
     fig.supxlabel("step")
@@ -306,7 +307,7 @@ def plot_eval_effects(eval_effects: pd.DataFrame, path: Path) -> Path:
 
     axes[0][0].xaxis.set_major_formatter(EngFormatter(sep=""))  # 400k, 800k, 1.2M (axes share x)
     fig.supxlabel("tokens seen")
-    fig.supylabel("gain in val loss (nats/char); > 0: helps")
+    fig.supylabel(f"gain in val loss ({UNIT}); > 0: helps")
     _title(fig, "effect at every evaluation, paired by seed: solid = added to the reference end, dashed = "
                 "removed from the all-on end; band = raw 95% interval over seeds", ncols)
     return save(fig, path)
@@ -373,7 +374,7 @@ def scale_figure(by_size: pd.DataFrame, trends: pd.DataFrame) -> Figure:
     if len(ticks):
         axes[0][0].set_xlim(ticks.min() / 10 ** 0.15, ticks.max() * 10 ** 0.15)
     fig.supxlabel("non-embedding parameters (log scale): one tick per size")
-    fig.supylabel("gain in best val loss (nats/char); > 0: helps")
+    fig.supylabel(f"gain in best val loss ({UNIT}); > 0: helps")
     _title(fig, "each component's gain at each size (filled circles, solid: added; open squares, dashed: "
                 "removed), with the interval its call is made from; grey band: smaller effects do not matter; "
                 "title: the call across sizes", ncols)

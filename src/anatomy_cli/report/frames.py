@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from anatomy_cli.report.plateau import PLATEAU_COLUMNS
+from anatomy_cli.data.batches import bits_per_byte
+from anatomy_cli.report.plateau import PLATEAU_COLUMNS, counts_of
 from anatomy_cli.report.plateau import judged as plateau_judged
 from anatomy_cli.spec import components as comp
 from anatomy_cli.spec.config import DataConfig, ModelConfig, RunConfig, TrainConfig
@@ -51,15 +52,17 @@ SAMPLE_CHARS = 2000  # a report shows at most this much of each samples.txt
 RUN_COLUMNS = [
     "run_id", "path", "config", "lr", "label", "role", "size", *comp.BUILTIN_NAMES, "n_layer", "n_head", "n_kv_head",
     "d_model", "seed", "status", *COLUMNS, "non_embedding_params", "state_bytes_4k", "overfit_gap", "max_grad_norm",
-    "loss_spikes", "design", "settings", "corpus", "built", "warning",
+    "loss_spikes", "design", "settings", "corpus", "built", "warning", "bpb_per_nat",
     *PLATEAU_COLUMNS,  # report/plateau.py: a run left on the unigram plateau
 ]  # + a column per spec component found in sweep.json files, one val_loss_ctx_<N> per eval.json length
 # config: the run's config name within its study ('2017+rope' of the run named 'demo/2017+rope', its name as it is
 # for a run of `anatomy train`); lr: its train.lr. Read from the run's config.json, never from its id.
 INT_COLUMNS = ("n_layer", "n_head", "n_kv_head", "d_model", "seed", "loss_spikes", "non_embedding_params",
                "state_bytes_4k", *(c for c in COLUMNS if RunSummary.kind(c) is int))
-FLOAT_COLUMNS = ("lr", "max_grad_norm", *(c for c in COLUMNS if RunSummary.kind(c) is float))
-CURVE_COLUMNS = ["run_id", "step", "tokens", "split", "loss", "grad_norm"]  # grad_norm on train rows
+FLOAT_COLUMNS = ("lr", "max_grad_norm", "bpb_per_nat", *(c for c in COLUMNS if RunSummary.kind(c) is float))
+# loss: nats per token of the run's tokenizer; bpb: the same in bits per byte (NaN where unknown: a train row, or a
+# run whose bytes per token cannot be read again). grad_norm on train rows.
+CURVE_COLUMNS = ["run_id", "step", "tokens", "split", "loss", "bpb", "grad_norm"]
 CTX_PREFIX = "val_loss_ctx_"
 # The margin and its basis under the names the written files kept from before the code said margin
 # (effects.csv, report.json, results files): frames say margin, files say threshold (as_written).
@@ -97,7 +100,8 @@ def load_runs(root: Path, studies: dict[Path, study_records.StudyRecord | None] 
         metrics = read_metrics(run_dir)
         rows.append(_run_row(run_id, run_dir, metrics, *designs[run_dir.parent]))
         rows[-1] |= plateau_judged(run_dir, metrics, rows[-1]["status"], rows[-1]["best_val_loss"], corpora)
-        curves.extend(_curve_rows(run_id, metrics))
+        rows[-1] |= _per_byte(rows[-1], run_dir, corpora)
+        curves.extend(_curve_rows(run_id, metrics, rows[-1]["bpb_per_nat"]))
     return _runs_frame(split_corpora(rows)), pd.DataFrame(curves, columns=CURVE_COLUMNS)
 
 
@@ -267,14 +271,36 @@ def _ctx_losses(run_dir: Path) -> dict:
     return {f"{CTX_PREFIX}{n}": math.nan if v is None else v for n, v in read_ctx_losses(path).items()}
 
 
-def _curve_rows(run_id: str, metrics: list[dict]) -> list[tuple]:
+def _per_byte(row: dict, run_dir: Path, corpora: dict) -> dict:
+    """A run's losses in bits per byte (the report's unit): best_val_bpb and final_val_bpb from its summary, else
+    its nats per token turned by its val tokens and bytes (summary, else counted on its corpus: plateau.counts_of);
+    bpb_per_nat, the factor its curves are turned by (NaN: unknown)."""
+    counts = (row.get("val_tokens"), row.get("val_bytes"))
+    if not all(isinstance(v, (int, float)) and v and math.isfinite(v) for v in counts):
+        counts = counts_of(run_dir, corpora) if row.get("best_val_loss") is not None else None
+    out = {}
+    if counts:
+        out |= {"val_tokens": counts[0], "val_bytes": counts[1]}
+        for kind in ("best", "final"):
+            if row.get(f"{kind}_val_bpb") is None and row.get(f"{kind}_val_loss") is not None:
+                out[f"{kind}_val_bpb"] = bits_per_byte(row[f"{kind}_val_loss"], *counts)
+    best, bpb = row.get("best_val_loss"), out.get("best_val_bpb", row.get("best_val_bpb"))
+    factor = (bits_per_byte(1.0, *counts) if counts else
+              bpb / best if isinstance(best, float) and isinstance(bpb, float) and best > 0 else math.nan)
+    return out | {"bpb_per_nat": factor}
+
+
+def _curve_rows(run_id: str, metrics: list[dict], per_nat: float = math.nan) -> list[tuple]:
     rows = []
     for m in metrics:
         for split in ("train", "val"):
             if m.get(f"{split}_loss") is not None and m.get("step") is not None:
                 grad = m.get("grad_norm") if split == "train" else None
+                loss = float(m[f"{split}_loss"])
+                bpb = m.get("val_bpb") if split == "val" else None
+                bpb = float(bpb) if isinstance(bpb, (int, float)) else loss * per_nat if split == "val" else math.nan
                 rows.append((run_id, int(m["step"]), math.nan if m.get("tokens") is None else float(m["tokens"]),
-                             split, float(m[f"{split}_loss"]), math.nan if grad is None else float(grad)))
+                             split, loss, bpb, math.nan if grad is None else float(grad)))
     return rows
 
 
@@ -288,14 +314,17 @@ def _runs_frame(rows: list[dict]) -> pd.DataFrame:
         df[col] = pd.to_numeric(df[col]).astype("Int64")
     for col in (*FLOAT_COLUMNS, *ctx):
         df[col] = pd.to_numeric(df[col]).astype(float)
-    df["overfit_gap"] = df["final_val_loss"] - df["best_val_loss"]
+    df["overfit_gap"] = df["final_val_bpb"] - df["best_val_bpb"]  # bits per byte, as every loss the report judges
     return df[RUN_COLUMNS + custom + ctx]
 
 
 # ------------------------------------------------------------------------------- report files
 
 
-LOSS_METRIC, SPEED_METRIC = "best_val_loss", "tokens_per_s"
+# The loss every call is made on: best val loss in bits per byte (the field's unit: a character model, a BPE
+# model and two tokenizers sit on one axis); NATS_METRIC, the same in nats per token of the run's tokenizer.
+LOSS_METRIC, NATS_METRIC, SPEED_METRIC = "best_val_bpb", "best_val_loss", "tokens_per_s"
+UNIT = "bits/byte"  # the loss unit of every answer (a results file from before says its own: results_blocks)
 
 
 def components_of(runs: pd.DataFrame, studies: dict) -> dict[str, comp.Component]:

@@ -156,19 +156,22 @@ def family_sd(sds) -> float:
 
 
 def allowance(record: TuneRecord, end: str | None, variant: str | None, add_one: bool, sd: float,
-              floor: float = math.nan) -> dict:
+              floor: float = math.nan, scale: float = 1.0) -> dict:
     """{allow_low, allow_high}: how far an effect's interval (end arm vs variant arm, paired sd `sd` on the
     study's seeds) is widened for the selection's error, below by the regret bound of the config without
     the component, above by the one with it (stats.judge subtracts and adds them); NaN when unknown.
     The noise is the larger of `sd` and `floor` (family_sd of the effects judged with it): at 3 seeds an
     effect's own sd is often far below its truth, and its interval is narrow exactly then, so an allowance
-    from that sd alone shrinks where the false calls are (RESULTS.md: 5.5 % in "flatter curve")."""
+    from that sd alone shrinks where the false calls are (RESULTS.md: 5.5 % in "flatter curve"). `scale`: the
+    effect's unit per nat of the selection losses (tune.json's are nats per token; the report judges bits per
+    byte, the runs' bpb_per_nat), so the bound is in the effect's unit."""
     sd = max((x for x in (sd, floor) if math.isfinite(x)), default=math.nan)
     sigma = sd / math.sqrt(2 * len(record.seeds)) if math.isfinite(sd) else math.nan
     bound = {}
     for name in (end, variant):
         arm = record.arm(name) if name is not None else None
-        bound[name] = regret_bound(arm.lrs, arm.losses, arm.lr, sigma) if arm is not None else math.nan
+        bound[name] = (regret_bound(arm.lrs, [loss * scale for loss in arm.losses], arm.lr, sigma)
+                       if arm is not None else math.nan)
     without, with_ = (end, variant) if add_one else (variant, end)
     return {"allow_low": bound[without], "allow_high": bound[with_]}
 

@@ -183,7 +183,7 @@ def notes(t: Tuned) -> list[str]:
             out.append(f"**{a.arm}** {a.reason}: its effects get no tuned call, " + (
                 "only the shared-LR one" if t.record.shared else "and no shared-LR one ([tune] shared = false)"))
     out.append("Sensitivity (Wortsman et al. 2023): the mean over the grid's points of min(loss, initial loss "
-               f"{t.record.initial_loss:.3f}) minus the best, in nats/char: how much a config loses, on average, at "
+               f"{t.record.initial_loss:.3f}) minus the best, in nats/token: how much a config loses, on average, at "
                "an LR off its best (larger = a sharper LR curve).")
     return out + [HELD]
 

@@ -3,6 +3,8 @@
   plateau_reason  the rule: a val curve that ended on the unigram loss, or left it only at the end
   unigram_of      a run's unigram loss: its summary's, else its corpus's when that can be read and is the
                   one it trained on, else unknown (None)
+  counts_of       a run's (val tokens, val bytes), the bits-per-byte factor of its losses: its summary's, else
+                  its fixed val windows' on its corpus (read as unigram_of reads it), else unknown (None)
   judged          a run's PLATEAU_COLUMNS: unigram_loss, plateau (the reason; None: not flagged), plateau_effects
   plateau_note    an effect's note naming the flagged runs it pairs (effects.py adds it)
   entered         the runs frame with plateau_effects: the loss effects each flagged run enters
@@ -28,10 +30,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from anatomy_cli.spec.config import ModelConfig, TrainConfig
 from anatomy_cli.spec.roles import ADD_ONE, VERB
 from anatomy_cli.store.runs import COMPLETED, read_config, read_summary
 
-PLATEAU_TOL = 0.1  # nats/char: a val loss this far below the unigram loss has left the plateau
+PLATEAU_TOL = 0.1  # nats/token: a val loss this far below the unigram loss has left the plateau
 LATE_SHARE = 0.2  # left only in this last share of evaluations (at least the last one): too late to count
 MIN_EVALS = 3  # fewer evaluations say nothing about when a run left: only "never left" is judged
 NOTE_HEAD = "pairs a run still on the unigram plateau"
@@ -55,7 +58,7 @@ def plateau_reason(curve: Iterable[tuple[int, float]], unigram: float | None, to
     best = min(v for _, v in points)
     below = next((i for i, (_, v) in enumerate(points) if v < unigram - tol), None)
     if below is None:
-        return (f"ended on the unigram plateau: best val loss {best:.3f}, the unigram loss {unigram:.3f} nats/char "
+        return (f"ended on the unigram plateau: best val loss {best:.3f}, the unigram loss {unigram:.3f} nats/token "
                 f"(never {tol:g} below it)")
     n = len(points)
     last = max(1, math.ceil(late * n))
@@ -63,14 +66,14 @@ def plateau_reason(curve: Iterable[tuple[int, float]], unigram: float | None, to
         return None
     when = "its last evaluation" if below == n - 1 else f"in its last {n - below} of {n} evaluations"
     return (f"left the unigram plateau only at step {points[below][0]} ({when}): best val loss {best:.3f}, the "
-            f"unigram loss {unigram:.3f} nats/char")
+            f"unigram loss {unigram:.3f} nats/token")
 
 
 # ----------------------------------------------------------------------------- the unigram loss
 
 
 def unigram_of(run_dir: Path, cache: dict | None = None) -> float | None:
-    """A run's unigram loss (nats/char): the one its summary records (runs since it was recorded), else the
+    """A run's unigram loss (nats/token): the one its summary records (runs since it was recorded), else the
     one of its corpus, read again now, when that is a local source whose fingerprint is the one the summary
     records (hf: names, changed, unreadable or unfingerprinted corpora: None, unknown). `cache` keeps
     each corpus read once across runs."""
@@ -78,6 +81,40 @@ def unigram_of(run_dir: Path, cache: dict | None = None) -> float | None:
     value = summary.get("unigram_loss")
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
         return float(value)
+    read = _corpus_of(Path(run_dir), summary, cache)
+    return read[1] if read is not None else None
+
+
+def counts_of(run_dir: Path, cache: dict | None = None) -> tuple[int, int] | None:
+    """A run's (val_tokens, val_bytes): the targets of its fixed val windows and the UTF-8 bytes they stand for,
+    what turns its losses into bits per byte (data.batches.bits_per_byte). Its summary's (runs since they are
+    recorded), else counted on its corpus as training counts them (data.batches.run_eval_counts; the corpus
+    read as unigram_of reads it, its fingerprint checked), else None (unknown)."""
+    summary = read_summary(Path(run_dir)) or {}
+    tokens, size = summary.get("val_tokens"), summary.get("val_bytes")
+    if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (tokens, size)):
+        return tokens, size
+    read = _corpus_of(Path(run_dir), summary, cache)
+    if read is None or read[2] is None:
+        return None
+    config = read_config(Path(run_dir)) or {}
+    model, train = (config.get(k) if isinstance(config.get(k), dict) else {} for k in ("model", "train"))
+    settings = (model.get("ctx_len", ModelConfig.model_fields["ctx_len"].default),
+                train.get("batch_size", TrainConfig.model_fields["batch_size"].default),
+                train.get("eval_batches", TrainConfig.model_fields["eval_batches"].default))
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in settings):
+        return None
+    counts = read[3]
+    if settings not in counts:
+        from anatomy_cli.data.batches import eval_counts
+
+        counts[settings] = eval_counts(read[2], *settings)
+    return counts[settings]
+
+
+def _corpus_of(run_dir: Path, summary: dict, cache: dict | None) -> tuple | None:
+    """(meta, unigram loss, corpus, {eval settings: counts}) of the corpus a run trained on, read once per
+    corpus into `cache`; None when it cannot be read again or is not the one the run's summary records."""
     sha = summary.get("corpus_sha256")
     config = read_config(Path(run_dir)) or {}
     data = config.get("data") if isinstance(config.get("data"), dict) else {}
@@ -90,14 +127,14 @@ def unigram_of(run_dir: Path, cache: dict | None = None) -> float | None:
     key = (source, val_frac) if tokenizer == "char" else (source, val_frac, tokenizer)
     if key not in cache:
         cache[key] = _read_corpus(source, val_frac, tokenizer)
-    meta, loss = cache[key] or ({}, None)
+    read = cache[key]
     files = summary.get("corpus_files")
-    if meta.get("sha256") != sha or (files and meta.get("fingerprint") != files):
+    if read is None or read[0].get("sha256") != sha or (files and read[0].get("fingerprint") != files):
         return None
-    return loss
+    return read
 
 
-def _read_corpus(source: str | None, val_frac, tokenizer: str = "char") -> tuple[dict, float] | None:
+def _read_corpus(source: str | None, val_frac, tokenizer: str = "char") -> tuple | None:
     from anatomy_cli.data.corpus import unigram_loss
     from anatomy_cli.data.load import load_corpus
 
@@ -105,7 +142,7 @@ def _read_corpus(source: str | None, val_frac, tokenizer: str = "char") -> tuple
         corpus = load_corpus(source, float(val_frac), tokenizer=str(tokenizer))
     except Exception:  # a corpus gone, changed, unreadable or badly formed: its unigram loss is unknown
         return None
-    return corpus.meta, unigram_loss(corpus)
+    return corpus.meta, unigram_loss(corpus), corpus, {}
 
 
 # ----------------------------------------------------------------------------- frames

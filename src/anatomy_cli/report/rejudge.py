@@ -25,11 +25,12 @@ from pathlib import Path
 
 from scipy import stats as sps
 
-from anatomy_cli.report import stats
+from anatomy_cli.report import results_bpb, stats
 from anatomy_cli.report.effects import OVERLAP_NOTE
-from anatomy_cli.report.frames import LOSS_METRIC, SPEED_METRIC
+from anatomy_cli.report.frames import SPEED_METRIC
 from anatomy_cli.report.results_build import _plain
-from anatomy_cli.report.results_file import load
+from anatomy_cli.report.results_file import LOSS_UNITS, load
+from anatomy_cli.spec.errors import InputError
 
 
 def paired_of(row: dict, n: float, gain: float, low: float, high: float) -> dict:
@@ -73,6 +74,8 @@ def rejudge(doc: dict) -> tuple[dict, list[dict]]:
         rows = [effects[i] for i in idx]
         if metric == SPEED_METRIC and all(OVERLAP_NOTE in (r.get("note") or "") for r in rows):
             judged = [r | {"call": stats.NOT_TIMED} for r in rows]
+        elif metric in LOSS_UNITS and doc.get("tuning"):  # its intervals hold an allowance the file does not record
+            judged = rows
         else:
             margin = rows[0].get("threshold")
             judged = _judged(rows, margin if margin is not None else math.nan, _alpha(rows))
@@ -98,7 +101,7 @@ def _rejudge_scale(doc: dict) -> list[dict]:
     from anatomy_cli.report import scale
 
     sc = doc["scale"]
-    judged = {(e["flip"], e["direction"], e["group"]): e for e in doc["effects"] if e["metric"] == LOSS_METRIC}
+    judged = {(e["flip"], e["direction"], e["group"]): e for e in doc["effects"] if e["metric"] in LOSS_UNITS}
     for row in sc.get("effects") or []:  # each size's row repeats its effect's interval and call
         e = judged.get((row["flip"], row["direction"], f"size {row['size']}"))
         if e is not None:
@@ -145,6 +148,15 @@ def table(changes: list[dict]) -> list[str]:
     return out
 
 
+def spec_of(path: Path, doc: dict) -> Path:
+    """The spec a results file's study was run from: experiments/STUDY.toml beside its results folder."""
+    spec = Path(path).resolve().parent.parent / f"{doc.get('study')}.toml"
+    if not spec.is_file():
+        raise InputError(f"{path}: its study's spec {spec} is not there, and converting it to bits per byte needs "
+                         f"its corpus and validation windows")
+    return spec
+
+
 def rejudge_files(paths: list[Path], check: bool = False) -> list[dict]:
     """`anatomy rejudge FILE ... [--check]`: each results file judged again (rewritten unless `check`), every file
     read before any is written; the calls that changed (table() prints them). A file that cannot be read raises
@@ -154,8 +166,13 @@ def rejudge_files(paths: list[Path], check: bool = False) -> list[dict]:
     docs = [(path, load(path)) for path in paths]
     changed = []
     for path, doc in docs:
+        before = doc
+        if results_bpb.in_nats(doc):  # written before bits per byte was the unit: converted first, exactly
+            doc = results_bpb.in_bits_per_byte(doc, results_bpb.factor_of(spec_of(path, doc)))
         new, changes = rejudge(doc)
+        if doc is not before:  # the calls the conversion's margin moved, against the file as it was
+            changes = results_bpb.moved_calls(before, new)
         changed += changes
-        if not check and new != doc:
+        if not check and new != before:
             atomic_write_text(path, json.dumps(new, indent=1, allow_nan=False) + "\n")
     return changed

@@ -27,13 +27,14 @@ from pathlib import Path
 
 from anatomy_cli.report import decide as decide_mod
 from anatomy_cli.report import lr_allowance, lr_comparison, stats
-from anatomy_cli.report.results_file import ResultsError, _shown, load
+from anatomy_cli.report.results_file import LOSS_UNITS, ResultsError, _shown, load, unit_of
 from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, REFERENCE, REMOVE_ONE, VERB, variant
 from anatomy_cli.store.records import DecideRecord
 
 RESULTS_DIR = Path("experiments") / "results"
 MARK = re.compile(r"<!-- results (?P<study>[\w.-]+) (?P<what>[^>]*?) -->(?P<body>.*?)<!-- /results -->", re.DOTALL)
-INLINE = ("gain", "interval", "call", "trend", "lr", "shared-gain", "shared-interval", "shared-call")
+INLINE = ("gain", "interval", "call", "trend", "lr", "shared-gain", "shared-interval", "shared-call", "bytes-per-token",
+          "bits-per-nat")
 
 
 def render(doc: dict, what: str) -> str:
@@ -50,7 +51,12 @@ def render(doc: dict, what: str) -> str:
 
 
 def _loss(doc: dict) -> list[dict]:
-    return [e for e in doc["effects"] if e["metric"] == "best_val_loss"]
+    return [e for e in doc.get("effects") or [] if e["metric"] in LOSS_UNITS]
+
+
+def _unit(doc: dict) -> str:
+    """The unit of a results file's losses: its own (results_file.unit_of)."""
+    return unit_of(doc)
 
 
 def _g(x, digits: int = 3) -> str:
@@ -103,7 +109,7 @@ def _ends(doc: dict) -> str:
             parts.append(f"the {e['name']} end reaches {e['mean']:.3f}{sd}{_path(e)}")
     tokens = f" ({b['tokens']:,} tokens)" if b.get("tokens") else ""
     n = len(doc["seeds"])
-    return (f"Best val loss (nats/char), {f'mean over {n} seeds' if n != 1 else 'one seed'}: " + "; ".join(parts)
+    return (f"Best val loss ({_unit(doc)}), {f'mean over {n} seeds' if n != 1 else 'one seed'}: " + "; ".join(parts)
             + f"; budget {b.get('steps', '?'):,} steps{tokens}; {doc['runs']['completed']} of {doc['runs']['total']}"
             f" runs completed.")
 
@@ -154,7 +160,7 @@ def _rule(doc: dict) -> str:
     if e is None:
         return "No intervals: every effect has fewer than two seeds."
     margin, basis = _margin(e)
-    edge = "unknown" if margin is None else f"±{margin:.3f} nats/char"
+    edge = "unknown" if margin is None else f"±{margin:.3f} {_unit(doc)}"
     family = _family(doc)
     family = family[:1].upper() + family[1:]
     if basis == "noise floor":  # a file written by the old rule (margin: the reference end's seed-to-seed sd)
@@ -163,7 +169,7 @@ def _rule(doc: dict) -> str:
     basis = ("given by the study's margin" if basis in (stats.GIVEN, stats.GIVEN_BEFORE) else basis
              if str(basis).startswith(stats.AFTER) else "the default margin, fixed before the data")
     mdes = sorted(x["mde"] for x in _loss(doc) if x.get("mde") is not None and x["group"] == e["group"])
-    mde = (f" An effect of {statistics.median(mdes):.3f} nats/char is called 80 % of the time (the median minimum "
+    mde = (f" An effect of {statistics.median(mdes):.3f} {_unit(doc)} is called 80 % of the time (the median minimum "
            f"detectable effect)." if mdes else "")
     # prior_df: a file judged by the rule of issues 28-34 (variances moderated behind Bartlett's test; null:
     # one pooled variance); absent or 0: each effect on its own variance, the rule since issue 35
@@ -273,6 +279,12 @@ def _lrs(doc: dict) -> str:
 
 
 def _inline(doc: dict, kind: str, flip: str = "", direction: str = "", step: str = "") -> str:
+    if kind in ("bytes-per-token", "bits-per-nat"):  # the constant its losses were turned into bits per byte by
+        per = doc.get("per_byte")
+        if not per:
+            raise ResultsError(f"{doc['study']}: no per_byte (the validation windows' tokens and bytes)")
+        ratio = per["val_bytes"] / per["val_tokens"]
+        return f"{ratio:.3f}" if kind == "bytes-per-token" else f"{1 / (ratio * math.log(2)):.4f}"
     if kind == "lr":  # flip: the config's name
         arm = next((a for a in _tuning_of(doc)["arms"] if a["name"] == flip), None)
         if arm is None:

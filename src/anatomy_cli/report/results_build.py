@@ -17,6 +17,7 @@ from anatomy_cli.report import frames as frames_mod
 from anatomy_cli.report import lr_comparison
 from anatomy_cli.report import verdict as vd
 from anatomy_cli.report.build import Report
+from anatomy_cli.report.frames import UNIT
 from anatomy_cli.report.results_file import EFFECT_KEYS, FORMAT, VERSION
 from anatomy_cli.spec.roles import ALL_ON, REFERENCE
 from anatomy_cli.store.runs import atomic_write_text
@@ -40,14 +41,24 @@ def build(r: Report) -> dict:
                                                    for k, rows in r.scale.record().items()}}
     scaled |= {"decide": r.rules.decide.model_dump(mode="json")} if r.rules.decide is not None else {}
     scaled |= {"tuning": _tuning_record(r.tuning)} if r.tuning is not None else {}
-    return {"format": FORMAT, "version": VERSION, "study": Path(r.root).name,
+    return {"format": FORMAT, "version": VERSION, "study": Path(r.root).name, "unit": UNIT,
             "runs": {"total": len(runs), "completed": int((runs["status"] == "completed").sum())},
             "seeds": sorted(int(s) for s in runs["seed"].dropna().unique()),
             "budget": {k: _num(v) if isinstance(v, float) else v for k, v in vd.budget(runs).items()},
             "ends": ends,
             "effects": [{k: _plain(row[k]) for k in EFFECT_KEYS}
                         for row in frames_mod.records(frames_mod.as_written(r.effects))],
-            "eval_gains": eval_gains, "configs": _configs(runs), **scaled}
+            "eval_gains": eval_gains, "configs": _configs(runs), **_per_byte(runs), **scaled}
+
+
+def _per_byte(runs) -> dict:
+    """The study's validation windows in tokens and bytes ("per_byte"), what its losses were turned into bits per
+    byte by: the median over its runs (one corpus and one set of windows: they agree); none where unknown."""
+    counts = runs[["val_tokens", "val_bytes"]].dropna() if {"val_tokens", "val_bytes"} <= set(runs) else None
+    if counts is None or counts.empty:
+        return {}
+    tokens, size = (int(counts[c].median()) for c in ("val_tokens", "val_bytes"))
+    return {"per_byte": {"val_tokens": tokens, "val_bytes": size}}
 
 
 def _fit(runs, role: str) -> dict:
@@ -60,7 +71,7 @@ def _fit(runs, role: str) -> dict:
         return {}
     last = json.loads(best["settings"].iloc[0]).get("train.steps")  # completed: trained to its steps
     return {"best_step": int(best["best_step"].median()), "last_step": last,
-            "final": _num(best["final_val_loss"].mean())}
+            "final": _num(best["final_val_bpb"].mean())}
 
 
 def _tuning_record(t: lr_comparison.Tuned) -> dict:

@@ -42,6 +42,20 @@ EFFECT_KEYS = ("metric", "unit", "flip", "direction", "against", "group", "n_pai
                "mde", "noise", "df", "note")
 
 
+# The loss effects' metric and its unit: bits per byte, or in files written before it was the unit, nats per
+# character (their numbers render as the file holds them, in its own unit; `anatomy rejudge` converts them).
+LOSS_UNITS = {"best_val_bpb": "bits/byte", "best_val_loss": "nats/char"}
+
+
+def unit_of(doc: dict) -> str:
+    """The unit of a results file's losses: its "unit", else its loss effects' metric's, else (a file from before
+    either, with no loss effect: the seed protocol's) nats per character."""
+    if isinstance(doc.get("unit"), str):
+        return doc["unit"]
+    return next((LOSS_UNITS[e["metric"]] for e in doc.get("effects") or [] if e.get("metric") in LOSS_UNITS),
+                LOSS_UNITS["best_val_loss"])
+
+
 class ResultsError(InputError):
     """A results file or a marked block that cannot be read or rendered."""
 
@@ -235,12 +249,18 @@ class Tuning(FileModel):
     comparison: list[TuningRow] = None
 
 
+class PerByte(FileModel):
+    val_tokens: Annotated[int, Field(gt=0)] = None
+    val_bytes: Annotated[int, Field(gt=0)] = None
+
+
 class ResultsFile(FileModel):
     """The results file (FORMAT, VERSION): load() checks a file against it and renders the plain dict."""
 
     format: str = None
     version: Annotated[int, Field(ge=1)] = None
     study: str = None
+    unit: str = None  # the losses' unit: "bits/byte" (absent: before it was written, see unit_of)
     runs: RunCounts = None
     seeds: list[int] = None
     budget: Budget = None
@@ -248,6 +268,7 @@ class ResultsFile(FileModel):
     effects: list[Effect] = None
     eval_gains: list[EvalGain] = None
     configs: list[ConfigCost] = None
+    per_byte: PerByte = None  # the validation windows' targets and their UTF-8 bytes: bits per byte from nats
     scale: Scale = None
     decide: DecideRecord = None  # a --decide study's plan, rounds and why it stopped (report/decide.py)
     tuning: Tuning = None  # a --tune-lr study's LRs and its shared-LR comparison (report/lr_comparison.py)

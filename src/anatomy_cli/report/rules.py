@@ -30,7 +30,7 @@ class Rules:
     decide: records.DecideRecord | None
     tune: records.TuneRecord | None
     timing: dict | None
-    margin: float  # the loss effects' margin (nats/char)
+    margin: float  # the loss effects' margin (bits per byte)
     margin_basis: str  # stats.DEFAULT | stats.GIVEN | stats.AFTER ... (the study's)
 
     @property

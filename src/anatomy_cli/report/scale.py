@@ -13,7 +13,7 @@ The rule. x = log10 of a size's non-embedding parameters (ModelConfig.non_embedd
 parameter but the token table, the head and the position table) of the size's reference end, the
 number scale-plan prints for the size (a sized study without a reference end: the median over the
 size's runs, whose configs differ by a few percent). For each component and direction:
-  per seed that has a completed pair at every size, the OLS slope of its gains on x (nats/char per
+  per seed that has a completed pair at every size, the OLS slope of its gains on x (bits per byte per
   tenfold parameters); the trend is the mean slope over seeds, and the trends of one ladder (a
   series) are one family judged by stats.judge, the rule of every call in the report: each gets a
   simultaneous interval (slope_adj_low/high, level 1 - alpha/m over the ladder's m trends, each
@@ -59,7 +59,7 @@ import numpy as np
 import pandas as pd
 
 from anatomy_cli.report import stats
-from anatomy_cli.report.frames import run_flags
+from anatomy_cli.report.frames import LOSS_METRIC, run_flags
 from anatomy_cli.spec.roles import END_OF, REFERENCE, variant
 from anatomy_cli.store import runs as runs_mod
 
@@ -306,7 +306,7 @@ def by_size_csv(s: Scale) -> pd.DataFrame:
 
 
 def scale_frames(runs: pd.DataFrame, curves: pd.DataFrame, effects: pd.DataFrame, studies: dict | None = None,
-                 metric: str = "best_val_loss") -> Scale | None:
+                 metric: str = LOSS_METRIC) -> Scale | None:
     """The sized groups under the report's runs, judged (Scale); None without two sizes. studies: the study
     folders' sweep.json records (frames.load_runs'), where the ladder's size names and budget rule are."""
     from anatomy_cli.report import effects as effects_mod

@@ -32,15 +32,15 @@ from anatomy_cli.report import speed as speed_mod
 from anatomy_cli.report import verdict as vd
 from anatomy_cli.report.build import Report
 from anatomy_cli.report.effects import same_model_lines
-from anatomy_cli.report.frames import CTX_PREFIX, RUN_COLUMNS, SAMPLE_CHARS
+from anatomy_cli.report.frames import CTX_PREFIX, LOSS_METRIC, RUN_COLUMNS, SAMPLE_CHARS, UNIT
 from anatomy_cli.report.plateau import plateau_lines
 from anatomy_cli.spec import components as comp
 from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, REFERENCE, REMOVE_ONE, VERB, shown
 from anatomy_cli.store.runs import SAMPLES
 
-RUN_TABLE = ["run_id", "label", "seed", "status", "params", "active_params", "best_val_loss", "best_step",
-             "final_val_loss", "overfit_gap", "bits_per_char", "tokens_per_s", "step_time_ms",
-             "max_grad_norm", "loss_spikes", "diverged_at"]
+RUN_TABLE = ["run_id", "label", "seed", "status", "params", "active_params", "best_val_bpb", "best_val_loss",
+             "best_step", "final_val_loss", "overfit_gap", "tokens_per_s", "step_time_ms", "max_grad_norm",
+             "loss_spikes", "diverged_at"]
 DETAIL_TABLE = ["flip", "direction", "against", "group", "n_pairs", "excluded", "gain", "adj_low", "adj_high",
                 "call", "raw_low", "raw_high", "p_value", "p_holm", "note"]
 FLOAT_FORMATS = {"tokens_per_s": "{:,.0f}", "step_time_ms": "{:.1f}", "wall_s": "{:.1f}",
@@ -84,7 +84,7 @@ def lead(p: Parts) -> str:
 
 def sections(p: Parts) -> list[tuple[str, list]]:
     """The report in reading order: the answer first, speed after the quality sections."""
-    loss = p.effects[p.effects["metric"] == "best_val_loss"]
+    loss = p.effects[p.effects["metric"] == LOSS_METRIC]
     ctx = [c for c in p.runs.columns if c.startswith(CTX_PREFIX)]
     curves = [("img", p.images["curves.png"])] + ([("img", p.images["grad-norm.png"])]
                                                   if "grad-norm.png" in p.images else [])
@@ -131,10 +131,10 @@ def verdict_blocks(p: Parts) -> list:
     ref, top = end_names(p.runs)
     bud = vd.budget(p.runs)
     blocks = [("p", f"What each component is worth: its gain in best val loss, loss without it minus loss with it "
-                    f"(nats/char; positive = the component helps), largest first; "
+                    f"({UNIT}; positive = the component helps), largest first; "
                     f"{directions_text(p.verdict, ref, top)}."),
               ("table", verdict_table(p.verdict), False),
-              ("list", [vd.rule_line(p.verdict, "nats/char", looks=p.rules.looks),
+              ("list", [vd.rule_line(p.verdict, UNIT, looks=p.rules.looks),
                         *decide_lines(p.rules.decide),
                         *same_model_lines(p.runs), *warning_lines(p.runs),
                         budget_line(bud, ref, top) if p.scale is None else f"**Budget**: {budget_text(p.scale)}",
@@ -193,9 +193,9 @@ def verdict_text(r: Report, max_width: int | None) -> str:
     if verdict.empty:
         return "verdict: no paired runs yet (an end and a variant with a shared seed)."
     ref, top = end_names(runs)
-    head = "verdict: gain in best val loss (nats/char; > 0 = the component helps), largest first"
+    head = f"verdict: gain in best val loss ({UNIT}; > 0 = the component helps), largest first"
     ends = vd.ends_text(runs, ref, top)
-    rule = vd.rule_line(verdict, "nats/char", short=True, looks=r.rules.looks, calls=False)
+    rule = vd.rule_line(verdict, UNIT, short=True, looks=r.rules.looks, calls=False)
     out = [textable.wrap(head, max_width), *([textable.wrap(ends, max_width)] if ends else []), "",
            directions_table(verdict, ref, top, max_width), "", textable.wrap(rule, max_width)]
     out += words_text(verdict, r.rules, max_width)
@@ -248,7 +248,7 @@ def words_text(verdict: pd.DataFrame, rules, max_width: int | None) -> list[str]
     where a newcomer meets them, not behind a flag they would have to know of."""
     import textwrap
 
-    pairs = vd.words(verdict, "nats/char")
+    pairs = vd.words(verdict, UNIT)
     record = rules.decide
     if record is not None:
         pairs.append(("look", f"a judgement after a round of seeds; {len(record.looks)} planned, at "
@@ -338,7 +338,7 @@ def eval_blocks(eval_effects: pd.DataFrame) -> list:
             "interval at that evaluation, no call is made from it): a head start that fades comes back to zero, a "
             "lasting gain stays apart.")
     moves = ranking_moves(eval_effects) if len(eval_effects) else []
-    return [("p", text)] + ([("p", "Ranking by gain (nats/char) early, midway and at the end:"), ("list", moves)]
+    return [("p", text)] + ([("p", f"Ranking by gain ({UNIT}) early, midway and at the end:"), ("list", moves)]
                             if moves else [])
 
 
@@ -415,7 +415,7 @@ def scale_blocks(p: Parts) -> list:
     s = p.scale
     names = list(dict.fromkeys(s.sizes["size"]))
     intro = (f"The same design at {len(names)} sizes ({', '.join(names)}), each paired on its own seeds: a run's size "
-             f"is part of its group, so no effect is differenced across sizes. Gains as in the verdict (nats/char; "
+             f"is part of its group, so no effect is differenced across sizes. Gains as in the verdict ({UNIT}; "
              f"> 0 = the component helps) with the interval its call is made from, against each size's non-embedding "
              f"parameters (every parameter but the token table, the LM head and the position table). "
              f"**Budget**: {budget_text(s)}")
@@ -453,7 +453,7 @@ def rule_numbers(s: scale_mod.Scale) -> dict:
     levels = s.trends["adj_level"].dropna()
     return {"seeds": "/".join(map(str, seeds)) or "none", "m": int(s.trends["p_value"].notna().sum()),
             "level": f"{100 * levels.iloc[0]:.4g}%" if len(levels) else "",
-            "margin": f"{margin:.3f} nats/char (the margin)" if math.isfinite(margin) else "0"}
+            "margin": f"{margin:.3f} {UNIT} (the margin)" if math.isfinite(margin) else "0"}
 
 
 def budget_text(s: scale_mod.Scale) -> str:

@@ -5,7 +5,7 @@ effects of one group (one size's design), the speed effects of one group, the tr
 ladder. Each family is judged alone, so adding a size to a study never changes another size's calls.
 
 The margin. The smallest effect that matters is fixed before the data: the study spec's `margin` (set when
-the study starts), else DEFAULT_MARGIN (nats/char; SPEED_MARGIN % for speed). The seed-to-seed noise is
+the study starts), else DEFAULT_MARGIN (bits per byte; SPEED_MARGIN % for speed). The seed-to-seed noise is
 reported beside it, never used as it: a margin estimated from the same few seeds makes "negligible"
 a claim the data chose (at the true margin it was called negligible 3-15 % of the time).
 
@@ -65,7 +65,7 @@ from anatomy_cli.spec import config
 ALPHA = config.ALPHA  # the family-wise error (spec/config.py: study records check their alpha against it)
 POWER = 0.8
 MIN_PAIRS = 3
-DEFAULT_MARGIN = 0.02  # nats/char: the smallest loss effect that matters unless the study's margin says
+DEFAULT_MARGIN = 0.02  # bits per byte: the smallest loss effect that matters unless the study's margin says
 SPEED_MARGIN = 5.0  # percent of tokens/s
 HELPS, HURTS, NEGLIGIBLE, SMALL, UNDECIDED, TOO_FEW, NONE = (
     "helps", "hurts", "negligible", "below margin", "undecided", "too few seeds", "no completed pairs")

@@ -15,7 +15,7 @@
   power_lines     what earlier runs say about power: the seeds an effect the size of the margin needs
 
 Sign convention (everywhere: report, CLI, CSV/JSON, README): the gain is the loss reduction of
-having the component, in nats/char: loss(without) - loss(with), so positive = the component helps,
+having the component, in bits per byte: loss(without) - loss(with), so positive = the component helps,
 whichever end it was added to or removed from (effects.gain_of), and one ranking reads both.
 """
 
@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from anatomy_cli.report import lr_allowance, stats
-from anatomy_cli.report.frames import run_flags
+from anatomy_cli.report.frames import LOSS_METRIC, UNIT, run_flags
 from anatomy_cli.spec.roles import ALL_ON, REFERENCE
 from anatomy_cli.store import lockfile
 from anatomy_cli.store import runs as runs_mod
@@ -56,7 +56,7 @@ def end_runs(runs: pd.DataFrame, role: str) -> pd.DataFrame:
     return max((g for _, g in done.groupby(["design", "settings"])), key=len) if len(done) else done
 
 
-def noise_floor(runs: pd.DataFrame, metric: str = "best_val_loss") -> dict[str, tuple[float, int, float]]:
+def noise_floor(runs: pd.DataFrame, metric: str = LOSS_METRIC) -> dict[str, tuple[float, int, float]]:
     """{'reference' | 'all-on': (sd of `metric` over seeds, seeds, mean)} for each end that has runs
     (end_runs); the sd is NaN with one seed."""
     out = {}
@@ -79,7 +79,7 @@ def budget(runs: pd.DataFrame) -> dict:
     for role in (REFERENCE, ALL_ON):
         done = runs[(runs["role"] == role) & (runs["status"] == runs_mod.COMPLETED)]
         if len(done):
-            out[role] = float(done["best_val_loss"].mean())
+            out[role] = float(done[LOSS_METRIC].mean())
             out[f"{role}_best_step"] = int(done["best_step"].min())
     ref = runs[runs["role"].isin([REFERENCE, ALL_ON])]
     if len(ref):
@@ -167,7 +167,7 @@ def rule_line(judged: pd.DataFrame, unit: str, seeds: str = "seeds", short: bool
 
 
 def margin_text(judged: pd.DataFrame, unit: str) -> tuple[str | None, str]:
-    """(the family's margin as shown, '0.020 nats/char' or '5.0%', None when unknown; where it came from)."""
+    """(the family's margin as shown, '0.020 bits/byte' or '5.0%', None when unknown; where it came from)."""
     margin, basis = float(judged["margin"].iloc[0]), judged["margin_basis"].iloc[0]
     where = ("given by the study's margin" if basis in (stats.GIVEN, stats.GIVEN_BEFORE) else basis
              if str(basis).startswith(stats.AFTER) else "the default, fixed before the data")
@@ -201,7 +201,7 @@ def ends_text(runs: pd.DataFrame, ref_name: str, top_name: str) -> str:
         return ""
     (_, n_ref, ref), (_, n_top, top) = floor[REFERENCE], floor[ALL_ON]
     n = f"{n_ref} seeds" if n_ref == n_top else f"{n_ref} and {n_top} seeds"
-    return (f"ends: the {ref_name} end reaches {ref:.3f} nats/char, the {top_name} end {top:.3f} (mean best val "
+    return (f"ends: the {ref_name} end reaches {ref:.3f} {UNIT}, the {top_name} end {top:.3f} (mean best val "
             f"loss over {n}; {ref - top:+.3f} apart)")
 
 
@@ -215,7 +215,7 @@ def power_lines(runs: pd.DataFrame, effects: pd.DataFrame, flips=None) -> list[s
     folder holds 10), a family of their count at the folder's alpha, each effect on its own variance."""
     from scipy import stats as sps
 
-    loss = effects[(effects["metric"] == "best_val_loss") & (effects["family"] > 0) & effects["se"].notna()]
+    loss = effects[(effects["metric"] == LOSS_METRIC) & (effects["family"] > 0) & effects["se"].notna()]
     if flips is not None:
         loss = loss[loss["flip"].isin(list(flips))]
     lines = []
@@ -229,7 +229,7 @@ def power_lines(runs: pd.DataFrame, effects: pd.DataFrame, flips=None) -> list[s
                          for se, df in zip(fam["se"], fam["df"])])
         where = f"{group}: " if group else ""
         whose = ("the plan's " if flips is not None else "the ") + (f"{m} effects'" if m > 1 else "1 effect's")
-        now = (f"{where}at {n_now} seeds {whose} median paired sd is {sd:.3f} nats/char; an effect "
+        now = (f"{where}at {n_now} seeds {whose} median paired sd is {sd:.3f} {UNIT}; an effect "
                f"of {float(mde):.3f} is called 80 % of the time")
         twice = f"one of {target:.3f} (twice the margin)"
         if need is None:

@@ -949,7 +949,7 @@ class AblationSpec(_Frozen):
     # Chinchilla-optimal is ~20; a million per parameter is already beyond any study here (1e30 planned
     # a step count past 2^64).
     tokens_per_param: float | None = Field(default=None, gt=0, le=1e6)
-    # The smallest loss effect that matters (nats/char), fixed before the data: a call's practical part and
+    # The smallest loss effect that matters (bits per byte), fixed before the data: a call's practical part and
     # the margin "negligible" is tested against (report/stats.py; default stats.DEFAULT_MARGIN). `min_effect`
     # is its older name, read as it.
     margin: float | None = Field(default=None, gt=0, le=MAX_MARGIN,

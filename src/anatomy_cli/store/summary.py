@@ -82,10 +82,10 @@ class RunSummary(BaseModel):
     # Bits per byte (data/batches.py): the fixed val windows' targets (val_tokens) and the UTF-8 bytes they
     # stand for (val_bytes), constants of the corpus, tokenizer and eval settings; best_val_bpb and
     # final_val_bpb are best_val_loss and final_val_loss x val_tokens / (ln 2 x val_bytes).
-    val_tokens: int | None = _field(CARRIED)
-    val_bytes: int | None = _field(CARRIED)
-    best_val_bpb: float | None = None
-    final_val_bpb: float | None = None
+    val_tokens: int | None = _field(CARRIED, COLUMN)
+    val_bytes: int | None = _field(CARRIED, COLUMN)
+    best_val_bpb: float | None = _field(COLUMN)
+    final_val_bpb: float | None = _field(COLUMN)
     # Resumes (training.run.resume): the step each one continued from, in order (0: killed before its
     # first checkpoint, trained again from the start). None: never resumed.
     resumed_at: list[int] | None = _field(CARRIED)
