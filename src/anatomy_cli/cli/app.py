@@ -1,6 +1,6 @@
 """The Typer app every command module registers on: consoles, exit codes, shared options, errors.
 
-Command modules (cli.run, cli.sweep, cli.scale_plan, cli.tools, cli.exams) import this module; it
+Command modules (cli.run, cli.sweep, cli.parts, cli.scale_plan, cli.tools, cli.exams) import this module; it
 imports none of them, and cli.main (the entry point) imports them all. Heavy imports (torch, pandas, matplotlib)
 happen inside commands so `anatomy --help` is instant.
 
