@@ -68,7 +68,37 @@ def build(cfg, slot: str) -> nn.Module:
     part_, opts = cfg.slot_part(slot)
     check_code(cfg, part_)
     impl = resolve(part_.build)
-    return impl(cfg) if part_.options is None else impl(cfg, opts)
+    module = impl(cfg) if part_.options is None else impl(cfg, opts)
+    if part_.plugin:
+        probe(module, part_, cfg)
+    return module
+
+
+def probe(module: nn.Module, part_: Part, cfg) -> None:
+    """A plugin part's forward on a tiny input [1, 3, C] (no gradient, its own generator: the global stream
+    stays as it was) must return its input's shape, else PartError in one line."""
+    if not isinstance(module, nn.Module):
+        raise PartError(f"part {part_.where()}: its build returned {type(module).__name__}, not a torch.nn.Module")
+    T, gen = 3, torch.Generator().manual_seed(0)
+    x, pos = torch.randn(1, T, cfg.d_model, generator=gen), torch.arange(T)
+    q = torch.randn(1, cfg.n_head, T, cfg.head_dim, generator=gen)
+    k = torch.randn(1, cfg.n_kv_head, T, cfg.head_dim, generator=gen)
+    with torch.no_grad():
+        try:
+            if part_.slot == "mixer":
+                got = [(module(x, pos, T, lambda q, k, pos, end, start=None: (q, k)), x)]
+            elif part_.slot == "positions":
+                got = [(module.embed(x, pos, T), x), *zip(module.rotate(q, k, pos, T), (q, k))]
+            else:
+                got = [(module(x), x)]
+        except Exception as err:  # noqa: BLE001 - the part's own code: its last line
+            raise PartError(f"part {part_.where()}: its forward on a {list(x.shape)} input raised "
+                            f"{err.__class__.__name__}: {' '.join(str(err).split())[:160]}") from None
+    for out, want in got:
+        shape = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        if shape != list(want.shape):
+            raise PartError(f"part {part_.where()}: its forward returned {shape} for a {list(want.shape)} input "
+                            f"(a part returns its input's shape)")
 
 
 def check_code(cfg, part_: Part) -> None:
