@@ -4,7 +4,7 @@ the FFN's activation is the squared ReLU, relu(x)^2, in place of GELU; the two m
 Parameters: hidden 4 d_model by default, the 2017 GELU FFN's width, so it holds GELU's parameters exactly
 (8 d^2 per layer, as in Primer's own comparison). Against the LLaMA end's SwiGLU (3 matrices of
 ceil(8/3 d, 32)) it has 3 % fewer: 131,072 against 135,168 per layer at d_model 128. Set
-[model.parts.relu2] hidden = 528 (3/2 of SwiGLU's 352) to match SwiGLU's parameters exactly.
+[model.part_options.relu2] hidden = 528 (3/2 of SwiGLU's 352) to match SwiGLU's parameters exactly.
 
     anatomy components check examples/parts/relu2.py
     anatomy ablate examples/parts/relu2.toml

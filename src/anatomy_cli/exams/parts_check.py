@@ -230,7 +230,7 @@ def params(cfg: ModelConfig, model: LM) -> str:
     said = []
     for name, (module, part_) in part_modules(model).items():
         own = sum(p.numel() for p in module.parameters())
-        want = part_.params(cfg, registry.options(part_, (cfg.parts or {}).get(part_.name)))
+        want = part_.params(cfg, registry.options(part_, (cfg.part_options or {}).get(part_.name)))
         if own != want:
             raise CheckFailed(f"{name} declares {want:,} parameters, its module has {own:,}")
         said.append(f"{name} {own:,}")
@@ -331,7 +331,7 @@ def end_config(part_: registry.Part, end: str, options: dict | None = None) -> M
     model = TOY | components.model_settings(components.FIVE, on=end == "llama", model=TOY)
     model[registry.SLOTS[part_.slot].field] = part_.name
     if options:
-        model["parts"] = {part_.name: options}
+        model["part_options"] = {part_.name: options}
     return validate(ModelConfig, model)
 
 

@@ -19,12 +19,12 @@
         def forward(self, x, stats=None):
             return self.down(F.relu(self.up(x)).square())
 
-A spec lists the file (`plugins = ["my_parts.py"]`, under [base] in an ablation spec; or --plugin FILE),
-names the part in its slot's field (`model.ffn_type = "relu2"`, or `--flip relu2`: every plugin part
-is a component) and sets its options as [model.parts.relu2] keys. `anatomy components check FILE` runs
-the battery anatomy's own parts pass (exams/parts_check.py) on it. A part is built as cls(cfg), or
-cls(cfg, opts) when it declares options; cfg is the ModelConfig (d_model, n_head, head_dim, n_kv_head,
-ctx_len, norm_eps, ... as plain attributes).
+A spec lists the file (`plugins = ["examples/parts/relu2.py"]`, under [base] in an ablation spec; or
+--plugin FILE), names the part in its slot's field (`model.ffn_type = "relu2"`, or `--flip relu2`: every
+plugin part is a component) and sets its options as [model.part_options.relu2] keys. `anatomy
+components check FILE` runs the battery anatomy's own parts pass (exams/parts_check.py) on it. A part is
+built as cls(cfg), or cls(cfg, opts) when it declares options; cfg is the ModelConfig (d_model, n_head,
+head_dim, n_kv_head, ctx_len, norm_eps, ... as plain attributes).
 
 The slots, as the block calls them (x [B, T, C], C = cfg.d_model; every output has x's shape):
 

@@ -101,10 +101,10 @@ def hash_resolved(config: dict) -> dict:
     parts the model does not use (a study's base sets a plugin part's options for the runs that flip it
     on) are left out, so a run that uses no plugin part keeps the id it has without the plugin."""
     model = config.get("model") if isinstance(config, dict) else None
-    if isinstance(model, dict) and (model.get("parts") or model.get("part_code")):
+    if isinstance(model, dict) and (model.get("part_options") or model.get("part_code")):
         slots = {model.get(f) for f in registry.SLOT_OF_FIELD}
         model = {**model, **{k: {n: v for n, v in model[k].items() if n in slots} or None
-                             for k in ("parts", "part_code") if isinstance(model.get(k), dict)}}
+                             for k in ("part_options", "part_code") if isinstance(model.get(k), dict)}}
         config = {**config, "model": model}
     if not (isinstance(model, dict) and model.get("dsa") is True and model.get("dsa_index_heads") is None):
         return config
@@ -271,12 +271,12 @@ class ModelConfig(_Frozen):
     # generator keyed by (seed, its qualified name), so two models that share a parameter's name and
     # shape start from the identical tensor: the two arms of a pair share batches and initial weights.
     init_key: Literal["order", "name"] = new("order")
-    # Parts of the parts API (spec/parts.py): the options of each part by name (a spec's [model.parts.NAME]
-    # table, --set model.parts.NAME.KEY=V), filled in with the part's defaults for every part the model
+    # Parts of the parts API (spec/parts.py): the options of each part by name (a spec's [model.part_options.NAME]
+    # table, --set model.part_options.NAME.KEY=V), filled in with the part's defaults for every part the model
     # uses; and the sha256 of the plugin file each plugin part it uses comes from, recorded when the config
     # is first resolved, so editing the file moves the run id and building with other code is refused.
     # None when there is nothing to hold (no table is written, and the run id is the one without parts).
-    parts: dict[str, dict[str, Any]] | None = new(None)
+    part_options: dict[str, dict[str, Any]] | None = new(None)
     part_code: dict[str, str] | None = new(None)
 
     @field_validator("norm_type", "pos_type", "ffn_type", "attn_type")
@@ -290,18 +290,18 @@ class ModelConfig(_Frozen):
         """Each part's options validated (strictly, by the part's own model) and filled in with its
         defaults for the parts the model uses; each plugin part the model uses gets its file's sha256
         unless the config already records one (a run's config.json keeps what it trained with)."""
-        if not isinstance(data, dict) or not isinstance(data.get("parts") or {}, dict) \
+        if not isinstance(data, dict) or not isinstance(data.get("part_options") or {}, dict) \
                 or not isinstance(data.get("part_code") or {}, dict):
             return data  # not a table: the fields' own type checks say so
         used = registry.used(data, {f: cls.model_fields[f].default for f in registry.SLOT_OF_FIELD})
         filled = {}
-        for name, given in (data.get("parts") or {}).items():
+        for name, given in (data.get("part_options") or {}).items():
             part = registry.REGISTRY.get(name) if isinstance(name, str) else None
             if part is None:
-                raise ValueError(f"parts.{name}: no part of that name is loaded (a plugin's part needs its file: "
-                                 f"plugins = [\"FILE\"] in the spec, or --plugin FILE)")
+                raise ValueError(f"part_options.{name}: no part of that name is loaded (a plugin's part needs its "
+                                 f"file: plugins = [\"FILE\"] in the spec, or --plugin FILE)")
             if not isinstance(given, dict):
-                raise ValueError(f"parts.{name}: a table of {name}'s options, got {given!r}")
+                raise ValueError(f"part_options.{name}: a table of {name}'s options, got {given!r}")
             filled[name] = given
         for name, part in used.items():
             filled.setdefault(name, {})
@@ -312,7 +312,7 @@ class ModelConfig(_Frozen):
             else:
                 filled[name] = opts.model_dump(mode="json")
         code = {name: part.sha256 for name, part in used.items() if part.plugin} | (data.get("part_code") or {})
-        return {**data, "parts": filled or None, "part_code": code or None}
+        return {**data, "part_options": filled or None, "part_code": code or None}
 
     @field_validator("ctx_len")
     @classmethod
@@ -491,7 +491,7 @@ class ModelConfig(_Frozen):
         part = registry.find(slot, name)
         if part is None:
             raise ValueError(f"{slot} {name!r} is not a part of the registry")
-        return part, registry.options(part, (self.parts or {}).get(name))
+        return part, registry.options(part, (self.part_options or {}).get(name))
 
     @property
     def layer_kinds(self) -> tuple[str, ...]:
@@ -1044,11 +1044,11 @@ def setting_keys() -> list[str]:
     for name in RunConfig.model_fields:
         section = SECTIONS.get(name)
         keys += [f"{name}.{f}" for f in section.model_fields if f not in PART_TABLES] if section else [name]
-    return keys + [f"model.parts.{p.name}.{k}" for p in registry.REGISTRY.values() if p.options
+    return keys + [f"model.part_options.{p.name}.{k}" for p in registry.REGISTRY.values() if p.options
                    for k in p.options.model_fields]
 
 
-PART_TABLES = ("parts", "part_code")  # tables of ModelConfig keyed by part: their keys are model.parts.NAME.KEY
+PART_TABLES = ("part_options", "part_code")  # ModelConfig's tables by part: keys model.part_options.NAME.KEY
 
 
 def describe_type(annotation: Any) -> str:
@@ -1076,7 +1076,7 @@ def check_setting(key: str, value: Any, raw: str, option: str = "--set") -> None
             check_setting(f"{key}.{k}", v, str(v), option)
         return
     head, _, fld = key.partition(".")
-    if head == "model" and fld.startswith("parts."):
+    if head == "model" and fld.startswith("part_options."):
         return check_part_setting(key, value, raw, option)
     fields = SECTIONS[head].model_fields if head in SECTIONS else RunConfig.model_fields if not fld else {}
     info = fields.get(fld or head)
@@ -1094,9 +1094,9 @@ def check_setting(key: str, value: Any, raw: str, option: str = "--set") -> None
 
 
 def check_part_setting(key: str, value: Any, raw: str, option: str = "--set") -> None:
-    """`--set model.parts.NAME.KEY=V` (or model.parts.NAME={...}): NAME a loaded part, KEY one of its
+    """`--set model.part_options.NAME.KEY=V` (or model.part_options.NAME={...}): NAME a loaded part, KEY one of its
     options, V of that option's type (strictly, as check_setting)."""
-    name, _, opt = key.removeprefix("model.parts.").partition(".")
+    name, _, opt = key.removeprefix("model.part_options.").partition(".")
     part = registry.REGISTRY.get(name)
     if part is None or part.options is None:
         why = "takes no options" if part is not None else ("is no part that is loaded (a plugin's part needs its "
@@ -1112,7 +1112,7 @@ def check_part_setting(key: str, value: Any, raw: str, option: str = "--set") ->
     info = part.options.model_fields.get(opt)
     if info is None:
         close = difflib.get_close_matches(opt, list(part.options.model_fields), n=1)
-        hint = f"; did you mean model.parts.{name}.{close[0]}?" if close else (
+        hint = f"; did you mean model.part_options.{name}.{close[0]}?" if close else (
             f" ({name}'s options: {', '.join(part.options.model_fields)})")
         raise ConfigError(f"{option} {key}: unknown key{hint}")
     try:

@@ -11,11 +11,11 @@ slot's signatures); the slot's ModelConfig field names the part:
 
 A Part is a name, its slot, the code that builds it (the class itself, or "module:attr", so this
 module imports no torch), its typed options (a pydantic model; a spec sets them as
-[model.parts.NAME] keys, --set model.parts.NAME.KEY=V) and its parameter count as a formula of the
+[model.part_options.NAME] keys, --set model.part_options.NAME.KEY=V) and its parameter count as a formula of the
 config and the options, which ModelConfig's counts sum and the battery (exams/parts_check.py)
 compares with the module's. anatomy's own FFNs, norms and positions are declared below (BUILTIN)
 as the same records, built by the same code (model/parts.build); a plugin adds its own with the
-`part` decorator, in a file a spec lists (`plugins = ["my_parts.py"]`, `--plugin FILE`:
+`part` decorator, in a file a spec lists (`plugins = ["examples/parts/relu2.py"]`, `--plugin FILE`:
 load_plugins) or in an installed package's entry point of the group `anatomy.parts`
 (load_entry_points). A plugin part is identified by its name and by the sha256 of the file that
 declares it: ModelConfig records it (part_code), so it enters the run id, and a build with other
@@ -41,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from anatomy_cli.spec.errors import InputError
 
 ENTRY_POINTS = "anatomy.parts"  # the entry-point group installed packages declare their parts in
-NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")  # a part's name is also its component's (components.COMPONENT_NAME)
+NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")  # a part's name is also its component's (config.COMPONENT_NAME)
 
 
 class PartError(InputError):
@@ -253,10 +253,10 @@ def used(model: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Par
 
 def options(part_: Part, given: Mapping[str, Any] | None, where: str = "") -> BaseModel | None:
     """The part's options validated from `given` as strictly as any spec key (None: it has none).
-    PartError 'parts.relu2.hidden: Input should be a valid integer, got 1.5'."""
+    PartError 'part_options.relu2.hidden: Input should be a valid integer, got 1.5'."""
     if part_.options is None:
         if given:
-            raise PartError(f"{where}parts.{part_.name}: {part_.where()} takes no options")
+            raise PartError(f"{where}part_options.{part_.name}: {part_.where()} takes no options")
         return None
     try:
         return part_.options.model_validate(dict(given or {}), strict=True)
@@ -267,7 +267,7 @@ def options(part_: Part, given: Mapping[str, Any] | None, where: str = "") -> Ba
         given_value = e.get("input")
         if e["type"].endswith("_type") and isinstance(given_value, (bool, int, float, str)):
             text += f", got {given_value!r}"
-        raise PartError(f"{where}parts.{part_.name}.{key}: {text}") from None
+        raise PartError(f"{where}part_options.{part_.name}.{key}: {text}") from None
 
 
 def resolve(build: Any) -> Any:
