@@ -386,3 +386,50 @@ def refuse_broken(configs, checks: tuple[str, ...] = ("shapes", "causal")) -> No
                 raise PartError(f"{', '.join(p.where() for p in used)} fails the {name} check, so the study would "
                                 f"measure a broken part: {err} (anatomy components check {used[0].origin})") from None
 
+
+@dataclass(frozen=True)
+class Checked:
+    """check_file's answer: each part's results, the parts, and the failures of them all."""
+
+    results: dict[str, list[Result]]
+    parts: dict[str, registry.Part]
+
+    @property
+    def failures(self) -> list[Result]:
+        return [r for rs in self.results.values() for r in failed(rs)]
+
+
+def check_file(path, only: str | None = None) -> Checked:
+    """Load a plugin file (afresh) and run the battery on each part it declares, or on `only`; one torch
+    thread (toy sizes: more only synchronise). PartError for a file that does not load or a part it lacks."""
+    plugin = registry.load_plugins([path])[0]
+    names = plugin.parts if only is None else [only]
+    if only is not None and only not in plugin.parts:
+        raise PartError(f"{path} declares no part named {only!r}; it declares {', '.join(plugin.parts)}")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        results = {name: check_part(name) for name in names}
+    finally:
+        torch.set_num_threads(before)
+    return Checked(results, {name: registry.REGISTRY[name] for name in names})
+
+
+def counted_change(c: components.Component, end_on: bool) -> tuple[int, int] | None:
+    """(total, active) parameters a plugin part's component adds at the reference size from an end, the
+    total counted from the built models (the declared formula is the battery's to check), the active
+    from the formulas; None where it does not fit."""
+    from anatomy_cli.spec import reference
+
+    size = reference.REFERENCE_SIZE
+    model = size | components.model_settings(components.FIVE, on=end_on, model=size)
+    flat = components.flatten({"model": model})
+    counts = []
+    for state in (True, False):
+        settings = {k.removeprefix("model."): v for k, v in c.settings(state, flat).items() if k.startswith("model.")}
+        try:
+            cfg = validate(ModelConfig, model | settings)
+            counts.append((LM(cfg).num_params(), cfg.active_params()))
+        except (ConfigError, PartError, ValueError):
+            return None
+    return counts[0][0] - counts[1][0], counts[0][1] - counts[1][1]

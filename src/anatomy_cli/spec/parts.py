@@ -369,30 +369,41 @@ def load_plugins(paths: Iterable[str | Path], fresh: bool = True) -> list[Plugin
 
 
 def load_for(paths: Iterable[str], model: Mapping[str, Any] | None) -> None:
-    """The plugins a run config lists, loaded for validating it: each existing file not loaded yet; a file
-    that is not there (a worker on another machine, a run whose file moved) only matters when the model
-    needs a part nothing has registered, or has other code than recorded (part_code)."""
+    """The plugins a run config lists, loaded for validating it, when its model needs them: nothing when
+    every part it names is registered already with the code it records (a worker's shipped code, --plugin
+    given the file a run trained with); else each listed file not loaded yet. A file that is not there (a
+    worker on another machine, a run whose file moved) is refused only while a part the model names is
+    still unknown. A spec's plugins are loaded before it is validated (config.resolve_plugins), whatever
+    its base uses, so a study's table has their parts."""
+    if _resolvable(model or {}):
+        return
     missing = []
     for path in paths:
         if Path(path).is_file():
             load_plugins([path], fresh=False)
         else:
             missing.append(path)
-    if missing and not _resolvable(model or {}):
+    if missing and not _known(model or {}):
         raise PartError(f"plugin not found: {missing[0]} (its parts are not loaded; give the file with --plugin "
                         f"FILE)")
 
 
-def _resolvable(model: Mapping[str, Any]) -> bool:
-    code = model.get("part_code") if isinstance(model.get("part_code"), dict) else {}
+def _wanted(model: Mapping[str, Any]) -> list[str]:
+    """The part names a model config (a dict) uses or gives options to."""
     wanted = [model.get(f) for f in SLOT_OF_FIELD if isinstance(model.get(f), str)]
-    wanted += list(model.get("parts") or {}) if isinstance(model.get("parts"), dict) else []
-    for name in wanted:
-        own = any(name in s.own for s in SLOTS.values())
-        got = REGISTRY.get(name)
-        if not own and (got is None or (name in code and code[name] != got.sha256)):
-            return False
-    return True
+    options = model.get("part_options")
+    return wanted + (list(options) if isinstance(options, dict) else [])
+
+
+def _known(model: Mapping[str, Any]) -> bool:
+    own = {v for s in SLOTS.values() for v in s.own}
+    return all(name in own or name in REGISTRY for name in _wanted(model))
+
+
+def _resolvable(model: Mapping[str, Any]) -> bool:
+    """Every part the model names is known, each plugin one with the code the config records (if it does)."""
+    code = model.get("part_code") if isinstance(model.get("part_code"), dict) else {}
+    return _known(model) and all(REGISTRY[n].sha256 == sha for n, sha in code.items() if n in REGISTRY)
 
 
 def preload(sources: Mapping[str, str]) -> None:

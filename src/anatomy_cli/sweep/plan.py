@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from anatomy_cli.spec import components
+from anatomy_cli.spec import parts as registry
 from anatomy_cli.spec.components import Component, Design
 from anatomy_cli.spec.config import (
     MAX_SIZE,
@@ -31,6 +32,7 @@ from anatomy_cli.spec.config import (
     TrainConfig,
     apply_overrides,
     load_toml,
+    resolve_plugins,
     resolve_source,
     validate,
     validate_field,
@@ -61,6 +63,7 @@ def load_spec(path: Path | None) -> AblationSpec:
     """The spec file, parsed and validated field by field (its plan is checked by load_plan)."""
     path = path or experiments_dir() / DEFAULT_SPEC
     data = resolve_source(load_toml(path), Path(path).parent, "base.data")
+    data = resolve_plugins(data, Path(path).parent, "base")  # base.plugins, each loaded afresh
     return validate(AblationSpec, resolve_spec_sources(data, Path(path).parent))
 
 
@@ -542,7 +545,8 @@ def execute(plan: list[PlannedRun], sweep_dir: Path, workers: int = 1, on_event:
         emit({"event": "plan", "total": len(plan), "todo": len(todo), "skipped": len(plan) - len(todo)})
         threads = max(1, (os.cpu_count() or 1) // max(1, workers))
         todo_jobs = [Job(p.run_id, p.config.model_dump(mode="json"), str(sweep_dir / p.run_id), threads,
-                         {"sweep": sweep_name, "role": p.role, "flip": p.flip}) for p in todo]
+                         {"sweep": sweep_name, "role": p.role, "flip": p.flip}, registry.sources(p.config.plugins))
+                     for p in todo]
         if executor == "dask":
             from anatomy_cli.sweep.dask_exec import execute_dask
 
