@@ -212,6 +212,7 @@ def _train_resume(run_dir: Path) -> None:
     from anatomy_cli.training.checkpoint import load_run_config
 
     cfg = load_run_config(run_dir)
+    training.check_code(run_dir, cfg)  # before the progress bar: other plugin code than the run started with
     status = runs.run_status(run_dir)
     if status not in (runs.INTERRUPTED, runs.RUNNING):  # before any progress bar; resume() checks again under
         # the lock, where a run another live process is training is RunBusy (exit 3)

@@ -24,6 +24,7 @@ import pandas as pd
 from anatomy_cli.report.plateau import PLATEAU_COLUMNS
 from anatomy_cli.report.plateau import judged as plateau_judged
 from anatomy_cli.spec import components as comp
+from anatomy_cli.spec import parts
 from anatomy_cli.spec.config import DataConfig, ModelConfig, RunConfig, TrainConfig
 from anatomy_cli.store.runs import (
     CONFIG,
@@ -208,6 +209,12 @@ def _built(config: dict, model: ModelConfig) -> str:
 def _model_config(config: dict, run_dir: Path) -> ModelConfig:
     # Keys this version does not know are dropped, so an older report reads newer runs.
     known = {k: v for k, v in config.get("model", {}).items() if k in ModelConfig.model_fields}
+    plugins = config.get("plugins")
+    if isinstance(plugins, list) and all(isinstance(p, str) for p in plugins):  # a run's plugin parts: their
+        try:  # formulas (non-embedding parameters, decode state) are their files' (spec/parts.py)
+            parts.load_for(plugins, known)
+        except parts.PartError as err:
+            raise RunError(f"{run_dir / CONFIG}: {err}") from None
     try:
         return ModelConfig.model_validate(known)
     except ValueError as err:

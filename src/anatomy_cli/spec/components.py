@@ -442,11 +442,23 @@ def model_settings(names: Iterable[str] = FIVE, on: bool = True, model: Mapping[
 # ------------------------------------------------------------------------------ roles in a design
 
 
+PART_TABLES = ("model.part_options", "model.part_code")  # ModelConfig's tables by part name
+
+
 def settings_key(flat: dict, design: tuple[Component, ...]) -> str:
-    """JSON of the flattened config minus name, seed and every setting the study's components switch."""
+    """JSON of the flattened config minus name, seed and every setting the study's components switch; the
+    options and code of a part a component switches to travel with it (a run with relu2 on records them,
+    the reference without it none), so they are left out too, as is an empty table of them."""
     switched = {k for c in design for k in c.keys}
-    return json.dumps({k: v for k, v in flat.items() if k not in switched and k not in ("name", "seed")},
-                      sort_keys=True, default=str)
+    named = {v for c in design for v in [*c.on.values(), *(c.off or {}).values()] if isinstance(v, str)}
+
+    def part_of(key: str) -> str | None:
+        table = next((t for t in PART_TABLES if key == t or key.startswith(t + ".")), None)
+        return None if table is None else key.removeprefix(table).lstrip(".").split(".")[0]
+
+    kept = {k: v for k, v in flat.items() if k not in switched and k not in ("name", "seed")
+            and not (part_of(k) is not None and (part_of(k) in named or (part_of(k) == "" and v is None)))}
+    return json.dumps(kept, sort_keys=True, default=str)
 
 
 def role(states: dict[str, bool | None], names: list[str]) -> str:

@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 from anatomy_cli.data.corpus import CharVocab, DataError
 from anatomy_cli.model import LM
 from anatomy_cli.spec.config import ConfigError, RunConfig, validate
+from anatomy_cli.spec.parts import PartError
 from anatomy_cli.store import runs
 
 
@@ -126,7 +127,10 @@ def load_run(run_dir: Path, which: str = "best", device: str | torch.device = "c
         raise runs.RunError(str(err)) from None
     if len(vocab) != cfg.model.vocab_size:
         raise runs.RunError(f"{run_dir}: vocab.json has {len(vocab)} characters, config says {cfg.model.vocab_size}")
-    model = LM(cfg.model).to(device)
+    try:
+        model = LM(cfg.model).to(device)
+    except PartError as err:  # its plugin's file holds other code now: the run keeps the code it trained with
+        raise runs.RunError(f"{run_dir}: {err} (its text is in {Path(run_dir) / runs.PARTS})") from None
     name = {"best": runs.BEST, "last": runs.LAST}[which]
     hint = "; use --weights best (saved at the best val loss, before it diverged)" if which == "last" else ""
     load_weights(model, Path(run_dir) / name, hint)
