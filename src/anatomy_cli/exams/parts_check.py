@@ -224,16 +224,16 @@ def determinism(cfg: ModelConfig, steps: int = 3) -> None:
 
 def params(cfg: ModelConfig, model: LM) -> str:
     """The config's count == the module's, and each registered part's declared count == its module's."""
-    declared, counted = cfg.num_params(), model.num_params()
-    if declared != counted:
-        raise CheckFailed(f"declared {declared:,} parameters, counted {counted:,} ({counted - declared:+,})")
     said = []
-    for name, (module, part_) in part_modules(model).items():
+    for name, (module, part_) in part_modules(model).items():  # the part's own first: the more telling line
         own = sum(p.numel() for p in module.parameters())
         want = part_.params(cfg, registry.options(part_, (cfg.part_options or {}).get(part_.name)))
         if own != want:
             raise CheckFailed(f"{name} declares {want:,} parameters, its module has {own:,}")
         said.append(f"{name} {own:,}")
+    declared, counted = cfg.num_params(), model.num_params()
+    if declared != counted:
+        raise CheckFailed(f"declared {declared:,} parameters, counted {counted:,} ({counted - declared:+,})")
     return f"{counted:,}" + (f" ({', '.join(said[:1])} each)" if said else "")
 
 
@@ -303,8 +303,9 @@ def run(cfg: ModelConfig, end: str = "") -> list[Result]:
     a model that does not build fails `shapes` and leaves the others not run."""
     try:
         model = unit_gain(seeded_lm(cfg))
-    except (PartError, ConfigError, RuntimeError, ValueError, TypeError) as err:
-        return [Result("shapes", end, FAIL, f"the model does not build: {' '.join(str(err).split())}")] + [
+    except Exception as err:  # noqa: BLE001 - the part's own code raised while building: its failure
+        said = str(err) if isinstance(err, PartError) else f"{err.__class__.__name__}: {err}"
+        return [Result("shapes", end, FAIL, f"the model does not build: {' '.join(said.split())[:240]}")] + [
             Result(c, end, NOTE, "not run (the model does not build)") for c in CHECKS[1:]]
     steps: dict[str, Callable[[], str | None]] = {
         "shapes": lambda: shapes(model), "causal": lambda: causal(model), "decode": lambda: decode(model),

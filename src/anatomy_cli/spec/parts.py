@@ -186,6 +186,8 @@ def part(name: str, *, slot: str, params: Formula, about: str = "", source: str 
     (or a factory) registers it under `name` (see Part for each argument) and returns it unchanged."""
     def register_class(cls):
         origin, sha = _origin(cls)
+        if _CONTEXT and name in _CONTEXT[-1]["parts"]:
+            raise PartError(f"two parts named {name!r} in {origin}; rename one")
         register(Part(name, slot, cls, params, about, source, options, active, cache, state_bytes, flops,
                       max_positions, stack, dict(hf) if hf is not None else None, origin, sha))
         if _CONTEXT:
@@ -316,9 +318,9 @@ def load_source(path: str, text: str) -> Plugin:
     with _loading(path, sha) as ctx:
         try:
             exec(compile(text, path, "exec"), module.__dict__)  # noqa: S102 - the user's own plugin file
-        except PartError as err:  # a registration refused (two parts of a name, a slot that does not exist)
-            _drop(ctx["parts"], module)
-            raise PartError(f"plugin {path}: {err}") from None
+        except PartError:  # a registration refused (two parts of a name, a slot that does not exist): it names
+            _drop(ctx["parts"], module)  # the file, as the part's origin
+            raise
         except Exception as err:  # noqa: BLE001 - any error of the plugin's own code: its last line
             _drop(ctx["parts"], module)
             raise PartError(f"plugin {path} does not import: {last_line(err)}") from None
