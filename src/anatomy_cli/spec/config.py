@@ -1009,6 +1009,9 @@ def format_validation_error(err: ValidationError, prefix: str = "", cls: type[Ba
             close = closest_key(cls, parts) if cls is not None else None
             where = prefix if prefix.endswith(".") else ""  # 'config.json: ' is not part of a key
             msg = "unknown key" + (f"; did you mean {where}{close}?" if close else "")
+        key, sep, rest = msg.partition(": ")
+        if sep and key.split(".")[0] in PART_TABLES:  # a part's option, named by the model's validator
+            loc, msg = f"{loc}{key}" if not loc or loc.endswith(" ") else f"{loc}.{key}", rest
         lines.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(lines)
 
