@@ -335,3 +335,14 @@ def test_a_plugin_part_without_a_mapping_is_refused_by_name(tmp_path):
     with pytest.raises(ExportError, match=r"cannot export to Llama: relu2 \(a plugin ffn part from .*relu2\.py, "
                                           r"which declares no Hugging Face mapping"):
         check_llama_shaped(cfg)
+
+
+def test_a_plugin_mixer_without_a_mapping_is_named_alone():
+    """Its slot's rows (mla: attn_type) read neither on nor off: the refusal names the plugin part only."""
+    from anatomy_cli.spec import parts as registry
+
+    registry.load_plugins([EXAMPLES_RELU2.parent / "ssmax.py"])
+    with pytest.raises(ExportError) as err:
+        check_llama_shaped(ModelConfig(**model_kwargs(2, attn_type="ssmax"), vocab_size=50))
+    assert str(err.value).startswith("cannot export to Llama: ssmax (a plugin mixer part from ")
+    assert "latent attention" not in str(err.value) and str(err.value).endswith("has no Llama equivalent")

@@ -101,8 +101,11 @@ def llama_mismatches(model_cfg) -> list[str]:
     used = registry.used(model_cfg.model_dump(), {}).values()
     bad = [f"{p.name} (a plugin {p.slot} part from {p.origin}, which declares no Hugging Face mapping: "
            f"@part(..., hf={{its parameter: the Llama layer's}}))" for p in used if p.plugin and p.hf is None]
+    plugin_fields = {f"model.{registry.SLOTS[p.slot].field}" for p in used if p.plugin}
     for c in components.BUILTINS:
         on = c.state(flat)
+        if on is None and plugin_fields & set(c.keys):  # neither on nor off: a plugin part holds its slot
+            continue
         if c.llama == "on" and on is False:
             bad.append(f"{c.parts[0]} (needs {'/'.join(str(v) for v in c.on.values())})")
         elif c.llama == "off" and on is not False:
