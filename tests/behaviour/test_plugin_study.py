@@ -117,7 +117,7 @@ def test_editing_the_plugin_moves_only_the_ids_of_the_runs_that_use_it(study):
 
 def test_an_interrupted_run_does_not_resume_with_an_edited_plugin(study, tmp_path):
     from anatomy_cli.spec.config import load_run_config
-    from anatomy_cli.training.run import train
+    from anatomy_cli.training.run import resume, train
 
     spec, plugin, _ = study
     run_spec = tmp_path / "run.toml"
@@ -134,6 +134,8 @@ def test_an_interrupted_run_does_not_resume_with_an_edited_plugin(study, tmp_pat
                           f"{run_dir}: {plugin.resolve()} changed since the run started (sha256 "
                           f"{registry.sha256_text(PART)[:12]}... is now")
     assert "resuming would train other code" in line
+    with pytest.raises(runs.RunError, match="changed since the run started"):  # the library refuses it too
+        resume(run_dir)  # (a sweep's worker resumes through it)
     assert runs.run_status(run_dir) == runs.INTERRUPTED  # left as it was
     plugin.write_text(PART, encoding="utf-8")  # the file restored: the run goes on
     forget_plugins()
