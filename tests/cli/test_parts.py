@@ -103,3 +103,30 @@ def test_a_part_s_options_of_the_wrong_type_are_one_line(tmp_path):
                    "model.part_options.relu2.hidden: Input should be a valid integer, got 'wide'")
     assert not (tmp_path / "run").exists()
     registry.REGISTRY.pop("relu2", None)  # a new command starts without it
+
+
+def test_an_installed_package_whose_parts_fail_to_load_is_a_warning_and_the_rest_still_list(tmp_path, monkeypatch):
+    import sys
+
+    from anatomy_cli.cli.app import STATE
+    from tests.spec.test_parts import FFN, write_package
+
+    site = tmp_path / "site"
+    site.mkdir()
+    write_package(site, "fineparts", FFN.format(name="fineffn", slot="ffn"), "fine = fineparts")
+    write_package(site, "brokenparts", "import no_such_module\n", "broken = brokenparts")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setitem(STATE, "warned", [])
+    registry._ENTRY_POINTS_READ.clear()  # a new process: its entry points not read yet
+    registry.WARNINGS.clear()
+    try:
+        result = invoke("components", "--json")
+        assert result.exit_code == 0, result.output
+        assert "fineffn" in {r["name"] for r in json.loads(result.stdout)["components"]}
+        assert ("warning: entry point broken (brokenparts) of anatomy.parts does not load: ModuleNotFoundError: No "
+                "module named 'no_such_module'; its parts are left out") in flat(result.stderr)
+    finally:
+        for name in ("fineparts", "brokenparts"):
+            sys.modules.pop(name, None)
+        monkeypatch.undo()
+        registry.reread_entry_points()
