@@ -11,6 +11,7 @@ import itertools
 import math
 import os
 import shutil
+import sys
 import tempfile
 
 import pytest
@@ -94,3 +95,20 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def parts_registry():
+    """Every test starts from, and leaves, the parts registry as anatomy's own parts make it: plugins a test
+    loads (spec/parts.py's REGISTRY, LOADED, their modules) are gone after it."""
+    from anatomy_cli.spec import parts
+
+    registry, loaded, modules = dict(parts.REGISTRY), dict(parts.LOADED), set(sys.modules)
+    yield
+    parts.REGISTRY.clear()
+    parts.REGISTRY.update(registry)
+    parts.LOADED.clear()
+    parts.LOADED.update(loaded)
+    for name in set(sys.modules) - modules:
+        if name.startswith("anatomy_plugin_"):
+            del sys.modules[name]

@@ -94,7 +94,7 @@ def test_device_of_an_exam_is_a_choice(tmp_path, command):
     ("train.steps=true", "--set train.steps: expected an integer, got true"),
     ("train.steps=1.5", "--set train.steps: expected an integer, got 1.5"),
     ('train.steps="12"', "--set train.steps: expected an integer, got \"12\""),
-    ("model.norm_type=3", "--set model.norm_type: expected one of 'layernorm', 'rmsnorm', got 3"),
+    ("model.norm_type=3", "--set model.norm_type: expected one of 'layernorm', 'rmsnorm', 'none', got 3"),
     ("model.qk_norm=yes", "--set model.qk_norm: expected true or false, got yes"),
     ("model.qk_norm=1", "--set model.qk_norm: expected true or false, got 1"),
 ])

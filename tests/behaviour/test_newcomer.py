@@ -51,12 +51,14 @@ def test_every_command_demo_toml_advises_runs_on_a_decided_demo(decided_demo):
 
 WORDS = {n: w for n, w in enumerate(["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine",
                                      "ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen",
-                                     "seventeen", "eighteen", "nineteen", "twenty"])}
+                                     "seventeen", "eighteen", "nineteen", "twenty", "twenty-one", "twenty-two",
+                                     "twenty-three", "twenty-four", "twenty-five"])}
 
 
-def _counts() -> tuple[int, int, int]:
-    """(today's, 2024-2026's, all) in the component table: today's are modern.toml's flips, 2024-2026's
-    the rest after the five parts from 2017 to LLaMA."""
+def _counts() -> tuple[int, int, int, int]:
+    """(today's, 2024-2026's, CS336's, all) in the component table: today's are modern.toml's flips,
+    CS336's the rows its assignment's ablations name (their source says CS336), 2024-2026's the rest
+    after the five parts from 2017 to LLaMA."""
     import tomllib
 
     from anatomy_cli.spec import components
@@ -64,7 +66,9 @@ def _counts() -> tuple[int, int, int]:
     today = tomllib.loads((ROOT / "experiments" / "modern.toml").read_text())["flips"]
     names = [c.name for c in components.BUILTINS]
     assert names[len(components.FIVE):len(components.FIVE) + len(today)] == today  # the table's order
-    return len(today), len(names) - len(components.FIVE) - len(today), len(names)
+    cs336 = [c.name for c in components.BUILTINS if "CS336" in c.source]
+    assert names[-len(cs336):] == cs336  # the table's last rows
+    return len(today), len(names) - len(components.FIVE) - len(today) - len(cs336), len(cs336), len(names)
 
 
 def _flat(path: Path) -> str:
@@ -72,11 +76,13 @@ def _flat(path: Path) -> str:
 
 
 def test_the_readme_and_docs_count_the_component_table():
-    today, recent, total = _counts()
+    today, recent, cs336, total = _counts()
     readme, docs = _flat(ROOT / "README.md"), _flat(ROOT / "docs" / "components.md")
-    assert (f"{WORDS[today].capitalize()} parts of today's models and {WORDS[recent]} of 2024-2026 models are "
-            f"measured the same way: {WORDS[total]} components in all") in readme
-    assert f"{WORDS[today]} of today's models, {WORDS[recent]} of 2024-2026 models," in docs
+    assert f"{WORDS[today]} of today's models, {WORDS[recent]} of 2024-2026 models, {WORDS[cs336]} of CS336's" in docs
+    assert f"All {WORDS[total]} are rows of one table" in docs
+    assert (f"{WORDS[today].capitalize()} parts of today's models, {WORDS[recent]} of 2024-2026 models and "
+            f"{WORDS[cs336]} of CS336's ablations are measured the same way: {WORDS[total]} components in all") \
+        in readme
 
 
 def _pages() -> dict[str, str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers/huggingface_hub read it at import
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -48,6 +49,7 @@ PART_NAMES = {
     "ffn_type": "GELU FFN (needs swiglu)",
 }
 CTX = 32
+EXAMPLES_RELU2 = Path(__file__).resolve().parents[2] / "examples" / "parts" / "relu2.py"
 
 
 def model_kwargs(n_kv_head: int = 2, **parts) -> dict:
@@ -320,3 +322,62 @@ def test_a_bpe_run_exports_its_tokenizer_and_generates_what_sample_prints(tmp_pa
                                             do_sample=False, pad_token_id=0)
     assert tok.decode(out[0].tolist(), skip_special_tokens=False) + "\n" == sampled.stdout
     assert len(set(out[0, ids.shape[1]:].tolist())) > 1  # a constant generation would prove little
+
+
+# ------------------------------------------------------------------------------- plugin parts
+
+PLUGIN_SWIGLU = '''
+import torch.nn.functional as F
+from torch import nn
+from anatomy_cli.model.parts import part
+
+
+@part("w123", slot="ffn", params=lambda cfg, o: 3 * cfg.d_model * 40, about="SwiGLU, its matrices named w1 w2 w3",
+      hf={"w1.weight": "mlp.gate_proj.weight", "w3.weight": "mlp.up_proj.weight", "w2.weight": "mlp.down_proj.weight"})
+class W123(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.w1, self.w3 = nn.Linear(cfg.d_model, 40, bias=False), nn.Linear(cfg.d_model, 40, bias=False)
+        self.w2 = nn.Linear(40, cfg.d_model, bias=False)
+
+    def forward(self, x, stats=None):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+'''
+
+
+def test_a_plugin_part_that_declares_its_hugging_face_mapping_exports_and_matches(tmp_path):
+    """SwiGLU written as a plugin with other names (and its own width, 40) maps onto Llama's MLP by its
+    declared hf names: the exported folder gives anatomy's logits."""
+    (tmp_path / "w123.py").write_text(PLUGIN_SWIGLU, encoding="utf-8")
+    from anatomy_cli.spec import parts as registry
+
+    registry.load_plugins([tmp_path / "w123.py"])
+    run_dir = train_run(tmp_path, "plugin", **model_kwargs(2, ffn_type="w123"))
+    result = export_hf(run_dir, tmp_path / "hf")
+    assert result["config"]["intermediate_size"] == 40
+    _, _, ours = load_run(run_dir, "best")
+    idx = torch.randint(0, ours.cfg.vocab_size, (2, CTX), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        gap = float((load_hf(tmp_path / "hf")(idx).logits - ours(idx)[0]).abs().max())
+    assert gap < 1e-5
+
+
+def test_a_plugin_part_without_a_mapping_is_refused_by_name(tmp_path):
+    from anatomy_cli.spec import parts as registry
+
+    registry.load_plugins([EXAMPLES_RELU2])
+    cfg = ModelConfig(**model_kwargs(2, ffn_type="relu2"), vocab_size=50)
+    with pytest.raises(ExportError, match=r"cannot export to Llama: relu2 \(a plugin ffn part from .*relu2\.py, "
+                                          r"which declares no Hugging Face mapping"):
+        check_llama_shaped(cfg)
+
+
+def test_a_plugin_mixer_without_a_mapping_is_named_alone():
+    """Its slot's rows (mla: attn_type) read neither on nor off: the refusal names the plugin part only."""
+    from anatomy_cli.spec import parts as registry
+
+    registry.load_plugins([EXAMPLES_RELU2.parent / "ssmax.py"])
+    with pytest.raises(ExportError) as err:
+        check_llama_shaped(ModelConfig(**model_kwargs(2, attn_type="ssmax"), vocab_size=50))
+    assert str(err.value).startswith("cannot export to Llama: ssmax (a plugin mixer part from ")
+    assert "latent attention" not in str(err.value) and str(err.value).endswith("has no Llama equivalent")

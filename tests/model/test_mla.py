@@ -59,7 +59,7 @@ def test_default_sizes_at_the_default_study():
     ({"v_head_dim": -1}, "v_head_dim: Input should be greater than 0"),
     ({"qk_norm": True}, "qk_norm does not combine with attn_type='mla'"),
     ({"attn_type": "softmax", "kv_lora_rank": 16}, "kv_lora_rank is an mla setting: it needs attn_type='mla'"),
-    ({"attn_type": "latent"}, "attn_type: Input should be 'softmax' or 'mla'"),
+    ({"attn_type": "latent"}, "attn_type='latent' is no mixer part: choose 'softmax', 'mla'"),
 ])
 def test_bad_sizes_are_refused_in_one_line(overrides, message):
     base = {"vocab_size": 50, "d_model": 32, "n_head": 4, "n_kv_head": 4, "attn_type": "mla"}

@@ -18,8 +18,9 @@ from toy_data import TINY_MODEL, TINY_TRAIN, write_corpus
 
 from anatomy_cli.model import LM
 from anatomy_cli.model.attention import CausalSelfAttention
-from anatomy_cli.model.positions import POSITIONS, NoPositions, RoPE
+from anatomy_cli.model.positions import NoPositions, RoPE
 from anatomy_cli.spec.config import ConfigError, ModelConfig, RunConfig, TrainConfig, validate
+from anatomy_cli.spec.parts import REGISTRY, resolve
 from anatomy_cli.store import runs
 from anatomy_cli.training.checkpoint import load_weights, save_weights
 from anatomy_cli.training.run import train
@@ -78,7 +79,7 @@ def test_zloss_changes_no_parameter_and_no_flop():
 def test_nope_has_no_position_parameters():
     cfg = ModelConfig(vocab_size=50, d_model=32, n_layer=2, ctx_len=24, pos_type="nope")
     model = LM(cfg)
-    assert isinstance(model.positions, NoPositions) and POSITIONS["nope"] is NoPositions
+    assert isinstance(model.positions, NoPositions) and resolve(REGISTRY["nope"].build) is NoPositions
     assert not list(model.positions.parameters()) and not list(model.positions.buffers())
     assert not [k for k in model.state_dict() if k.startswith("positions.")]
     learned = ModelConfig(**{**cfg.model_dump(), "pos_type": "learned"})

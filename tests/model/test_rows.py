@@ -1,7 +1,9 @@
 """Every row of components.BUILTINS, on and off, at the 2017 end and at the LLaMA end, through one set
 of checks. A new row gets them all by being in the table: the cases are read from it.
 
-For each case (row, end, state): the config validates and the table reads the state back; the
+For each case (row, end, state): the battery a plugin's part passes (exams/parts_check.py: shapes,
+causality, cached decode, determinism, declared vs counted parameters, gradients, bf16, stacking) passes;
+the config validates and the table reads the state back; the
 parameter formulas equal the module's counts (total, and active: what one token's gradient reaches);
 a change at position t never changes an output before t; decoding through `LM.new_cache` (prefill
 then one token at a time, ragged chunks, single tokens) equals the full forward, fp32 and fp64; the
@@ -32,6 +34,7 @@ import torch.nn.functional as F  # noqa: E402
 from lm_checks import assert_causal, assert_decodes_like_full, tokens, train_losses, trainer  # noqa: E402
 from toy_data import write_corpus  # noqa: E402
 
+from anatomy_cli.exams import parts_check  # noqa: E402
 from anatomy_cli.exams.export import ExportError, check_llama_shaped, export_hf  # noqa: E402
 from anatomy_cli.model import LM, attention, kv_cache  # noqa: E402
 from anatomy_cli.spec import components  # noqa: E402
@@ -305,6 +308,24 @@ def test_determinism(case, tmp_path, losses):
 @EACH
 def test_export(case, parity):
     check_export(case, parity)
+
+
+@pytest.fixture(scope="module")
+def battery():
+    """parts_check.run's results by config: the ends recur in many cases."""
+    return {}
+
+
+@EACH
+def test_the_parts_battery_passes(case, battery):
+    """The battery `anatomy components check` runs on a plugin's part, on this row's model: nothing fails,
+    and only decode (no cache) or stacking (vmap cannot batch it) may be a note."""
+    if key(case) not in battery:
+        battery[key(case)] = parts_check.run(model_config(case), case.end)
+    results = battery[key(case)]
+    assert [r.check for r in results] == list(parts_check.CHECKS)
+    assert not parts_check.failed(results), parts_check.failed(results)
+    assert {r.check for r in results if r.status == parts_check.NOTE} <= {"stack"}, results
 
 
 # ------------------------------------------------------------------------------ a broken row fails

@@ -20,6 +20,7 @@ from anatomy_cli.sweep.plan import design_of, execute, expand, load_spec, spec_t
 runner = CliRunner()
 MODERN = ("qknorm", "tied", "parallel", "zloss", "softcap", "nope", "gdn", "swa", "moe", "mla", "sinks", "gattn",
           "partrope", "dsa")
+CS336 = ("silu", "nonorm")  # CS336's two ablations, declared through the parts API (spec/parts.py)
 LLAMA_BASE = {"norm_type": "rmsnorm", "norm_pos": "pre", "pos_type": "rope", "ffn_type": "swiglu", "n_kv_head": 2}
 WD0 = {"about": "no weight decay", "off": {"train.weight_decay": 0.1}, "on": {"train.weight_decay": 0.0}}
 
@@ -33,7 +34,7 @@ def spec(**kw) -> AblationSpec:
 
 def test_table_holds_the_five_then_six_modern_parts_with_sources():
     assert comp.FIVE == ("rmsnorm", "prenorm", "rope", "swiglu", "gqa")
-    assert comp.BUILTIN_NAMES == comp.FIVE + MODERN
+    assert comp.BUILTIN_NAMES == comp.FIVE + MODERN + CS336
     for c in comp.BUILTINS:
         assert c.about and c.source and c.on, c.name
         assert all(k.split(".")[0] in comp.SECTIONS for k in c.keys), c.name

@@ -3,6 +3,7 @@ assumption: runs come back as bytes). Every process is stopped at the end, even 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -141,3 +142,23 @@ def test_dask_accepts_every_source_the_local_executor_does(tmp_path, cluster, ki
         for file in (runs.CONFIG, runs.VOCAB, runs.SAMPLES):
             assert (a / name / file).read_text() == (b / name / file).read_text(), (name, file)
         assert runs.read_summary(b / name)["status"] == runs.COMPLETED
+
+
+def test_dask_workers_train_a_plugin_part_from_the_code_its_jobs_ship(tmp_path, cluster):
+    """The plugin file is gone from this machine (and was never on the workers' folders) once the plan is
+    made: each job carries the source it was planned with, and its run records it."""
+    from anatomy_cli.sweep.plan import execute, expand, load_spec
+
+    (tmp_path / "parts").mkdir()
+    plugin = tmp_path / "parts" / "relu2.py"
+    plugin.write_text((Path(__file__).resolve().parents[2] / "examples" / "parts" / "relu2.py").read_text())
+    spec = write_spec(tmp_path, top={"flips": ["relu2"], "directions": ["add-one"]},
+                      model={"norm_type": "rmsnorm", "norm_pos": "pre", "pos_type": "rope", "ffn_type": "swiglu"})
+    spec.write_text(spec.read_text().replace("[base.model]", '[base]\nplugins = ["parts/relu2.py"]\n[base.model]'))
+    plan = expand(load_spec(spec))
+    text = plugin.read_text()
+    plugin.unlink()
+    summaries = execute(plan, tmp_path / "dask" / "toy", executor="dask", address=cluster)
+    assert [s["status"] for s in summaries] == [runs.COMPLETED, runs.COMPLETED], summaries
+    variant = tmp_path / "dask" / "toy" / plan[1].run_id
+    assert json.loads((variant / runs.PARTS).read_text())["relu2"]["text"] == text

@@ -282,3 +282,19 @@ def test_stacked_sweep_resumes_after_sigint_and_after_sigkill(tmp_path):
         train(load_run_config(d), alone)
         assert_close_runs(d, alone)
     assert sys.executable  # the subprocesses ran this interpreter
+
+
+def test_a_plugin_part_that_says_it_cannot_stack_trains_alone_with_its_reason(tmp_path):
+    """A part vmap could batch but that declares stack="why" (its own reason) is not stacked; one that says
+    nothing stacks (examples/parts/relu2.py)."""
+    from anatomy_cli.spec import parts as registry
+
+    relu2 = Path(__file__).resolve().parents[2] / "examples" / "parts" / "relu2.py"
+    registry.load_plugins([relu2])
+    assert stack_problem(validate(RunConfig, {"model": {**TINY_MODEL, "vocab_size": 50, "ffn_type": "relu2"}})) is None
+    said = tmp_path / "lonely.py"
+    said.write_text(relu2.read_text().replace('@part("relu2", slot="ffn",', '@part("lonely", slot="ffn", stack="its '
+                                                                          'statistics are per run",'))
+    registry.load_plugins([said])
+    cfg = validate(RunConfig, {"model": {**TINY_MODEL, "vocab_size": 50, "ffn_type": "lonely"}})
+    assert stack_problem(cfg) == "cannot train stacked: the part lonely says its statistics are per run"

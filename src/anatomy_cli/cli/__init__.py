@@ -3,7 +3,8 @@
   main       the entry point: the app with every command module registered on it
   app        the Typer app, consoles, exit codes, shared options, the one-line error handler
   run        prepare, train, sample
-  sweep      ablate, report, components
+  sweep      ablate, report
+  parts      components (the component table)
   scale_plan  scale-plan
   exams      eval, stability, bench-decode, kv-budget
   tools      check (the CI gate) and export

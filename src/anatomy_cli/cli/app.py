@@ -1,6 +1,6 @@
 """The Typer app every command module registers on: consoles, exit codes, shared options, errors.
 
-Command modules (cli.run, cli.sweep, cli.scale_plan, cli.tools, cli.exams) import this module; it
+Command modules (cli.run, cli.sweep, cli.parts, cli.scale_plan, cli.tools, cli.exams) import this module; it
 imports none of them, and cli.main (the entry point) imports them all. Heavy imports (torch, pandas, matplotlib)
 happen inside commands so `anatomy --help` is instant.
 
@@ -114,7 +114,7 @@ console = _Console(markup=False, emoji=False, _environ=_Environ())
 err_console = _Console(stderr=True, markup=False, emoji=False, _environ=_Environ())
 # debug: --debug was given. hint: what an interrupted command tells the user (see on_interrupt).
 # aborted: a StopFlag has raised KeyboardInterrupt in this command (later signals are let be).
-STATE: dict = {"debug": False, "hint": None, "aborted": False}
+STATE: dict = {"debug": False, "hint": None, "aborted": False, "warned": []}
 
 EXIT_FAILED, EXIT_INPUT, EXIT_LOCKED, EXIT_INTERRUPTED, EXIT_PIPE = 1, 2, 3, 130, 141
 
@@ -125,6 +125,22 @@ StudySets = Annotated[Optional[list[str]], typer.Option(
     "--set", help="A key of the study spec, e.g. seeds=6, base.train.steps=300, decide.max_seeds=6, margin=0.05, "
     "decide=false (repeatable; after the alias flags, the last one wins).")]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
+Plugins = Annotated[Optional[list[Path]], typer.Option(
+    "--plugin", help="A Python file of parts (decorated with @part from anatomy_cli.model.parts) to load first "
+    "(repeatable); installed packages' parts (entry points anatomy.parts) load by themselves.", show_default=False)]
+
+
+def load_parts(plugins: list[Path] | None) -> list[str]:
+    """Load --plugin files (PartError, one line, for one that does not load) and the installed packages'
+    parts (a package that fails to load is a warning line; the others still load); the paths as loaded."""
+    from anatomy_cli.spec import parts
+
+    loaded = parts.load_plugins(plugins or [])
+    for line in parts.load_entry_points():
+        if line not in STATE["warned"]:
+            STATE["warned"].append(line)
+            warn(line)
+    return [p.path for p in loaded]
 
 
 def styled(label: str, style: str, rest: str = ""):

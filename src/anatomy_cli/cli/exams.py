@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from anatomy_cli.cli.app import JsonOut, app, console, err_console, handle_errors
+from anatomy_cli.cli.app import JsonOut, Plugins, app, console, err_console, handle_errors, load_parts
 from anatomy_cli.exams import decode, kv_budget
 from anatomy_cli.exams import lengths as lengths_mod
 from anatomy_cli.exams import stability as stability_mod
@@ -56,6 +56,7 @@ def eval_cmd(
         min=1, help="Windows per batch (default: the run's batch_size).")] = None,
     device: Device = "cpu",
     json_out: JsonOut = False,
+    plugin: Plugins = None,
 ):
     """Length extrapolation: best-weights val loss (nats per token, and bits per byte) over fixed windows of
     each length (in tokens) -> eval.json.
@@ -67,6 +68,7 @@ def eval_cmd(
     """
     lengths = lengths_mod.parse_ctx_list(ctx)
     dev = _device(device)
+    load_parts(plugin)
 
     def on_run(path: Path, result: dict) -> None:
         if not json_out:
@@ -176,6 +178,7 @@ def bench_decode_cmd(
     device: Device = "cpu",
     dtype: Annotated[str, typer.Option(help="float32 | bfloat16 | float16 (weights and cache).")] = "float32",
     json_out: JsonOut = False,
+    plugin: Plugins = None,
 ):
     """Inference cost: prefill and decode tokens/s with and without the KV cache, KV bytes, memory.
 
@@ -188,6 +191,7 @@ def bench_decode_cmd(
     """
     sizes = {"d_model": d_model, "n_layer": n_layer, "n_head": n_head, "ctx_len": ctx, "vocab_size": vocab}
     dev = _device(device)
+    load_parts(plugin)
     trained = None
     if run_dir is not None:
         given = [f"--{k.replace('_', '-')}" for k, v in {**sizes, "parts": parts}.items() if v is not None]

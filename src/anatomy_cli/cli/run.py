@@ -15,6 +15,7 @@ from anatomy_cli.cli.app import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     JsonOut,
+    Plugins,
     RunsDir,
     Sets,
     StopFlag,
@@ -22,6 +23,7 @@ from anatomy_cli.cli.app import (
     console,
     err_console,
     handle_errors,
+    load_parts,
     on_interrupt,
     styled,
     warn,
@@ -176,9 +178,12 @@ def train(
         "--resume", help="Continue an interrupted (or killed) run directory.")] = None,
     overwrite: Annotated[bool, typer.Option(
         "--overwrite", help="Replace the run (or other files) already in the run directory.")] = False,
+    plugin: Plugins = None,
 ):
     """Train one model into its run directory (--help: TRAIN_HELP, which says the default run)."""
     from anatomy_cli.spec.config import load_run_config, validate_field
+
+    load_parts(None)  # installed packages' parts; --plugin files join the run's plugins below
 
     options = {"--steps": ("train.steps", steps), "--device": ("train.device", device),
                "--compile": ("train.compile", compile or None), "--dtype": ("train.dtype", dtype)}
@@ -190,9 +195,11 @@ def train(
         if given:
             raise ConfigError(f"{', '.join(given)}: a resumed run continues with the config it started with "
                               f"({resume / runs.CONFIG}); resume with --resume alone, or train a new run")
+        load_parts(plugin)  # the file a run's parts come from, where it is not (or no longer) the recorded one
         return _train_resume(resume)
     overrides = {key: validate_field(key, value, name) for name, (key, value) in options.items() if value is not None}
-    cfg = load_run_config(spec, [*(sets or []), *(f"{k}={json.dumps(v)}" for k, v in overrides.items())])
+    cfg = load_run_config(spec, [*(sets or []), *(f"{k}={json.dumps(v)}" for k, v in overrides.items())],
+                          plugins=plugin or [])
     if device not in (None, "auto", "cpu"):  # named as typed, before training names it train.device
         from anatomy_cli.training.devices import resolve_device
 
@@ -217,6 +224,7 @@ def _train_resume(run_dir: Path) -> None:
     from anatomy_cli.training.checkpoint import load_run_config
 
     cfg = load_run_config(run_dir)
+    training.check_code(run_dir, cfg)  # before the progress bar: other plugin code than the run started with
     status = runs.run_status(run_dir)
     if status not in (runs.INTERRUPTED, runs.RUNNING):  # before any progress bar; resume() checks again under
         # the lock, where a run another live process is training is RunBusy (exit 3)
@@ -296,6 +304,7 @@ def sample(
     threads: Annotated[int, typer.Option(min=1, max=4096, help="CPU threads. One sequence is a chain of small "
                                          "matmuls that gain little from threads and stall when a core is busy "
                                          "(benchmarks/RESULTS.md).")] = 1,
+    plugin: Plugins = None,
 ):
     """Stream text from a trained run: prefill the prefix (encoded with the run's tokenizer), then one token per
     step via the KV cache, printed once it completes a character."""
@@ -312,6 +321,7 @@ def sample(
     from anatomy_cli.training.devices import require_memory
 
     torch.set_num_threads(threads)  # batch-1 decode is small matmuls: more threads wait on each other
+    load_parts(plugin)
     cfg, vocab, model = load_run(run_dir, weights)
     window = check_options(cfg.model, temp, top_k, window)
     # the KV cache and position tables of the window, before generate allocates them

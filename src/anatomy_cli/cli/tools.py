@@ -14,11 +14,13 @@ from rich.table import Table
 from anatomy_cli.cli.app import (
     EXIT_FAILED,
     JsonOut,
+    Plugins,
     RunsDir,
     app,
     console,
     err_console,
     handle_errors,
+    load_parts,
     styled,
     warn,
     warn_short_runs,
@@ -48,9 +50,12 @@ def check(
         "--update", help="Rewrite the baseline deliberately (runs --update-seeds seeds).")] = False,
     update_seeds: Annotated[int, typer.Option(min=2, help="Seeds measured for --update (spread -> tolerance).")] = 4,
     json_out: JsonOut = False,
+    plugin: Plugins = None,
 ):
     """Regression gate: run the CI spec and compare each config's best val loss to the baseline."""
     from anatomy_cli.report import gate
+
+    load_parts(plugin)
 
     if tolerance is not None and not math.isfinite(tolerance):
         raise ConfigError(f"--tolerance must be a finite number >= 0, got {tolerance}")
@@ -146,6 +151,7 @@ def export(
         help="Output folder for config.json + model.safetensors.")] = Path("export"),
     weights: Annotated[str, typer.Option(help="best | last")] = "best",
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing export.")] = False,
+    plugin: Plugins = None,
 ):
     """Export a run as a Hugging Face LlamaForCausalLM folder (loads with from_pretrained, offline)."""
     if to != "hf":
@@ -153,6 +159,8 @@ def export(
     if weights not in ("best", "last"):
         raise ConfigError(f"--weights must be best or last, got {weights!r}")
     from anatomy_cli.exams.export import EXPORT_FILES, export_hf
+
+    load_parts(plugin)
 
     # never into a run or a sweep, nor over files of the export's names that no export wrote, --overwrite or not
     runs.refuse_inside_runs(out_dir, "output folder", "export folder")

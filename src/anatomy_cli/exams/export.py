@@ -15,6 +15,10 @@ dense LLaMA, any n_kv_head. The mapping is a pure rename, plus one split:
     head.weight                   -> lm_head.weight  (untied; a tied run writes embed_tokens only
                                      and says tie_word_embeddings: true)
 
+The FFN's and the norms' names come from their parts' `hf` mappings (spec/parts.py: SwiGLU's gate, up,
+down; RMSNorm's weight), so a plugin part that declares one (its parameter names onto the Llama
+layer's) exports as the Llama part of its slot; a plugin part without one is refused by name.
+
 Both sides rotate with the half-split RoPE pairing (dimension i with i + head_dim/2), so Q/K rows
 need no permutation (the Meta -> HF conversion script permutes because Meta's code pairs
 neighbours). The char vocabulary goes out as vocab.json (a JSON list; id = index) with a README
@@ -33,6 +37,7 @@ import torch
 from safetensors.torch import save
 
 from anatomy_cli.spec import components
+from anatomy_cli.spec import parts as registry
 from anatomy_cli.spec.errors import InputError
 from anatomy_cli.store import runs
 from anatomy_cli.training.checkpoint import load_run, load_run_config
@@ -47,24 +52,39 @@ EXPORT_FILES = (CONFIG_FILE, WEIGHTS_FILE, VOCAB_FILE, README_FILE)  # a char ru
 TOKEN_EXPORT_FILES = (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE, TOKENIZER_CONFIG, README_FILE)  # any other's
 
 
-# anatomy block-local names -> HF layer-local names (the qkv split is handled separately)
-LAYER_RENAMES: dict[str, str] = {
-    "norm1.weight": "input_layernorm.weight",
-    "attn.out.weight": "self_attn.o_proj.weight",
-    "norm2.weight": "post_attention_layernorm.weight",
-    "ffn.gate.weight": "mlp.gate_proj.weight",
-    "ffn.up.weight": "mlp.up_proj.weight",
-    "ffn.down.weight": "mlp.down_proj.weight",
-}
+# anatomy block-local names -> HF layer-local names of anatomy's own attention (the qkv split is handled
+# separately); the norms' and the FFN's come from their parts' hf mappings (layer_renames)
+ATTN_RENAMES: dict[str, str] = {"attn.out.weight": "self_attn.o_proj.weight"}
+NORM_PLACES = {"norm1.": "input_layernorm.", "norm2.": "post_attention_layernorm."}
 # QK-norm weights have no place in a Llama (export refuses qknorm); Qwen3, OLMo 2 and Gemma 3 name
 # them so, which the parity tests of parts Llama lacks (tests/model/test_swa.py) map onto.
 QK_NORM_RENAMES: dict[str, str] = {"attn.q_norm.weight": "self_attn.q_norm.weight",
                                    "attn.k_norm.weight": "self_attn.k_norm.weight"}
 GLOBAL_RENAMES: dict[str, str] = {
     "tok.weight": "model.embed_tokens.weight",
-    "final_norm.weight": "model.norm.weight",
     "head.weight": "lm_head.weight",
 }
+
+
+def hf_names(model_cfg, slot: str) -> dict[str, str]:
+    """The hf mapping of the part model_cfg's `slot` names ({} when it has none: an export refuses it first)."""
+    part = registry.find(slot, getattr(model_cfg, registry.SLOTS[slot].field))
+    return dict(part.hf or {}) if part is not None else {}
+
+
+def layer_renames(model_cfg) -> dict[str, str]:
+    """Block-local anatomy names -> HF layer-local names: the attention's (a plugin mixer's own mapping, else
+    anatomy's out projection), each norm at its place, and the FFN's, from their parts' hf mappings."""
+    mixer = registry.find("mixer", model_cfg.attn_type)
+    out = {f"attn.{k}": v for k, v in (mixer.hf or {}).items()} if mixer is not None else dict(ATTN_RENAMES)
+    for ours, theirs in NORM_PLACES.items():
+        out |= {ours + k: theirs + v for k, v in hf_names(model_cfg, "norm").items()}
+    return out | {f"ffn.{k}": v for k, v in hf_names(model_cfg, "ffn").items()}
+
+
+def global_renames(model_cfg) -> dict[str, str]:
+    """Model-level names: embeddings, head, and the final norm (its part's mapping under model.norm)."""
+    return GLOBAL_RENAMES | {f"final_norm.{k}": f"model.norm.{v}" for k, v in hf_names(model_cfg, "norm").items()}
 
 
 class ExportError(InputError):
@@ -80,12 +100,18 @@ def llama_mismatches(model_cfg) -> list[str]:
     Read from the component table: a part Llama needs (`llama="on"`) that is off, and a part it
     cannot express (`llama="off"`) that is not off: on, or set to another value than the table's
     (a soft cap of 10, a gdn_pattern of "DA"). Parts marked "either" (GQA, tied embeddings, z-loss)
-    export as they are.
+    export as they are. A plugin part counts as the Llama part of its slot when it declares a Hugging
+    Face mapping (Part.hf), and is named here when it does not.
     """
     flat = components.flat_config(model_cfg)
-    bad = []
+    used = registry.used(model_cfg.model_dump(), {}).values()
+    bad = [f"{p.name} (a plugin {p.slot} part from {p.origin}, which declares no Hugging Face mapping: "
+           f"@part(..., hf={{its parameter: the Llama layer's}}))" for p in used if p.plugin and p.hf is None]
+    plugin_fields = {f"model.{registry.SLOTS[p.slot].field}" for p in used if p.plugin}
     for c in components.BUILTINS:
         on = c.state(flat)
+        if on is None and plugin_fields & set(c.keys):  # neither on nor off: a plugin part holds its slot
+            continue
         if c.llama == "on" and on is False:
             bad.append(f"{c.parts[0]} (needs {'/'.join(str(v) for v in c.on.values())})")
         elif c.llama == "off" and on is not False:
@@ -159,10 +185,11 @@ def decoder_config(model_cfg) -> dict[str, Any]:
 
 def expected_keys(model_cfg) -> set[str]:
     """The state-dict keys of a LLaMA-shaped anatomy LM."""
-    keys = set(GLOBAL_RENAMES)
+    keys = set(global_renames(model_cfg))
+    own_attention = registry.find("mixer", model_cfg.attn_type) is None
     for i in range(model_cfg.n_layer):
-        keys.add(f"blocks.{i}.attn.qkv.weight")
-        keys.update(f"blocks.{i}.{local}" for local in LAYER_RENAMES)
+        keys |= {f"blocks.{i}.attn.qkv.weight"} if own_attention else set()
+        keys.update(f"blocks.{i}.{local}" for local in layer_renames(model_cfg))
     return keys
 
 
@@ -200,15 +227,16 @@ def state_dict_to_hf(state_dict: dict[str, torch.Tensor], model_cfg) -> dict[str
 def rename_to_hf(state_dict: dict[str, torch.Tensor], model_cfg) -> dict[str, torch.Tensor]:
     """The rename alone, unchecked: the decoder names Llama, Mistral and Qwen3 share (a qk_norm
     model's norms included), for parity tests of parts a Llama cannot express."""
-    out = {hf: own_tensor(state_dict[ours]) for ours, hf in GLOBAL_RENAMES.items()}
+    out = {hf: own_tensor(state_dict[ours]) for ours, hf in global_renames(model_cfg).items() if ours in state_dict}
     if model_cfg.tie_embeddings:  # HF ties lm_head to embed_tokens on load (tie_word_embeddings)
         del out["lm_head.weight"]
     for i in range(model_cfg.n_layer):
         src, dst = f"blocks.{i}.", f"model.layers.{i}."
-        q, k, v = split_qkv(state_dict[f"{src}attn.qkv.weight"], model_cfg)
-        for name, t in (("q_proj", q), ("k_proj", k), ("v_proj", v)):
-            out[f"{dst}self_attn.{name}.weight"] = own_tensor(t)
-        for ours, hf in (LAYER_RENAMES | QK_NORM_RENAMES).items():
+        if f"{src}attn.qkv.weight" in state_dict:  # anatomy's attention: its fused Q, K, V split
+            q, k, v = split_qkv(state_dict[f"{src}attn.qkv.weight"], model_cfg)
+            for name, t in (("q_proj", q), ("k_proj", k), ("v_proj", v)):
+                out[f"{dst}self_attn.{name}.weight"] = own_tensor(t)
+        for ours, hf in (layer_renames(model_cfg) | QK_NORM_RENAMES).items():
             if src + ours in state_dict:  # the Llama keys are all there (check_keys); QK-norms when on
                 out[dst + hf] = own_tensor(state_dict[src + ours])
     return out
@@ -243,8 +271,9 @@ def readme_prompt(run_cfg, chars: list[str]) -> str:
     return "".join(c for c in run_cfg.train.sample_prefix if c in known) or chars[0]
 
 
-def readme_text(run_cfg, chars: list[str], run_dir: Path, which: str, n_params: int) -> str:
+def readme_text(run_cfg, chars: list[str], run_dir: Path, which: str, n_params: int, hidden: int | None = None) -> str:
     m = run_cfg.model
+    hidden = hidden or m.ffn_hidden
     prompt = readme_prompt(run_cfg, chars)
     n_new = max(1, m.ctx_len - len(prompt))
     tied = ", the LM head tied to the token embedding" if m.tie_embeddings else ""
@@ -252,7 +281,7 @@ def readme_text(run_cfg, chars: list[str], run_dir: Path, which: str, n_params: 
 
 Exported from the anatomy run `{run_dir.name}` ({which} weights) as a plain
 `LlamaForCausalLM`: {m.n_layer} layers, d_model {m.d_model}, {m.n_head} query heads,
-{m.n_kv_head} key/value heads, SwiGLU hidden {m.ffn_hidden}, RoPE base {m.rope_base:g},
+{m.n_kv_head} key/value heads, SwiGLU hidden {hidden}, RoPE base {m.rope_base:g},
 RMSNorm eps {m.norm_eps:g}, trained context {m.ctx_len}, {n_params:,} parameters (float32){tied}.
 
 ## Tokenizer: one character = one id
@@ -320,6 +349,7 @@ def export_hf(run_dir: Path | str, out_dir: Path | str, which: str = "best",
     run_cfg, vocab, model = load_run(run_dir, which)
     config = llama_config(run_cfg.model)
     tensors = state_dict_to_hf(model.state_dict(), run_cfg.model)
+    config["intermediate_size"] = tensors["model.layers.0.mlp.down_proj.weight"].shape[1]  # a plugin FFN's own width
     n_params = sum(t.numel() for t in tensors.values())
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -328,7 +358,8 @@ def export_hf(run_dir: Path | str, out_dir: Path | str, which: str = "best",
     if vocab.spec == "char":
         files = EXPORT_FILES
         runs.atomic_write_json(out_dir / VOCAB_FILE, vocab.chars)
-        runs.atomic_write_text(out_dir / README_FILE, readme_text(run_cfg, vocab.chars, run_dir, which, n_params))
+        runs.atomic_write_text(out_dir / README_FILE, readme_text(run_cfg, vocab.chars, run_dir, which, n_params,
+                                                                   config["intermediate_size"]))
     else:
         files = TOKEN_EXPORT_FILES
         vocab.save(out_dir / TOKENIZER_FILE)

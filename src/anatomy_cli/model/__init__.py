@@ -6,6 +6,8 @@
   attention / mla / dsa / gdn / moe / ffn / norms / positions   one file per component axis
   kv_cache   every mixer's decode state in one cache
   generate   text generation through the cache
+  parts      the public parts API: the slots a part fills, the `part` decorator, build (a plugin's
+             part, or anatomy's own FFNs, norms and positions, declared in spec/parts.py)
 
 Imports: spec.
 """

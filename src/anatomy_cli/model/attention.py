@@ -46,6 +46,7 @@ from torch import nn
 
 from anatomy_cli.model.kv_cache import KV, WindowKV
 from anatomy_cli.model.norms import RMSNorm
+from anatomy_cli.model.parts import visible
 
 
 class CausalSelfAttention(nn.Module):
@@ -143,13 +144,3 @@ def attention_mask(past: int, T: int, S: int, window: int, device) -> torch.Tens
     if (S == T or T == 1) and (not window or S <= window):
         return None
     return visible(past, T, S, window, device)
-
-
-def visible(past: int, T: int, S: int, window: int, device) -> torch.Tensor:
-    """Queries at positions past..past+T-1, S keys ending at the last query (positions
-    past+T-S..past+T-1): a bool [T, S] mask (True = may attend), causal, and with a window W > 0
-    also k > q - W."""
-    q_pos = torch.arange(past, past + T, device=device)[:, None]  # [T, 1]
-    k_pos = torch.arange(past + T - S, past + T, device=device)[None, :]  # [1, S]
-    mask = k_pos <= q_pos  # [T, S]
-    return mask & (k_pos > q_pos - window) if window else mask

@@ -69,7 +69,7 @@ def generate(model, prefix: list[int], max_new: int, temp: float = 0.8, top_k: i
     gen = torch.Generator().manual_seed(seed)
     ids = list(prefix)
     start = max(0, len(ids) - window)  # the context is ids[start:]
-    cache = model.new_cache(1, window) if use_cache else None
+    cache = model.new_cache(1, window) if use_cache and model.can_cache else None  # a part may keep none
 
     def run(tokens: list[int]) -> torch.Tensor:
         logits, _ = model(torch.tensor([tokens], device=device), cache=cache, last_only=True)

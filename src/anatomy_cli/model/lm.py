@@ -35,6 +35,7 @@ from anatomy_cli.model.kv_cache import KVCache
 from anatomy_cli.model.moe import balance
 from anatomy_cli.model.norms import make_norm
 from anatomy_cli.model.positions import make_positions
+from anatomy_cli.spec.parts import PartError
 
 HEAD_PAD = 64  # the loss's head matmul pads the vocabulary to a multiple of this
 
@@ -105,8 +106,17 @@ class LM(nn.Module):
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
+    @property
+    def can_cache(self) -> bool:
+        """Whether every layer's mixer keeps a decode state (a plugin mixer may declare none: cache=False)."""
+        return all(callable(getattr(b.attn, "new_state", None)) for b in self.blocks)
+
     def new_cache(self, batch: int, max_len: int, dtype=None) -> KVCache:
         """Every layer's decode state, each made by its own mixer, for up to max_len positions."""
+        if not self.can_cache:
+            no = next(b.attn for b in self.blocks if not callable(getattr(b.attn, "new_state", None)))
+            raise PartError(f"the token mixer {type(no).__name__} keeps no decode state (declared cache=False): "
+                            f"decode by the full forward (generate does, uncached)")
         p = self.head.weight
         return KVCache([b.attn.new_state(batch, max_len, p.device, dtype or p.dtype) for b in self.blocks])
 

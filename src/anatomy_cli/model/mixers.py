@@ -2,9 +2,10 @@
 
 ModelConfig.layer_kinds says what layer i is ("attn": global causal softmax attention; "gdn":
 Gated DeltaNet, gdn.py; "local": softmax attention within a sliding window; "mla": multi-head
-latent attention, mla.py; "dsa": mla reading only the keys an indexer picks, dsa.py); MIXERS maps
-a kind to a constructor of its module. The block holds one token mixer and one channel mixer
-(make_ffn) and never asks which. Every token mixer has the same two methods:
+latent attention, mla.py; "dsa": mla reading only the keys an indexer picks, dsa.py; or a plugin
+mixer's name, built by its registration: parts.build); MIXERS maps a kind to a constructor of its
+module. The block holds one token mixer and one channel mixer (make_ffn) and never asks which.
+Every token mixer has the same two methods (model/parts.py states them for a plugin's):
 
     forward(x [B, T, C], pos, end, rotate, cache=None, layer=0) -> [B, T, C]
         pos [T] | [B, T], end (last position + 1) and rotate (q, k, pos, end) -> (q, k) are the
@@ -32,10 +33,10 @@ from torch import nn
 
 from anatomy_cli.model.attention import CausalSelfAttention
 from anatomy_cli.model.dsa import SparseLatentAttention
-from anatomy_cli.model.ffn import FFNS
 from anatomy_cli.model.gdn import GatedDeltaNet
 from anatomy_cli.model.mla import LatentAttention
 from anatomy_cli.model.moe import MoE
+from anatomy_cli.model.parts import build
 
 
 def local_attention(cfg) -> nn.Module:
@@ -48,9 +49,11 @@ MIXERS: dict[str, Callable[..., nn.Module]] = {"attn": CausalSelfAttention, "gdn
 
 
 def make_mixer(cfg, layer: int) -> nn.Module:
-    return MIXERS[cfg.layer_kinds[layer]](cfg)
+    """Layer `layer`'s token mixer: one of anatomy's own kinds, or the plugin mixer attn_type names."""
+    kind = cfg.layer_kinds[layer]
+    return MIXERS[kind](cfg) if kind in MIXERS else build(cfg, "mixer")
 
 
 def make_ffn(cfg) -> nn.Module:
-    """The block's channel mixer: the cfg.ffn_type FFN, or (cfg.moe) a routed mixture of them."""
-    return MoE(cfg) if cfg.moe else FFNS[cfg.ffn_type](cfg)
+    """The block's channel mixer: the part cfg.ffn_type names, or (cfg.moe) a routed mixture of its FFNs."""
+    return MoE(cfg) if cfg.moe else build(cfg, "ffn")

@@ -55,11 +55,11 @@ class Stacked(nn.Module):
 
 
 def activate(h: torch.Tensor, ffn_type: str) -> torch.Tensor:
-    """An expert's hidden activation: SwiGLU's silu(gate) * up (rows [gate; up]) or GELU's gelu(up)."""
+    """An expert's hidden activation: SwiGLU's silu(gate) * up (rows [gate; up]), GELU's gelu(up), SiLU's silu(up)."""
     if ffn_type == "swiglu":
         gate, up = h.chunk(2, dim=-1)
         return F.silu(gate) * up
-    return F.gelu(h)
+    return F.silu(h) if ffn_type == "silu" else F.gelu(h)
 
 
 def softmax_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -1,7 +1,10 @@
-"""LayerNorm (2017) and RMSNorm (LLaMA) side by side, both on fused PyTorch kernels.
+"""LayerNorm (2017) and RMSNorm (LLaMA) side by side, both on fused PyTorch kernels, and no norm.
 
 LayerNorm (Ba et al. 2016) centres and scales: (x - mean) / sqrt(var + eps) * w + b.
 RMSNorm (Zhang & Sennrich 2019) only scales: x / sqrt(mean(x^2) + eps) * w; no mean, no bias.
+No norm (norm_type "none"; CS336's layer_norm_ablation, "remove all of the RMSNorms"): every norm of
+the block and the final one is the identity. Each is a part of the norm slot (spec/parts.py declares
+them, model/parts.build builds them from the config: make_norm); QK-norm is RMSNorm at head_dim.
 """
 
 from __future__ import annotations
@@ -9,6 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from anatomy_cli.model.parts import build
 
 
 class LayerNorm(nn.Module):
@@ -35,8 +40,21 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
-NORMS: dict[str, type[nn.Module]] = {"layernorm": LayerNorm, "rmsnorm": RMSNorm}
+class NoNorm(nn.Identity):
+    """The norm slot's identity (norm_type 'none'): no parameters, x unchanged."""
+
+    def __init__(self, cfg):
+        super().__init__()
+
+
+def layer_norm(cfg) -> LayerNorm:
+    return LayerNorm(cfg.d_model, cfg.norm_eps)
+
+
+def rms_norm(cfg) -> RMSNorm:
+    return RMSNorm(cfg.d_model, cfg.norm_eps)
 
 
 def make_norm(cfg) -> nn.Module:
-    return NORMS[cfg.norm_type](cfg.d_model, cfg.norm_eps)
+    """A norm of width d_model, the part cfg.norm_type names (anatomy's own or a plugin's)."""
+    return build(cfg, "norm")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from anatomy_cli.model.parts import build
 from anatomy_cli.spec.errors import InputError
 
 
@@ -145,8 +146,6 @@ class NoPositions(nn.Module):
         return q, k
 
 
-POSITIONS: dict[str, type[nn.Module]] = {"learned": LearnedPositions, "rope": RoPE, "nope": NoPositions}
-
-
 def make_positions(cfg) -> nn.Module:
-    return POSITIONS[cfg.pos_type](cfg)
+    """The part cfg.pos_type names (learned, rope, nope: spec/parts.py declares them; or a plugin's)."""
+    return build(cfg, "positions")

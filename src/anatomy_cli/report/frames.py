@@ -25,6 +25,7 @@ from anatomy_cli.data.batches import bits_per_byte
 from anatomy_cli.report.plateau import PLATEAU_COLUMNS, counts_of
 from anatomy_cli.report.plateau import judged as plateau_judged
 from anatomy_cli.spec import components as comp
+from anatomy_cli.spec import parts
 from anatomy_cli.spec.config import DataConfig, ModelConfig, RunConfig, TrainConfig
 from anatomy_cli.store import records as study_records
 from anatomy_cli.store.runs import (
@@ -215,6 +216,12 @@ def _built(config: dict, model: ModelConfig) -> str:
 def _model_config(config: dict, run_dir: Path) -> ModelConfig:
     # Keys this version does not know are dropped, so an older report reads newer runs.
     known = {k: v for k, v in config.get("model", {}).items() if k in ModelConfig.model_fields}
+    plugins = config.get("plugins")
+    if isinstance(plugins, list) and all(isinstance(p, str) for p in plugins):  # a run's plugin parts: their
+        try:  # formulas (non-embedding parameters, decode state) are their files' (spec/parts.py)
+            parts.load_for(plugins, known)
+        except parts.PartError as err:
+            raise RunError(f"{run_dir / CONFIG}: {err}") from None
     try:
         return ModelConfig.model_validate(known)
     except ValueError as err:

@@ -7,6 +7,9 @@
   components   the component table (every part anatomy can switch, one row each) and the roles a
                run's settings give it in a design
   roles        the words runs and effects are named by: reference / all-on, add-one / remove-one
+  parts        the parts registry: what each slot of the block can hold, by name (anatomy's own FFNs,
+               norms and positions, and each plugin's), the `part` decorator, loading plugin files and
+               installed packages' entry points
   reference    the published reference size, and the parameters each component adds to it
 
 Imports: nothing of anatomy_cli outside spec/.

@@ -14,7 +14,9 @@ against RoPE from the LLaMA end). Everything that knows about components reads t
   `anatomy components` the table, printed
 
 A spec adds its own components (`[components.NAME]` with about/source/off/on), validated like
-built-ins: a setting must name a field of model, train or data.
+built-ins: a setting must name a field of model, train or data. Every part a plugin declares
+(spec/parts.py) is a component too, made from its registration (part_row): on = its slot's field
+set to its name, off = the base's, so `--flip NAME` plans it and the report judges it like any row.
 
 Adding a built-in component = its model code, one row in BUILTINS, its tests.
 """
@@ -26,6 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from anatomy_cli.spec import parts as registry
 from anatomy_cli.spec.config import SECTIONS, ConfigError, ModelConfig, validate_field
 from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, REFERENCE, REMOVE_ONE, variant
 
@@ -124,7 +127,8 @@ def _show(v: Any) -> str:
 
 
 # The five parts of the 2017 -> LLaMA question first (their order is the canonical flip order),
-# then six parts of today's dense models, then the eight parts of 2024-2026 models (gdn to dsa).
+# then six parts of today's dense models, then the eight parts of 2024-2026 models (gdn to dsa), then
+# the two parts of CS336's ablations anatomy's own parts API declares (spec/parts.py: silu, none).
 BUILTINS: tuple[Component, ...] = (
     Component("rmsnorm", "RMSNorm instead of LayerNorm: scale only, no mean, no bias",
               "Zhang & Sennrich 2019; LLaMA", on={"model.norm_type": "rmsnorm"},
@@ -201,8 +205,20 @@ BUILTINS: tuple[Component, ...] = (
               "own KL loss toward the attention's distribution (train.dsa_indexer_loss)",
               "DeepSeek-V3.2-Exp (DeepSeek-AI 2025)", on={"model.attn_type": "mla", "model.dsa": True},
               off={"model.dsa": False}, llama="off", parts=("dense attention", "sparse latent attention")),
+    # CS336 (Stanford, 2025) assignment 1's swiglu_ablation: "SwiGLU vs SiLU, approximately matched parameter
+    # counts" (its SiLU at d_ff = 4 d_model against SwiGLU's 8/3 d_model); here SwiGLU's hidden is rounded up
+    # to 32, so SiLU's is 3/2 of it and the parameters match exactly (ModelConfig.ffn_hidden)
+    Component("silu", "SiLU MLP: two matrices, no gate, hidden 3/2 of SwiGLU's (its parameters exactly)",
+              "Elfwing et al. 2018 (SiLU); CS336 (2025) assignment 1, swiglu_ablation", on={"model.ffn_type": "silu"},
+              llama="off", parts=("the base's FFN", "SiLU FFN")),
+    # CS336's layer_norm_ablation: "remove all of the RMSNorms"; every norm of norm_type (each block's and the
+    # final one) becomes an identity; QK-norm is a part of its own (qknorm) and stays as set
+    Component("nonorm", "no norm: every norm of the blocks, and the final one, an identity",
+              "CS336 (2025) assignment 1, layer_norm_ablation", on={"model.norm_type": "none"}, llama="off",
+              parts=("the base's norm", "no norm")),
 )
 BUILTIN_NAMES: tuple[str, ...] = tuple(c.name for c in BUILTINS)
+registry.reserve(BUILTIN_NAMES, "a built-in component")
 FIVE: tuple[str, ...] = tuple(c.name for c in BUILTINS if c.family == "llama")
 BY_NAME: dict[str, Component] = {c.name: c for c in BUILTINS}
 
@@ -233,16 +249,30 @@ def flat_config(cfg: Any) -> dict[str, Any]:
     return defaults | flatten(cfg)
 
 
-def states(cfg: Any, components: Iterable[Component] = BUILTINS) -> dict[str, bool | None]:
+def part_row(p: registry.Part) -> Component:
+    """A plugin's part as a component: on sets its slot's field to its name, off is the base's (as nope's).
+    Export can express it when it declares a Hugging Face mapping (llama 'either'), else not ('off')."""
+    field_ = f"model.{registry.SLOTS[p.slot].field}"
+    return Component(p.name, p.about or f"plugin {p.slot} part", p.source, on={field_: p.name}, origin=p.origin,
+                     llama="either" if p.hf is not None else "off",
+                     parts=(f"the base's {p.slot}", f"{p.name} (plugin)"))
+
+
+def rows() -> tuple[Component, ...]:
+    """Every component a config can be read against: the built-ins, then each plugin part loaded."""
+    return BUILTINS + tuple(part_row(p) for p in registry.plugin_parts())
+
+
+def states(cfg: Any, components: Iterable[Component] | None = None) -> dict[str, bool | None]:
     flat = flat_config(cfg)
-    return {c.name: c.state(flat) for c in components}
+    return {c.name: c.state(flat) for c in (rows() if components is None else components)}
 
 
-def on_names(cfg: Any, components: Iterable[Component] = BUILTINS) -> tuple[str, ...]:
+def on_names(cfg: Any, components: Iterable[Component] | None = None) -> tuple[str, ...]:
     return tuple(name for name, on in states(cfg, components).items() if on)
 
 
-def label(cfg: Any, components: Iterable[Component] = BUILTINS) -> str:
+def label(cfg: Any, components: Iterable[Component] | None = None) -> str:
     """'2017', 'llama', the five-part flips present ('rope+swiglu'), then any other part on
     ('llama+qknorm'); the article's deliberately broken RoPE variants say so."""
     on = on_names(cfg, components)
@@ -267,6 +297,9 @@ def from_spec(name: str, spec: Mapping[str, Any], origin: str) -> Component:
     """
     if name in BY_NAME:
         raise ConfigError(f"components.{name}: a built-in component has this name; choose another")
+    if name in registry.REGISTRY:
+        raise ConfigError(f"components.{name}: the part {registry.REGISTRY[name].where()} has this name; choose "
+                          f"another")
     on, off = dict(spec.get("on") or {}), spec.get("off")
     if not on:
         raise ConfigError(f"components.{name}.on: give at least one dotted setting, e.g. \"train.weight_decay\" = 0.0")
@@ -290,8 +323,9 @@ def check_setting(where: str, key: str, value: Any) -> Any:
 
 def table(declared: Mapping[str, Any] | None = None, origin: str = "spec", gqa_kv_head: int | None = None
           ) -> dict[str, Component]:
-    """Built-ins (gqa planned at gqa_kv_head K/V heads when given) plus a spec's own components."""
-    out = dict(BY_NAME)
+    """Built-ins (gqa planned at gqa_kv_head K/V heads when given), each plugin part loaded, then a spec's
+    own components."""
+    out = {c.name: c for c in rows()}
     if gqa_kv_head is not None:
         gqa = BY_NAME["gqa"]
         out["gqa"] = Component(**{**gqa.__dict__,
@@ -408,11 +442,23 @@ def model_settings(names: Iterable[str] = FIVE, on: bool = True, model: Mapping[
 # ------------------------------------------------------------------------------ roles in a design
 
 
+PART_TABLES = ("model.part_options", "model.part_code")  # ModelConfig's tables by part name
+
+
 def settings_key(flat: dict, design: tuple[Component, ...]) -> str:
-    """JSON of the flattened config minus name, seed and every setting the study's components switch."""
+    """JSON of the flattened config minus name, seed and every setting the study's components switch; the
+    options and code of a part a component switches to travel with it (a run with relu2 on records them,
+    the reference without it none), so they are left out too, as is an empty table of them."""
     switched = {k for c in design for k in c.keys}
-    return json.dumps({k: v for k, v in flat.items() if k not in switched and k not in ("name", "seed")},
-                      sort_keys=True, default=str)
+    named = {v for c in design for v in [*c.on.values(), *(c.off or {}).values()] if isinstance(v, str)}
+
+    def part_of(key: str) -> str | None:
+        table = next((t for t in PART_TABLES if key == t or key.startswith(t + ".")), None)
+        return None if table is None else key.removeprefix(table).lstrip(".").split(".")[0]
+
+    kept = {k: v for k, v in flat.items() if k not in switched and k not in ("name", "seed")
+            and not (part_of(k) is not None and (part_of(k) in named or (part_of(k) == "" and v is None)))}
+    return json.dumps(kept, sort_keys=True, default=str)
 
 
 def role(states: dict[str, bool | None], names: list[str]) -> str:

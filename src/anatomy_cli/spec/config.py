@@ -28,14 +28,11 @@ from pydantic import (
     model_validator,
 )
 
+from anatomy_cli.spec import parts as registry
 from anatomy_cli.spec.errors import InputError
 from anatomy_cli.spec.roles import ADD_ONE, REMOVE_ONE, Direction
 
-NormType = Literal["layernorm", "rmsnorm"]
 NormPos = Literal["post", "pre"]
-PosType = Literal["learned", "rope", "nope"]  # nope: no position signal (Kazemnejad et al. 2023)
-FfnType = Literal["gelu", "swiglu"]
-AttnType = Literal["softmax", "mla"]  # mla: multi-head latent attention (DeepSeek-V2), model/mla.py
 # The article's "break it" exercises (issue 4): deliberately wrong RoPE wirings, labelled as such.
 RopeVariant = Literal["standard", "q_only", "k_interleaved"]
 
@@ -110,8 +107,15 @@ def hash_resolved(config: dict) -> dict:
     """A resolved config (a RunConfig dump) as runs.config_hash hashes it: each derived size whose rule
     changed after runs existed written out at its value, so those runs' ids move with their model and
     no other id does. dsa_index_heads (None: n_head // 2 before issue 37, dsa_index_heads_for since) of a
-    dsa model; a config that gives the size, or has no dsa, is hashed as it is."""
+    dsa model; a config that gives the size, or has no dsa, is hashed as it is. The options and code of
+    parts the model does not use (a study's base sets a plugin part's options for the runs that flip it
+    on) are left out, so a run that uses no plugin part keeps the id it has without the plugin."""
     model = config.get("model") if isinstance(config, dict) else None
+    if isinstance(model, dict) and (model.get("part_options") or model.get("part_code")):
+        slots = {model.get(f) for f in registry.SLOT_OF_FIELD}
+        model = {**model, **{k: {n: v for n, v in model[k].items() if n in slots} or None
+                             for k in ("part_options", "part_code") if isinstance(model.get(k), dict)}}
+        config = {**config, "model": model}
     if not (isinstance(model, dict) and model.get("dsa") is True and model.get("dsa_index_heads") is None):
         return config
     n_head = model.get("n_head", ModelConfig.model_fields["n_head"].default)
@@ -206,6 +210,7 @@ def dsa_index_heads_for(n_head: int) -> int:
 
 
 ROUTER_SETTINGS = ("moe_n_group", "moe_topk_group", "moe_routed_scaling_factor")  # the deepseek router's
+FFN_EXPERTS = ("gelu", "swiglu", "silu")  # the FFNs a mixture's experts are made of (model/moe.py)
 
 
 class ModelConfig(_Frozen):
@@ -225,10 +230,13 @@ class ModelConfig(_Frozen):
     n_head: int = Field(default=4, gt=0, le=MAX_SIZE)
     n_kv_head: int = Field(default=4, gt=0, le=MAX_SIZE)
     ctx_len: int = Field(default=128, gt=0, le=MAX_SIZE)
-    norm_type: NormType = "layernorm"
+    # The four slot fields name a part of the parts registry (spec/parts.py): anatomy's own (below) or a
+    # plugin's. norm: layernorm, rmsnorm, none (every norm an identity). positions: learned, rope, nope (no
+    # position signal, Kazemnejad et al. 2023). ffn: gelu, swiglu, silu (SwiGLU's parameters, no gate).
+    norm_type: str = "layernorm"
     norm_pos: NormPos = "post"
-    pos_type: PosType = "learned"
-    ffn_type: FfnType = "gelu"
+    pos_type: str = "learned"
+    ffn_type: str = "gelu"
     rope_base: float = Field(default=10000.0, gt=0)
     norm_eps: float = Field(default=1e-5, gt=0)
     rope_variant: RopeVariant = "standard"
@@ -271,7 +279,7 @@ class ModelConfig(_Frozen):
     moe_routed_scaling_factor: float = new(1.0, gt=0)
     # Multi-head latent attention (mla). Its five sizes keep HF DeepseekV3Config's names; None (the
     # default) derives each from d_model and head_dim (see mla_dims), and they are mla-only settings.
-    attn_type: AttnType = new("softmax")
+    attn_type: str = new("softmax")  # the mixer slot: softmax, mla (DeepSeek-V2, model/mla.py), or a plugin's
     q_lora_rank: int | None = new(None, gt=0, le=MAX_SIZE)
     kv_lora_rank: int | None = new(None, gt=0, le=MAX_SIZE)
     qk_rope_head_dim: int | None = new(None, gt=0, le=MAX_SIZE)
@@ -299,6 +307,48 @@ class ModelConfig(_Frozen):
     # generator keyed by (seed, its qualified name), so two models that share a parameter's name and
     # shape start from the identical tensor: the two arms of a pair share batches and initial weights.
     init_key: Literal["order", "name"] = new("order")
+    # Parts of the parts API (spec/parts.py): the options of each part by name (a spec's [model.part_options.NAME]
+    # table, --set model.part_options.NAME.KEY=V), filled in with the part's defaults for every part the model
+    # uses; and the sha256 of the plugin file each plugin part it uses comes from, recorded when the config
+    # is first resolved, so editing the file moves the run id and building with other code is refused.
+    # None when there is nothing to hold (no table is written, and the run id is the one without parts).
+    part_options: dict[str, dict[str, Any]] | None = new(None)
+    part_code: dict[str, str] | None = new(None)
+
+    @field_validator("norm_type", "pos_type", "ffn_type", "attn_type")
+    @classmethod
+    def _a_part(cls, value: str, info) -> str:
+        return registry.check_name(registry.SLOT_OF_FIELD[info.field_name], value)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_parts(cls, data: Any) -> Any:
+        """Each part's options validated (strictly, by the part's own model) and filled in with its
+        defaults for the parts the model uses; each plugin part the model uses gets its file's sha256
+        unless the config already records one (a run's config.json keeps what it trained with)."""
+        if not isinstance(data, dict) or not isinstance(data.get("part_options") or {}, dict) \
+                or not isinstance(data.get("part_code") or {}, dict):
+            return data  # not a table: the fields' own type checks say so
+        used = registry.used(data, {f: cls.model_fields[f].default for f in registry.SLOT_OF_FIELD})
+        filled = {}
+        for name, given in (data.get("part_options") or {}).items():
+            part = registry.REGISTRY.get(name) if isinstance(name, str) else None
+            if part is None:
+                raise ValueError(f"part_options.{name}: no part of that name is loaded (a plugin's part needs its "
+                                 f"file: plugins = [\"FILE\"] in the spec, or --plugin FILE)")
+            if not isinstance(given, dict):
+                raise ValueError(f"part_options.{name}: a table of {name}'s options, got {given!r}")
+            filled[name] = given
+        for name, part in used.items():
+            filled.setdefault(name, {})
+        for name in list(filled):
+            opts = registry.options(registry.REGISTRY[name], filled[name])
+            if opts is None:
+                del filled[name]  # a part without options has no table
+            else:
+                filled[name] = opts.model_dump(mode="json")
+        code = {name: part.sha256 for name, part in used.items() if part.plugin} | (data.get("part_code") or {})
+        return {**data, "part_options": filled or None, "part_code": code or None}
 
     @field_validator("ctx_len")
     @classmethod
@@ -333,6 +383,12 @@ class ModelConfig(_Frozen):
                              f"bind in training (window=0 is global attention)")
         if self.moe_top_k > self.moe_experts:
             raise ValueError(f"moe_top_k={self.moe_top_k} must not exceed moe_experts={self.moe_experts}")
+        if self.moe and self.ffn_type not in FFN_EXPERTS:
+            raise ValueError(f"moe=true builds its experts as ffn_type's FFN, one of {', '.join(FFN_EXPERTS)}: "
+                             f"ffn_type={self.ffn_type!r} is a plugin part")
+        if self.attn_type == "mla" and self.slot_part("positions")[0].plugin:
+            raise ValueError(f"pos_type={self.pos_type!r} is a plugin part: latent attention (attn_type='mla') "
+                             f"rotates its keys with rope only")
         if self.moe and self.moe_expert_hidden < 1:
             raise ValueError(f"the dense hidden size {self.ffn_hidden} split over {self.moe_active_experts} active "
                              f"experts leaves none per expert; set model.moe_hidden")
@@ -459,10 +515,19 @@ class ModelConfig(_Frozen):
 
     @property
     def ffn_hidden(self) -> int:
-        """GELU: 4d. SwiGLU: 2/3 of that (three matrices instead of two), rounded up to 32."""
-        if self.ffn_type == "gelu":
-            return 4 * self.d_model
-        return ceil_to(int(2 / 3 * 4 * self.d_model), 32)
+        """GELU (and a plugin FFN's default): 4d. SwiGLU: 2/3 of that (three matrices instead of two),
+        rounded up to 32. SiLU: 3/2 of SwiGLU's, so its two matrices hold exactly SwiGLU's parameters
+        (CS336's SiLU at d_ff = 4d matches SwiGLU's 8/3 d only before SwiGLU's rounding)."""
+        swiglu = ceil_to(int(2 / 3 * 4 * self.d_model), 32)
+        return {"swiglu": swiglu, "silu": 3 * swiglu // 2}.get(self.ffn_type, 4 * self.d_model)
+
+    def slot_part(self, slot: str) -> tuple[registry.Part, Any]:
+        """(the registered part this config's `slot` field names, its validated options or None)."""
+        name = getattr(self, registry.SLOTS[slot].field)
+        part = registry.find(slot, name)
+        if part is None:
+            raise ValueError(f"{slot} {name!r} is not a part of the registry")
+        return part, registry.options(part, (self.part_options or {}).get(name))
 
     @property
     def layer_kinds(self) -> tuple[str, ...]:
@@ -476,7 +541,8 @@ class ModelConfig(_Frozen):
         what a layer is adds its kind here, decided by its own fields (a layer pattern, see
         repeat_pattern), and one entry in each of those three tables.
         """
-        kinds = [("dsa" if self.dsa else "mla") if self.attn_type == "mla" else "attn"] * self.n_layer
+        own = {"mla": "dsa" if self.dsa else "mla", "softmax": "attn"}  # else a plugin mixer: its name
+        kinds = [own.get(self.attn_type, self.attn_type)] * self.n_layer
         if self.gdn_pattern:
             pattern = repeat_pattern(self.gdn_pattern, self.n_layer)
             kinds = ["gdn" if letter == "D" else kind for letter, kind in zip(pattern, kinds)]
@@ -538,7 +604,14 @@ class ModelConfig(_Frozen):
         if kind == "dsa":  # mla's, plus the indexer: wq (r_q -> Hi D), wk (d -> D), its LayerNorm, w (d -> Hi)
             r_q, (_, Hi, D) = self.mla_dims.q_lora_rank, self.dsa_dims
             return self.mixer_params("mla") + r_q * Hi * D + self.d_model * D + 2 * D + self.d_model * Hi
-        raise ValueError(f"no parameter formula for layer kind {kind!r}")
+        part, opts = self.mixer_part(kind)
+        return part.params(self, opts)
+
+    def mixer_part(self, kind: str) -> tuple[registry.Part, Any]:
+        """A plugin mixer's part and options, for a layer kind that is none of anatomy's own."""
+        if kind != self.attn_type or registry.find("mixer", kind) is None:
+            raise ValueError(f"no layer kind {kind!r}")
+        return self.slot_part("mixer")
 
     def ffn_params(self, active: bool = False) -> int:
         """One channel mixer (model/ffn.py); active: the part one token uses (all of a dense FFN).
@@ -547,14 +620,15 @@ class ModelConfig(_Frozen):
         gate (d; the deepseek router's shared expert has none); a token uses its k experts, and all of
         router, shared expert and gate. The deepseek router's selection bias (E) is a buffer, not a parameter."""
         if not self.moe:
-            return self.dense_ffn_params(self.ffn_hidden)
+            part, opts = self.slot_part("ffn")
+            return (part.active if active and part.active else part.params)(self, opts)
         expert, E, k = self.dense_ffn_params(self.moe_expert_hidden), self.moe_experts, self.moe_top_k
         gate = 0 if self.moe_router == "deepseek" else self.d_model
         always = E * self.d_model + ((expert + gate) if self.moe_shared else 0)  # router, shared + gate
         return (k if active else E) * expert + always
 
     def dense_ffn_params(self, hidden: int) -> int:
-        """One dense FFN of this hidden size: GELU up/down, or SwiGLU gate/up/down."""
+        """One dense FFN of this hidden size: GELU or SiLU up/down, or SwiGLU gate/up/down."""
         return (3 if self.ffn_type == "swiglu" else 2) * self.d_model * hidden
 
     @property
@@ -575,17 +649,21 @@ class ModelConfig(_Frozen):
 
     @property
     def norm_params(self) -> int:
-        return self.d_model * (2 if self.norm_type == "layernorm" else 1)
+        """One norm of width d_model: LayerNorm 2d, RMSNorm d, none 0 (the norm part's formula)."""
+        part, opts = self.slot_part("norm")
+        return part.params(self, opts)
 
     @property
     def max_positions(self) -> int | None:
         """The longest sequence the model has positions for: a learned table ends at ctx_len; RoPE
         and NoPE have nothing that ends (None = unbounded; how well they do past ctx_len is eval's)."""
-        return self.ctx_len if self.pos_type == "learned" else None
+        part, opts = self.slot_part("positions")
+        return part.max_positions(self, opts) if part.max_positions else None
 
     @property
     def position_params(self) -> int:
-        return self.ctx_len * self.d_model if self.pos_type == "learned" else 0  # RoPE, NoPE: none
+        part, opts = self.slot_part("positions")  # a learned table ctx_len x d; RoPE, NoPE: none
+        return part.params(self, opts)
 
     def state_bytes(self, kind: str, batch: int, max_len: int, bytes_per_elem: int) -> int:
         """Decode-state bytes of one layer of `kind` for `max_len` positions (tests pin it to the
@@ -605,7 +683,10 @@ class ModelConfig(_Frozen):
         if kind == "dsa":  # mla's, plus the indexer's one key per position: B T (r + p + D)
             m, D = self.mla_dims, self.dsa_dims.index_head_dim
             return batch * max_len * (m.kv_lora_rank + m.qk_rope_head_dim + D) * bytes_per_elem
-        raise ValueError(f"no decode-state formula for layer kind {kind!r}")
+        part, opts = self.mixer_part(kind)  # a plugin mixer: its formula, else attention's K and V, or none
+        if part.state_bytes is not None:
+            return part.state_bytes(self, opts, batch, max_len, bytes_per_elem)
+        return 2 * batch * self.n_kv_head * max_len * self.head_dim * bytes_per_elem if part.cache else 0
 
     def cache_bytes(self, batch: int, max_len: int, bytes_per_elem: int) -> int:
         """The whole decode cache (every layer's state) for max_len positions, from the sizes alone."""
@@ -631,7 +712,8 @@ class ModelConfig(_Frozen):
             m, (k, Hi, D) = self.mla_dims, self.dsa_dims  # (Hi heads of D, and the weighted sum; forward only)
             read = 3 * k * self.n_head * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
             return read + 2 * self.ctx_len * Hi * (D + 1)
-        raise ValueError(f"no FLOP formula for layer kind {kind!r}")
+        part, opts = self.mixer_part(kind)  # a plugin mixer: its formula, else attention's
+        return part.flops(self, opts) if part.flops is not None else 6 * self.ctx_len * self.d_model
 
     def train_bytes(self, batch_size: int) -> int:
         """Rough fp32 bytes of one training step, to refuse before allocating what cannot fit.
@@ -773,6 +855,21 @@ class RunConfig(_Frozen):
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
     data: DataConfig = DataConfig()
+    # Plugin files whose parts the model may use (spec/parts.py): loaded when the config is validated, before
+    # its model; recorded absolute (a spec's relative paths resolve against its folder). Out of the run id at
+    # any value: what a plugin changes is the code of the parts a model uses, which model.part_code holds.
+    plugins: list[str] = no_result([])
+
+    @model_validator(mode="before")
+    @classmethod
+    def _load_plugins(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not isinstance(data.get("plugins"), list) \
+                or not all(isinstance(p, str) for p in data["plugins"]):
+            return data  # nothing to load, or the field's own type check says what is wrong
+        paths = list(dict.fromkeys(registry.plugin_path(p) for p in data["plugins"]))
+        model = data.get("model")
+        registry.load_for(paths, model if isinstance(model, dict) else None)
+        return {**data, "plugins": paths}
 
     @model_validator(mode="after")
     def _check_knobs(self) -> RunConfig:
@@ -798,11 +895,13 @@ class RunConfig(_Frozen):
             softmax = [i + 1 for i, k in enumerate(kinds) if k == "attn"]
             why = ("window=0: every layer is global" if not m.window
                    else f"attn_type={m.attn_type!r}: a window leaves latent attention global" if m.attn_type == "mla"
-                   and not softmax else f"gdn_pattern={m.gdn_pattern!r} leaves softmax attention in layer "
+                   and not softmax else f"attn_type={m.attn_type!r}: a window is softmax attention's, and a plugin "
+                   f"mixer's layers stay as they are" if m.attn_type != "softmax"
+                   else f"gdn_pattern={m.gdn_pattern!r} leaves softmax attention in layer "
                    f"{', '.join(map(str, softmax)) or 'none'} only, which window_pattern={m.window_pattern!r} makes "
                    f"global" if m.gdn_pattern else f"window_pattern={m.window_pattern!r} makes every layer global")
             out |= {"model.window": why, "model.window_pattern": why}
-        if not {"attn", "local"} & set(kinds):
+        if not set(kinds) - {"gdn", "mla", "dsa"}:  # softmax attention and plugin mixers read n_kv_head
             out["model.n_kv_head"] = ("no layer is softmax attention (latent attention and Gated DeltaNet have no "
                                       "K/V heads)")
         router = "no router (model.moe=false)" if not m.moe else f"the {m.moe_router} router"
@@ -1026,6 +1125,9 @@ def format_validation_error(err: ValidationError, prefix: str = "", cls: type[Ba
             close = closest_key(cls, parts) if cls is not None else None
             where = prefix if prefix.endswith(".") else ""  # 'config.json: ' is not part of a key
             msg = "unknown key" + (f"; did you mean {where}{close}?" if close else "")
+        key, sep, rest = msg.partition(": ")
+        if sep and key.split(".")[0] in PART_TABLES:  # a part's option, named by the model's validator
+            loc, msg = f"{loc}{key}" if not loc or loc.endswith(" ") else f"{loc}.{key}", rest
         lines.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(lines)
 
@@ -1060,8 +1162,12 @@ def setting_keys() -> list[str]:
     keys = []
     for name in RunConfig.model_fields:
         section = SECTIONS.get(name)
-        keys += [f"{name}.{f}" for f in section.model_fields] if section else [name]
-    return keys
+        keys += [f"{name}.{f}" for f in section.model_fields if f not in PART_TABLES] if section else [name]
+    return keys + [f"model.part_options.{p.name}.{k}" for p in registry.REGISTRY.values() if p.options
+                   for k in p.options.model_fields]
+
+
+PART_TABLES = ("part_options", "part_code")  # ModelConfig's tables by part: keys model.part_options.NAME.KEY
 
 
 PLURAL = {"an integer": "integers", "a number": "numbers", "a string": "strings", "true or false": "true or false"}
@@ -1097,12 +1203,44 @@ def check_setting(key: str, value: Any, raw: str, option: str = "--set") -> None
             check_setting(f"{key}.{k}", v, str(v), option)
         return
     head, _, fld = key.partition(".")
+    if head == "model" and fld.startswith("part_options."):
+        return check_part_setting(key, value, raw, option)
     fields = SECTIONS[head].model_fields if head in SECTIONS else RunConfig.model_fields if not fld else {}
     info = fields.get(fld or head)
     if info is None:
         close = difflib.get_close_matches(key, setting_keys(), n=1)
         sections = ", ".join(f"{x}.KEY" for x in SECTIONS)
         hint = f"; did you mean {close[0]}?" if close else f" (settings are name, seed, {sections})"
+        raise ConfigError(f"{option} {key}: unknown key{hint}")
+    slot = registry.SLOT_OF_FIELD.get(fld) if head == "model" else None
+    expected = ("one of " + ", ".join(map(repr, registry.names(slot)))) if slot else describe_type(info.annotation)
+    try:
+        TypeAdapter(info.annotation, config=ConfigDict(strict=True)).validate_python(value)
+    except ValidationError:
+        raise ConfigError(f"{option} {key}: expected {expected}, got {raw}") from None
+
+
+def check_part_setting(key: str, value: Any, raw: str, option: str = "--set") -> None:
+    """`--set model.part_options.NAME.KEY=V` (or model.part_options.NAME={...}): NAME a loaded part, KEY one of its
+    options, V of that option's type (strictly, as check_setting)."""
+    name, _, opt = key.removeprefix("model.part_options.").partition(".")
+    part = registry.REGISTRY.get(name)
+    if part is None or part.options is None:
+        why = "takes no options" if part is not None else ("is no part that is loaded (a plugin's part needs its "
+                                                            "file: plugins = [\"FILE\"], or --plugin FILE)")
+        raise ConfigError(f"{option} {key}: {name!r} {why}")
+    if not opt:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{option} {key}: a part's options, not a setting; set one, e.g. "
+                              f"{key}.{next(iter(part.options.model_fields), 'KEY')}=...")
+        for k, v in value.items():
+            check_part_setting(f"{key}.{k}", v, str(v), option)
+        return
+    info = part.options.model_fields.get(opt)
+    if info is None:
+        close = difflib.get_close_matches(opt, list(part.options.model_fields), n=1)
+        hint = f"; did you mean model.part_options.{name}.{close[0]}?" if close else (
+            f" ({name}'s options: {', '.join(part.options.model_fields)})")
         raise ConfigError(f"{option} {key}: unknown key{hint}")
     try:
         TypeAdapter(info.annotation, config=ConfigDict(strict=True)).validate_python(value)
@@ -1217,12 +1355,34 @@ def resolve_source(data: dict, base_dir: Path, section: str = "data") -> dict:
     return data
 
 
-def load_run_config(spec: Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+def resolve_plugins(data: dict, base_dir: Path | None, section: str = "", more: list | tuple = ()) -> dict:
+    """A spec's `plugins` (or base.plugins) as absolute paths, a relative one against the spec's folder,
+    with `more` (--plugin FILE, against the working folder) added, each file loaded now (read afresh:
+    an edited file replaces its parts). PartError, one line, for a file that is missing or does not run."""
+    node = data.get(section, {}) if section else data
+    if not isinstance(node, dict):
+        return data
+    given = node.get("plugins", [])
+    if not isinstance(given, list) or not all(isinstance(p, str) for p in given):
+        return data  # the field's own type check says what is wrong
+    paths = list(dict.fromkeys([*(registry.plugin_path(p, base_dir) for p in given),
+                                *(registry.plugin_path(p) for p in more)]))
+    registry.load_plugins(paths)
+    if not paths:
+        return data
+    node = {**node, "plugins": paths}
+    return {**data, section: node} if section else node
+
+
+def load_run_config(spec: Path | None = None, overrides: list[str] | None = None,
+                    plugins: list | tuple = ()) -> RunConfig:
+    """A run spec (or none) with --set overrides and --plugin files (`plugins`), validated."""
     data: dict = {}
     if spec is not None:
         data = load_toml(spec)
         refuse_ablation_spec(data, spec)
         data = resolve_source(data, Path(spec).parent)
+    data = resolve_plugins(data, Path(spec).parent if spec is not None else None, more=plugins)
     sets = [_split_override(o) for o in overrides or []]
     for key, value, raw in sets:
         check_setting(key, value, raw)

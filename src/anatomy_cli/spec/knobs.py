@@ -22,6 +22,7 @@ from __future__ import annotations
 import difflib
 import types
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
@@ -44,7 +45,8 @@ TABLES = ("decide", "tune")  # tables whose presence is a mode: true adds one at
 class Alias:
     """An older flag of `ablate` that sets one spec key. kind: how its text becomes the value: "value" (a
     TOML scalar, else the text), "names" (comma-separated names), "seeds" (a count, or seeds 'A,B'; one
-    seed: 'A,'), "on"/"off" (a flag: true/false), "append" (repeatable: a list of texts)."""
+    seed: 'A,'), "on"/"off" (a flag: true/false), "append" (repeatable: files, each against the working
+    folder, added to the key's list in the spec)."""
 
     flag: str
     key: str
@@ -64,8 +66,8 @@ ALIASES: tuple[Alias, ...] = (
     Alias("--device", "base.train.device", metavar="NAME", help="auto | cpu | cuda | mps."),
     Alias("--compile", "base.train.compile", "on", "", "torch.compile every run."),
     Alias("--dtype", "base.train.dtype", metavar="NAME", help="float32 | bfloat16 (autocast)."),
-    Alias("--margin", "margin", metavar="X", help="The smallest gain in best val loss that matters (nats), fixed "
-          "before the data (default 0.02)."),
+    Alias("--margin", "margin", metavar="X", help="The smallest gain in best val loss that matters (bits per "
+          "byte), fixed before the data (default 0.02)."),
     Alias("--min-effect", "margin", metavar="X", help="The older name of --margin."),
     Alias("--max-seeds", "decide.max_seeds", metavar="N", help="Rounds: the most seeds a config gets (default 10)."),
     Alias("--decide-step", "decide.step", metavar="N", help="Rounds: seeds added a round (default 2)."),
@@ -80,6 +82,8 @@ ALIASES: tuple[Alias, ...] = (
           "LR moved (the default)."),
     Alias("--no-tune-shared", "tune.shared", "off", "", "Fair LRs: no shared-LR runs (cheaper; no LR-confounding "
           "check)."),
+    Alias("--plugin", "base.plugins", "append", "FILE", "A Python file of parts (@part from "
+          "anatomy_cli.model.parts), added to the spec's base.plugins; repeatable."),
     Alias("--time-steps", "timing.steps", metavar="N", help="--time: timed steps per config and round (default 20)."),
     Alias("--time-rounds", "timing.rounds", metavar="N", help="--time: rounds, at least 3 (default 5)."),
 )
@@ -94,6 +98,7 @@ class Setting:
     key: str
     value: Any
     typed: str
+    extend: bool = False  # the value is added to the spec's list at `key` (--plugin), not put in its place
 
     @property
     def option(self) -> str:
@@ -173,8 +178,9 @@ def from_alias(flag: str, text: Any) -> Setting:
         return checked(Setting(alias.key, list(dict.fromkeys(names)), f"{flag} {text}"), str(text))
     if alias.kind == "seeds":
         return checked(Setting(alias.key, _seeds(flag, str(text)), f"{flag} {text}"), str(text))
-    if alias.kind == "append":
-        return checked(Setting(alias.key, list(text), " ".join(f"{flag} {t}" for t in text)), str(text))
+    if alias.kind == "append":  # files named on the command line: against the working folder, not the spec's
+        files = [str(Path(t).absolute()) for t in text]
+        return checked(Setting(alias.key, files, " ".join(f"{flag} {t}" for t in text), extend=True), str(text))
     return checked(Setting(alias.key, parse_value(str(text).strip()), f"{flag} {text}"), str(text))
 
 
@@ -275,8 +281,18 @@ def apply_settings(data: dict, settings: list[Setting]) -> dict:
         if s.key in TABLES:
             data = {**data, s.key: data.get(s.key) or {}} if s.value else {k: v for k, v in data.items()
                                                                            if k != s.key}
+        elif s.extend:
+            given = _dotted(data, s.key)
+            data = set_dotted(data, s.key, [*(given if isinstance(given, list) else []), *s.value])
         else:  # a key set over an older name of it in the file (min_effect for margin) replaces it
             data = set_dotted({k: v for k, v in data.items() if k not in OLDER_NAMES.get(s.key, ())}, s.key, s.value)
+    return data
+
+
+def _dotted(data: dict, key: str) -> Any:
+    """The value at a dotted key of nested `data`, or None where a section on the way is absent."""
+    for part in key.split("."):
+        data = data.get(part) if isinstance(data, dict) else None
     return data
 
 
@@ -305,6 +321,8 @@ def command_args(settings: list[Setting]) -> list[str]:
             words += ["--set", f"{s.key}={_toml(s.value)}"]
         elif alias.is_flag:
             words.append(alias.flag)
+        elif alias.kind == "append":
+            words += [w for v in s.value for w in (alias.flag, str(v))]
         else:
             words += [alias.flag, _text(s.value, alias.kind)]
     return words

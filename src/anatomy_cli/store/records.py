@@ -49,6 +49,7 @@ class SettingRecord(FileModel):
     key: str
     value: Any = None
     typed: str = ""
+    extend: bool | None = None  # true: added to the spec's list (--plugin FILE), not put in its place
 
 
 class Invocation(FileModel):
@@ -62,7 +63,7 @@ class Invocation(FileModel):
 
     def as_settings(self) -> list[Setting]:
         if self.settings is not None:
-            return [Setting(s.key, s.value, s.typed) for s in self.settings]
+            return [Setting(s.key, s.value, s.typed, bool(s.extend)) for s in self.settings]
         out = [Setting("only", self.flip.split(","), f"--flip {self.flip}")] if self.flip else []
         return out + ([Setting("base.train.steps", self.steps, f"--steps {self.steps}")] if self.steps else [])
 

@@ -63,7 +63,8 @@ RESUME = "resume.pt"
 SAMPLES = "samples.txt"
 TIMING = "timing.json"  # in a sweep directory, by `ablate --time`: the timing pass's rounds
 EVAL = "eval.json"  # optional, by `anatomy eval`: {"val_loss_by_ctx": {"128": 1.52, "512": null}, ...}
-RUN_FILES = (CONFIG, METRICS, VOCAB, TOKENIZER, BEST, LAST, RESUME, SAMPLES, SUMMARY)
+PARTS = "parts.json"  # a run whose model uses plugin parts: each one's file, sha256, options and source text
+RUN_FILES = (CONFIG, METRICS, VOCAB, TOKENIZER, BEST, LAST, RESUME, SAMPLES, SUMMARY, PARTS)
 SWEEP = "sweep.json"  # in a sweep directory: the components its runs were planned with
 
 COMPLETED = "completed"

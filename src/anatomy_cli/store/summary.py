@@ -94,6 +94,9 @@ class RunSummary(BaseModel):
     started_in: str | None = _field(CARRIED)
     # A mixture of experts: [layer][expert] fractions of routed tokens (train.expert_load).
     expert_load: list[list[float]] | None = None
+    # The plugin parts the model uses (spec/parts.py): {name: {slot, origin (the file), sha256, options}}; their
+    # source text is in the run's parts.json (training.run.plugin_record).
+    parts: dict | None = _field(CARRIED)
 
     @field_validator("best_val_loss", "final_val_loss", "bits_per_char", "unigram_loss", "best_val_bpb",
                      "final_val_bpb")

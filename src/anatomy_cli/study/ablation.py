@@ -19,6 +19,7 @@ from pathlib import Path
 
 from anatomy_cli.report import decide, stats
 from anatomy_cli.spec import knobs
+from anatomy_cli.spec import parts as registry
 from anatomy_cli.spec.config import AblationSpec, ConfigError, choose
 from anatomy_cli.store import records, runs
 from anatomy_cli.study import lr_selection, lr_study
@@ -73,8 +74,8 @@ class Ask:
     def invocation(self) -> records.Invocation:
         """sweep.json's record of how the study was asked for (the report's advice commands say it again)."""
         return records.Invocation(spec=None if self.spec is None else str(self.spec),
-                                  settings=[records.SettingRecord(key=s.key, value=s.value, typed=s.typed)
-                                            for s in self.all_settings])
+                                  settings=[records.SettingRecord(key=s.key, value=s.value, typed=s.typed,
+                                                                  extend=s.extend or None) for s in self.all_settings])
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,7 @@ def plan_study(ask: Ask) -> Study:
         if mode and ask.time_pass:
             raise ConfigError(f"{flag} trains; --time times: run them one after the other")
     spec, plan = plan_mod.load_plan(ask.spec, ask.all_settings)
+    refuse_broken_parts(plan)
     rounds = decide_plan(ask, spec)
     tune = lr_study.tune_plan(ask, spec, plan, rounds)
     device = spec.base.train.device
@@ -140,6 +142,15 @@ def plan_study(ask: Ask) -> Study:
     study = Study(ask, spec, plan, sweep_dir, rounds, tune=tune)
     check_record(study)
     return study
+
+
+def refuse_broken_parts(plan: list) -> None:
+    """A plugin part the plan's configs use passes the battery's shape and causality checks before anything
+    trains (PartError, one line, naming the part and its failure); torch is read only where one is used."""
+    if any(p.plugin for item in plan for p in registry.used(item.config.model.model_dump(), {}).values()):
+        from anatomy_cli.exams.parts_check import refuse_broken
+
+        refuse_broken(item.config for item in plan)
 
 
 def size_study(study: Study) -> Study:

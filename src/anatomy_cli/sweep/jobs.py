@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from anatomy_cli.spec import parts as registry
 from anatomy_cli.spec.config import RunConfig
 from anatomy_cli.store import runs
 from anatomy_cli.store.summary import RunSummary
@@ -26,13 +27,17 @@ Stop = Callable[[], bool]
 
 @dataclass(frozen=True)
 class Job:
-    """One run to train: its id, resolved config (JSON-able), directory, torch threads, summary extras."""
+    """One run to train: its id, resolved config (JSON-able), directory, torch threads, summary extras, and
+    the source of its config's plugin files ({path: text}, as the planning process loaded them): a worker
+    registers that code before it validates the config, so it trains exactly what was planned, on a
+    machine without the files too (spec/parts.py)."""
 
     run_id: str
     config: dict
     run_dir: str
     threads: int = 1
     extra: dict = field(default_factory=dict)  # RunSummary's carried fields the plan sets: sweep, role, flip
+    plugins: dict = field(default_factory=dict)
 
     def __post_init__(self):
         RunSummary(**self.extra)  # a wrong type is a planning bug: raise now, not in a worker
@@ -93,6 +98,7 @@ def run_group(jobs: list[Job], emit: Event | None = None, stop: Stop | None = No
 
     from anatomy_cli.training.stacked import stack_problem, start_step, train_group
 
+    registry.preload(jobs[0].plugins)
     torch.set_num_threads(jobs[0].threads)
     problem = stack_problem(RunConfig.model_validate(jobs[0].config))
     if problem:
@@ -132,6 +138,7 @@ def run_job(job: Job, emit: Event | None = None, stop: Stop | None = None) -> di
     from anatomy_cli.training.run import has_checkpoint, resume, train
 
     torch.set_num_threads(job.threads)
+    registry.preload(job.plugins)  # the code it was planned with, before its config names the parts
     cfg = RunConfig.model_validate(job.config)
     run_dir = Path(job.run_dir)
     on_progress = (lambda p: emit({"event": "progress", "run_id": job.run_id, **p})) if emit else None

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from anatomy_cli.spec import components, knobs
+from anatomy_cli.spec import parts as registry
 from anatomy_cli.spec.components import Component, Design
 from anatomy_cli.spec.config import (
     MAX_SIZE,
@@ -31,6 +32,7 @@ from anatomy_cli.spec.config import (
     TrainConfig,
     apply_overrides,
     load_toml,
+    resolve_plugins,
     resolve_source,
     validate,
 )
@@ -63,7 +65,8 @@ def load_spec(path: Path | None, settings: Iterable[knobs.Setting] = ()) -> Abla
     path = path or experiments_dir() / DEFAULT_SPEC
     settings = list(settings)
     data = resolve_spec_sources(resolve_source(load_toml(path), Path(path).parent, "base.data"), Path(path).parent)
-    spec = validate(AblationSpec, knobs.apply_settings(data, settings))
+    data = resolve_plugins(knobs.apply_settings(data, settings), Path(path).parent, "base")  # base.plugins, loaded
+    spec = validate(AblationSpec, data)
     steps = next((s for s in settings if s.key == "base.train.steps"), None)
     if steps is not None and spec.budget == "tokens-per-param":
         raise ConfigError(f"{steps.typed} sets one budget for every size, but spec {spec.name} computes each size's "
@@ -532,7 +535,8 @@ def execute(plan: list[PlannedRun], sweep_dir: Path, workers: int = 1, on_event:
         emit({"event": "plan", "total": len(plan), "todo": len(todo), "skipped": len(plan) - len(todo)})
         threads = max(1, (os.cpu_count() or 1) // max(1, workers))
         todo_jobs = [Job(p.run_id, p.config.model_dump(mode="json"), str(sweep_dir / p.run_id), threads,
-                         {"sweep": sweep_name, "role": p.role, "flip": p.flip}) for p in todo]
+                         {"sweep": sweep_name, "role": p.role, "flip": p.flip}, registry.sources(p.config.plugins))
+                     for p in todo]
         if executor == "dask":
             from anatomy_cli.sweep.dask_exec import execute_dask
 

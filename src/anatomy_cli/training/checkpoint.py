@@ -19,6 +19,7 @@ from anatomy_cli.data.corpus import DataError
 from anatomy_cli.data.tokenizer import load_saved
 from anatomy_cli.model import LM
 from anatomy_cli.spec.config import ConfigError, RunConfig, validate
+from anatomy_cli.spec.parts import PartError
 from anatomy_cli.store import runs
 
 
@@ -136,7 +137,10 @@ def load_run(run_dir: Path, which: str = "best", device: str | torch.device = "c
     if len(vocab) != cfg.model.vocab_size:
         what = "characters" if vocab.spec == "char" else "tokens"
         raise runs.RunError(f"{run_dir}: {vocab.file} has {len(vocab)} {what}, config says {cfg.model.vocab_size}")
-    model = LM(cfg.model).to(device)
+    try:
+        model = LM(cfg.model).to(device)
+    except PartError as err:  # its plugin's file holds other code now: the run keeps the code it trained with
+        raise runs.RunError(f"{run_dir}: {err} (its text is in {Path(run_dir) / runs.PARTS})") from None
     name = {"best": runs.BEST, "last": runs.LAST}[which]
     hint = "; use --weights best (saved at the best val loss, before it diverged)" if which == "last" else ""
     load_weights(model, Path(run_dir) / name, hint)

@@ -19,6 +19,7 @@ from anatomy_cli.data.load import run_corpus
 from anatomy_cli.data.tokenizer import spec_of
 from anatomy_cli.model.generate import generate
 from anatomy_cli.spec import components
+from anatomy_cli.spec import parts as registry
 from anatomy_cli.spec.config import ConfigError, RunConfig
 from anatomy_cli.store import runs
 from anatomy_cli.store.lockfile import identity
@@ -179,7 +180,37 @@ def prepare_fresh(cfg: RunConfig, run_dir: Path, corpus: Corpus, carried: dict) 
     runs.drop_temp_files(run_dir)
     runs.atomic_write_json(run_dir / runs.CONFIG, cfg.model_dump(mode="json"))  # first
     corpus.vocab.save(run_dir / corpus.vocab.file)  # vocab.json (char) or tokenizer.json
-    return {**started_in(cfg), **carried, "run_id": run_dir.name, **corpus_identity(corpus, cfg)}
+    record = plugin_record(cfg)
+    if record:  # the code of its plugin parts travels with the run
+        runs.atomic_write_json(run_dir / runs.PARTS, record)
+    parts = {name: {k: v for k, v in row.items() if k != "text"} for name, row in record.items()}
+    return {**started_in(cfg), **carried, "run_id": run_dir.name, **corpus_identity(corpus, cfg),
+            **({"parts": parts} if parts else {})}
+
+
+def plugin_record(cfg: RunConfig) -> dict:
+    """{part: {slot, origin, sha256, options, text}} of each plugin part cfg's model uses, its file's text as
+    loaded (what parts.json holds; the summary keeps all but the text)."""
+    out = {}
+    for name, part in registry.used(cfg.model.model_dump(), {}).items():
+        if not part.plugin:
+            continue
+        loaded = registry.LOADED.get(part.origin)
+        out[name] = {"slot": part.slot, "origin": part.origin, "sha256": (cfg.model.part_code or {}).get(name),
+                     "options": (cfg.model.part_options or {}).get(name),
+                     "text": loaded.text if loaded is not None and loaded.sha256 == part.sha256 else None}
+    return out
+
+
+def check_code(run_dir: Path, cfg: RunConfig) -> None:
+    """A run goes on only with the code it started with: each plugin part its model uses must come from a
+    file whose sha256 is the one config.json records, else one line naming the file and both hashes."""
+    for name, want in (cfg.model.part_code or {}).items():
+        part = registry.REGISTRY.get(name)
+        if part is not None and part.sha256 != want:
+            raise runs.RunError(f"{run_dir}: {part.origin} changed since the run started (sha256 {want[:12]}... is now "
+                                f"{str(part.sha256)[:12]}...); resuming would train other code than the run's: restore "
+                                f"the file (its text is in {run_dir / runs.PARTS}), or train a new run")
 
 
 def started_in(cfg: RunConfig) -> dict:
@@ -243,6 +274,7 @@ def resume_preamble(run_dir: Path, cfg: RunConfig, corpus: Corpus | None = None)
     if status != runs.INTERRUPTED:
         raise runs.RunError(f"{run_dir} is {status or 'not a run'}; only interrupted runs can be resumed")
     before = RunSummary.model_validate(runs.read_summary(run_dir) or {})
+    check_code(run_dir, cfg)
     if corpus is None:
         corpus = run_corpus(cfg, data_source(cfg, before))
     check_corpus(run_dir, cfg, before, corpus)

@@ -45,6 +45,7 @@ from torch.func import functional_call, stack_module_state, vmap
 from anatomy_cli.data.batches import BatchSampler, fixed_windows, run_eval_counts
 from anatomy_cli.data.corpus import Corpus
 from anatomy_cli.model import LM
+from anatomy_cli.spec import parts as registry
 from anatomy_cli.spec.config import RunConfig
 from anatomy_cli.store import runs
 from anatomy_cli.training.devices import autocast, resolve_device
@@ -72,6 +73,9 @@ def stack_problem(cfg: RunConfig) -> str | None:
     forward and backward of two members, on the CPU, raised it)."""
     if cfg.train.compile:
         return "compiled runs train alone (torch.compile of the stacked step is not built yet)"
+    said = [p for p in registry.used(cfg.model.model_dump(), {}).values() if p.stack]
+    if said:  # a part that says it cannot (spec/parts.py: Part.stack)
+        return f"cannot train stacked: the part {said[0].name} says {said[0].stack}"
     model = cfg.model if cfg.model.vocab_size else cfg.model.model_copy(update={"vocab_size": 64})  # any size probes
     try:
         members = [LM(model) for _ in range(2)]
