@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats as sps
 
 from anatomy_cli.report import stats, worth
 from anatomy_cli.spec.config import ModelConfig
@@ -130,7 +131,7 @@ def test_the_interval_is_the_jackknife_over_seeds_through_the_refitted_law():
     n = 4
     jack_se = math.sqrt((n - 1) / n * sum((v - np.mean(left)) ** 2 for v in left))
     assert full["se"] == pytest.approx(jack_se, rel=1e-6)
-    crit = float(__import__("scipy.stats").stats.t.ppf(1 - stats.ALPHA / (2 * full["family"]), n - 1))
+    crit = float(sps.t.ppf(1 - stats.ALPHA / (2 * full["family"]), n - 1))
     assert math.log(full["high"]) == pytest.approx(math.log(full["multiplier"]) + crit * jack_se, rel=1e-6)
 
 
@@ -272,3 +273,18 @@ def test_ladder_from_runs_reads_costs_from_each_runs_config(tmp_path):
     assert set(lad.loc[lad["flip"] == "", "direction"]) == {ADD_ONE}
     w = worth.compute_worth(lad, trends=False)
     assert len(w.multipliers) == 4 and (w.multipliers["n_pairs"] == 2).all()
+
+
+def test_the_worth_figures_draw_every_multiplier_on_a_log_axis_and_each_ends_law(tmp_path):
+    from anatomy_cli.report import figures
+
+    lad = ladder({(ADD_ONE, "rope"): 2.0, (REMOVE_ONE, "rope"): 0.5}, rungs=4, seeds=3, noise=0.002)
+    w = worth.compute_worth(lad, trends=False)
+    fig = figures.worth_forest_figure(w.multipliers)
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log" and len(ax.get_yticks()) == len(w.multipliers)
+    calls = [line.get_gid() for line in ax.get_lines() if (line.get_gid() or "").startswith("call:")]
+    assert sorted(calls) == sorted(f"call:{c}" for c in w.multipliers["call"])
+    law = figures.law_figure(w.laws, lad)
+    assert len(law.axes) == 2 and all(a.get_xscale() == "log" for a in law.axes)
+    assert figures.save(fig, tmp_path / "worth.png").stat().st_size > 0
