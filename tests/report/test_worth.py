@@ -263,6 +263,7 @@ def test_ladder_from_runs_reads_costs_from_each_runs_config(tmp_path):
                 cfg = {"seed": seed, "model": model, "train": {"steps": 100, "batch_size": 4}}
                 (run / "config.json").write_text(json.dumps(cfg))
                 rows.append({"role": role, "status": "completed", "seed": seed, "size": f"s{k}", "path": str(run),
+                             "design": "rmsnorm+prenorm+rope+swiglu+gqa",
                              "best_val_loss": 3.0 - 0.2 * k - 0.05 * (role == "+gqa")})
     runs = pd.DataFrame(rows)
     lad = worth.ladder_from_runs(runs)
@@ -270,7 +271,7 @@ def test_ladder_from_runs_reads_costs_from_each_runs_config(tmp_path):
     fpt = ModelConfig(vocab_size=65, d_model=32, n_layer=2, n_head=4, n_kv_head=2, ctx_len=32).flops_per_token()
     assert first["direction"] == ADD_ONE and first["tokens"] == 100 * 4 * 32
     assert first["flops"] == fpt * 100 * 4 * 32
-    assert set(lad.loc[lad["flip"] == "", "direction"]) == {ADD_ONE}
+    assert set(lad.loc[lad["flip"] == "", "direction"]) == {ADD_ONE} and set(lad["against"]) == {"2017 end"}
     w = worth.compute_worth(lad, trends=False)
     assert len(w.multipliers) == 4 and (w.multipliers["n_pairs"] == 2).all()
 

@@ -87,7 +87,7 @@ from scipy import stats as sps
 from anatomy_cli.report import scale, stats
 from anatomy_cli.spec import components as comp
 from anatomy_cli.spec.errors import InputError
-from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, END_OF, REFERENCE, REMOVE_ONE, parse_variant
+from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, END_OF, REFERENCE, REMOVE_ONE, parse_variant, shown
 
 WORTH_MARGIN = 1.05  # a multiplier within 1/1.05..1.05 is negligible unless the study says otherwise
 MIN_RUNGS = 4  # a 3-parameter law needs a residual degree of freedom: fewer rungs are refused
@@ -505,7 +505,7 @@ def _shown(r: dict, margin: float) -> dict:
     call = EXTRAPOLATED if r["extrapolated"] else eff["call"]
     out = {k: r[k] for k in ("series", "rung", "direction", "flip", "against", "axis", "cost", "needed",
                              "extrapolated", "note")}
-    out |= {"multiplier": math.exp(sign * eff["gain"]) if math.isfinite(eff["gain"]) else math.inf * sign,
+    out |= {"multiplier": float(np.exp(sign * eff["gain"])),  # inf below the law's floor
             "low": low, "high": high, "raw_low": raw[0], "raw_high": raw[1], "adj_level": eff["adj_level"],
             "family": eff["family"], "n_pairs": eff["n_pairs"], "worth": eff["gain"], "se": eff["se"],
             "p_value": eff["p_value"], "p_holm": eff["p_holm"], "margin": margin, "call": call}
@@ -556,7 +556,9 @@ def ladder_from_runs(runs: pd.DataFrame, rung: str | pd.Series = "size", metric:
     for i, r in done.iterrows():
         parsed = parse_variant(r["role"])
         direction, flip = parsed if parsed else ({REFERENCE: ADD_ONE, ALL_ON: REMOVE_ONE}[r["role"]], "")
-        rows.append({"series": "", "rung": rung_of[i], "direction": direction, "flip": flip, "against": "",
+        ends = comp.end_names(str(r.get("design", "")).split("+")) if r.get("design") else ()
+        against = f"{shown(ends[0 if direction == ADD_ONE else 1])} end" if ends else ""
+        rows.append({"series": "", "rung": rung_of[i], "direction": direction, "flip": flip, "against": against,
                      "seed": int(r["seed"]), "loss": float(r[metric]), "flops": float(costs.loc[i, "flops"]),
                      "tokens": float(costs.loc[i, "tokens"]),
                      "tokens_per_s": float(speed.get(i, math.nan)) if speed is not None else math.nan})
