@@ -4,6 +4,7 @@ parent keeps its checkpoints (alone and stacked); what cannot branch is refused 
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -128,6 +129,16 @@ def test_what_cannot_branch_is_refused_in_one_line(tmp_path, corpus, parent, lad
     with pytest.raises(runs.RunError, match="seed"):
         branch(parent, branch_config(base(corpus, seed=7), 12), tmp_path / "d")
     assert not any((tmp_path / name).exists() for name in "abcd")  # nothing written
+
+
+def test_a_parent_whose_lines_do_not_reach_the_step_yet_is_refused(tmp_path, parent, ladder):
+    again = tmp_path / "parent"
+    shutil.copytree(parent, again)  # as when it is resumed from a checkpoint before the step, its lines dropped
+    rows = [r for r in runs.read_metrics(again) if r["step"] <= 6]
+    runs.atomic_write_text(again / runs.METRICS, "".join(runs.json_line(r) for r in rows))
+    with pytest.raises(runs.RunError, match="does not reach step 9 yet"):
+        branch(again, ladder.runs[1].config, tmp_path / "b")
+    assert not (tmp_path / "b").exists()
 
 
 @pytest.mark.process

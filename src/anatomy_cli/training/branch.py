@@ -53,6 +53,28 @@ def branch(parent: Path, cfg: RunConfig, run_dir: Path, progress: Progress | Non
         return runs.read_summary(run_dir)
     if status == runs.INTERRUPTED and runs.read_summary(run_dir).get("branched_from"):
         return resume(run_dir, progress, stop)
+    cfg, corpus, rows = _lend(parent, cfg, run_dir)
+    step = cfg.train.decay_start
+    check_fits(cfg, resolve_device(cfg.train.device))
+    runs.check_replace(run_dir, True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with runs.RunLock(run_dir):
+        runs.check_replace(run_dir, True)
+        origin = {"branched_from": {"run": str(parent), "run_id": parent.name, "step": step}}
+        carried = prepare_fresh(cfg, run_dir, corpus, RunSummary(**(extra_summary or {}), **origin).carried())
+        runs.atomic_write_text(run_dir / runs.METRICS, "".join(runs.json_line(r) for r in rows))
+        save_checkpoint(load_checkpoint(runs.kept_checkpoint(parent, step)), run_dir / runs.RESUME)  # as its own
+        with recorded(run_dir, carried):
+            tr = Trainer(cfg, run_dir, corpus, progress)
+            tr.restore()  # the parent's weights, optimizer, batch order, RNG and books at `step`
+            drop_stale(run_dir)
+            status, diverged_at = tr.run(stop)
+            return finalize(tr, status, diverged_at, carried)
+
+
+def _lend(parent: Path, cfg: RunConfig, run_dir: Path):
+    """(cfg resolved on the parent's corpus, that corpus, the parent's metric lines up to the branch step),
+    or a RunError saying why the parent cannot lend the step."""
     parent_cfg, step = load_run_config(parent), cfg.train.decay_start
     before = RunSummary.model_validate(runs.read_summary(parent) or {})
     corpus = load_corpus(data_source(parent_cfg, before), parent_cfg.data.val_frac, parent_cfg.model.ctx_len)
@@ -65,24 +87,14 @@ def branch(parent: Path, cfg: RunConfig, run_dir: Path, progress: Progress | Non
         raise runs.RunError(f"{parent} has no kept checkpoint at step {step} ({kept.name}): train it with "
                             f"train.keep_checkpoints holding {step}, past that step")
     check_corpus(parent, parent_cfg, before, corpus)  # the parent's data, as a resume of it would read
-    check_fits(cfg, resolve_device(cfg.train.device))
-    runs.check_replace(run_dir, True)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with runs.RunLock(run_dir):
-        runs.check_replace(run_dir, True)
-        origin = {"branched_from": {"run": str(parent), "run_id": parent.name, "step": step}}
-        carried = prepare_fresh(cfg, run_dir, corpus, RunSummary(**(extra_summary or {}), **origin).carried())
-        _take_parent(parent, run_dir, kept, step)
-        with recorded(run_dir, carried):
-            tr = Trainer(cfg, run_dir, corpus, progress)
-            tr.restore()  # the parent's weights, optimizer, batch order, RNG and books at `step`
-            drop_stale(run_dir)
-            status, diverged_at = tr.run(stop)
-            return finalize(tr, status, diverged_at, carried)
+    return cfg, corpus, _parent_rows(parent, step)
 
 
-def _take_parent(parent: Path, run_dir: Path, kept: Path, step: int) -> None:
-    """The parent's metric lines up to `step` and its checkpoint there, as this run's own (atomically)."""
+def _parent_rows(parent: Path, step: int) -> list[dict]:
+    """The parent's metric lines up to `step` (the branch's own up to there); RunError while they do not
+    reach it."""
     rows = [r for r in runs.read_metrics(parent) if r["step"] <= step]
-    runs.atomic_write_text(run_dir / runs.METRICS, "".join(runs.json_line(r) for r in rows))
-    save_checkpoint(load_checkpoint(kept), run_dir / runs.RESUME)
+    if not any(r["step"] == step for r in rows):  # a parent resumed from before `step` is computing them again
+        raise runs.RunError(f"{parent}'s metrics.jsonl does not reach step {step} yet (it is being trained again "
+                            f"from an earlier checkpoint); branch once it passes step {step}")
+    return rows
