@@ -212,15 +212,16 @@ def summarise(s: Setting, cells: dict, ladders: int) -> dict:
 
 def table(rows: list[dict]) -> list[str]:
     """The markdown table of the rows."""
-    head = ("| setting | FWE (rung) | FWE (ladder) | coverage (rung) | each | extrapolated: share, coverage | bias "
-            "0.5 / 0.8 / 1 / 1.2 / 2x | P(helps) 1.2x / 2x | law flagged |")
+    head = ("| setting | FWE (rung) | FWE (ladder) | false, mixed | coverage (rung) | each | extrapolated: share, "
+            "coverage | bias 0.5 / 0.8 / 1 / 1.2 / 2x | P(helps) 1.2x / 2x | law flagged |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         b = r["bias"]
         bias = " / ".join(f"{b[k]:+.1f}" if k in b else "-" for k in ("0.5", "0.8", "1", "1.2", "2"))
         mc = math.sqrt(max(r["fwer"] * (1 - r["fwer"]), 0.01) / r["ladders"])
         lines.append(f"| {r['setting']} | {100 * r['fwer']:.1f} ± {100 * mc:.1f} % | {100 * r['fwer_ladder']:.1f} % "
-                     f"| {100 * r['coverage']:.1f} % | {100 * r['coverage_each']:.1f} % | "
+                     f"| {100 * r['false_mixed']:.1f} % | {100 * r['coverage']:.1f} % | "
+                     f"{100 * r['coverage_each']:.1f} % | "
                      f"{100 * r['extrapolated']:.0f} %, {100 * r['coverage_extrapolated']:.1f} % | {bias} % | "
                      f"{100 * r['power']['1.2x']:.0f} / "
                      f"{100 * r['power']['2x']:.0f} % | {100 * r['lack_of_fit']:.0f} % |")
@@ -245,7 +246,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="40 ladders, three settings")
     p.add_argument("--seed", type=int, default=47)
     p.add_argument("--json", type=Path, help="append each setting's row to this JSON-lines file")
+    p.add_argument("--table", type=Path, help="print the table of a --json file's rows and exit")
     args = p.parse_args(argv)
+    if args.table:
+        print("\n".join(table([json.loads(line) for line in args.table.read_text().splitlines() if line])))
+        return 0
     settings = grid()
     if args.list:
         for i, s in enumerate(settings):
