@@ -289,3 +289,25 @@ def test_the_worth_figures_draw_every_multiplier_on_a_log_axis_and_each_ends_law
     law = figures.law_figure(w.laws, lad)
     assert len(law.axes) == 2 and all(a.get_xscale() == "log" for a in law.axes)
     assert figures.save(fig, tmp_path / "worth.png").stat().st_size > 0
+
+
+def test_the_calibration_harness_truths_are_what_the_real_code_recovers_without_noise():
+    """benchmarks/calibrate_worth.py's ladders, noise off: every multiplier inside the ladder is its truth,
+    through compute_worth and data_worth, with the right law and (bent) with a law the fit cannot follow."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import calibrate_worth as cw
+
+    cw.NOISE["off"] = (0.0, 0.0, 0.0)
+    for setting in (cw.Setting("right", "off", 5, 3), cw.Setting("right", "off", 4, 3, worth.DATA)):
+        w = cw.judged(setting, cw.simulate(np.random.default_rng(0), setting, "mixed", 2), {ADD_ONE: None,
+                                                                                          REMOVE_ONE: None})
+        m = w.multipliers
+        assert np.allclose(m["multiplier"], cw._truth_of(m, "mixed"), rtol=1e-5)
+    bent = cw.Setting("bend 1", "off", 6, 3)
+    m = cw.judged(bent, cw.simulate(np.random.default_rng(0), bent, "null", 1), {ADD_ONE: None,
+                                                                                  REMOVE_ONE: None}).multipliers
+    same_cost = m["flip"] != cw.FLIPS[cw.CHEAP]
+    assert np.allclose(m.loc[same_cost, "multiplier"], 1.0)  # anchored: 1x whatever the law
