@@ -276,6 +276,9 @@ def test_the_wsd_schedule_s_fields_keep_ids_and_do_nothing_elsewhere():
     wsd = validate(RunConfig, {"train": {"schedule": "wsd", "decay_frac": 0.3, "decay_shape": "linear",
                                          "keep_checkpoints": [5, 9]}})
     assert wsd.train.keep_checkpoints == (5, 9) and wsd.train.decay_steps == 600
+    from anatomy_cli.spec.config import parse_value, validate_field
+
+    assert validate_field("train.keep_checkpoints", parse_value("[80, 160]")) == [80, 160]  # --set's path
     with pytest.raises(ConfigError, match="decay_frac=0.3 does nothing here: .*train.schedule='cosine'"):
         validate(RunConfig, {"train": {"decay_frac": 0.3}})
     for steps, why in (([9, 5], "increasing"), ([0], "above 0"), ([2000], "below steps=2000")):

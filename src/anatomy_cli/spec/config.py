@@ -16,7 +16,16 @@ import types
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from anatomy_cli.spec.errors import InputError
 from anatomy_cli.spec.roles import ADD_ONE, REMOVE_ONE, Direction
@@ -618,6 +627,10 @@ class ModelConfig(_Frozen):
         return 6 * matmul + sum(self.context_flops(kind) for kind in self.layer_kinds)
 
 
+# Steps as a tuple (a frozen config stays hashable), read from the list TOML, --set and config.json write
+Steps = Annotated[tuple[int, ...], BeforeValidator(lambda v: tuple(v) if isinstance(v, list) else v)]
+
+
 class TrainConfig(_Frozen):
     steps: int = Field(default=2000, gt=0, le=MAX_SIZE)
     batch_size: int = Field(default=32, gt=0, le=MAX_SIZE)
@@ -664,15 +677,10 @@ class TrainConfig(_Frozen):
     checkpoint_minutes: float | None = no_result(None, gt=0)
     # Steps whose checkpoint is kept (kept-<step>.pt, beside resume.pt, never removed): where a budget
     # ladder's decays branch from this run's stable phase (training/branch.py). Results never move.
-    keep_checkpoints: tuple[int, ...] = no_result(())
+    keep_checkpoints: Steps = no_result(())
     sample_prefix: str = "## "
     sample_temp: float = Field(default=0.8, ge=0)
     sample_len: int = Field(default=300, ge=0)
-
-    @field_validator("keep_checkpoints", mode="before")
-    @classmethod
-    def _kept_list(cls, steps: Any) -> Any:
-        return tuple(steps) if isinstance(steps, list) else steps  # TOML and config.json write a list
 
     @field_validator("keep_checkpoints")
     @classmethod
