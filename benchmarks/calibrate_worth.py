@@ -36,6 +36,10 @@ share its law, so their families are not independent; the table's +/- is the per
     python benchmarks/calibrate_worth.py --list                     # the settings, numbered
     python benchmarks/calibrate_worth.py --only 0-11 --ladders 400  # a piece of the grid (~15 min)
     python benchmarks/calibrate_worth.py --quick                    # 40 ladders, three settings
+    python benchmarks/calibrate_worth.py --trends --only 8,17 --ladders 150   # trends, truths flat
+
+Trends (--trends): the same ladders with worth.worth_trends on, the true multipliers equal at every rung, so
+any grows, shrinks or reverses sign is false: per ladder and scenario (one family, scale.trends) and per trend.
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from anatomy_cli.report import stats, worth
+from anatomy_cli.report import scale, stats, worth
 from anatomy_cli.spec.roles import ADD_ONE, REMOVE_ONE
 
 C0 = 1e12
@@ -145,12 +149,12 @@ def simulate(rng: np.random.Generator, s: Setting, scenario: str, ladders: int, 
     return pd.concat(frames, ignore_index=True)
 
 
-def judged(s: Setting, ladder: pd.DataFrame, floor: dict) -> worth.Worth:
+def judged(s: Setting, ladder: pd.DataFrame, floor: dict, trends: bool = False) -> worth.Worth:
     """The real code: compute_worth (or data_worth), per end its own given floor (None: fitted)."""
     fn = worth.data_worth if s.axis == worth.DATA else worth.compute_worth
     if floor[ADD_ONE] is None:
-        return fn(ladder, trends=False)
-    parts = [fn(ladder[ladder["direction"] == d], floor=floor[d], trends=False) for d in (ADD_ONE, REMOVE_ONE)]
+        return fn(ladder, trends=trends)
+    parts = [fn(ladder[ladder["direction"] == d], floor=floor[d], trends=trends) for d in (ADD_ONE, REMOVE_ONE)]
     return worth.Worth(parts[0].axis, parts[0].margin, pd.concat([p.laws for p in parts]),
                        pd.concat([p.multipliers for p in parts], ignore_index=True),
                        pd.concat([p.trends for p in parts], ignore_index=True))
@@ -172,6 +176,23 @@ def run_setting(rng: np.random.Generator, s: Setting, ladders: int, batch: int =
             out[scenario].append(w.multipliers.assign(truth=_truth_of(w.multipliers, scenario)))
             out["laws"].append(w.laws)
     return {k: pd.concat(v, ignore_index=True) for k, v in out.items()}
+
+
+def trend_cell(rng: np.random.Generator, s: Setting, ladders: int, batch: int = 25) -> dict:
+    """Trends (worth.worth_trends: scale.trends on the pseudo-values) of both scenarios, whose true multipliers
+    are the same at every rung: any grows, shrinks or reverses sign is false."""
+    floor = {d: given_floor(d, s) for d in (ADD_ONE, REMOVE_ONE)}
+    frames = []
+    for scenario in ("null", "mixed"):
+        for first in range(0, ladders, batch):
+            w = judged(s, simulate(rng, s, scenario, min(batch, ladders - first), first), floor, trends=True)
+            frames.append(w.trends.assign(scenario=scenario))
+    t = pd.concat(frames, ignore_index=True)
+    false = t["call"].isin([scale.GROWS, scale.SHRINKS, scale.REVERSES])
+    held = t[t["scenario"] == "mixed"]
+    return {"setting": s.name, "ladders": ladders, "false_any": float(false.groupby([t["scenario"], t["series"]]).any()
+                                                                     .mean()),
+            "false_each": float(false.mean()), "holds_mixed": float((held["call"] == scale.HOLDS).mean())}
 
 
 # ------------------------------------------------------------------------------- measures
@@ -244,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", help="settings by number (--list), e.g. 0-5,12")
     p.add_argument("--list", action="store_true", help="print the settings, numbered, and exit")
     p.add_argument("--quick", action="store_true", help="40 ladders, three settings")
+    p.add_argument("--trends", action="store_true", help="the trends' false-call rate instead (constant truths)")
     p.add_argument("--seed", type=int, default=47)
     p.add_argument("--json", type=Path, help="append each setting's row to this JSON-lines file")
     p.add_argument("--table", type=Path, help="print the table of a --json file's rows and exit")
@@ -262,12 +284,17 @@ def main(argv: list[str] | None = None) -> int:
     for i in chosen:
         t0 = time.perf_counter()
         rng = np.random.default_rng([args.seed, i])
+        if args.trends:
+            rows.append(trend_cell(rng, settings[i], ladders))
+            print(json.dumps(rows[-1]), flush=True)
+            continue
         rows.append(summarise(settings[i], run_setting(rng, settings[i], ladders), ladders))
         print(f"[{i}] {settings[i].name}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
         if args.json:
             with args.json.open("a") as f:
                 f.write(json.dumps(rows[-1]) + "\n")
-    print("\n".join(table(rows)))
+    if not args.trends:
+        print("\n".join(table(rows)))
     return 0
 
 
