@@ -239,7 +239,8 @@ def test_trends_across_rungs_use_the_report_trend_rule():
     t = w.trends.set_index("flip")
     assert t.loc["rope", "call"] == "grows" and t.loc["swiglu", "call"] == "holds"
     assert t.loc["swiglu", "multiplier_smallest"] == pytest.approx(1.5, rel=0.02)
-    assert t.loc["rope", "sizes"] == 5  # the rungs inside the ladder's range: not the first or the last two
+    assert t.loc["rope", "sizes"] == 7  # every rung, the extrapolated ones named
+    assert t.loc["rope", "extrapolated_rungs"] == "r5, r6" and t.loc["swiglu", "extrapolated_rungs"] == "r6"
 
 
 def test_data_worth_inverts_tokens():

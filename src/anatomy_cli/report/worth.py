@@ -35,7 +35,7 @@ is worth exactly 1x.
 The interval: seeds, by the jackknife through the fit. A seed is the unit that replicates: it gives
 the reference's loss at every rung (so the law) and each arm's paired difference. Each seed is left out
 in turn, the law refitted on the rest and every multiplier recomputed; the pseudo-values n theta -
-(n - 1) theta_(-s) are independent across seeds (Quenouille-Tukey), so their spread is the multiplier's
+(n - 1) theta_(-s) are nearly independent across seeds (Tukey 1958), so their spread is the multiplier's
 standard error with the law's fit uncertainty in it, and stats.judge takes them as it takes paired
 differences: a t on n - 1 df, simultaneous over the family by Bonferroni. Why not a bootstrap: at 3 to 5
 seeds a bootstrap has 10 to 126 distinct resamples, and its percentile interval has no t quantile and
@@ -61,9 +61,16 @@ reference's time to the arm's loss over the arm's time, Sc x (FLOPs/s of the arm
 reference) at the rung: Marin's Sc x tps_variant / tps_baseline when FLOPs per token are equal. It
 assumes the reference's throughput at the needed compute is its throughput at the rung.
 
-Trends: each arm's log worth per seed (its pseudo-values) across the rungs inside the range, judged by
-scale.trends, the report's trend rule (per-seed slopes on log10 compute, one family per ladder, the
-margin log(margin)): grows, shrinks, holds, reverses sign, not called at any size.
+Trends: each arm's log worth per seed (its pseudo-values) across every rung, judged by scale.trends, the
+report's trend rule (per-seed slopes on log10 compute, one family per ladder, the margin log(margin)):
+grows, shrinks, holds, reverses sign, not called at any size. Extrapolated rungs count (dropping a rung
+by its own estimate selects on noise at the range's edge: 4-8 % false trends against 3-5 % with every
+rung, benchmarks/calibrate_worth.py --trends) and are named beside the trend (extrapolated_rungs).
+
+Calibrated by benchmarks/calibrate_worth.py through compute_worth and data_worth (benchmarks/RESULTS.md):
+with the right law, 0-4.8 % family-wise error per rung at 1x and 95.4-97.3 % coverage over noise at the
+shipped studies' levels, 4-8 rungs and 3-10 seeds; a floor given a sixth or a third off, or a strong bend
+in log-log, cover 88-93 %.
 
 The data multiplier (data_worth): the same law, fit, inversion, interval and call with tokens in place of
 FLOPs, on a budget ladder (one size, several budgets: warmup-stable-decay branches of one run,
@@ -476,12 +483,15 @@ def _outside(needed: float, law: Law, axis: str) -> str:
 
 
 def _pseudo_rows(series: str, e: _End, jk: dict) -> list[dict]:
+    """Each seed's log worth (its pseudo-value) per arm and rung, every rung with one (the trends' input).
+    Extrapolated rungs too: a rule that drops a rung by its estimate (outside the range) selects on noise
+    at the range's edge, where a rung enters only when its noise kept it inside, and a flat multiplier
+    seems to bend there (benchmarks/calibrate_worth.py --trends: 4-8 % false trends so, 3-5 % with every
+    rung)."""
     sign = 1.0 if e.direction == ADD_ONE else -1.0
-    law = jk["law"]
     return [{"series": series, "rung": e.rungs[r], "direction": e.direction, "flip": flip, "seed": seed,
              "gain": sign * float(jk["pseudo"][i, j]), "x": float(e.cost[r])}
-            for i, (flip, r) in enumerate(e.arms) if law.inside(np.exp(jk["log_needed"][i]))
-            for j, seed in enumerate(e.seeds) if np.isfinite(jk["pseudo"][i, j])]
+            for i, (flip, r) in enumerate(e.arms) for j, seed in enumerate(e.seeds) if np.isfinite(jk["pseudo"][i, j])]
 
 
 def _judge(rows: list[dict], margin: float, alpha: float) -> list[dict]:
@@ -521,20 +531,25 @@ def _shown(r: dict, margin: float) -> dict:
 
 def worth_trends(worth: pd.DataFrame, pseudo: pd.DataFrame, margin: float, alpha: float = stats.ALPHA) -> pd.DataFrame:
     """scale.trends on the log worth: per series, arm and direction, the per-seed slopes of the pseudo-values
-    on log10 of the rung's cost over the rungs inside the law's range, one family per series, called by
+    on log10 of the rung's cost over every rung (_pseudo_rows), one family per series, called by
     scale.scale_call against log(margin) with the calls at each rung; plus multiplier_smallest/largest (the
-    fitted line at the ladder's ends, in the arm's terms)."""
-    cols = [*scale.TREND_COLUMNS, "multiplier_smallest", "multiplier_largest"]
+    fitted line at the ladder's ends, in the arm's terms) and extrapolated_rungs (the rungs whose
+    multiplier needs the law beyond the ladder: the trend leans on the law there)."""
+    cols = [*scale.TREND_COLUMNS, "multiplier_smallest", "multiplier_largest", "extrapolated_rungs"]
     if pseudo.empty:
         return pd.DataFrame(columns=cols)
     against = worth.drop_duplicates(["series", "direction"]).set_index(["series", "direction"])["against"]
     gains = pseudo.rename(columns={"rung": "size", "x": "non_embedding_params"}).assign(
         against=[against.get((s, d), "") for s, d in zip(pseudo["series"], pseudo["direction"])])
-    at_rungs = worth[~worth["extrapolated"]].rename(columns={"rung": "size"})[["series", "flip", "direction", "call"]]
+    at_rungs = worth.rename(columns={"rung": "size"})[["series", "flip", "direction", "call"]]
     out = scale.trends(gains, at_rungs, math.log(margin), None, alpha)
     sign = np.where(out["direction"] == ADD_ONE, 1.0, -1.0)
     out["multiplier_smallest"] = np.exp(sign * out["fit_smallest"].astype(float))
     out["multiplier_largest"] = np.exp(sign * out["fit_largest"].astype(float))
+    outside = worth[worth["extrapolated"]].groupby(["series", "direction", "flip"], sort=False)["rung"].agg(
+        lambda r: ", ".join(map(str, r)))
+    out["extrapolated_rungs"] = [outside.get((s, d, f), "") for s, d, f in
+                                 zip(out["series"], out["direction"], out["flip"])]
     return out[cols]
 
 
