@@ -269,3 +269,22 @@ def test_a_tune_table_s_shared_is_not_a_number_or_a_word(tmp_path, value):
     spec.write_text(spec.read_text() + f"[tune]\nshared = {value}\n")
     with pytest.raises(ConfigError, match="tune.shared: Input should be a valid boolean"):
         load_spec(spec)
+
+
+def test_the_wsd_schedule_s_fields_keep_ids_and_do_nothing_elsewhere():
+    from anatomy_cli.spec.config import ConfigError, validate
+
+    cfg = RunConfig().model_dump(mode="json")
+    kept = {**cfg, "train": {**cfg["train"], "keep_checkpoints": [5, 9]}}
+    assert runs.config_hash(kept) == runs.config_hash(cfg)  # kept checkpoints never move results
+    wsd = validate(RunConfig, {"train": {"schedule": "wsd", "decay_frac": 0.3, "decay_shape": "linear",
+                                         "keep_checkpoints": [5, 9]}})
+    assert wsd.train.keep_checkpoints == (5, 9) and wsd.train.decay_steps == 600
+    from anatomy_cli.spec.config import parse_value, validate_field
+
+    assert validate_field("train.keep_checkpoints", parse_value("[80, 160]")) == [80, 160]  # --set's path
+    with pytest.raises(ConfigError, match="decay_frac=0.3 does nothing here: .*train.schedule='cosine'"):
+        validate(RunConfig, {"train": {"decay_frac": 0.3}})
+    for steps, why in (([9, 5], "increasing"), ([0], "above 0"), ([2000], "below steps=2000")):
+        with pytest.raises(ConfigError, match=why):
+            validate(RunConfig, {"train": {"keep_checkpoints": steps}})

@@ -22,7 +22,8 @@ ALIASES = {"--flip": "only", "--seeds": "seeds", "--steps": "base.train.steps", 
            "--min-effect": "margin", "--max-seeds": "decide.max_seeds", "--decide-step": "decide.step",
            "--budget": "decide.budget", "--tune-points": "tune.points", "--tune-factor": "tune.factor",
            "--tune-extend": "tune.extend", "--tune-seeds": "tune.seeds", "--tune-shared": "tune.shared",
-           "--no-tune-shared": "tune.shared", "--plugin": "base.plugins", "--time-steps": "timing.steps", "--time-rounds": "timing.rounds"}
+           "--no-tune-shared": "tune.shared", "--plugin": "base.plugins",
+           "--time-steps": "timing.steps", "--time-rounds": "timing.rounds"}
 
 
 def test_every_study_key_reachable_by_set_and_every_alias():

@@ -30,6 +30,21 @@ def test_lr_schedule_warmup_then_cosine_to_floor():
     assert {lr_at(s, const) for s in (0, 50, 99)} == {1e-3}
 
 
+def test_lr_schedule_warmup_stable_decay_by_formula():
+    t = TrainConfig(steps=100, warmup=10, lr=1e-3, min_lr_frac=0.1, schedule="wsd", decay_frac=0.2)
+    assert (t.decay_steps, t.decay_start) == (20, 80)
+    assert lr_at(0, t) == pytest.approx(1e-4) and lr_at(9, t) == pytest.approx(1e-3)
+    assert {lr_at(s, t) for s in range(10, 80)} == {1e-3}  # the stable phase: the peak, flat
+    for s in range(80, 100):  # 1-sqrt (Hägele et al. 2024): p the decay's progress, 1/20 .. 20/20
+        assert lr_at(s, t) == pytest.approx(1e-3 * (0.1 + 0.9 * (1 - math.sqrt((s + 1 - 80) / 20))))
+    assert lr_at(99, t) == pytest.approx(1e-4) and lr_at(150, t) == pytest.approx(1e-4)
+    linear = t.model_copy(update={"decay_shape": "linear"})
+    assert lr_at(89, linear) == pytest.approx(1e-3 * (0.1 + 0.9 * (1 - 10 / 20)))
+    longer = t.model_copy(update={"steps": 300})  # a longer budget: the same run up to the shorter's decay
+    assert [lr_at(s, longer) for s in range(80)] == [lr_at(s, t) for s in range(80)]
+    assert longer.decay_start == 240 and lr_at(239, longer) == 1e-3 and lr_at(240, longer) < 1e-3
+
+
 def cfg_for(tmp_path, **model) -> RunConfig:
     corpus = write_corpus(tmp_path)
     return validate(RunConfig, {"model": {**TINY_MODEL, **model}, "train": {**TINY_TRAIN, "sample_len": 0},

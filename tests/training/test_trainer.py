@@ -225,6 +225,10 @@ def test_checkpoints_by_step_default_to_the_evaluations_and_never_fall_on_the_la
     assert ckpts(Cadence(12, 4, 3, checkpoint_every=1)) == list(range(1, 12))
     assert ckpts(Cadence(12, 4, 3, checkpoint_every=100)) == []
     assert ckpts(Cadence(12, 50, 3)) == []  # the only evaluation is the last step
+    # kept steps (train.keep_checkpoints: a budget ladder's branch points) checkpoint whatever else is set
+    assert ckpts(Cadence(12, 4, 3, checkpoint_every=100, keep=(5, 7))) == [5, 7]
+    assert ckpts(Cadence(12, 4, 3, keep=(5,))) == [4, 5, 8]
+    assert Cadence.of(TrainConfig(steps=12, keep_checkpoints=[5, 7])).keep == (5, 7)
 
 
 def test_checkpoint_minutes_fall_due_when_the_time_since_the_last_crosses_them():

@@ -11,6 +11,7 @@
   verdict    the answer a report leads with: each component's worth, ranked
   speed      speed effects from a timing pass's record
   scale      effects across model sizes: trends
+  worth      a ladder's law, each part's compute (or data) multiplier, its interval, call and trend
   sections   the report's words and tables in reading order
   textable   plain-text tables that fit a terminal (the verdict, the component table)
   figures    the report's figures (matplotlib's object API, no pyplot)

@@ -9,6 +9,8 @@
   plot_expert_load   a mixture of experts' routing: each layer's share of tokens per expert against 1/E
   plot_lr_sensitivity  a tuned study's LR curves: selection loss against log2 LR of both configs of
                    each component, each config's chosen LR marked
+  worth_forest_figure  each arm's compute multiplier per rung with its interval, on a log axis around 1x
+  law_figure       each end's law: its rung means and seeds against compute, the fitted law and beyond
 
 Colours. The built-ins take tab10 in table order (rmsnorm blue, prenorm orange, rope green, swiglu
 red, gqa purple, ...); any other name (a spec's `wd0`, the eleventh built-in) takes a colour of
@@ -464,3 +466,67 @@ def plot_lr_sensitivity(arms: dict, panels: list[dict], path: Path) -> Path:
            "ring: the best of a config not tuned; dashed: the initial loss", max(2, ncols))
     fig.supxlabel("log2 learning rate")
     return save(fig, path)
+
+
+# --------------------------------------------------------------------------- worth (report/worth.py)
+
+
+def worth_forest_figure(multipliers: pd.DataFrame) -> Figure:
+    """Each arm's compute (or data) multiplier at each rung with the interval its call is made from, on a log
+    axis around 1x (worth.WORTH_COLUMNS rows, in their order); a grey band of 1/margin..margin, one marker
+    per call (CALL_MARKERS); an extrapolated multiplier hollow and grey (shown, not called)."""
+    fig = Figure(figsize=(WIDTH_IN * 0.8, 1.6 + 0.38 * max(2, len(multipliers))), layout="constrained")
+    ax = fig.add_subplot()
+    if multipliers.empty:
+        _empty(ax, "no multipliers")
+        return fig
+    y = np.arange(len(multipliers))
+    margin = float(multipliers["margin"].iloc[0])
+    ax.axvspan(1 / margin, margin, color="#dddddd", zorder=0, label=f"1/{margin:g}..{margin:g}x: does not matter")
+    ax.axvline(1.0, color="black", linewidth=0.8, zorder=1)
+    for yi, r in zip(y, multipliers.itertuples()):
+        c = "#999999" if r.extrapolated else colour(r.flip)
+        if math.isfinite(r.low) and math.isfinite(r.high) and r.low > 0:
+            ax.plot([r.low, r.high], [yi, yi], color=c, linewidth=2.2, solid_capstyle="butt", zorder=2)
+        marker, filled = CALL_MARKERS.get(r.call, ("o", False))
+        if math.isfinite(r.multiplier) and r.multiplier > 0:
+            ax.plot([r.multiplier], [yi], marker, color=c, markersize=8, zorder=3, markeredgewidth=1.6,
+                    markerfacecolor=c if filled else "white", gid=f"call:{r.call}")
+    ax.set_xscale("log")
+    ax.set_yticks(y, [f"{r.flip} {'added to' if r.direction == ADD_ONE else 'removed from'} {r.against}, {r.rung}"
+                      for r in multipliers.itertuples()])
+    ax.invert_yaxis()
+    what = "compute" if multipliers["axis"].iloc[0] == "compute" else "data"
+    ax.set_xlabel(f"{what} multiplier: the reference end's {what} to reach the arm's loss / the arm's {what}\n"
+                  "line: the interval the call is made from; grey: extrapolated (no call)", wrap=True)
+    ax.grid(axis="x", which="both", alpha=0.3)
+    fig.legend(loc="outside upper center", frameon=False, fontsize="small")
+    return fig
+
+
+def law_figure(laws: pd.DataFrame, ladder: pd.DataFrame) -> Figure:
+    """One panel per end: its rung means and seeds (grey) against cost on a log axis, the fitted law over
+    the ladder's range (solid) and a decade beyond it (dashed). laws: worth.LAW_COLUMNS rows; ladder: the
+    LADDER_COLUMNS frame they were fitted on."""
+    fig = Figure(figsize=(_width(max(2, len(laws))), 3.4), layout="constrained")
+    axes = fig.subplots(1, max(1, len(laws)), squeeze=False)[0]
+    if laws.empty:
+        _empty(axes[0], "no law fitted")
+        return fig
+    col = "flops" if laws["axis"].iloc[0] == "compute" else "tokens"
+    for ax, law in zip(axes, laws.itertuples()):
+        end = ladder[(ladder["direction"] == law.direction) & (ladder["flip"] == "")]
+        ax.plot(end[col], end["loss"], ".", color="#aaaaaa", markersize=4, label="seeds")
+        means = end.groupby(col)["loss"].mean()
+        ax.plot(means.index, means.to_numpy(), "o", color=END_COLOUR, label="rung mean")
+        for lo, hi, style in ((law.low, law.high, "-"), (law.low / 10, law.low, "--"), (law.high, law.high * 10, "--")):
+            c = np.geomspace(lo, hi, 50)
+            ax.plot(c, law.floor + law.scale * (c / law.unit) ** -law.alpha, style, color="black", linewidth=1)
+        ax.set_xscale("log")
+        ax.set_title(f"{law.against}: L = {law.floor:.3g} + {law.scale:.3g} (C/{law.unit:.2g})^-{law.alpha:.3g}",
+                     fontsize="small")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize="small")
+    fig.supxlabel("FLOPs per run" if col == "flops" else "tokens per run")
+    fig.supylabel("best val loss")
+    return fig

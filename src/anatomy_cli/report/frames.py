@@ -208,7 +208,9 @@ def _built(config: dict, model: ModelConfig) -> str:
     sections = {}
     for name, cls in (("train", TrainConfig), ("data", DataConfig)):
         given = config.get(name) if isinstance(config.get(name), dict) else {}
-        sections[name] = cls.model_construct(**{k: v for k, v in given.items() if k in cls.model_fields})
+        fields = cls.model_fields  # unvalidated (an older run's file): a tuple field as JSON wrote it, a list
+        sections[name] = cls.model_construct(**{k: tuple(v) if isinstance(v, list) and isinstance(
+            fields[k].default, tuple) else v for k, v in given.items() if k in fields})
     cfg = RunConfig.model_construct(model=model, **sections)
     return hashlib.sha256(comp.built_model(cfg).encode()).hexdigest()[:12]
 

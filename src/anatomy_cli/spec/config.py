@@ -20,6 +20,7 @@ from pydantic import (
     AfterValidator,
     AliasChoices,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     TypeAdapter,
@@ -736,12 +737,22 @@ class ModelConfig(_Frozen):
         return 6 * matmul + sum(self.context_flops(kind) for kind in self.layer_kinds)
 
 
+# Steps as a tuple (a frozen config stays hashable), read from the list TOML, --set and config.json write
+Steps = Annotated[tuple[int, ...], BeforeValidator(lambda v: tuple(v) if isinstance(v, list) else v)]
+
+
 class TrainConfig(_Frozen):
     steps: int = Field(default=2000, gt=0, le=MAX_SIZE)
     batch_size: int = Field(default=32, gt=0, le=MAX_SIZE)
     lr: float = Field(default=3e-4, gt=0)
     min_lr_frac: float = Field(default=0.1, ge=0, le=1)
-    schedule: Literal["constant", "cosine"] = "cosine"
+    # wsd: warmup-stable-decay (Hägele et al. 2024, arXiv 2405.18392): warmup, the peak LR held, then a decay
+    # over the last decay_frac of the steps to lr * min_lr_frac, shaped linear or 1-sqrt (their best, sec. 3).
+    # The stable phase does not depend on train.steps, so a run's checkpoint there starts a decay to any
+    # shorter budget (training/branch.py): the loss at several budgets from one run.
+    schedule: Literal["constant", "cosine", "wsd"] = "cosine"
+    decay_frac: float = new(0.2, gt=0, lt=1)  # wsd only: their 20 % cooldown matches cosine (sec. 3.1)
+    decay_shape: Literal["linear", "1-sqrt"] = new("1-sqrt")  # wsd only
     warmup: int = Field(default=100, ge=0)
     weight_decay: float = Field(default=0.1, ge=0)
     beta1: float = Field(default=0.9, ge=0, lt=1)
@@ -774,9 +785,36 @@ class TrainConfig(_Frozen):
     # A killed run resumes from the last one. They never change results, so they never change a run id.
     checkpoint_every: int | None = no_result(None, gt=0)
     checkpoint_minutes: float | None = no_result(None, gt=0)
+    # Steps whose checkpoint is kept (kept-<step>.pt, beside resume.pt, never removed): where a budget
+    # ladder's decays branch from this run's stable phase (training/branch.py). Results never move.
+    keep_checkpoints: Steps = no_result(())
     sample_prefix: str = "## "
     sample_temp: float = Field(default=0.8, ge=0)
     sample_len: int = Field(default=300, ge=0)
+
+    @field_validator("keep_checkpoints")
+    @classmethod
+    def _kept_steps(cls, steps: tuple[int, ...]) -> tuple[int, ...]:
+        if any(s <= 0 for s in steps) or list(steps) != sorted(set(steps)):
+            raise ValueError(f"keep_checkpoints={list(steps)}: steps above 0, increasing, each once")
+        return steps
+
+    @model_validator(mode="after")
+    def _kept_inside(self) -> TrainConfig:
+        if self.keep_checkpoints and self.keep_checkpoints[-1] >= self.steps:
+            raise ValueError(f"keep_checkpoints={list(self.keep_checkpoints)}: each step below steps={self.steps} "
+                             f"(the last step's weights are the run's own)")
+        return self
+
+    @property
+    def decay_steps(self) -> int:
+        """A wsd run's decay length: round(decay_frac x steps), at least 1 (0 for other schedules)."""
+        return max(1, round(self.decay_frac * self.steps)) if self.schedule == "wsd" else 0
+
+    @property
+    def decay_start(self) -> int:
+        """The first step of a wsd run's decay (steps for other schedules: none)."""
+        return self.steps - self.decay_steps
 
     @property
     def warmup_note(self) -> str | None:
@@ -912,6 +950,9 @@ class RunConfig(_Frozen):
             out["train.moe_bias_rate"] = f"it moves the deepseek router's selection bias, and the model has {router}"
         if not m.dsa:
             out["train.dsa_indexer_loss"] = "it trains the dsa indexer, and the model has dsa=false"
+        if self.train.schedule != "wsd":
+            why = f"it shapes the warmup-stable-decay schedule's decay, and train.schedule={self.train.schedule!r}"
+            out |= {"train.decay_frac": why, "train.decay_shape": why}
         return out
 
 

@@ -18,6 +18,8 @@ A run directory holds, in the order they are written:
                     the best weights when older, optimizer, batch order, RNG and counters in one
                     file replaced atomically; read only through torch.load(weights_only=True);
                     removed once the run completes or diverges (training/trainer.py)
+  kept-<step>.pt    resume.pt as it was at each step of train.keep_checkpoints, kept when the run ends: the
+                    stable-phase checkpoints a budget ladder's decays branch from (training/branch.py)
   samples.txt       text generated from a fixed prefix, temperature and seed
   summary.json      written last, atomically (schema: summary.RunSummary): status ('completed',
                     'diverged', 'failed', 'interrupted', 'running'), losses, params (total) and
@@ -65,6 +67,7 @@ TIMING = "timing.json"  # in a sweep directory, by `ablate --time`: the timing p
 EVAL = "eval.json"  # optional, by `anatomy eval`: {"val_loss_by_ctx": {"128": 1.52, "512": null}, ...}
 PARTS = "parts.json"  # a run whose model uses plugin parts: each one's file, sha256, options and source text
 RUN_FILES = (CONFIG, METRICS, VOCAB, TOKENIZER, BEST, LAST, RESUME, SAMPLES, SUMMARY, PARTS)
+KEPT = "kept-{step}.pt"  # train.keep_checkpoints: a checkpoint kept for branching (kept_checkpoint)
 SWEEP = "sweep.json"  # in a sweep directory: the components its runs were planned with
 
 COMPLETED = "completed"
@@ -207,9 +210,19 @@ def read_json(path: Path) -> Any:
                        f"{str(err)[:200]}") from None
 
 
+def kept_checkpoint(run_dir: Path, step: int) -> Path:
+    """The checkpoint a run kept at `step` (train.keep_checkpoints): run_dir/kept-<step>.pt."""
+    return Path(run_dir) / KEPT.format(step=int(step))
+
+
+def kept_checkpoints(run_dir: Path) -> list[Path]:
+    """Every kept-<step>.pt of a run folder (a fresh start removes them with the rest of an attempt)."""
+    return sorted(Path(run_dir).glob(KEPT.format(step="*")))
+
+
 def drop_temp_files(run_dir: Path) -> None:
     """Remove the temp files of atomic writes that a killed process left in a run folder (at most one each)."""
-    for name in RUN_FILES:
+    for name in (*RUN_FILES, KEPT.format(step="*")):
         for tmp in Path(run_dir).glob(f".{name}.*.tmp"):
             tmp.unlink(missing_ok=True)
 

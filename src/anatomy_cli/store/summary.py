@@ -92,6 +92,9 @@ class RunSummary(BaseModel):
     # The working folder the run started in, recorded when data.source is relative: a resume reads the
     # corpus relative to it, not to its own folder (config.json, and so the run id, keep the source as given).
     started_in: str | None = _field(CARRIED)
+    # A decay branched from another run's stable phase (training/branch.py): {"run": the parent's folder,
+    # "run_id": its id, "step": the step its kept checkpoint holds}; steps up to it are the parent's.
+    branched_from: dict | None = _field(CARRIED)
     # A mixture of experts: [layer][expert] fractions of routed tokens (train.expert_load).
     expert_load: list[list[float]] | None = None
     # The plugin parts the model uses (spec/parts.py): {name: {slot, origin (the file), sha256, options}}; their

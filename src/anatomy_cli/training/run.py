@@ -177,6 +177,8 @@ def prepare_fresh(cfg: RunConfig, run_dir: Path, corpus: Corpus, carried: dict) 
     for name in runs.RUN_FILES:
         if name != runs.CONFIG:
             (run_dir / name).unlink(missing_ok=True)
+    for kept in runs.kept_checkpoints(run_dir):  # a previous attempt's branch points
+        kept.unlink()
     runs.drop_temp_files(run_dir)
     runs.atomic_write_json(run_dir / runs.CONFIG, cfg.model_dump(mode="json"))  # first
     corpus.vocab.save(run_dir / corpus.vocab.file)  # vocab.json (char) or tokenizer.json

@@ -55,11 +55,18 @@ Progress = Callable[[dict], None]
 
 
 def lr_at(step: int, t) -> float:
-    """Linear warmup to t.lr, then constant or cosine down to t.lr * t.min_lr_frac."""
+    """Linear warmup to t.lr, then constant, cosine down to t.lr * t.min_lr_frac, or warmup-stable-decay:
+    t.lr until t.decay_start, then down to t.lr * t.min_lr_frac over t.decay_steps, linear or 1-sqrt
+    (Hägele et al. 2024, eq. 1 and sec. 3: f = 1 - p or 1 - sqrt(p), p the decay's progress, reaching the
+    floor at the last step, as the warmup reaches t.lr at its last)."""
     if step < t.warmup:
         return t.lr * (step + 1) / t.warmup
-    if t.schedule == "constant":
+    if t.schedule == "constant" or (t.schedule == "wsd" and step < t.decay_start):
         return t.lr
+    if t.schedule == "wsd":
+        p = min(1.0, (step + 1 - t.decay_start) / t.decay_steps)
+        f = 1 - p if t.decay_shape == "linear" else 1 - math.sqrt(p)
+        return t.lr * (t.min_lr_frac + (1 - t.min_lr_frac) * f)
     progress = (step - t.warmup) / max(1, t.steps - t.warmup)
     return t.lr * (t.min_lr_frac + (1 - t.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
@@ -150,10 +157,12 @@ class Cadence:
     checkpoint_every: int | None = None
     checkpoint_minutes: float | None = None
     clock: Callable[[], float] = field(default=time.perf_counter, compare=False, repr=False)
+    keep: tuple[int, ...] = ()  # train.keep_checkpoints: a checkpoint at each, kept (RunLog.save_checkpoint)
 
     @classmethod
     def of(cls, t: TrainConfig, clock: Callable[[], float] = time.perf_counter) -> Cadence:
-        return cls(t.steps, t.eval_interval, t.log_interval, t.checkpoint_every, t.checkpoint_minutes, clock)
+        return cls(t.steps, t.eval_interval, t.log_interval, t.checkpoint_every, t.checkpoint_minutes, clock,
+                   t.keep_checkpoints)
 
     def evaluate_at(self, step: int) -> bool:
         """Every eval_interval steps, and the last step (a run always ends on a measured val loss)."""
@@ -170,6 +179,8 @@ class Cadence:
         the last step: the run ends there, with its last weights and summary instead."""
         if step >= self.steps:
             return False
+        if step in self.keep:  # a branch point of a budget ladder (training/branch.py)
+            return True
         if self.checkpoint_every is None and self.checkpoint_minutes is None:
             return self.evaluate_at(step)
         return ((self.checkpoint_every is not None and step % self.checkpoint_every == 0)
@@ -345,9 +356,14 @@ class RunLog:
         return runs.RunError(f"resume state in {self.run_dir} does not fit this run: {detail}")
 
     def save_checkpoint(self, weights: dict, state: ResumeState) -> None:
-        """resume.pt: weights, the best weights when they are not these, and the resume state."""
+        """resume.pt: weights, the best weights when they are not these, and the resume state. At a step of
+        train.keep_checkpoints the same file is kept as kept-<step>.pt first: a kill between the two
+        leaves resume.pt at an earlier step, whose resume reaches this step again and keeps it then."""
         best = read_weights(self.run_dir / runs.BEST) if 0 <= state.best_step < state.step else None
-        save_checkpoint({"model": weights, "best_model": best, **state.to_state()}, self.run_dir / runs.RESUME)
+        ckpt = {"model": weights, "best_model": best, **state.to_state()}
+        if state.step in self.cfg.train.keep_checkpoints:
+            save_checkpoint(ckpt, runs.kept_checkpoint(self.run_dir, state.step))
+        save_checkpoint(ckpt, self.run_dir / runs.RESUME)
 
     def read_checkpoint(self) -> tuple[dict, dict | None, ResumeState]:
         """(weights, best weights, state) of resume.pt, changing nothing. Best weights None: the weights
