@@ -43,7 +43,7 @@ BAD_SPECS = [
     ("bool-not-bool", 'on = {"model.qk_norm" = "maybe"}', None, "",
      "components.c.on.model.qk_norm: Input should be a valid boolean"),
     ("literal-schedule", 'on = {"train.schedule" = "linear"}', None, "",
-     "components.c.on.train.schedule: Input should be 'constant' or 'cosine'"),
+     "components.c.on.train.schedule: Input should be 'constant', 'cosine' or 'wsd'"),
     ("literal-device", 'on = {"train.device" = "tpu"}', None, "",
      "components.c.on.train.device: Input should be 'auto', 'cpu', 'cuda' or 'mps'"),
     ("str-source", 'on = {"data.source" = 5}', None, "", "components.c.on.data.source: Input should be a valid string"),

@@ -20,7 +20,7 @@ README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]  # every page that may hold rendered results
 EACH_PAGE = pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
 # A number with three decimals or more (a loss, a gain, an interval end), with its sign if any.
-RESULT_NUMBER = re.compile(r"[+−-]?\d+\.\d{3,}")
+RESULT_NUMBER = re.compile(r"(?<!arXiv )(?<!arXiv:)(?<![\d.])[+−-]?\d+\.\d{3,}")  # an arXiv id cites, it is no result
 PENDING = re.compile(r"<!-- pending-results (?P<study>[\w.-]+) -->(?P<body>.*?)<!-- /pending-results -->", re.DOTALL)
 
 
