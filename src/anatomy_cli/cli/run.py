@@ -242,10 +242,18 @@ def _run_train(fn, run_dir: Path, total: int) -> None:
     with StopFlag() as stop, train_progress() as bar:
         task = bar.add_task("train", total=total, losses="")
 
+        started = []
+
         def on_progress(p: dict) -> None:
+            started.append(True)
             bar.update(task, completed=p["step"], losses=f"train {p['train_loss']:.3f}  val {p['val_loss']:.3f}")
 
-        summary = fn(progress=on_progress, stop=stop)
+        try:
+            summary = fn(progress=on_progress, stop=stop)
+        except BaseException:  # refused before its first step (a corpus empty or too short): no bar at 0/N
+            if not started:
+                bar.remove_task(task)
+            raise
     status = summary["status"]
     if status == runs.INTERRUPTED:
         err_console.print(f"interrupted at step {summary['steps_done']}; {resume_hint(run_dir)}", highlight=False,

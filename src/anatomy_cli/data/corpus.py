@@ -381,8 +381,10 @@ def _scan(src: Source, max_chars: int | None, progress: Progress | None, spool: 
             _tell(progress, "read", scan.chars, scan.documents if src.docs is not None else None, max_chars)
     if src.docs is not None and not scan.documents:
         raise DataError(f"dataset is empty: {src.description} has no documents")
-    if scan.blank:
-        raise DataError(f"corpus is empty: {src.description}")
+    own = scan.chars - (len(DOC_SEP) * (scan.documents - 1) if src.docs is not None else 0)  # not our separators
+    if scan.blank:  # a file of 20,000 newlines is not empty, but has nothing to learn either
+        raise DataError(f"corpus holds only whitespace ({own:,} characters): {src.description}"
+                        if own else f"corpus is empty: {src.description}")
     if len(scan.seen) < 2:  # one character (NUL-only, "aaaa"): every next character is known, the loss is 0
         raise DataError(f"corpus has one character only ({next(iter(scan.seen))!r}), so there is nothing to "
                         f"predict: {src.description}")
