@@ -124,7 +124,7 @@ def ablate(
 def _run(study, estimate):
     """Train the study (its plan line first; the compile cache shared; a second signal says how to resume) and
     say how it went; a tuned study whose selection tuned no config says so (its report is skipped)."""
-    from anatomy_cli.study import ablation
+    from anatomy_cli.study import ablation, lr_study
 
     err_console.print(plan_line(study.plan, study.sweep_dir, study.workers, estimate), highlight=False,
                       soft_wrap=True)
@@ -139,10 +139,9 @@ def _run(study, estimate):
                               lambda line: err_console.print(line, highlight=False, soft_wrap=True),
                               price=lambda todo: ablation.round_seconds(study, todo))
     err_console.print(closing_line(done, study.sweep_dir), highlight=False, soft_wrap=True)
-    if study.tune is not None and done.tune is not None and not any(a.tuned for a in done.tune.arms):
-        err_console.print("--tune-lr: no config was tuned (each best at the grid's edge): no tuned verdict; "
-                          "widen the grid (tune.factor, tune.extend) in another --runs-dir", highlight=False,
-                          soft_wrap=True)
+    untuned = lr_study.untuned_line(done.tune) if study.tune is not None and done.tune is not None else None
+    if untuned:
+        err_console.print(untuned, highlight=False, soft_wrap=True)
     return done
 
 
