@@ -35,6 +35,12 @@ def spec_at(tmp_path, tune=None, **train):
     (["--tune-seeds", "1341,1336", "--decide", "--max-seeds", "5"], {}, "1341 is both"),  # a later look's seed
     (["--tune-seeds", "x"], {}, "--tune-seeds takes a count or a comma-separated list"),
     (["--tune-seeds", "0"], {}, "--tune-seeds: Input should be greater than or equal to 1"),
+    # the flags obey the [tune] table's limits, as the table does (40,000 runs were planned past them; issue 48)
+    (["--tune-points", "1001"], {}, "--tune-points: Input should be less than or equal to 31"),
+    (["--tune-extend", "500"], {}, "--tune-extend: Input should be less than or equal to 16"),
+    (["--tune-seeds", "5000"], {}, "--tune-seeds: Input should be less than or equal to 1000"),
+    ([], {"tune": {"points": 1001}}, "tune.points: Input should be less than or equal to 31"),
+    ([], {"tune": {"extend": 500}}, "tune.extend: Input should be less than or equal to 16"),
     (["--time"], {}, "--tune-lr trains; --time times"),
     ([], {"tune": {"points": 1}}, "odd number of points"),
     ([], {"tune": {"seeds": [1337]}}, "1337 is both"),
