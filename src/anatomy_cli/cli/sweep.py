@@ -23,6 +23,7 @@ from anatomy_cli.cli.app import (
     err_console,
     handle_errors,
     on_interrupt,
+    warn,
     warn_short_runs,
 )
 from anatomy_cli.cli.render import (
@@ -158,6 +159,14 @@ def _dry_run(study, estimate) -> None:
         looks = study.rounds.looks
         console.print(f"--decide: looks at {', '.join(map(str, looks))} seeds, each at family-wise alpha "
                       f"{decide_mod.alpha(looks):.4g}; this table is the first round", highlight=False)
+        if study.tune is None:  # a tuned study's first round trains after its selection, at LRs not chosen yet
+            from anatomy_cli.study.ablation import round_seconds
+            from anatomy_cli.study.rounds import budget_note
+            from anatomy_cli.sweep.plan import pending_runs
+
+            note = budget_note(study.rounds, round_seconds(study, pending_runs(study.plan, study.sweep_dir)))
+            if note:
+                warn(note)
     if runs.find_runs(study.sweep_dir):  # earlier runs of the study: the power they give, and what more would cost
         from anatomy_cli.report.build import build_report
         from anatomy_cli.report.verdict import power_lines
