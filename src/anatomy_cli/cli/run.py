@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import json
 import shlex
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -27,6 +26,7 @@ from anatomy_cli.cli.app import (
     on_interrupt,
     styled,
     warn,
+    write_out,
 )
 from anatomy_cli.spec.components import label
 from anatomy_cli.spec.config import SEED_MAX, SEED_MIN, ConfigError
@@ -337,9 +337,8 @@ def sample(
     from anatomy_cli.data.tokenizer import StreamDecoder
 
     ids = vocab.encode(prefix)
-    sys.stdout.write(prefix)
+    write_out(prefix)
     text = StreamDecoder(vocab, ids)  # a token that ends inside a character waits for the rest of it
     for i in generate(model, ids, max_new, temp, top_k, seed, use_cache=not no_cache, window=window):
-        sys.stdout.write(text.push(i))
-        sys.stdout.flush()
-    sys.stdout.write(text.flush() + "\n")
+        write_out(text.push(i))
+    write_out(text.flush() + "\n")

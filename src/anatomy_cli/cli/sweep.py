@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import json
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -25,6 +24,7 @@ from anatomy_cli.cli.app import (
     on_interrupt,
     warn,
     warn_short_runs,
+    write_out,
 )
 from anatomy_cli.cli.render import (
     LineDisplay,
@@ -337,8 +337,7 @@ def report(
         paths = write.write_report(done.report, out, done.formats)
         text = (paths["report.json"].read_text() if "report.json" in paths
                 else write.json_text(write.report_document(done.report)))
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        write_out(text)
         if done.events is not None:  # not part of the document: said on stderr
             err_console.print(f"tensorboard: event files written for {done.events['written']} runs", highlight=False)
         return
