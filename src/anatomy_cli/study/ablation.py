@@ -234,6 +234,7 @@ def check_record(study: Study) -> records.DecideRecord | None:
     record = records.read_decide(folder)
     lr_study.check_record(study.tune, study.plan, folder, ask.time_pass, decided=record is not None)
     _check_margin(study, records.read_study(folder), record)
+    _check_cap(study)
     if record is not None and study.rounds is None and not ask.time_pass:
         raise ConfigError(f"{folder} was decided in rounds (decide.json): add --decide with the same seeds and "
                           f"[decide] settings to go on, or use another --runs-dir")
@@ -242,6 +243,26 @@ def check_record(study: Study) -> records.DecideRecord | None:
                           f"with the same seeds and [decide] settings (max_seeds, step), or use another --runs-dir "
                           f"(a new plan after seeing the data would spend its alpha twice)")
     return record
+
+
+def _check_cap(study: Study) -> None:
+    """Refuse rounds capped below the seeds the folder already holds of the study's configs: the looks would
+    judge up to the cap (and call the rest futile) while the report pools every seed there, so neither line
+    would be true of the other."""
+    rounds = study.rounds
+    if rounds is None or study.tune is not None or study.ask.time_pass:
+        return
+    slugs = {p.slug for p in study.plan}
+    capped = {p.config.seed for p in study.plan_at(rounds.looks[-1])}
+    past = sorted({int(seed[1:]) for slug, seed, _ in (r.name.rsplit("-", 2) for r in runs.find_runs(study.sweep_dir)
+                                                       if r.name.count("-") >= 2)
+                   if slug in slugs and seed[1:].lstrip("-").isdigit() and int(seed[1:]) not in capped})
+    if past:
+        held = len(capped) + len(past)
+        raise ConfigError(f"{study.sweep_dir} already holds {held} seeds of this study's configs (seeds "
+                          f"{', '.join(map(str, past))} past the cap), and {study.ask.name_of('decide.max_seeds')} "
+                          f"caps its rounds at {rounds.looks[-1]}: the looks would judge {rounds.looks[-1]} while the "
+                          f"report pools {held}; raise the cap to at least {held}, or use another --runs-dir")
 
 
 def _check_margin(study: Study, begun: records.StudyRecord | None, record: records.DecideRecord | None) -> None:
