@@ -19,7 +19,9 @@ diverged run is a result to report, not a number to average).
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -76,8 +78,10 @@ def paired_rows(runs_df: pd.DataFrame, metric: str, tune: TuneRecord | None = No
 def groups(runs: pd.DataFrame):
     """(label, runs) per study and shared settings. A component whose on state is a range (gqa: any
     n_kv_head < n_head) may appear with several values in hand-made runs (a sweep refuses an
-    n_kv_head axis); each value then gets its own group, sharing the runs without it."""
-    keys = runs["design"] + "|" + runs["settings"]
+    n_kv_head axis); each value then gets its own group, sharing the runs without it. Runs of several study
+    folders (a report of their parent) are grouped by folder too: each study is judged as itself, its seeds
+    never paired with another study's ('study=demo-tuned' in the label)."""
+    keys = runs["design"] + "|" + _with_study(runs)
     names = comp.group_names(keys, runs["size"])
     for key, members in runs.groupby(keys, sort=True):
         split = [(c, col) for c, col in _ranged(key.split("|")[0].split("+")) if col in members.columns]
@@ -89,6 +93,20 @@ def groups(runs: pd.DataFrame):
         for value in values:
             keep = ~members[name] | (members[col] == value)
             yield ", ".join(filter(None, [names[key], f"{col}={value}"])), members[keep]
+
+
+def _with_study(runs: pd.DataFrame) -> pd.Series:
+    """The runs' settings keys, each with its study folder's name as a setting where the runs come from several
+    folders (the folder's path where two share a name); as they are otherwise."""
+    if "path" not in runs or runs.empty:
+        return runs["settings"]
+    folders = runs["path"].map(lambda p: Path(p).parent)
+    if folders.nunique() <= 1:
+        return runs["settings"]
+    names = folders.map(lambda f: f.name)
+    shown = names if names.nunique() == folders.nunique() else folders.map(str)
+    return pd.Series([json.dumps({**json.loads(s), "study": name}, sort_keys=True, default=str)
+                      for s, name in zip(runs["settings"], shown)], index=runs.index)
 
 
 def _ranged(design: list[str]) -> list[tuple[str, str]]:
