@@ -5,6 +5,7 @@ studies under one parent are refused in one line."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -53,6 +54,16 @@ def test_each_study_in_a_parent_is_judged_as_itself(parent):
     assert not _effects(both, "plain")["note"].fillna("").str.contains("LR selection").any()
     result = invoke("report", parent, "--format", "csv")
     assert result.exit_code == 0, result.output
+
+
+def test_a_tuned_results_file_records_its_allowance_and_is_judged_again_alike(parent, tmp_path):
+    path = tmp_path / "tuned.json"
+    result = invoke("report", parent / "tuned", "--format", "csv", "--results", path)
+    assert result.exit_code == 0, result.output
+    loss = [e for e in json.loads(path.read_text())["effects"] if e["metric"] == "best_val_bpb"]
+    assert loss and all(e["allow_low"] >= 0 and e["allow_high"] >= 0 for e in loss), loss
+    again = invoke("rejudge", path, "--check")
+    assert again.exit_code == 0 and "no call changes" in again.stdout, again.output
 
 
 def test_two_tuned_studies_under_one_parent_are_refused(parent, tmp_path):
