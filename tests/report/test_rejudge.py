@@ -173,3 +173,16 @@ def test_an_effect_with_no_pairs_is_judged_not_crashed(tmp_path):
     copy.write_text(json.dumps(doc))
     new, _ = rejudge.rejudge(results_file.load(copy))
     assert new["effects"][0]["call"] == stats.NONE
+
+
+def test_the_module_run_as_a_command_names_the_command(tmp_path):
+    import subprocess
+    import sys
+
+    copy = _shipped("demo-tuned.json", tmp_path)
+    before = copy.read_text()
+    done = subprocess.run([sys.executable, "-m", "anatomy_cli.report.rejudge", str(copy)], capture_output=True,
+                          text=True)
+    assert done.returncode == 2 and done.stderr.strip() == (
+        "error: judge results files again with `anatomy rejudge FILE ... [--check]`"), done
+    assert copy.read_text() == before

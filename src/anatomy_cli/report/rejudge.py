@@ -229,3 +229,10 @@ def rejudge_files(paths: list[Path], check: bool = False) -> list[dict]:
         if not check and new != before:
             atomic_write_text(path, json.dumps(new, indent=1, allow_nan=False) + "\n")
     return changed
+
+
+if __name__ == "__main__":  # `python -m anatomy_cli.report.rejudge` is no command: say which one is (usage: exit 2)
+    import sys
+
+    sys.stderr.write("error: judge results files again with `anatomy rejudge FILE ... [--check]`\n")
+    sys.exit(2)
