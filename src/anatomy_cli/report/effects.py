@@ -35,7 +35,7 @@ from anatomy_cli.report.rules import Rules
 from anatomy_cli.spec import components as comp
 from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, DIRECTIONS, END_OF, REFERENCE, REMOVE_ONE, VERB, shown, variant
 from anatomy_cli.store.records import TuneRecord
-from anatomy_cli.store.runs import COMPLETED
+from anatomy_cli.store.runs import COMPLETED, SWEEP
 
 EFFECT_COLUMNS = ["metric", "flip", "direction", "against", "group", "n_pairs", "excluded", "unit", "gain",
                   "adj_low", "adj_high", "margin", "margin_basis", "call", "mde", "noise", "raw_low",
@@ -98,16 +98,19 @@ def groups(runs: pd.DataFrame):
 
 def _with_study(runs: pd.DataFrame) -> pd.Series:
     """The runs' settings keys, each with its study folder's name as a setting where the runs come from several
-    folders (the folder's path where two share a name); as they are otherwise."""
+    study folders (each with its sweep.json; the folder's path where two share a name); as they are otherwise,
+    and for runs outside a study (hand-made runs of `anatomy train` pair across their folders as before)."""
     if "path" not in runs or runs.empty:
         return runs["settings"]
-    folders = runs["path"].map(lambda p: Path(p).parent)
-    if folders.nunique() <= 1:
+    parents = {f: (f / SWEEP).is_file() for f in {Path(p).parent for p in runs["path"]}}
+    studies = sorted(f for f, recorded in parents.items() if recorded)
+    if len(studies) <= 1:
         return runs["settings"]
-    names = folders.map(lambda f: f.name)
-    shown = names if names.nunique() == folders.nunique() else folders.map(str)
-    return pd.Series([json.dumps({**json.loads(s), "study": name}, sort_keys=True, default=str)
-                      for s, name in zip(runs["settings"], shown)], index=runs.index)
+    names = [f.name for f in studies]
+    shown = {f: (f.name if len(set(names)) == len(names) else str(f)) for f in studies}
+    folders = runs["path"].map(lambda p: shown.get(Path(p).parent))
+    return pd.Series([json.dumps({**json.loads(s), "study": name}, sort_keys=True, default=str) if name else s
+                      for s, name in zip(runs["settings"], folders)], index=runs.index)
 
 
 def _ranged(design: list[str]) -> list[tuple[str, str]]:
