@@ -101,7 +101,7 @@ def ablate(
         time_pass=time_pass, runs_dir=runs_dir, workers=workers, executor=executor, address=address, stack=stack))
     if json_out:
         warn_short_runs(p.config for p in study.plan)
-        console.print_json(json.dumps(plan_json(study.spec, study.plan, study.sweep_dir)))
+        console.print_json(json.dumps(plan_json(study.spec, study.plan, study.sweep_dir, study.rounds)))
         return
     study = ablation.size_study(study)
     if time_pass and not dry_run:
