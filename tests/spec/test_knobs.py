@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from anatomy_cli.spec import knobs
+from anatomy_cli.spec import config, knobs
 from anatomy_cli.spec.config import AblationSpec, ConfigError, validate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,6 +83,16 @@ def test_a_bad_set_is_one_line_naming_its_key(text, fragment):
     with pytest.raises(ConfigError, match=None) as err:
         knobs.parse_set(text)
     assert fragment in str(err.value)
+
+
+@pytest.mark.parametrize("given, seconds", [("--budget 600", 600.0), ("--set decide.budget=600", 600.0),
+                                            ("--budget 90s", 90.0)])
+def test_a_budget_in_bare_seconds_is_a_budget(given, seconds):
+    """The help's own example: 600 = seconds (a bare number is read as a number, then taken as seconds)."""
+    flag, value = given.split(" ")
+    settings = [knobs.parse_set(value)] if flag == "--set" else knobs.read_args([flag, value])[1]
+    spec = knobs.apply_settings({"name": "x", "decide": {}}, settings)
+    assert config.budget_seconds(config.DecideSpec(**spec["decide"]).budget) == seconds
 
 
 def test_a_mode_table_turns_on_and_off_and_a_key_inside_an_absent_one_is_refused():

@@ -1003,7 +1003,12 @@ def _check_budget(text: str) -> str:
     return text
 
 
-Budget = Annotated[str, AfterValidator(_check_budget)]
+def _seconds_as_text(value: Any) -> Any:
+    """A bare number of seconds (--budget 600, budget = 600 in a spec) is the budget '600'."""
+    return f"{value:g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+
+
+Budget = Annotated[str, BeforeValidator(_seconds_as_text), AfterValidator(_check_budget)]
 
 
 class DecideSpec(_Frozen):
