@@ -37,7 +37,8 @@ from anatomy_cli.store.runs import COMPLETED
 
 EFFECT_COLUMNS = ["metric", "flip", "direction", "against", "group", "n_pairs", "excluded", "unit", "gain",
                   "adj_low", "adj_high", "margin", "margin_basis", "call", "mde", "noise", "raw_low",
-                  "raw_high", "sd", "se", "df", "p_value", "p_holm", "adj_level", "family", "note"]
+                  "raw_high", "sd", "se", "df", "p_value", "p_holm", "adj_level", "family", "note", "allow_low",
+                  "allow_high"]  # allow_*: a tuned study's widening for the LR selection's error (NaN: not tuned)
 
 
 # ------------------------------------------------------------------------------- effects

@@ -148,14 +148,16 @@ def judge(effects: list[dict], margin: float, alpha: float = ALPHA, min_pairs: i
 
 
 def seeds_for(sd: float, m: int, effect: float, alpha: float = ALPHA, most: int = 1000,
-              margin: float = 0.0) -> int | None:
+              margin: float = 0.0, allow: float = 0.0) -> int | None:
     """The fewest seeds at which a family of m effects with paired sd `sd` calls `effect` helps 80 % of
-    the time (call_mde at n - 1 df: the interval past 0 and the gain past `margin`); None past `most`."""
-    if not (sd > 0 and effect > 0 and m > 0) or effect <= margin:
+    the time (call_mde at n - 1 df: the interval past 0 and the gain past `margin`); None past `most`, and
+    None when no seed count can: an effect within the margin, or within `allow` (a tuned study's widening
+    below, which no seed count shrinks: the gain must pass it as the interval's low end does)."""
+    if not (sd > 0 and effect > 0 and m > 0) or effect <= max(margin, allow):
         return None
     for n in range(MIN_PAIRS, most + 1):
         df = n - 1
-        if call_mde(sd / math.sqrt(n), df, float(sps.t.ppf(1 - alpha / (2 * m), df)), margin) <= effect:
+        if call_mde(sd / math.sqrt(n), df, float(sps.t.ppf(1 - alpha / (2 * m), df)), margin, allow=allow) <= effect:
             return n
     return None
 
@@ -246,19 +248,30 @@ def holm(p_values) -> np.ndarray:
     return out
 
 
-def rule_text(level: float, m: int, looks: int = 1, groups: int = 1) -> str:
+def rule_text(level: float, m: int, looks=1, groups: int = 1) -> str:
     """The rule's numbers in one clause, the one wording every page uses (the terminal verdict, the
     report, its speed section, the README's and docs' rendered blocks): each interval's level, the
     family it is simultaneous over (the m effects of one group), the planned looks (a --decide study's), and
-    the family-wise error they add up to by the union bound, (1 - level) x m x looks."""
-    alpha = (1 - level) * m * looks
+    the family-wise error they add up to by the union bound. looks: how many, each at the same alpha,
+    (1 - level) x m x looks in all; or each look's alpha (decide.json's), where they differ: this look's
+    (1 - level) x m of their sum."""
+    spent = list(looks) if not isinstance(looks, int) else None
+    if spent is not None and len(set(spent)) <= 1:
+        looks, spent = len(spent), None
     one = m == 1
     family = (f"the {m} effects" if not one else "the one effect") + (" of a group" if groups > 1 else "")
-    over = (f"{looks} looks and " if looks > 1 else "") + family
     whom = ("it" if one else f"all {m}") + (" of a group" if groups > 1 and not one else "")
+    holds = "holds" if one else "hold together"
+    if spent is not None:
+        here, alpha = (1 - level) * m, sum(spent)
+        return (f"each interval at {_percent(level)} (Bonferroni: this look's {here:.3g} of the {alpha:.3g} spent "
+                f"over {len(spent)} looks, split over {family}), so {whom}, at every look, {holds} with "
+                f"{_percent(1 - alpha)} confidence")
+    alpha = (1 - level) * m * looks
+    over = (f"{looks} looks and " if looks > 1 else "") + family
     every = ", at every look," if looks > 1 else ""
     return (f"each interval at {_percent(level)} (Bonferroni: {alpha:.3g} split over {over}), so {whom}{every} "
-            f"{'holds' if one else 'hold together'} with {_percent(1 - alpha)} confidence")
+            f"{holds} with {_percent(1 - alpha)} confidence")
 
 
 def _percent(x: float) -> str:
