@@ -36,6 +36,8 @@ in every setting (so power rows read in its paired sds), the nine others as the 
                              part (pre-norm does not collapse) as their truth, the rest 0
   alike, quiet               all ten at SIGMA / 8 (0.005): noise where `negligible` is reachable at 3-10 seeds,
                              for the boundary rows
+  skew ... (--skew)          alike, each config's own noise right-skewed (unit_draw: gamma k = 4, lognormal sd
+                             0.25 and 0.5, a centred exponential; and the exponential with one effect 4x noisier)
 Scenarios per cell (the other effects 0 unless said)
   null           every effect 0 (but prenorm's collapse part): family-wise error P(any false helps/hurts),
                  a false call being one on an effect whose truth is 0 or of the other sign
@@ -120,7 +122,7 @@ class Noise:
     name: str
     kind: str = "alike"  # alike | one | two | spread
     k: float = 1.0  # one / two: the noisy effects' sd in SIGMAs; spread: the ratio of the largest sd to the smallest
-    tails: str = "normal"  # or "t3"
+    tails: str = "normal"  # or "t3", or a right-skewed shape (SKEWS)
     collapse: float = 0.0  # probability a post-norm config's seed collapses
     sigma: float = SIGMA  # the tested effect's paired sd (and every effect's when alike)
 
@@ -142,10 +144,32 @@ GRID = (Noise("alike"), *(Noise(f"one {k:g}x noisier", "one", k) for k in (1.5, 
         Noise("two 4x noisier", "two", 4.0), *(Noise(f"spread {s}x", "spread", s) for s in (2, 4, 8, 16, 70)),
         Noise("t(3) tails", tails="t3"), Noise("3 % collapses", collapse=COLLAPSE_P),
         Noise("alike, quiet", sigma=SIGMA / 8))
-NOISES = {n.name: n for n in GRID}
+# the skew axis (issue 48): right-skewed run noise, every effect alike (the t(3) and normal cells stay above)
+SKEWS = (Noise("skew gamma k=4", tails="gamma4"), Noise("skew lognormal 0.25", tails="lognormal0.25"),
+         Noise("skew lognormal 0.5", tails="lognormal0.5"), Noise("skew exponential", tails="exponential"),
+         Noise("skew exponential, one 4x noisier", "one", 4.0, tails="exponential"))
+NOISES = {n.name: n for n in GRID + SKEWS}
 
 
 # ------------------------------------------------------------------------------- synthetic studies
+
+
+def unit_draw(rng: np.random.Generator, tails: str, size: tuple) -> np.ndarray:
+    """A run's own noise, mean 0 and variance 1: normal, Student t on 3 df, or right-skewed (a loss that sometimes
+    stays high: gamma k = 4, skewness 1; lognormal sd 0.25 / 0.5, skewness 0.78 / 1.75; a centred exponential,
+    skewness 2). The variant's own noise dominates a paired difference (END_OWN is small), so a right-skewed
+    loss makes an add-one gain (end - variant) left-skewed and a remove-one gain right-skewed."""
+    if tails == "t3":
+        return rng.standard_t(3, size=size) / math.sqrt(3.0)
+    if tails == "gamma4":
+        return (rng.gamma(4.0, size=size) - 4.0) / 2.0
+    if tails.startswith("lognormal"):
+        sd = float(tails.removeprefix("lognormal"))
+        mean, var = math.exp(sd**2 / 2), (math.exp(sd**2) - 1) * math.exp(sd**2)
+        return (rng.lognormal(0.0, sd, size=size) - mean) / math.sqrt(var)
+    if tails == "exponential":
+        return rng.exponential(size=size) - 1.0
+    return rng.normal(size=size)
 
 
 def simulate(rng: np.random.Generator, n: int, noise: Noise, families: int, first: int = 0,
@@ -160,10 +184,7 @@ def simulate(rng: np.random.Generator, n: int, noise: Noise, families: int, firs
     own = np.concatenate([np.full((b, 2), end_own), np.sqrt(np.maximum(sd**2 - end_own**2, 0.0))], axis=1)
     offset = np.concatenate([[0.0, 0.0], -truth[:5], truth[5:]])  # +f: lower loss by its gain; -f: higher
     base = np.array([BASE[REFERENCE], BASE[ALL_ON]] + [BASE[REFERENCE]] * 5 + [BASE[ALL_ON]] * 5)
-    if noise.tails == "t3":
-        draw = rng.standard_t(3, size=(b, len(ROLES), n)) / math.sqrt(3.0)  # unit variance
-    else:
-        draw = rng.normal(size=(b, len(ROLES), n))
+    draw = unit_draw(rng, noise.tails, (b, len(ROLES), n))
     loss = base[None, :, None] + offset[None, :, None] + rng.normal(0, seed_sd, (b, 1, n)) + own[:, :, None] * draw
     expected = np.broadcast_to(truth, (b, len(EFFECTS))).copy()
     if noise.collapse:
@@ -570,6 +591,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--families", type=int, default=1000, help="simulated studies per scenario (default 1000)")
     p.add_argument("--quick", action="store_true", help="300 families, n = 3 only")
     p.add_argument("--noise", action="append", choices=list(NOISES), help="only these noise settings (repeatable)")
+    p.add_argument("--skew", action="store_true", help="the skew axis (right-skewed run noise) instead of the grid")
+    p.add_argument("--skew-floor", type=float, help="judge with this stats.SKEW_FLOOR (0: each effect's own sd "
+                   "alone, the rule before issue 48), to measure what the floor changes")
     p.add_argument("--n", type=int, action="append", help="only these seed counts (repeatable)")
     p.add_argument("--null-only", action="store_true", help="only the null scenario (FWER and coverage), for "
                    "rerunning a cell with more families")
@@ -591,7 +615,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> None:
     args = parse_args(argv)
     families, ns = (300, (3,)) if args.quick else (args.families, tuple(args.n or NS))
-    noises = tuple(NOISES[name] for name in args.noise) if args.noise else GRID
+    noises = tuple(NOISES[name] for name in args.noise) if args.noise else SKEWS if args.skew else GRID
+    if args.skew_floor is not None:
+        stats.SKEW_FLOOR = args.skew_floor
     t0 = time.perf_counter()
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     if args.decide:
