@@ -224,7 +224,10 @@ def power_lines(runs: pd.DataFrame, effects: pd.DataFrame, flips=None) -> list[s
     lines = []
     for group, fam in loss.groupby("group", sort=False):
         n_now, margin, m = int(fam["n_pairs"].median()), float(fam["margin"].iloc[0]), len(fam)
-        sd = float(np.median(fam["se"] * np.sqrt(fam["n_pairs"])))
+        sds = fam["sd"] if "sd" in fam else fam["se"] * np.sqrt(fam["n_pairs"])
+        floor = stats.sd_floor(sds)  # as judge floors them, over this family (the plan's effects) alone
+        se_judged = np.where(sds > 1e-12, np.maximum(sds, floor), sds) / np.sqrt(fam["n_pairs"])
+        sd = float(np.median(sds))
         alpha = float(((1 - fam["adj_level"]) * fam["family"]).iloc[0])  # the verdict's: level = 1 - alpha / family
         allows = fam["allow_low"].dropna() if "allow_low" in fam else pd.Series(dtype=float)
         allow = float(allows.median()) if len(allows) else 0.0
@@ -232,7 +235,7 @@ def power_lines(runs: pd.DataFrame, effects: pd.DataFrame, flips=None) -> list[s
         need = stats.seeds_for(sd, m, target, alpha, margin=margin, allow=allow)
         mde = np.median([stats.estimated_mde(se, df, float(sps.t.ppf(1 - alpha / (2 * m), df)), margin,
                                              _finite(a))  # as judge's
-                         for se, df, a in zip(fam["se"], fam["df"], fam.get("allow_low", [0.0] * m))])
+                         for se, df, a in zip(se_judged, fam["df"], fam.get("allow_low", [0.0] * m))])
         where = f"{group}: " if group else ""
         whose = ("the plan's " if flips is not None else "the ") + (f"{m} effects'" if m > 1 else "1 effect's")
         widened = f" (its interval widened by the LR selection's allowance, median {allow:.3f})" if allow else ""
