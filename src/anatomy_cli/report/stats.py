@@ -31,11 +31,11 @@ Skewed seed noise (issue 48). A loss that sometimes stays high (a run that escap
 paired differences skewed, and a t on 2-9 df then fails through its small sds: three seeds bunched on the
 distribution's steep side give a tiny sd and a t past any Bonferroni quantile (a centred exponential called a
 false effect in 18-28 % of ten-effect families at 3-10 seeds; gamma k = 4 and lognormal sd 0.25 / 0.5, 6-15 %).
-A few seeds cannot show their own skew, so each effect's sd is floored at its family's median sd (sd_floor):
-an interval only ever widens by it, never narrows, so every bound of the own-variance rule holds, and the
-skew grid of benchmarks/calibrate_verdict.py --skew holds 5 %. Its price: the 80 % power point moves by 2-5 %
-(10.3 -> 10.5 paired sds at 3 seeds, 1.48 -> 1.55 at 10), small effects at few seeds are called less (2 sds at 4
-seeds: 18 -> 2 %), and an effect much quieter than its family needs more seeds for "negligible".
+A few seeds cannot show their own skew, so the sd of each effect past the margin is floored at its family's
+median sd (sd_floor): an interval only ever widens by it, never narrows, so every bound of the own-variance
+rule holds, and the skew grid of benchmarks/calibrate_verdict.py --skew holds 5 %. Its price: the 80 % power
+point moves by 2-5 % (10.3 -> 10.5 paired sds at 3 seeds, 1.48 -> 1.55 at 10), and small effects at few seeds
+are called less (2 sds at 4 seeds: 18 -> 2 %).
 
 The call needs the statistical part (the interval) and the practical one (the margin):
   helps          interval > 0 and gain > +margin
@@ -143,7 +143,10 @@ def judge(effects: list[dict], margin: float, alpha: float = ALPHA, min_pairs: i
     for r in tested:
         df = r["n_pairs"] - 1.0
         own = r["sd"] / math.sqrt(r["n_pairs"])
-        se = (max(r["sd"], floor) if r["sd"] > 1e-12 else r["sd"]) / math.sqrt(r["n_pairs"])  # skew: sd_floor
+        # skew (sd_floor): an effect past the margin, which a call could say helps or hurts, is judged at least at
+        # the family's median sd; one inside it (negligible, below margin, undecided) on its own
+        floored = r["sd"] > 1e-12 and abs(r["gain"]) > known
+        se = (max(r["sd"], floor) if floored else r["sd"]) / math.sqrt(r["n_pairs"])
         crit = float(sps.t.ppf(1 - alpha / (2 * m), df))
         p = 2 * float(sps.t.sf(abs(r["gain"]) / own, df)) if own > 0 else float(r["gain"] == 0)
         below, above = _allowed(r, "allow_low"), _allowed(r, "allow_high")  # a tuned study's selection error
@@ -167,10 +170,12 @@ def sd_floor(sds) -> float:
     through its small sds, not its means: three seeds bunched near the distribution's bounded side give a tiny
     sd and a t far past any Bonferroni quantile, so a family of ten centred-exponential effects had a false
     call 18-28 % of the time at 3-10 seeds. No sd estimated from 3 seeds can show its own skew, so the rule
-    widens instead: an sd below the family's median is read as the median. This only ever widens an interval
-    (never narrows one, as a pooled variance would), so it keeps every error bound the own-variance rule has;
-    an effect with identical differences (sd 0: a setting that changes nothing the loss sees) keeps its sd.
-    A family of one effect is its own median: the floor cannot help it (docs/statistics.md says what holds)."""
+    widens instead: the sd of an effect whose gain is past the margin (one a call could say helps or hurts)
+    is read as at least the family's median. This only ever widens an interval (never narrows one, as a
+    pooled variance would), so it keeps every error bound the own-variance rule has. An effect inside the
+    margin keeps its own sd (a quiet part stays reachable as negligible), and so does one with identical
+    differences (sd 0: a setting that changes nothing the loss sees). A family of one effect is its own
+    median: the floor cannot help it (docs/statistics.md says what holds)."""
     positive = [float(x) for x in sds if math.isfinite(x) and x > 1e-12]  # identical differences: no noise
     return SKEW_FLOOR * float(np.median(positive)) if positive else 0.0
 
