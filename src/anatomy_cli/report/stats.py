@@ -30,12 +30,12 @@ fixed seeds, --decide and trends): family-wise error, power, coverage and the ne
 Skewed seed noise (issue 48). A loss that sometimes stays high (a run that escapes a plateau late) makes the
 paired differences skewed, and a t on 2-9 df then fails through its small sds: three seeds bunched on the
 distribution's steep side give a tiny sd and a t past any Bonferroni quantile (a centred exponential called a
-false effect in 18-28 % of ten-effect families at 3-10 seeds; gamma k = 4 and lognormal sd 0.25 / 0.5, 6-15 %).
+false effect in 15-23 % of ten-effect families at 3 and 10 seeds; gamma k = 4 and lognormal sd 0.25 / 0.5, 1-12 %).
 A few seeds cannot show their own skew, so the sd of each effect past the margin is floored at its family's
 median sd (sd_floor): an interval only ever widens by it, never narrows, so every bound of the own-variance
-rule holds, and the skew grid of benchmarks/calibrate_verdict.py --skew holds 5 %. Its price: the 80 % power
-point moves by 2-5 % (10.3 -> 10.5 paired sds at 3 seeds, 1.48 -> 1.55 at 10), and small effects at few seeds
-are called less (2 sds at 4 seeds: 18 -> 2 %).
+rule holds, and the skew grid of benchmarks/calibrate_verdict.py --skew holds 5 % (0-1 %). Its price: the 80 %
+power point moves by 2-4 % (10.6 -> 10.8 paired sds at 3 seeds, 1.63 -> 1.69 at 10), and effects well below it
+at 3 seeds are called far less often (4 sds: 14 -> 1.3 %).
 
 The call needs the statistical part (the interval) and the practical one (the margin):
   helps          interval > 0 and gain > +margin
