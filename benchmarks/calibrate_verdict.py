@@ -36,6 +36,8 @@ in every setting (so power rows read in its paired sds), the nine others as the 
                              part (pre-norm does not collapse) as their truth, the rest 0
   alike, quiet               all ten at SIGMA / 8 (0.005): noise where `negligible` is reachable at 3-10 seeds,
                              for the boundary rows
+  skew ... (--skew)          alike, each config's own noise right-skewed (unit_draw: gamma k = 4, lognormal sd
+                             0.25 and 0.5, a centred exponential; and the exponential with one effect 4x noisier)
 Scenarios per cell (the other effects 0 unless said)
   null           every effect 0 (but prenorm's collapse part): family-wise error P(any false helps/hurts),
                  a false call being one on an effect whose truth is 0 or of the other sign
@@ -49,14 +51,15 @@ Scenarios per cell (the other effects 0 unless said)
                  paired gains are a skewed mixture whose mean no 3..10-seed t interval pins down)
 
 --decide: the same families under `anatomy ablate --decide`, for two plans of looks: the demo's (3, 4 seeds)
-and the default (3, 5, 7, 9, 10), driven through study.rounds.run_rounds, the very loop the command runs (a
-trainer that marks simulated runs trained, a reader that returns them). Each family is simulated at the cap's
-seed count; at each look only the seeds each config has been given so far are paired and judged (at the
-looks' alpha, decide.alpha), and the next look's seeds go to the configs of the open effects (with
-futility: those decide.futile at the cap leaves; without: every open effect's). A family's calls are those of
-the last look it reached (what its report says). Per plan, noise setting and futility on/off: the
-family-wise error under the null, P(helps) at 2, 4, 8 paired sds, P(negligible) at the margin, coverage, and
-the runs a study trained relative to 3 seeds of every config.
+and the default (3, 5, 7, 9, 10), each with alpha spent late (the default) and split equally, driven through
+study.rounds.run_rounds, the very loop the command runs (a trainer that marks simulated runs trained, a reader
+that returns them). Each family is simulated at the cap's seed count; at each look only the seeds each config
+has been given so far are paired and judged (at the look's alpha, decide.spending), and the next look's seeds
+go to the configs of the open effects (with futility: those decide.futile at the cap leaves, judged at the
+final look's level; without: every open effect's). A family's calls are those of the last look it reached
+(what its report says). Per plan, noise setting, spending and futility on/off: the family-wise error under
+the null, P(helps) at 1.5, 2, 4, 8 paired sds, P(negligible) at the margin, coverage, and the runs a study
+trained relative to 3 seeds of every config.
 
 Trends: a size ladder of 3 sizes (log10 N 5, 5.5, 6), ten trends (the ten effects' per-seed gains), judged by
 scale.trends, the report's code: each seed's gains at the sizes fitted by a line, the slopes judged as one
@@ -77,6 +80,7 @@ families, n = 3 only, a few minutes.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -87,7 +91,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from anatomy_cli.report import effects, scale, stats
+from anatomy_cli.report import decide, effects, scale, stats
 from anatomy_cli.spec.components import FIVE
 from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, DIRECTIONS, REFERENCE, REMOVE_ONE, variant
 from anatomy_cli.store.runs import COMPLETED
@@ -118,7 +122,7 @@ class Noise:
     name: str
     kind: str = "alike"  # alike | one | two | spread
     k: float = 1.0  # one / two: the noisy effects' sd in SIGMAs; spread: the ratio of the largest sd to the smallest
-    tails: str = "normal"  # or "t3"
+    tails: str = "normal"  # or "t3", or a right-skewed shape (SKEWS)
     collapse: float = 0.0  # probability a post-norm config's seed collapses
     sigma: float = SIGMA  # the tested effect's paired sd (and every effect's when alike)
 
@@ -140,10 +144,32 @@ GRID = (Noise("alike"), *(Noise(f"one {k:g}x noisier", "one", k) for k in (1.5, 
         Noise("two 4x noisier", "two", 4.0), *(Noise(f"spread {s}x", "spread", s) for s in (2, 4, 8, 16, 70)),
         Noise("t(3) tails", tails="t3"), Noise("3 % collapses", collapse=COLLAPSE_P),
         Noise("alike, quiet", sigma=SIGMA / 8))
-NOISES = {n.name: n for n in GRID}
+# the skew axis (issue 48): right-skewed run noise, every effect alike (the t(3) and normal cells stay above)
+SKEWS = (Noise("skew gamma k=4", tails="gamma4"), Noise("skew lognormal 0.25", tails="lognormal0.25"),
+         Noise("skew lognormal 0.5", tails="lognormal0.5"), Noise("skew exponential", tails="exponential"),
+         Noise("skew exponential, one 4x noisier", "one", 4.0, tails="exponential"))
+NOISES = {n.name: n for n in GRID + SKEWS}
 
 
 # ------------------------------------------------------------------------------- synthetic studies
+
+
+def unit_draw(rng: np.random.Generator, tails: str, size: tuple) -> np.ndarray:
+    """A run's own noise, mean 0 and variance 1: normal, Student t on 3 df, or right-skewed (a loss that sometimes
+    stays high: gamma k = 4, skewness 1; lognormal sd 0.25 / 0.5, skewness 0.78 / 1.75; a centred exponential,
+    skewness 2). The variant's own noise dominates a paired difference (END_OWN is small), so a right-skewed
+    loss makes an add-one gain (end - variant) left-skewed and a remove-one gain right-skewed."""
+    if tails == "t3":
+        return rng.standard_t(3, size=size) / math.sqrt(3.0)
+    if tails == "gamma4":
+        return (rng.gamma(4.0, size=size) - 4.0) / 2.0
+    if tails.startswith("lognormal"):
+        sd = float(tails.removeprefix("lognormal"))
+        mean, var = math.exp(sd**2 / 2), (math.exp(sd**2) - 1) * math.exp(sd**2)
+        return (rng.lognormal(0.0, sd, size=size) - mean) / math.sqrt(var)
+    if tails == "exponential":
+        return rng.exponential(size=size) - 1.0
+    return rng.normal(size=size)
 
 
 def simulate(rng: np.random.Generator, n: int, noise: Noise, families: int, first: int = 0,
@@ -158,10 +184,7 @@ def simulate(rng: np.random.Generator, n: int, noise: Noise, families: int, firs
     own = np.concatenate([np.full((b, 2), end_own), np.sqrt(np.maximum(sd**2 - end_own**2, 0.0))], axis=1)
     offset = np.concatenate([[0.0, 0.0], -truth[:5], truth[5:]])  # +f: lower loss by its gain; -f: higher
     base = np.array([BASE[REFERENCE], BASE[ALL_ON]] + [BASE[REFERENCE]] * 5 + [BASE[ALL_ON]] * 5)
-    if noise.tails == "t3":
-        draw = rng.standard_t(3, size=(b, len(ROLES), n)) / math.sqrt(3.0)  # unit variance
-    else:
-        draw = rng.normal(size=(b, len(ROLES), n))
+    draw = unit_draw(rng, noise.tails, (b, len(ROLES), n))
     loss = base[None, :, None] + offset[None, :, None] + rng.normal(0, seed_sd, (b, 1, n)) + own[:, :, None] * draw
     expected = np.broadcast_to(truth, (b, len(EFFECTS))).copy()
     if noise.collapse:
@@ -344,7 +367,8 @@ def calibrate(families: int, ns=NS, noises=GRID, seed: int = 35, log=None, null_
 # ------------------------------------------------------------------------------- --decide
 
 PLANS = {"demo": [3, 4], "default": [3, 5, 7, 9, 10]}
-DECIDE_K = (2.0, 4.0, 8.0)
+DECIDE_K = (1.5, 2.0, 4.0, 8.0)
+SPENDINGS = ("late", "equal")  # decide.spending: the default, and the split of studies planned before it
 DECIDE_NOISES = tuple(NOISES[name] for name in ("alike", "one 4x noisier", "spread 70x", "t(3) tails"))
 
 
@@ -357,7 +381,7 @@ class SimRun:
 
 
 def decide_cell(rng: np.random.Generator, looks: list[int], noise: Noise, families: int, value: float,
-                futility: bool = True, batch: int = 200) -> dict[str, np.ndarray]:
+                futility: bool = True, batch: int = 200, spending: str = "late") -> dict[str, np.ndarray]:
     """One scenario (the tested effect's truth `value`) under --decide's looks: {call, low, high, truth,
     counted, runs}, each family's calls as its last look gave them and its runs trained (all configs).
 
@@ -365,7 +389,7 @@ def decide_cell(rng: np.random.Generator, looks: list[int], noise: Noise, famili
     by study.rounds.run_rounds, the loop `anatomy ablate --decide` runs: the trainer marks simulated runs
     as trained, the reader returns the trained ones. A family whose effects are decided (or futile) gets
     no more runs, and later looks judge it again on the same runs at the same alpha: the same calls."""
-    rounds, cap, parts = Rounds(looks, futility=futility), looks[-1], []
+    rounds, cap, parts = Rounds(looks, futility=futility, spending=spending), looks[-1], []
     for first in range(0, families, batch):
         b = min(batch, families - first)
         runs, expected = simulate(rng, cap, noise, b, first, truth=tested_only(value))
@@ -389,42 +413,53 @@ def decide_cell(rng: np.random.Generator, looks: list[int], noise: Noise, famili
 
 
 def calibrate_decide(families: int, plans=PLANS, noises=DECIDE_NOISES, seed: int = 28, log=None,
-                     null_families: int | None = None, futilities=(True, False)) -> list[dict]:
-    """One row per (plan, noise setting, futility on/off): error, power, boundary, coverage, runs.
-    null_families: families of the null scenario (the error rate needs more than power does)."""
+                     null_families: int | None = None, futilities=(True, False), spendings=SPENDINGS) -> list[dict]:
+    """One row per (plan, noise setting, spending, futility on/off): error, power, boundary, coverage, runs.
+    null_families: families of the null scenario (the error rate needs more than power does). Each spending
+    of a (plan, noise, futility) is judged on the same simulated families (the generator restarted at the
+    same state: common random numbers), so their differences are the rule's, not the draws'."""
     rng = np.random.default_rng(seed)
     out = []
     for plan, looks in plans.items():
         for noise in noises:
             for futility in futilities:
-                t0 = time.perf_counter()
-                cells = {"null": decide_cell(rng, looks, noise, null_families or families, 0.0, futility)}
-                cells |= {f"power {k:g}": decide_cell(rng, looks, noise, families, k * noise.sigma, futility)
-                          for k in DECIDE_K}
-                cells["edge"] = decide_cell(rng, looks, noise, families, MARGIN, futility)
-                pw = {k: rate(cells[f"power {k:g}"], stats.HELPS) for k in DECIDE_K}
-                out.append({"plan": plan, "looks": looks, "noise": noise.name, "futility": futility,
-                            "families": families, "null_families": null_families or families,
-                            "fwer": fwer(cells["null"]), "power": pw,
-                            "coverage": float(np.concatenate([covered(c) for k, c in cells.items()
-                                                              if k != "null"]).mean()),
-                            "negligible_plus": rate(cells["edge"], stats.NEGLIGIBLE),
-                            "runs_null": float(cells["null"]["runs"].mean()) / (len(ROLES) * looks[0]),
-                            "runs_power2": float(cells["power 2"]["runs"].mean()) / (len(ROLES) * looks[0])})
-                if log:
-                    log(f"--decide {plan}, {noise.name}, futility {futility}: {time.perf_counter() - t0:.0f} s")
+                state = rng.bit_generator.state
+                for spending in spendings:
+                    rng.bit_generator.state = state
+                    out.append(_decide_row(rng, plan, looks, noise, futility, spending, families, null_families, log))
     return out
+
+
+def _decide_row(rng, plan: str, looks: list[int], noise: Noise, futility: bool, spending: str, families: int,
+                null_families: int | None, log) -> dict:
+    t0 = time.perf_counter()
+    cell = functools.partial(decide_cell, rng, looks, noise, futility=futility, spending=spending)
+    cells = {"null": cell(null_families or families, 0.0)}
+    cells |= {f"power {k:g}": cell(families, k * noise.sigma) for k in DECIDE_K}
+    cells["edge"] = cell(families, MARGIN)
+    pw = {k: rate(cells[f"power {k:g}"], stats.HELPS) for k in DECIDE_K}
+    runs = {k: float(c["runs"].mean()) / (len(ROLES) * looks[0]) for k, c in cells.items()}
+    if log:
+        log(f"--decide {plan}, {noise.name}, {spending} spending, futility {futility}: "
+            f"{time.perf_counter() - t0:.0f} s")
+    return {"plan": plan, "looks": looks, "noise": noise.name, "futility": futility, "spending": spending,
+            "alphas": decide.spending(looks, spending), "families": families,
+            "null_families": null_families or families, "fwer": fwer(cells["null"]), "power": pw,
+            "coverage": float(np.concatenate([covered(c) for k, c in cells.items() if k != "null"]).mean()),
+            "negligible_plus": rate(cells["edge"], stats.NEGLIGIBLE), "runs_null": runs["null"],
+            "runs_power2": runs["power 2"], "runs_power1.5": runs["power 1.5"]}
 
 
 def decide_table(rows: list[dict]) -> list[str]:
     """The markdown table of calibrate_decide()'s rows."""
     ks = list(rows[0]["power"])
-    head = (["plan (looks)", "noise", "futility", "FWER %"] + [f"P(helps) {k:g} sd %" for k in ks]
-            + ["coverage %", "negl. at +m %", "runs (null) / 3 seeds", "runs (2 sd) / 3 seeds"])
-    return _markdown(head, [[f"{r['plan']} ({', '.join(map(str, r['looks']))})", r["noise"],
+    head = (["plan (looks)", "noise", "spending", "futility", "FWER %"] + [f"P(helps) {k:g} sd %" for k in ks]
+            + ["coverage %", "negl. at +m %", "runs (null) / 3 seeds", "runs (1.5 sd) / 3 seeds",
+               "runs (2 sd) / 3 seeds"])
+    return _markdown(head, [[f"{r['plan']} ({', '.join(map(str, r['looks']))})", r["noise"], r["spending"],
                              "on" if r["futility"] else "off", _pct(r["fwer"])] + [_pct(r["power"][k]) for k in ks]
                             + [_pct(r["coverage"]), _pct(r["negligible_plus"]), f"{r['runs_null']:.2f}x",
-                               f"{r['runs_power2']:.2f}x"] for r in rows])
+                               f"{r['runs_power1.5']:.2f}x", f"{r['runs_power2']:.2f}x"] for r in rows])
 
 
 # ------------------------------------------------------------------------------- trends
@@ -541,7 +576,9 @@ def legend(families: int) -> list[str]:
 def decide_legend(families: int, null_families: int) -> list[str]:
     return [f"{families} families per scenario ({null_families} under the null: Monte-Carlo sd "
             f"{100 * math.sqrt(0.05 * 0.95 / null_families):.1f} points at 5 %); noise settings and margin as in "
-            "the fixed-seed grid; every look judged at 0.05 / (number of looks). FWER: P(any false helps/hurts "
+            "the fixed-seed grid; each look judged at its spending's alpha (late: records.late_spending, 0.6 of "
+            "0.05 at the final look, the rest in proportion to the look's order; equal: 0.05 / (number of looks)), "
+            "futility at the final look's level; both spendings on the same families. FWER: P(any false helps/hurts "
             "in the calls of each family's last look) with every effect 0; P(helps) k sd: the tested effect at k "
             "paired sds; coverage: all intervals of a family's last look hold their truths, over the power and "
             "margin scenarios; negl. at +m: P(negligible) for the tested effect exactly at the margin 0.02; runs: "
@@ -554,6 +591,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--families", type=int, default=1000, help="simulated studies per scenario (default 1000)")
     p.add_argument("--quick", action="store_true", help="300 families, n = 3 only")
     p.add_argument("--noise", action="append", choices=list(NOISES), help="only these noise settings (repeatable)")
+    p.add_argument("--skew", action="store_true", help="the skew axis (right-skewed run noise) instead of the grid")
+    p.add_argument("--skew-floor", type=float, help="judge with this stats.SKEW_FLOOR (0: each effect's own sd "
+                   "alone, the rule before issue 48), to measure what the floor changes")
     p.add_argument("--n", type=int, action="append", help="only these seed counts (repeatable)")
     p.add_argument("--null-only", action="store_true", help="only the null scenario (FWER and coverage), for "
                    "rerunning a cell with more families")
@@ -564,6 +604,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "--families)")
     p.add_argument("--plan", action="append", choices=list(PLANS), help="with --decide: only these plans")
     p.add_argument("--futility", choices=("on", "off", "both"), default="both", help="with --decide (default both)")
+    p.add_argument("--spending", action="append", choices=SPENDINGS, help="with --decide: only these alpha "
+                   "spendings (default both)")
     p.add_argument("--seed", type=int, default=28)
     p.add_argument("--json", type=Path, help="also write the numbers here")
     p.add_argument("--append", action="store_true", help="append a dated section to benchmarks/RESULTS.md")
@@ -573,14 +615,17 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> None:
     args = parse_args(argv)
     families, ns = (300, (3,)) if args.quick else (args.families, tuple(args.n or NS))
-    noises = tuple(NOISES[name] for name in args.noise) if args.noise else GRID
+    noises = tuple(NOISES[name] for name in args.noise) if args.noise else SKEWS if args.skew else GRID
+    if args.skew_floor is not None:
+        stats.SKEW_FLOOR = args.skew_floor
     t0 = time.perf_counter()
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     if args.decide:
         rows = calibrate_decide(families, plans={k: PLANS[k] for k in args.plan or PLANS},
                                 noises=tuple(NOISES[n] for n in args.noise) if args.noise else DECIDE_NOISES,
                                 seed=args.seed, log=log, null_families=args.null_families,
-                                futilities={"on": (True,), "off": (False,), "both": (True, False)}[args.futility])
+                                futilities={"on": (True,), "off": (False,), "both": (True, False)}[args.futility],
+                                spendings=tuple(args.spending or SPENDINGS))
         lines = [*decide_legend(families, args.null_families or families), "", *decide_table(rows), "",
                  f"wall time {time.perf_counter() - t0:.0f} s"]
     elif args.trends:

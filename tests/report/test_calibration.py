@@ -71,15 +71,28 @@ def test_heavy_tails_keep_the_family_wise_error():
 
 
 def test_an_effect_is_judged_on_its_own_variance_whatever_the_others_are():
-    """No variance borrows: one effect's interval and call do not move when the others' noise does."""
+    """No variance borrows: quieter others never narrow an effect's interval; noisier ones widen it only up to the
+    family's median sd (stats.sd_floor, the skew floor), never past it."""
     one = stats.paired([0.30, 0.18, 0.25])
     quiet = [stats.paired(np.array([0.01, -0.01, 0.0]) * (i + 1)) for i in range(9)]
     loud = [stats.paired(np.array([1.0, -1.0, 0.3]) * (i + 1)) for i in range(9)]
     a, b = stats.judge([one, *quiet], 0.02)[0], stats.judge([one, *loud], 0.02)[0]
-    for key in ("adj_low", "adj_high", "df", "mde", "call", "p_value"):
+    for key in ("df", "p_value"):
         assert a[key] == b[key], key
     half = stats.sps.t.ppf(1 - 0.05 / 20, 2) * one["sd"] / math.sqrt(3)
     assert a["adj_high"] == pytest.approx(one["gain"] + half, rel=1e-12) and a["df"] == 2
+    median = float(np.median([r["sd"] for r in (one, *loud)]))
+    assert b["adj_high"] == pytest.approx(one["gain"] + half * median / one["sd"], rel=1e-12)
+
+
+@pytest.mark.parametrize("n", [3, 5, 10])
+def test_skewed_seed_noise_keeps_the_family_wise_error(n, monkeypatch):
+    """Issue 48 item 4: a centred exponential (skewness 2) made the own-variance t call a false effect in
+    18-28 % of families at 3-10 seeds, through bunched samples' tiny sds; floored at the family's median sd
+    (stats.sd_floor) it holds 5 %. Fails with the floor off (stats.SKEW_FLOOR = 0)."""
+    families = 300
+    cell = cv.run_cell(np.random.default_rng(2048 + n), n, cv.NOISES["skew exponential"], families, {"null": 0.0})
+    assert cv.fwer(cell["null"]) <= 0.05 + slack(0.05, families)
 
 
 def test_a_noisy_trend_keeps_the_trends_family_wise_error():

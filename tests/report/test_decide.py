@@ -25,6 +25,10 @@ def test_schedule_alpha_and_budget():
     assert decide.schedule(3, 10) == [3, 5, 7, 9, 10] and decide.schedule(3, 3) == [3]
     assert decide.schedule(2, 6, 1) == [2, 3, 4, 5, 6]
     assert decide.alpha([3, 5, 7, 9, 10]) == pytest.approx(0.01)  # 0.05 split over five looks
+    # late spending, the default: most of 0.05 at the final look, the earlier looks in proportion to their order
+    assert decide.spending([3, 5, 7, 9, 10]) == pytest.approx([0.002, 0.004, 0.006, 0.008, 0.03])
+    assert decide.spending([3, 4]) == pytest.approx([0.02, 0.03]) and decide.spending([3]) == [0.05]
+    assert decide.spending([3, 5, 7], "equal") == pytest.approx([0.05 / 3] * 3)
     assert [decide.parse_budget(t) for t in ("30m", "2h", "90s", "600", None)] == [1800, 7200, 90, 600, None]
     for bad in ("soon", "-5m", "0", "1e9999h"):
         with pytest.raises(InputError, match=f"^--budget {bad}: '{bad}' is not a time"):
@@ -67,7 +71,7 @@ def test_decide_gives_seeds_only_to_open_effects_and_resumes_to_the_same_decisio
     assert result.exit_code == 0, result.output
     root = tmp_path / "runs" / "toy"
     record = json.loads((root / records.DECIDE).read_text())
-    assert record["looks"] == [3, 4, 5] and record["alpha"] == pytest.approx(0.05 / 3)
+    assert record["looks"] == [3, 4, 5] and record["spending"] == pytest.approx(records.late_spending([3, 4, 5]))
     assert record["rounds"][0]["seeds"] == 3 and record["rounds"][0]["trained"] == 9
     assert "noop add-one" not in record["rounds"][0]["open"]  # exactly zero: negligible at its first look
     runs = load_runs(root)[0]
@@ -79,10 +83,11 @@ def test_decide_gives_seeds_only_to_open_effects_and_resumes_to_the_same_decisio
     assert (len(record["rounds"]) > 1) == rope_open
     assert record["stopped"] in ("every effect decided", "the seed cap (5) reached with 1 effect open",
                                  "1 effect open, none of which 5 seeds would decide at the noise measured")
-    # the report judges every family at the looks' alpha
+    # the report judges every family at the alpha of the latest look the study made
     effects = build_report(root).effects
     noop = effects[(effects["flip"] == "noop") & (effects["metric"] == "best_val_bpb")].iloc[0]
-    assert noop["call"] == stats.NEGLIGIBLE and noop["adj_level"] == pytest.approx(1 - record["alpha"] / 2)
+    now = record["spending"][len(record["rounds"]) - 1]
+    assert noop["call"] == stats.NEGLIGIBLE and noop["adj_level"] == pytest.approx(1 - now / 2)
     assert "--decide:" in result.output and record["stopped"] in result.output
     # the same command again trains nothing and takes the same decisions (each look reads its own seeds)
     again = invoke(*args)
@@ -146,6 +151,31 @@ def test_futile_effects_are_the_open_ones_the_cap_could_not_decide():
     assert decide.open_runs([("", runs)], effects, cap=10) == {"r", "w", "f"}
 
 
+def test_futility_is_judged_at_the_final_look_s_level():
+    """Late spending gives an early look a small alpha: judged at its own level (0.002 over 10 effects) an
+    effect the cap's level (0.03) would call looks hopeless, and the seeds that decide it are withheld."""
+    import pandas as pd
+
+    effect = _open("late", stats.UNDECIDED, 3, 0.07, 0.04) | {"adj_level": 1 - 0.002 / 10, "family": 10}
+    effects = pd.DataFrame([effect])
+    assert decide.names(decide.futile(effects, 10)) == ["late add-one"]  # at its own look's level: given up
+    assert decide.futile(effects, 10, final_alpha=0.03).empty  # at the final look's: worth the seeds
+
+
+def test_futility_counts_a_tuned_effect_s_allowance_which_seeds_do_not_shrink():
+    """An effect whose interval the LR selection's allowance widens by 0.3 below cannot be called helps at any
+    cap when its gain is 0.1: futile; without the allowance the same effect is worth the seeds."""
+    import pandas as pd
+
+    plain = _open("tuned", stats.UNDECIDED, 3, 0.1, 0.02) | {"family": 10}
+    assert decide.futile(pd.DataFrame([plain]), 10, final_alpha=0.05).empty
+    tuned = plain | {"allow_low": 0.3, "allow_high": 0.3}
+    assert decide.names(decide.futile(pd.DataFrame([tuned]), 10, final_alpha=0.05)) == ["tuned add-one"]
+    hurts = tuned | {"gain": -0.1}  # mirrored: the allowance above widens a hurting gain's side toward zero
+    assert decide.names(decide.futile(pd.DataFrame([hurts | {"allow_low": 0.0}]), 10, 0.05)) == ["tuned add-one"]
+    assert decide.futile(pd.DataFrame([hurts | {"allow_high": 0.0}]), 10, 0.05).empty
+
+
 def test_the_stop_line_names_the_effects_given_up_on_once():
     a, b, c = "a add-one", "b add-one", "c add-one"
     rounds = [{"seeds": 3, "trained": 9, "seconds": 9.0, "open": [a, b, c], "futile": [a]},
@@ -155,6 +185,9 @@ def test_the_stop_line_names_the_effects_given_up_on_once():
                                  stopped="the seed cap (5) reached with 2 effects open")
     text = decide.stop_text(record)
     assert text.endswith("seeds withheld as futile (the cap would not decide them): a add-one at 3, b add-one at 4")
+    assert "each look at family-wise alpha 0.01667 (0.05 split over the looks)" in text  # a file from before spending
+    late = record.model_copy(update={"alpha": None, "spending": [0.01, 0.015, 0.025]})
+    assert "family-wise alpha 0.01, 0.015, 0.025 at its looks (0.05 in all, spent late)" in decide.stop_text(late)
 
 
 def test_seeds_for_is_the_first_count_whose_mde_reaches_the_effect():
@@ -171,6 +204,10 @@ def test_seeds_for_is_the_first_count_whose_mde_reaches_the_effect():
     assert mde(n - 1, 0.02) > 0.05 >= mde(n, 0.02)
     assert stats.seeds_for(0.05, 10, 0.0) is None and stats.seeds_for(1.0, 10, 1e-6, most=50) is None
     assert stats.seeds_for(0.05, 10, 0.02, margin=0.02) is None  # a gain at the margin: half the time at most
+    # a tuned study's allowance does not shrink with seeds: an effect within it is out of any seed count's reach
+    assert stats.seeds_for(0.05, 10, 0.04, margin=0.02, allow=0.3) is None
+    wide = stats.seeds_for(0.05, 10, 0.1, margin=0.02, allow=0.05)
+    assert wide > stats.seeds_for(0.05, 10, 0.1, margin=0.02)
 
 
 def test_the_printed_mde_is_the_power_of_the_call():
@@ -196,7 +233,8 @@ def test_a_specs_decide_table_plans_the_rounds_and_options_override_it(tmp_path)
                                      "decide": {"max_seeds": 4, "step": 1}})
     out = invoke("ablate", spec, "--runs-dir", tmp_path / "runs", "--dry-run")
     assert out.exit_code == 0, out.output
-    assert "--decide: looks at 3, 4 seeds, each at family-wise alpha 0.025" in " ".join(out.output.split())
+    assert ("--decide: looks at 3, 4 seeds, family-wise alpha 0.02, 0.03 at its looks (0.05 in all, spent late)"
+            in " ".join(out.output.split()))
     out = invoke("ablate", spec, "--runs-dir", tmp_path / "runs", "--dry-run", "--max-seeds", "7", "--decide-step", "2")
     assert "--decide: looks at 3, 5, 7 seeds" in " ".join(out.output.split())
     bad = write_spec(tmp_path, name="bad", top={"seeds": 3, "flips": ["rope"], "decide": {"budget": "soon"}})
@@ -208,7 +246,7 @@ def test_a_resumed_decide_prices_its_next_round_from_the_calibrated_step_times(t
     """The first round found done (a resumed study) took no time; the next round's cost must still be
     estimated (this machine's step times), so a budget it cannot meet stops the study before it trains.
     Toy rope is futile at any cap (its gain is noise), so futility is switched off here: this is about price."""
-    monkeypatch.setattr(decide, "futile", lambda effects, cap: effects.iloc[0:0])
+    monkeypatch.setattr(decide, "futile", lambda effects, cap, final_alpha=None: effects.iloc[0:0])
     spec = write_spec(tmp_path, top={"seeds": 3, "flips": ["rope"], "directions": ["add-one"]})
     base = ["ablate", spec, "--runs-dir", tmp_path / "runs", "--workers", "1", "--stack", "off"]
     assert invoke(*base, "--no-report").exit_code == 0

@@ -59,6 +59,12 @@ def test_rule_text_adds_the_looks_and_the_family_up_to_the_family_wise_error():
     assert "97.5 % confidence" in stats.rule_text(0.9975, 10)
     assert "of a group" in stats.rule_text(0.995, 10, groups=3)
 
+    # alpha spent late over the looks (decide.json's spending): this look's share of the whole
+    late = stats.rule_text(0.997, 10, [0.002, 0.004, 0.006, 0.008, 0.03])
+    assert late == ("each interval at 99.7 % (Bonferroni: this look's 0.03 of the 0.05 spent over 5 looks, split "
+                    "over the 10 effects), so all 10, at every look, hold together with 95 % confidence")
+    assert stats.rule_text(0.9975, 10, [0.025, 0.025]) == stats.rule_text(0.9975, 10, 2)  # equal: as before
+
 
 @pytest.mark.slow  # writes a whole report with figures: seconds
 @pytest.mark.filterwarnings("ignore:No artists with labels:UserWarning")

@@ -9,6 +9,7 @@ import pytest
 from report_runs import (
     constructed,
 )
+from scipy import stats as sps
 
 from anatomy_cli.report import stats
 
@@ -75,3 +76,24 @@ def test_holm_by_hand():
     assert got[[0, 1, 2, 4]] == pytest.approx([0.03, 0.06, 0.06, 0.02]) and math.isnan(got[3])
     assert stats.holm([0.3, 0.02]) == pytest.approx([0.3, 0.04])  # .02 x2; .3 x1
     assert stats.holm([0.7, 0.6]) == pytest.approx([1.0, 1.0])
+
+
+def test_an_sd_below_its_family_s_median_is_judged_at_the_median():
+    """Issue 48 item 4: skewed noise makes a bunched 3-seed sample's sd tiny and its t huge; the sd of an effect
+    past the margin is floored at the family's median (stats.sd_floor), which only widens: the raw interval and
+    the p-value stay the plain t's, an sd at or above the median is untouched, identical differences (sd 0) keep
+    theirs, and an effect inside the margin keeps its own (a quiet part stays reachable as negligible)."""
+    rows = stats.judge([stats.paired(d) for d in ([0.5, 0.51, 0.52], [0.1, 0.3, 0.5], [0.0, 0.4, 0.2],
+                                                  [0.2, 0.2, 0.2])], margin=0.02)
+    sds = [r["sd"] for r in rows]
+    floor = float(np.median([x for x in sds if x > 1e-12]))  # [0.2, 0.2, 0.2]: no noise
+    assert stats.sd_floor(sds) == pytest.approx(floor) and floor == pytest.approx(0.2)
+    assert rows[0]["se"] == pytest.approx(floor / math.sqrt(3))  # 0.01 read as the median
+    assert rows[1]["se"] == pytest.approx(0.2 / math.sqrt(3)) and rows[3]["se"] < 1e-12  # kept, not floored
+    assert rows[0]["p_value"] == pytest.approx(stats.paired([0.5, 0.51, 0.52])["p_value"])
+    crit = float(sps.t.ppf(1 - 0.05 / 8, 2))
+    assert rows[0]["adj_low"] == pytest.approx(0.51 - crit * floor / math.sqrt(3))
+    assert stats.sd_floor([math.nan, 0.0]) == 0.0
+    inside = stats.judge([stats.paired([0.001, 0.002, 0.003]), *(stats.paired(d) for d in ([0.1, 0.3, 0.5],
+                                                                                           [0.0, 0.4, 0.2]))], 0.02)
+    assert inside[0]["se"] == pytest.approx(0.001 / math.sqrt(3)) and inside[0]["call"] == stats.NEGLIGIBLE

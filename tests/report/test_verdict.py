@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 from report_runs import (
@@ -61,10 +62,13 @@ def test_verdict_three_seeds(tmp_path):
     v = verdict.verdict_frame(effects)
     assert v["flip"].tolist() == ["rope", "swiglu"]
     q = 1 - 0.05 / 2  # simultaneous over the 2 effects; df 2: P(|T| < t) = t / sqrt(2 + t^2) = q
-    half = q * math.sqrt(2 / (1 - q * q)) * 0.05 / math.sqrt(3)
+    # rope's gain is past the margin: its sd (0.05) is judged at the family's median, the mean of 0.05 and
+    # swiglu's 0.1155 (stats.sd_floor, skewed noise: issue 48), so +0.25 is not yet called at 3 seeds
+    floor = (0.05 + float(np.std([0.1, -0.1, 0.1], ddof=1))) / 2
+    half = q * math.sqrt(2 / (1 - q * q)) * floor / math.sqrt(3)
     assert v.loc[0, "gain"] == pytest.approx(0.25)
     assert (v.loc[0, "adj_low"], v.loc[0, "adj_high"]) == pytest.approx((0.25 - half, 0.25 + half))  # two: no squeeze
-    assert v.loc[0, "call"] == "helps" and v.loc[1, "call"] == "undecided"
+    assert v.loc[0, "call"] == "undecided" and v.loc[1, "call"] == "undecided"
     assert v.loc[1, "gain"] == pytest.approx(-0.1 / 3)
     assert verdict.noise_floor(runs)["reference"] == pytest.approx((0.1, 3, 2.1))  # sd of 2.0, 2.1, 2.2
 

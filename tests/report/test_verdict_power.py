@@ -65,3 +65,22 @@ def test_a_dry_run_of_two_flips_on_a_folder_of_five_counts_two(tmp_path, fast_ca
     power = [flat(x) for x in result.stdout.split("power: ")[1:]]
     assert len(power) == 1 and "the plan's 2 effects' median paired sd" in power[0], result.stdout
     assert "moderated" not in power[0] and "5 effects" not in power[0]
+
+
+def test_a_tuned_family_s_power_counts_the_allowance_no_seed_count_shrinks():
+    """Issue 48 item 7: a tuned study's intervals are widened by the LR selection's allowance (allow_low,
+    allow_high), which more study seeds do not shrink: no seed count calls twice the margin when the
+    allowance is larger, so the dry run must not promise one; a smaller allowance costs seeds and mde."""
+    rows = [{"metric": "best_val_bpb", "flip": f, "direction": "add-one", "group": "", "n_pairs": 3, "gain": 0.05,
+             "sd": 0.01} for f in FLIPS]
+    plain = pd.DataFrame(stats.judge(rows, 0.02))
+    (line,) = power_lines(NO_RUNS, plain)
+    assert "needs" in line and "--seeds" in line, line
+    seeds = int(line.split("--seeds ")[1])
+    wide = pd.DataFrame(stats.judge([r | {"allow_low": 0.3, "allow_high": 0.3} for r in rows], 0.02))
+    (line,) = power_lines(NO_RUNS, wide)
+    assert "--seeds" not in line and "no seed count calls one of 0.040 (twice the margin)" in line, line
+    assert "allowance (0.300)" in line and _mde(line) > 0.3
+    some = pd.DataFrame(stats.judge([r | {"allow_low": 0.01, "allow_high": 0.01} for r in rows], 0.02))
+    (line,) = power_lines(NO_RUNS, some)
+    assert int(line.split("--seeds ")[1]) > seeds and _mde(line) > float(plain["mde"].median()), line

@@ -26,6 +26,9 @@ def test_each_record_round_trips_and_a_missing_one_is_none(tmp_path):
     decide = records.DecideRecord(looks=[3, 4], alpha=0.025, by="spec")
     records.write_decide(tmp_path, decide)
     assert records.read_decide(tmp_path) == decide
+    decide = records.DecideRecord(looks=[3, 5, 7, 9, 10], spending=records.late_spending([3, 5, 7, 9, 10]))
+    records.write_decide(tmp_path, decide)
+    assert records.read_decide(tmp_path) == decide and json.loads((tmp_path / "decide.json").read_text())["spending"]
     tune = records.TuneRecord(grid=records.TuneGrid(center=1e-3, points=3, factor=2.0, extend=1), seeds=[1336],
                               rule="argmin", initial_loss=6.0, arms=[records.TuneArm(
                                   arm="2017", config="abc", lrs=[5e-4, 1e-3], losses=[2.1, 2.0], lr=1e-3, tuned=True,
@@ -43,6 +46,10 @@ def test_each_record_round_trips_and_a_missing_one_is_none(tmp_path):
     ("sweep.json", {"components": [], "sizes": [{"name": 1}]}, "sizes is not a list of {name, settings}"),
     ("decide.json", {"looks": [3, 3], "alpha": 0.025}, "looks [3, 3] are not increasing"),
     ("decide.json", {"looks": [3, 4], "alpha": 0.05}, "is not 0.05 split over the 2 looks"),
+    ("decide.json", {"looks": [3, 4]}, "neither spending (each look's alpha) nor alpha"),
+    ("decide.json", {"looks": [3, 4], "spending": [0.02, 0.04]}, "adds up to 0.06, more than 0.05"),
+    ("decide.json", {"looks": [3, 4], "spending": [0.03, 0.02]}, "falls from one look to the next"),
+    ("decide.json", {"looks": [3, 4, 5], "spending": [0.02, 0.03]}, "spending has 2 alphas for 3 looks"),
     ("tune.json", {"grid": {"center": 1e-3, "points": 1, "factor": 2, "extend": 0}, "seeds": [1], "rule": "r",
                    "initial_loss": 1.0}, "grid.points: Input should be greater than or equal to 3"),
     ("timing.json", {"steps": 1, "warmup": 0, "threads": 1, "configs": [], "rounds_data": [{"a": -1.0}]},
@@ -86,3 +93,20 @@ def test_settings_record_how_they_were_typed():
     setting = Setting("decide.max_seeds", 6, "--max-seeds 6")
     assert setting.option == "--max-seeds" and setting.table == "decide"
     assert Setting("seeds", 3, "--set seeds=3").option == "--set seeds" and Setting("seeds", 3, "").table is None
+
+
+def test_a_decide_record_says_each_look_s_alpha_in_either_form():
+    """decide.json from before spending (one alpha, split equally) reads as that alpha at every look; one with
+    spending as its looks' alphas; a report judges at the latest look's (the first before any round)."""
+    old = records.DecideRecord.model_validate({"looks": [3, 4], "alpha": 0.025, "rounds": [
+        {"seeds": 3, "trained": 9, "seconds": 1.0, "open": []}]})
+    assert old.alphas == [0.025, 0.025] and old.equal and old.now == 0.025
+    late = records.DecideRecord(looks=[3, 5, 7, 9, 10], spending=records.late_spending([3, 5, 7, 9, 10]))
+    assert late.alphas == pytest.approx([0.002, 0.004, 0.006, 0.008, 0.03]) and not late.equal
+    assert late.now == pytest.approx(0.002)  # no round yet: the first look's
+    two = late.model_copy(update={"rounds": [records.Round(seeds=n, trained=1, seconds=0.0, open=[]) for n in (3, 5)]})
+    assert two.now == pytest.approx(0.004)
+    assert sum(records.late_spending([3, 4])) == pytest.approx(0.05) and records.late_spending([3]) == [0.05]
+    for looks in ([3, 4], [3, 5, 7], list(range(3, 21))):
+        spent = records.late_spending(looks)
+        assert sum(spent) == pytest.approx(0.05) and spent == sorted(spent) and spent[-1] == pytest.approx(0.03)

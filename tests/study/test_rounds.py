@@ -15,6 +15,7 @@ import pytest
 
 from anatomy_cli.report import decide
 from anatomy_cli.report import effects as effects_mod
+from anatomy_cli.store import records
 from anatomy_cli.store.runs import COMPLETED
 from anatomy_cli.study import ablation, rounds
 from anatomy_cli.study.rounds import Rounds, run_rounds
@@ -77,8 +78,9 @@ def test_every_effect_decided_stops_at_the_first_look():
 
 
 def test_the_seed_cap_stops_an_open_effect_and_only_its_configs_get_seeds():
-    """swiglu helps clearly; rope's gain is lost in noise: without futility it gets seeds up to the cap."""
-    study = FakeStudy({"+swiglu": 0.5, "+rope": 0.01}, {"+rope": 0.3})
+    """swiglu helps clearly; rope's gain is lost in noise: without futility it gets seeds up to the cap. (Clearly
+    at the family's median sd, which rope's noise sets in a family of two: stats.sd_floor, issue 48.)"""
+    study = FakeStudy({"+swiglu": 3.0, "+rope": 0.01}, {"+rope": 0.3})
     saved = []
     done = study.run(Rounds([3, 5, 7], futility=False), save=saved.append)
     assert done.record.stopped == "the seed cap (7) reached with 1 effect open"
@@ -87,7 +89,22 @@ def test_the_seed_cap_stops_an_open_effect_and_only_its_configs_get_seeds():
     assert study.seeds() == {"reference": 7, "+rope": 7, "+swiglu": 3}
     assert all(r.open == ["rope add-one"] for r in done.record.rounds)
     assert saved[-1] == done.record and saved[0].rounds == []  # the plan is on disk before the first round
-    assert done.record.alpha == pytest.approx(0.05 / 3)
+    assert done.record.alphas == pytest.approx(decide.spending([3, 5, 7]))  # spent late by default
+
+
+def test_each_look_is_judged_at_its_own_alpha_and_a_rerun_keeps_the_study_s_spending(monkeypatch):
+    """Late spending: look k's effects are judged at alpha_k (decide.json's spending); a study planned before it
+    (one alpha, split equally) goes on at its own alphas when rerun, in its file's form."""
+    study = FakeStudy({"+swiglu": 0.5, "+rope": 0.01}, {"+rope": 0.3})
+    levels, real = [], effects_mod.component_effects
+    monkeypatch.setattr(effects_mod, "component_effects", lambda *a, **kw: levels.append(kw["alpha"]) or real(*a, **kw))
+    done = study.run(Rounds([3, 5, 7], futility=False))
+    assert levels == pytest.approx(decide.spending([3, 5, 7]))
+    before = records.DecideRecord(looks=[3, 5, 7], alpha=0.05 / 3, rounds=done.record.rounds[:1])
+    levels.clear()
+    again = study.run(Rounds([3, 5, 7], futility=False), before=before).record
+    assert levels == pytest.approx([0.05 / 3] * 3) and again.alpha == pytest.approx(0.05 / 3)
+    assert again.spending is None
 
 
 def test_futility_stops_a_study_whose_open_effects_the_cap_could_not_decide():
@@ -162,7 +179,9 @@ def test_looks_of_plans_from_the_first_count_to_the_cap():
     assert rounds.looks_of(3, None, 2) == [3, 5, 7, 9, 10]
     assert rounds.looks_of(12, None, 2) == [12]
     assert rounds.looks_of(3, 4, 1) == [3, 4]
-    assert json.dumps(Rounds([3, 5]).alpha) == json.dumps(0.025)
+    assert json.dumps(Rounds([3, 5]).alphas) == json.dumps([0.02, 0.03])  # as decide.json shows them
+    assert json.dumps(Rounds([3, 5, 7, 9, 10]).alphas) == json.dumps([0.002, 0.004, 0.006, 0.008, 0.03])
+    assert json.dumps(Rounds([3, 5], spending="equal").alphas) == json.dumps([0.025, 0.025])
 
 
 class LosingStudy(FakeStudy):

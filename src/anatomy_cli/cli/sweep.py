@@ -157,8 +157,10 @@ def _dry_run(study, estimate) -> None:
         console.print(wrap(tune_line(study), console.width), highlight=False, markup=False, soft_wrap=True)
     if study.rounds:
         looks = study.rounds.looks
-        console.print(f"--decide: looks at {', '.join(map(str, looks))} seeds, each at family-wise alpha "
-                      f"{decide_mod.alpha(looks):.4g}; this table is the first round", highlight=False)
+        alphas = study.rounds.alphas
+        console.print(f"--decide: looks at {', '.join(map(str, looks))} seeds, "
+                      f"{'each at ' if len(set(alphas)) <= 1 else ''}family-wise alpha "
+                      f"{decide_mod.alphas_text(alphas)}; this table is the first round", highlight=False)
         if study.tune is None:  # a tuned study's first round trains after its selection, at LRs not chosen yet
             from anatomy_cli.study.ablation import round_seconds
             from anatomy_cli.study.rounds import budget_note

@@ -7,18 +7,23 @@ be overrun by another round.
 
 Error control under optional stopping. Looking after every round and stopping on what was seen
 would spend the family's alpha once per look. The rounds are planned before any run (the looks at
-n0, n0 + step, ..., max_seeds seeds: K looks), and each look's intervals are simultaneous at level
-1 - alpha / K over its family (a Bonferroni split of alpha over the looks, the simplest
-group-sequential alpha-spending plan: equal spending). By the union bound, the chance that any
-interval of any look misses its truth is at most alpha, whatever the stopping rule and however the
-looks depend on each other; a call made at any look, the final report included, keeps the
-family-wise guarantee. It is conservative where looks are correlated (Pocock or O'Brien-Fleming
-boundaries would spend less at the early looks), and exact in the worst case, with no assumption
-about the dependence. Each look reads the seeds of its round only (the first n seeds), so a study
-interrupted and resumed takes the same decisions as one that ran straight through.
+n0, n0 + step, ..., max_seeds seeds: K looks), and look k's intervals are simultaneous at level
+1 - alpha_k over its family, with alpha_1 + ... + alpha_K <= alpha (an alpha-spending plan). By the
+union bound, the chance that any interval of any look misses its truth is at most alpha, whatever the
+stopping rule and however the looks depend on each other; a call made at any look, the final report
+included, keeps the family-wise guarantee. The default spends late (records.late_spending: at looks
+3, 5, 7, 9, 10 seeds 0.002, 0.004, 0.006, 0.008, 0.03): an early look with 2 degrees of freedom calls
+only large effects whatever its alpha, so alpha spent there buys little, and the final look, where the
+open effects end, gets most of it (Pocock's and O'Brien-Fleming's boundaries also spend little early;
+this plan needs no assumption about the dependence of the looks). Studies planned before it (and
+`decide.spending = "equal"`) split alpha equally, alpha / K at each look; decide.json records each
+look's alpha. benchmarks/calibrate_verdict.py --decide measures both. Each look reads the seeds of its
+round only (the first n seeds), so a study interrupted and resumed takes the same decisions as one that
+ran straight through.
 
 Futility. Seeds also stop for an open effect that the cap could not decide: one whose interval, at
-the cap's seed count with its noise as measured now, would still be open for every gain within one
+the cap's seed count and the final look's level with its noise as measured now (and a tuned study's
+LR-selection allowance, which seeds do not shrink), would still be open for every gain within one
 standard error of the one seen (the optimistic end of that range for a difference from zero, the
 pessimistic one for "negligible"). Such an effect keeps its call (undecided, below margin) and its
 configs get no more seeds for it. Futility only ever withholds seeds, never makes a call, so the
@@ -26,7 +31,7 @@ error bound above holds unchanged (a non-binding futility boundary); what it cos
 the effects it gives up on, which benchmarks/calibrate_verdict.py --decide measures.
 
   schedule       the planned seed counts of the looks
-  alpha          each look's family-wise alpha
+  spending       each look's family-wise alpha (late by default; alpha: the equal split)
   turned_on_by   where its rounds came from: the spec's [decide] table or the command line
   open_effects   the effects whose call is still open
   futile         those no seed count up to the cap would plausibly decide
@@ -67,8 +72,27 @@ def schedule(first: int, max_seeds: int, step: int = STEP, name: str = "decide.m
 
 
 def alpha(looks: list[int]) -> float:
-    """The family-wise alpha of each look: stats.ALPHA split equally over the planned looks."""
+    """The family-wise alpha of each look under equal spending: stats.ALPHA split equally over the looks (the
+    plan of every study from before late spending, and of `decide.spending = "equal"`)."""
     return records.equal_alpha(looks)
+
+
+SPENDINGS = ("late", "equal")
+
+
+def spending(looks: list[int], plan: str = "late") -> list[float]:
+    """Each look's family-wise alpha: "late" (the default: records.late_spending, most of stats.ALPHA at the
+    final look) or "equal" (stats.ALPHA / K at each of the K looks)."""
+    if plan not in SPENDINGS:
+        raise InputError(f"decide.spending: {plan!r} is not one of {', '.join(SPENDINGS)}")
+    return records.late_spending(looks) if plan == "late" else [alpha(looks)] * len(looks)
+
+
+def alphas_text(alphas: list[float]) -> str:
+    """'0.025' (every look's) or '0.002, 0.004, 0.006, 0.008, 0.03 (spent late)' for a line."""
+    if len(set(alphas)) <= 1:
+        return f"{alphas[0]:.4g}" if alphas else ""
+    return f"{', '.join(f'{a:.4g}' for a in alphas)} at its looks ({sum(alphas):.4g} in all, spent late)"
 
 
 def turned_on_by(rules) -> str:
@@ -104,11 +128,14 @@ def names(effects: pd.DataFrame) -> list[str]:
     return [f"{r.flip} {r.direction}" + (f" ({r.group})" if r.group else "") for r in effects.itertuples()]
 
 
-def futile(effects: pd.DataFrame, cap: int) -> pd.DataFrame:
+def futile(effects: pd.DataFrame, cap: int, final_alpha: float | None = None) -> pd.DataFrame:
     """The open effects that `cap` seeds would leave open: at the cap (its n and the degrees of freedom
-    that n adds), with each effect's variance and family level as judged now, no gain within one
-    standard error of the one seen gets a decided call. An effect without an interval yet (too few
-    seeds) is never futile."""
+    that n adds), with each effect's variance as judged now and the final look's level (`final_alpha` over
+    the effect's family; None: its level now), its interval widened by its LR-selection allowance (a tuned
+    study's, which no seed count shrinks), no gain within one standard error of the one seen gets a decided
+    call. An effect without an interval yet (too few seeds) is never futile. Judged at the cap's level, not
+    this look's: under late spending an early look's small alpha would otherwise give up on effects the
+    final look's larger one decides."""
     still = open_effects(effects)
     keep = []
     for r in still.itertuples():
@@ -117,13 +144,22 @@ def futile(effects: pd.DataFrame, cap: int) -> pd.DataFrame:
             keep.append(False)
             continue
         se_cap = se * math.sqrt(n / cap)
-        crit = float(sps.t.ppf(1 - (1 - r.adj_level) / 2, df + cap - n))
+        tail = final_alpha / (2 * r.family) if final_alpha is not None else (1 - r.adj_level) / 2
+        crit = float(sps.t.ppf(1 - tail, df + cap - n))
         margin = r.margin if math.isfinite(r.margin) else 0.0
+        below, above = _allowance(r, "allow_low"), _allowance(r, "allow_high")
         far, near = abs(r.gain) + se, max(0.0, abs(r.gain) - se)  # the gains most and least unlike zero
-        decided = stats.call(cap, far, far - crit * se_cap, far + crit * se_cap, margin) not in OPEN or \
-            stats.call(cap, near, near - crit * se_cap, near + crit * se_cap, margin) not in OPEN
+        # the allowance widens the side toward zero (a helping gain's low end, by the end's regret) and the far side
+        lo, hi = (below, above) if r.gain >= 0 else (above, below)
+        decided = any(stats.call(cap, g, g - crit * se_cap - lo, g + crit * se_cap + hi, margin) not in OPEN
+                      for g in (far, near))
         keep.append(not decided)
     return still[keep] if len(still) else still
+
+
+def _allowance(row, key: str) -> float:
+    value = getattr(row, key, 0.0)
+    return float(value) if value is not None and math.isfinite(value) else 0.0
 
 
 def open_runs(grouped, effects: pd.DataFrame, cap: int | None = None) -> set[str]:
@@ -162,6 +198,7 @@ def stop_text(record: records.DecideRecord) -> str:
     given_up = [f"{name} at {n}" for name, n in first.items()]
     futile_text = f"; seeds withheld as futile (the cap would not decide them): {', '.join(given_up)}" \
         if given_up else ""
+    spent = (f"each look at family-wise alpha {record.alphas[0]:.4g} (0.05 split over the looks)" if record.equal
+             else f"family-wise alpha {alphas_text(record.alphas)}")
     return (f"--decide: {len(record.rounds)} round{'s' * (len(record.rounds) != 1)} ({seeds} seeds) of the "
-            f"{len(record.looks)} planned, each look at family-wise alpha {record.alpha:.4g} (0.05 split over the "
-            f"looks); stopped: {record.stopped or 'still running'}{futile_text}")
+            f"{len(record.looks)} planned, {spent}; stopped: {record.stopped or 'still running'}{futile_text}")

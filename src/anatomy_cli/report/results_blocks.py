@@ -150,7 +150,7 @@ def _family(doc: dict) -> str:
     tested = [e for e in _loss(doc) if e["family"]]
     if not tested:
         return "no intervals: every effect has fewer than two seeds"
-    looks = len((doc.get("decide") or {}).get("looks") or [1])
+    looks = DecideRecord.model_validate(doc["decide"]).alphas if doc.get("decide") else 1
     return rule_text(min(e["adj_level"] for e in tested), int(max(e["family"] for e in tested)), looks,
                      len({e["group"] for e in tested}))
 

@@ -35,8 +35,14 @@ class Rules:
 
     @property
     def alpha(self) -> float:
-        """Each loss family's family-wise alpha: a --decide study's looks split it (decide.json)."""
-        return self.decide.alpha if self.decide is not None else stats.ALPHA
+        """Each loss family's family-wise alpha: a --decide study's latest look's (decide.json spends stats.ALPHA
+        over its looks)."""
+        return self.decide.now if self.decide is not None else stats.ALPHA
+
+    @property
+    def spending(self) -> int | list[float]:
+        """What the rule's words say of the looks (stats.rule_text): 1 without --decide, else each look's alpha."""
+        return self.decide.alphas if self.decide is not None else 1
 
     @property
     def looks(self) -> int:

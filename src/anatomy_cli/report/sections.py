@@ -134,7 +134,7 @@ def verdict_blocks(p: Parts) -> list:
                     f"({UNIT}; positive = the component helps), largest first; "
                     f"{directions_text(p.verdict, ref, top)}."),
               ("table", verdict_table(p.verdict), False),
-              ("list", [vd.rule_line(p.verdict, UNIT, looks=p.rules.looks),
+              ("list", [vd.rule_line(p.verdict, UNIT, looks=p.rules.spending),
                         *decide_lines(p.rules.decide),
                         *same_model_lines(p.runs), *warning_lines(p.runs),
                         budget_line(bud, ref, top) if p.scale is None else f"**Budget**: {budget_text(p.scale)}",
@@ -195,7 +195,7 @@ def verdict_text(r: Report, max_width: int | None) -> str:
     ref, top = end_names(runs)
     head = f"verdict: gain in best val loss ({UNIT}; > 0 = the component helps), largest first"
     ends = vd.ends_text(runs, ref, top)
-    rule = vd.rule_line(verdict, UNIT, short=True, looks=r.rules.looks, calls=False)
+    rule = vd.rule_line(verdict, UNIT, short=True, looks=r.rules.spending, calls=False)
     out = [textable.wrap(head, max_width), *([textable.wrap(ends, max_width)] if ends else []), "",
            directions_table(verdict, ref, top, max_width), "", textable.wrap(rule, max_width)]
     out += words_text(verdict, r.rules, max_width)

@@ -133,12 +133,12 @@ def estimate_text(est: tuple[float, int] | None) -> str:
     return f" (est. {when} with {workers} worker{'s' * (workers > 1)})"
 
 
-def rule_line(judged: pd.DataFrame, unit: str, seeds: str = "seeds", short: bool = False, looks: int = 1,
+def rule_line(judged: pd.DataFrame, unit: str, seeds: str = "seeds", short: bool = False, looks=1,
               calls: bool = True) -> str:
     """The rule (stats.py) in one sentence, with a family's numbers: its level, m and looks in
     stats.rule_text's one wording, how its variances were read, the margin and its basis, and the
-    effect it detects 80 % of the time (the median mde). looks: the study's planned looks
-    (rules.Rules.looks; 1 for a timing pass, which is judged once). calls=False (short): without what
+    effect it detects 80 % of the time (the median mde). looks: the study's planned looks, or each
+    look's alpha (rules.Rules.spending; 1 for a timing pass, which is judged once). calls=False (short): without what
     a call needs, for a terminal that defines each call below it (words)."""
     if judged.empty or not (judged["family"] > 0).any():
         return f"The rule: no intervals yet (a call needs {stats.MIN_PAIRS} {seeds} or more)."
@@ -216,6 +216,9 @@ def power_lines(runs: pd.DataFrame, effects: pd.DataFrame, flips=None) -> list[s
     median minimum detectable effect now (of the call: stats.call_mde), and the seeds (with their estimated
     cost on this machine) at which an effect of twice the margin is called helps 80 % of the time
     (stats.seeds_for; a gain at the margin itself is called at most half the time, whatever the seeds).
+    A tuned study's intervals are widened by the LR selection's allowance (allow_low), which no seed count
+    shrinks: the mde and the seeds include it (the family's median), and an effect within it is said to be
+    out of any seed count's reach.
 
     flips: only the effects of these flips (a plan's own: `--flip rope,swiglu` has 4 effects where the
     folder holds 10), a family of their count at the folder's alpha, each effect on its own variance."""
@@ -227,18 +230,28 @@ def power_lines(runs: pd.DataFrame, effects: pd.DataFrame, flips=None) -> list[s
     lines = []
     for group, fam in loss.groupby("group", sort=False):
         n_now, margin, m = int(fam["n_pairs"].median()), float(fam["margin"].iloc[0]), len(fam)
-        sd = float(np.median(fam["se"] * np.sqrt(fam["n_pairs"])))
+        sds = fam["sd"] if "sd" in fam else fam["se"] * np.sqrt(fam["n_pairs"])
+        floor = stats.sd_floor(sds)  # as judge floors them, over this family (the plan's effects) alone
+        se_judged = np.where(sds > 1e-12, np.maximum(sds, floor), sds) / np.sqrt(fam["n_pairs"])
+        sd = float(np.median(sds))
         alpha = float(((1 - fam["adj_level"]) * fam["family"]).iloc[0])  # the verdict's: level = 1 - alpha / family
+        allows = fam["allow_low"].dropna() if "allow_low" in fam else pd.Series(dtype=float)
+        allow = float(allows.median()) if len(allows) else 0.0
         target = 2 * margin  # a gain at the margin itself passes it at most half the time: no call reaches 80 % there
-        need = stats.seeds_for(sd, m, target, alpha, margin=margin)
-        mde = np.median([stats.estimated_mde(se, df, float(sps.t.ppf(1 - alpha / (2 * m), df)), margin)  # as judge's
-                         for se, df in zip(fam["se"], fam["df"])])
+        need = stats.seeds_for(sd, m, target, alpha, margin=margin, allow=allow)
+        mde = np.median([stats.estimated_mde(se, df, float(sps.t.ppf(1 - alpha / (2 * m), df)), margin,
+                                             _finite(a))  # as judge's
+                         for se, df, a in zip(se_judged, fam["df"], fam.get("allow_low", [0.0] * m))])
         where = f"{group}: " if group else ""
         whose = ("the plan's " if flips is not None else "the ") + (f"{m} effects'" if m > 1 else "1 effect's")
+        widened = f" (its interval widened by the LR selection's allowance, median {allow:.3f})" if allow else ""
         now = (f"{where}at {n_now} seeds {whose} median paired sd is {sd:.3f} {UNIT}; an effect "
-               f"of {float(mde):.3f} is called 80 % of the time")
+               f"of {float(mde):.3f} is called 80 % of the time{widened}")
         twice = f"one of {target:.3f} (twice the margin)"
-        if need is None:
+        if need is None and allow >= target:
+            lines.append(f"{now}; no seed count calls {twice}: the LR selection's allowance ({allow:.3f}), which "
+                         f"more study seeds do not shrink, is larger")
+        elif need is None:
             lines.append(f"{now}; {twice} needs more seeds than anatomy runs")
         elif need <= n_now:
             lines.append(f"{now}, {twice} included")
@@ -246,6 +259,10 @@ def power_lines(runs: pd.DataFrame, effects: pd.DataFrame, flips=None) -> list[s
             cost = estimate_text(_estimate(runs, need))
             lines.append(f"{now}; {twice} needs {need} seeds{cost}: --seeds {need}")
     return lines
+
+
+def _finite(x) -> float:
+    return float(x) if x is not None and math.isfinite(x) else 0.0
 
 
 def _estimate(runs: pd.DataFrame, wanted: int) -> tuple[float, int] | None:

@@ -155,6 +155,20 @@ def equal_alpha(looks: list[int]) -> float:
     return ALPHA / max(1, len(looks))
 
 
+def late_spending(looks: list[int]) -> list[float]:
+    """Each look's family-wise alpha, spent late (report/decide.py says why): the final look LATE_SHARE of ALPHA,
+    the earlier looks the rest in proportion to their order (1, 2, ..., K - 1): at looks 3, 5, 7, 9, 10 seeds
+    0.002, 0.004, 0.006, 0.008 and 0.03; one look: all of ALPHA."""
+    k = len(looks)
+    if k <= 1:
+        return [ALPHA] * k
+    early = ALPHA * (1 - LATE_SHARE) / (k * (k - 1) / 2)
+    return [round(early * (i + 1), 12) for i in range(k - 1)] + [round(ALPHA * LATE_SHARE, 12)]  # as decide.json reads
+
+
+LATE_SHARE = 0.6  # the final look's share of ALPHA under late spending
+
+
 class Round(FileModel):
     """One look of decide.json: its seed count, the runs its round trained, how long it took, the effects
     it left open and those of them it found futile."""
@@ -167,11 +181,13 @@ class Round(FileModel):
 
 
 class DecideRecord(FileModel):
-    """decide.json: the looks planned, each look's alpha (ALPHA split over them), the margin the study was
-    planned with (None: the default), what turned the rounds on, the rounds run and why the study stopped."""
+    """decide.json: the looks planned, each look's alpha (`spending`: ALPHA spent over them, their sum at most
+    ALPHA; files from before it record one `alpha`, ALPHA split equally), the margin the study was planned
+    with (None: the default), what turned the rounds on, the rounds run and why the study stopped."""
 
     looks: list[Annotated[int, Field(ge=1)]]
-    alpha: Annotated[float, Field(gt=0, le=1)]
+    alpha: Annotated[float, Field(gt=0, le=1)] | None = None  # older files: every look's (equal split)
+    spending: list[Annotated[float, Field(gt=0, le=1)]] | None = None  # each look's family-wise alpha
     margin: Margin | None = None
     by: Literal["flag", "spec"] | None = None  # the command line (--decide, --set decide...) or the spec's table
     rounds: list[Round] = []
@@ -181,12 +197,41 @@ class DecideRecord(FileModel):
     def _planned(self) -> DecideRecord:
         if not self.looks or self.looks != sorted(set(self.looks)):
             raise ValueError(f"looks {self.looks} are not increasing seed counts")
-        if not math.isclose(self.alpha, equal_alpha(self.looks), rel_tol=1e-9):
-            raise ValueError(f"alpha {self.alpha:g} is not {ALPHA:g} split over the {len(self.looks)} looks "
-                             f"({equal_alpha(self.looks):.4g})")
+        if self.spending is None:
+            if self.alpha is None:
+                raise ValueError("neither spending (each look's alpha) nor alpha")
+            if not math.isclose(self.alpha, equal_alpha(self.looks), rel_tol=1e-9):
+                raise ValueError(f"alpha {self.alpha:g} is not {ALPHA:g} split over the {len(self.looks)} looks "
+                                 f"({equal_alpha(self.looks):.4g})")
+        else:
+            if len(self.spending) != len(self.looks):
+                raise ValueError(f"spending has {len(self.spending)} alphas for {len(self.looks)} looks")
+            if sum(self.spending) > ALPHA * (1 + 1e-9):
+                raise ValueError(f"spending {self.spending} adds up to {sum(self.spending):.4g}, more than {ALPHA:g}")
+            if self.spending != sorted(self.spending):
+                raise ValueError(f"spending {self.spending} falls from one look to the next")
+            if self.alpha is not None and not math.isclose(self.alpha, self.spending[-1], rel_tol=1e-9):
+                raise ValueError(f"alpha {self.alpha:g} is not the final look's {self.spending[-1]:.4g}")
         if [r.seeds for r in self.rounds] != self.looks[:len(self.rounds)]:
             raise ValueError(f"rounds at {[r.seeds for r in self.rounds]} seeds are not the looks {self.looks}")
         return self
+
+    @property
+    def alphas(self) -> list[float]:
+        """Each look's family-wise alpha (an older file's: its one alpha at every look)."""
+        return list(self.spending) if self.spending is not None else [self.alpha] * len(self.looks)
+
+    @property
+    def equal(self) -> bool:
+        """Whether every look has the same alpha (ALPHA split equally: every file from before `spending`)."""
+        return len(set(self.alphas)) == 1
+
+    @property
+    def now(self) -> float:
+        """The alpha of the latest look judged (the first before any): what a report of the folder judges at.
+        Spending never falls from one look to the next, so a look's runs judged at it are covered by the union
+        bound (its intervals hold the next look's, which is one of the events that bound counts)."""
+        return self.alphas[max(0, len(self.rounds) - 1)]
 
 
 def read_decide(folder: Path) -> DecideRecord | None:

@@ -44,10 +44,12 @@ class Rounds:
     futility: bool = True
     by: str | None = None  # "flag" (the command line) or "spec" (the spec's [decide] table), in decide.json
     tune: records.TuneRecord | None = None  # a tuned study's record: its looks judge with the LR allowance
+    spending: str = "late"  # how alpha is spent over the looks (decide.spending)
 
     @property
-    def alpha(self) -> float:
-        return decide.alpha(self.looks)
+    def alphas(self) -> list[float]:
+        """Each look's family-wise alpha."""
+        return decide.spending(self.looks, self.spending)
 
 
 ESTIMATE_SLACK = 2.0  # a first round estimated past budget / this may overrun it: estimates run short when busy
@@ -89,7 +91,7 @@ def run_rounds(first: Sequence, rounds: Rounds, train: Callable[[list], list], r
                before: records.DecideRecord | None = None) -> RoundsDone:
     """Train the first round (`first`: the planned runs at the first look's seeds; each has run_id and
     slug), then at each planned look judge the effects on the look's runs (the runs of its plan at n
-    seeds, from `read()`: a runs frame) at the looks' alpha, and give the next round's seeds only to
+    seeds, from `read()`: a runs frame) at that look's alpha, and give the next round's seeds only to
     the configs of open effects that are not futile and have completed pairs.
 
     train(todo) -> each run's status; plan_at(n) -> the planned runs at n seeds; pending(todo) -> those
@@ -100,7 +102,11 @@ def run_rounds(first: Sequence, rounds: Rounds, train: Callable[[list], list], r
     counts the seconds its rounds took). A round whose runs did not all finish (failed, interrupted,
     never started) is not judged: the rounds stop there, and a rerun resumes them.
     """
-    record = records.DecideRecord(looks=rounds.looks, alpha=rounds.alpha, margin=rounds.margin, by=rounds.by)
+    # the alpha of each look is the study's, fixed when it started: a rerun goes on with the record's (a study
+    # planned before late spending keeps its equal split, in its file's form)
+    spent = ({"alpha": before.alpha} if before.spending is None else {"spending": before.spending}) \
+        if before is not None and before.looks == rounds.looks else {"spending": rounds.alphas}
+    record = records.DecideRecord(looks=rounds.looks, margin=rounds.margin, by=rounds.by, **spent)
     started, statuses, todo, full = clock(), {}, list(first), list(first)  # full: every config at the look's n
     looks, cap = rounds.looks, rounds.looks[-1]
     earlier = {r.seeds: r.seconds for r in before.rounds} if before is not None else {}
@@ -122,9 +128,9 @@ def run_rounds(first: Sequence, rounds: Rounds, train: Callable[[list], list], r
         ids = {p.run_id: p.slug for p in full}
         runs_k = read()
         runs_k = runs_k[runs_k["run_id"].isin(ids)]
-        effects = effects_mod.component_effects(runs_k, margin=rounds.margin, alpha=record.alpha, tune=rounds.tune)
+        effects = effects_mod.component_effects(runs_k, margin=rounds.margin, alpha=record.alphas[k], tune=rounds.tune)
         still = decide.open_effects(effects)
-        hopeless = decide.futile(effects, cap) if rounds.futility else still.iloc[0:0]
+        hopeless = decide.futile(effects, cap, record.alphas[-1]) if rounds.futility else still.iloc[0:0]
         blank = still[still["call"] == stats.NONE]  # every pair lost (diverged): more seeds of it are no answer
         round_s = clock() - began
         if not trained and n in earlier:  # found done: the round took the time it took when it trained
