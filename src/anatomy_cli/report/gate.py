@@ -1,8 +1,11 @@
-"""The CI regression gate: best val loss per config against a committed baseline (no torch).
+"""The CI regression gate: best val bits per byte per config against a committed baseline (no torch).
 
-Baseline file (JSON): per config slug, the best val loss of the gate seed measured on the reference
-machine, plus every seed's value. The default tolerance comes from that measured spread, not a
-guess: TOLERANCE_SIGMAS x the pooled seed-to-seed standard deviation (pooled over all configs,
+Baseline file (JSON): per config slug, the best val bits per byte (best_val_bpb, the unit of every answer)
+of the gate seed measured on the reference machine, plus every seed's value. A baseline written before bits
+per byte was the unit holds best_val_loss (nats per character) instead: it still loads, and the gate
+compares the runs' best_val_loss against it, in the unit it records (metric_of), with a line saying how to
+rewrite it (in_bits_per_byte converts one exactly, as results_bpb.py converts a results file).
+The default tolerance comes from that measured spread, not a guess: TOLERANCE_SIGMAS x the pooled seed-to-seed standard deviation (pooled over all configs,
 which share one noise level; a per-config std from 4 seeds is itself too noisy), never below
 MIN_TOLERANCE. The gate is two-sided: a config REGRESSED when now > baseline + tolerance, and
 IMPROVED when now < baseline - tolerance. Both are moves larger than reseeding explains, and an
@@ -26,20 +29,22 @@ import statistics
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
+from anatomy_cli.data.batches import bits_per_byte
 from anatomy_cli.spec.errors import InputError
 from anatomy_cli.store import runs
 
 ENVIRONMENT = ("torch_version", "machine", "cpu_capability")  # baseline fields that say where it was measured
 TOLERANCE_SIGMAS = 2.0
 MIN_TOLERANCE = 0.005
+BPB, NATS = "best_val_bpb", "best_val_loss"  # the metric a baseline records: today's unit, and the one before it
 
 OK, REGRESSED, IMPROVED, MISSING = "ok", "REGRESSED", "IMPROVED", "MISSING"
 VERDICTS = {  # verdict -> what a failure of that kind asks of whoever reads it
     OK: None,
-    REGRESSED: "best val loss rose past the tolerance",
-    IMPROVED: "best val loss fell past the tolerance: a real improvement must be recorded deliberately "
+    REGRESSED: "best val bits per byte rose past the tolerance",
+    IMPROVED: "best val bits per byte fell past the tolerance: a real improvement must be recorded deliberately "
               "with `anatomy check --update` (or it is a leak, e.g. attention seeing the next character)",
     MISSING: "no completed run with the gate seed",
 }
@@ -53,10 +58,17 @@ NonNegative = Annotated[float, Field(ge=0)]  # finite: a FileModel takes no NaN 
 
 
 class BaselineConfig(runs.FileModel):
-    best_val_loss: NonNegative  # the gate seed's
+    best_val_bpb: NonNegative = None  # the gate seed's, in bits per byte
+    best_val_loss: NonNegative = None  # a baseline from before bits per byte: nats per character
     tolerance: NonNegative = None  # absent: MIN_TOLERANCE
-    seed_values: dict[str, NonNegative | None] = None  # {seed: best val loss, null: not completed}
+    seed_values: dict[str, NonNegative | None] = None  # {seed: best val bpb (or loss), null: not completed}
     seed_std: NonNegative = None
+
+    @model_validator(mode="after")
+    def _one_metric(self) -> BaselineConfig:
+        if (self.best_val_bpb is None) == (self.best_val_loss is None):
+            raise ValueError("needs one finite numeric best_val_bpb (or, written before bits per byte, best_val_loss)")
+        return self
 
 
 class Baseline(runs.FileModel):
@@ -65,6 +77,8 @@ class Baseline(runs.FileModel):
     configs: dict[str, BaselineConfig]
     gate_seed: int = None
     spec: str = None
+    metric: str = None
+    per_byte: dict[str, int] = None  # a converted baseline's val windows: {val_tokens, val_bytes}
     pooled_seed_std: NonNegative = None
     derivation: str = None
     torch_version: str | None = None
@@ -74,8 +88,9 @@ class Baseline(runs.FileModel):
     measured_on: str = None
 
 
-def collect(sweep_dir: Path) -> dict[str, dict[int, float | None]]:
-    """{slug: {seed: best val loss or None when the run did not complete}}."""
+def collect(sweep_dir: Path, metric: str = BPB) -> dict[str, dict[int, float | None]]:
+    """{slug: {seed: the run's `metric` (best val bits per byte), or None when the run did not complete or does
+    not record it}}."""
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
         raise runs.RunError(f"runs directory not found: {sweep_dir}")
@@ -88,7 +103,7 @@ def collect(sweep_dir: Path) -> dict[str, dict[int, float | None]]:
             raise runs.RunError(f"{run_dir / runs.CONFIG}: needs a string 'name' and an integer 'seed'")
         slug = name.rsplit("/", 1)[-1]  # sweeps name runs '<spec>/<slug>'
         ok = summary.get("status") == runs.COMPLETED
-        out.setdefault(slug, {})[seed] = summary.get("best_val_loss") if ok else None
+        out.setdefault(slug, {})[seed] = summary.get(metric) if ok else None
     if not out:
         raise runs.RunError(f"no runs under {sweep_dir} (no run directory with a {runs.CONFIG})")
     return out
@@ -107,7 +122,7 @@ def build_baseline(results: dict[str, dict[int, float | None]], gate_seed: int, 
             raise BaselineError(f"{slug}: need the gate seed {gate_seed} and >= 2 completed seeds to measure spread")
         variances.append(statistics.variance(values))
         configs[slug] = {
-            "best_val_loss": by_seed[gate_seed],
+            BPB: by_seed[gate_seed],
             "seed_values": {str(s): v for s, v in sorted(by_seed.items())},
             "seed_std": statistics.stdev(values),
         }
@@ -117,10 +132,11 @@ def build_baseline(results: dict[str, dict[int, float | None]], gate_seed: int, 
     n_seeds = len(next(iter(results.values())))
     return {
         "spec": spec_name,
+        "metric": BPB,
         "gate_seed": gate_seed,
         "pooled_seed_std": pooled,
-        "derivation": f"best_val_loss is the gate seed's; tolerance = max({MIN_TOLERANCE}, {TOLERANCE_SIGMAS} x the "
-                      f"pooled std of best_val_loss over {n_seeds} seeds x {len(configs)} configs "
+        "derivation": f"{BPB} is the gate seed's; tolerance = max({MIN_TOLERANCE}, {TOLERANCE_SIGMAS} x the "
+                      f"pooled std of {BPB} over {n_seeds} seeds x {len(configs)} configs "
                       f"= {TOLERANCE_SIGMAS} x {pooled:.4f})",
         "torch_version": torch_version,
         "machine": hardware,
@@ -153,8 +169,10 @@ def _problem(err: ValidationError) -> str:
     """The first bad field, in the words the gate has always used for the fields it reads."""
     e = err.errors(include_url=False)[0]
     loc, value = e["loc"], e.get("input")
-    if len(loc) == 3 and loc[0] == "configs" and loc[2] == "best_val_loss" and e["type"] != "greater_than_equal":
-        return f"config {loc[1]!r} lacks a finite numeric best_val_loss"
+    if len(loc) == 3 and loc[0] == "configs" and loc[2] in (BPB, NATS) and e["type"] != "greater_than_equal":
+        return f"config {loc[1]!r} lacks a finite numeric {loc[2]}"
+    if len(loc) == 2 and loc[0] == "configs" and e["type"] == "value_error":
+        return f"config {loc[1]!r} {e['msg'].removeprefix('Value error, ')}"
     if len(loc) == 3 and loc[0] == "configs" and loc[2] == "tolerance":
         return f"config {loc[1]!r} has tolerance {value!r}, not a finite number >= 0"
     if loc == ("gate_seed",):
@@ -164,6 +182,47 @@ def _problem(err: ValidationError) -> str:
     return runs.schema_problem(err, ("configs", "seed_values"))
 
 
+def metric_of(baseline: dict) -> str:
+    """The summary field a (loaded) baseline's numbers are: best_val_bpb, or best_val_loss in one written before
+    bits per byte (every config of a file is one or the other: a mix is refused)."""
+    kinds = {BPB if entry.get(BPB) is not None else NATS for entry in baseline["configs"].values()}
+    if len(kinds) > 1:
+        raise BaselineError("baseline mixes best_val_bpb and best_val_loss configs: rewrite it with "
+                            "`anatomy check --update`")
+    return kinds.pop()
+
+
+def unit_lines(baseline: dict, path) -> list[str]:
+    """A line for a baseline in nats per character: the gate compares best_val_loss with it, and how to move
+    it to bits per byte."""
+    if metric_of(baseline) == BPB:
+        return []
+    return [f"baseline {path} records best_val_loss (nats per character, written before bits per byte): the gate "
+            f"compares the runs' best_val_loss with it; rewrite it in bits per byte with `anatomy check --update`"]
+
+
+def in_bits_per_byte(baseline: dict, counts: tuple[int, int]) -> dict:
+    """A baseline in nats per character, converted exactly: every seed's best_val_loss turned into best_val_bpb by
+    the val windows' (val_tokens, val_bytes) as a run turns its own (data.batches.bits_per_byte, the same
+    arithmetic, so a gate seed that reproduces its nats reproduces its bits per byte to the bit); the spread and
+    tolerance measured again from the converted seeds (build_baseline's rule); where it was measured kept."""
+    if metric_of(baseline) == BPB:
+        return baseline
+    per_seed = {slug: {int(s): None if v is None else bits_per_byte(v, *counts)
+                       for s, v in (entry.get("seed_values") or {}).items()}
+                for slug, entry in baseline["configs"].items()}
+    seed = baseline.get("gate_seed")
+    new = build_baseline(per_seed, seed, baseline.get("spec"), baseline.get("torch_version"), baseline.get("machine"),
+                         baseline.get("cpu_capability"))
+    keep = {k: baseline[k] for k in ("platform", "measured_on") if k in baseline}
+    if "cpu_capability" not in baseline:
+        new.pop("cpu_capability")  # unknown then, not None: environment_warnings tells the two apart
+    return new | keep | {"per_byte": {"val_tokens": counts[0], "val_bytes": counts[1]},
+                         "derivation": new["derivation"] + f"; converted from best_val_loss (nats per character) "
+                         f"recorded {baseline.get('measured_on', 'before')} by x val_tokens / (ln 2 x val_bytes) of "
+                         f"the spec's val windows ({counts[0]:,} tokens, {counts[1]:,} bytes)"}
+
+
 def compare(baseline: dict, results: dict[str, dict[int, float | None]], tolerance: float | None = None) -> list[dict]:
     """One row per baseline config: baseline, now, delta, allowed, verdict (VERDICTS)."""
     seed = baseline.get("gate_seed")
@@ -171,7 +230,7 @@ def compare(baseline: dict, results: dict[str, dict[int, float | None]], toleran
     for slug, entry in baseline["configs"].items():
         now = results.get(slug, {}).get(seed) if seed is not None else next(iter(results.get(slug, {}).values()), None)
         allowed = tolerance if tolerance is not None else float(entry.get("tolerance", MIN_TOLERANCE))
-        base = float(entry["best_val_loss"])
+        base = float(entry[metric_of(baseline)])
         if now is None or not math.isfinite(now):
             rows.append({"config": slug, "baseline": base, "now": None, "delta": None, "allowed": allowed,
                          "verdict": MISSING})
