@@ -41,6 +41,7 @@ def build(r: Report) -> dict:
                                                    for k, rows in r.scale.record().items()}}
     scaled |= {"decide": r.rules.decide.model_dump(mode="json")} if r.rules.decide is not None else {}
     scaled |= {"tuning": _tuning_record(r.tuning)} if r.tuning is not None else {}
+    scaled |= {"tokenizers": list(r.tokenizers)} if r.tokenizers else {}
     return {"format": FORMAT, "version": VERSION, "study": Path(r.root).name, "unit": UNIT,
             "runs": {"total": len(runs), "completed": int((runs["status"] == "completed").sum())},
             "seeds": sorted(int(s) for s in runs["seed"].dropna().unique()),

@@ -880,6 +880,12 @@ class DataConfig(_Frozen):
             raise ValueError(f"{value} is refused: {problem}")
         return parse_tokenizer(value)
 
+    @property
+    def corpus_key(self) -> tuple[str | None, str]:
+        """(source, tokenizer): one corpus as a run reads it, ids and vocabulary; two tokenizers of one text
+        are two corpora (their vocabularies, token counts and val windows differ)."""
+        return self.source, self.tokenizer
+
 
 # Settings a config may carry where they do nothing without a refusal: n_kv_head is the attention's head
 # layout the base sets for every config of a study (gqa switches it), not a knob of one part; under
@@ -1085,6 +1091,10 @@ class AblationSpec(_Frozen):
     # budget: every size trains base.train.steps ("same-steps"), or tokens_per_param tokens per
     # non-embedding parameter (Chinchilla-style, "tokens-per-param"; sweep.plan.size_steps).
     sizes: Annotated[list[SizeSpec], Field(max_length=64)] = []
+    # Tokenizers (data.tokenizer's values): the whole design (every size) runs at each, each tokenizer its own
+    # family, paired within itself (runs of two tokenizers are never paired); the report says which calls
+    # hold across them. Empty: base.data.tokenizer alone, and no run id moves.
+    tokenizers: Annotated[list[str], Field(max_length=8)] = []
     budget: Literal["same-steps", "tokens-per-param"] = "same-steps"
     # Chinchilla-optimal is ~20; a million per parameter is already beyond any study here (1e30 planned
     # a step count past 2^64).
@@ -1121,7 +1131,31 @@ class AblationSpec(_Frozen):
             if not values:
                 raise ValueError(f"axes.{key} must list at least one value")
         self._check_sizes()
+        self._check_tokenizers()
         return self
+
+    def _check_tokenizers(self) -> None:
+        if not self.tokenizers:
+            return
+        for value in self.tokenizers:
+            problem = tokenizer_problem(value)
+            if problem:
+                raise ValueError(f"tokenizers: {value} is refused: {problem}")
+        named = [parse_tokenizer(v) for v in self.tokenizers]
+        twice = next((t for t in named if named.count(t) > 1), None)
+        if twice:
+            raise ValueError(f"tokenizers: {twice} is named twice")
+        if "tokenizer" in self.base.data.model_fields_set:
+            raise ValueError("base.data.tokenizer and tokenizers both name the tokenizer: give the tokenizers "
+                             "alone (each is its own family)")
+        if "data.tokenizer" in self.axes:
+            raise ValueError("axes.data.tokenizer and tokenizers both vary the tokenizer: give the tokenizers "
+                             "alone")
+
+    @property
+    def tokenizer_list(self) -> list[str | None]:
+        """The tokenizers each run of the design is planned at, in their one spelling ([None]: the base's)."""
+        return [parse_tokenizer(v) for v in self.tokenizers] or [None]
 
     def _check_sizes(self) -> None:
         names = [s.name for s in self.sizes]
