@@ -26,5 +26,5 @@
   rejudge    a results file judged again by today's rule, from what it records (no runs needed)
   gate       the CI regression gate: best val bits per byte per config against a committed baseline
 
-Imports: sweep (the verdict's cost of more seeds), data (an old run's unigram loss, bits per byte), store, spec; never torch.
+Imports: sweep (the verdict's cost of more seeds), data (unigram loss, bits per byte), store, spec; never torch.
 """

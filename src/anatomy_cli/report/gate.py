@@ -1,23 +1,22 @@
 """The CI regression gate: best val bits per byte per config against a committed baseline (no torch).
 
-Baseline file (JSON): per config slug, the best val bits per byte (best_val_bpb, the unit of every answer)
-of the gate seed measured on the reference machine, plus every seed's value. A baseline written before bits
-per byte was the unit holds best_val_loss (nats per character) instead: it still loads, and the gate
-compares the runs' best_val_loss against it, in the unit it records (metric_of), with a line saying how to
-rewrite it (in_bits_per_byte converts one exactly, as results_bpb.py converts a results file).
-The default tolerance comes from that measured spread, not a guess: TOLERANCE_SIGMAS x the pooled seed-to-seed standard deviation (pooled over all configs,
-which share one noise level; a per-config std from 4 seeds is itself too noisy), never below
-MIN_TOLERANCE. The gate is two-sided: a config REGRESSED when now > baseline + tolerance, and
-IMPROVED when now < baseline - tolerance. Both are moves larger than reseeding explains, and an
-unexplained fall is as suspect as a rise (attention that sees the next character makes loss fall
-by nats): an improvement passes only once it is recorded deliberately with `anatomy check --update`.
-On the same machine and torch the gate seed reproduces its numbers exactly, so the table also says
-whether each number is identical, and `environment_warnings` names a baseline from elsewhere:
-another torch, another machine, or the same CPU model name with another vector instruction set
-(cpu_capability: AVX2, AVX512, ...), whose kernels round differently.
+Baseline file (JSON): per config slug, the best val bits per byte (best_val_bpb, the unit of every answer) of
+the gate seed measured on the reference machine, plus every seed's value. A baseline written before bits per
+byte was the unit holds best_val_loss (nats per character) instead: it still loads, and the gate compares the
+runs' best_val_loss against it, in the unit it records (metric_of), with a line saying how to rewrite it
+(in_bits_per_byte converts one exactly, as results_bpb.py converts a results file). The default tolerance
+comes from that measured spread, not a guess: TOLERANCE_SIGMAS x the pooled seed-to-seed standard deviation
+(pooled over all configs, which share one noise level; a per-config std from 4 seeds is itself too noisy),
+never below MIN_TOLERANCE. The gate is two-sided: a config REGRESSED when now > baseline + tolerance, and
+IMPROVED when now < baseline - tolerance. Both are moves larger than reseeding explains, and an unexplained
+fall is as suspect as a rise (attention that sees the next character makes loss fall by nats): an improvement
+passes only once it is recorded deliberately with `anatomy check --update`. On the same machine and torch the
+gate seed reproduces its numbers exactly, so the table also says whether each number is identical, and
+`environment_warnings` names a baseline from elsewhere: another torch, another machine, or the same CPU model
+name with another vector instruction set (cpu_capability: AVX2, AVX512, ...), whose kernels round differently.
 
-load_baseline checks the whole file (Baseline: every field `check --update` writes, each of its type;
-a loss, spread or tolerance a finite number >= 0; unknown fields kept) before the gate reads it.
+load_baseline checks the whole file (Baseline: every field `check --update` writes, each of its type; a loss,
+spread or tolerance a finite number >= 0; unknown fields kept) before the gate reads it.
 """
 
 from __future__ import annotations

@@ -239,6 +239,9 @@ class ModelConfig(_Frozen):
     pos_type: str = "learned"
     ffn_type: str = "gelu"
     rope_base: float = Field(default=10000.0, gt=0)
+    # SwiGLU's hidden size where a recipe fixes it (CS336: d_ff = 1344 at d_model 512); None: 2/3 of 4d rounded up
+    # to 32 (ffn_hidden). GELU and SiLU then take 3/2 of it, so every FFN holds the same parameters.
+    d_ff: int | None = new(None, gt=0, le=MAX_SIZE)
     norm_eps: float = Field(default=1e-5, gt=0)
     rope_variant: RopeVariant = "standard"
     qk_norm: bool = new(False)  # RMSNorm over head_dim on Q and K before RoPE (qknorm)
@@ -518,7 +521,10 @@ class ModelConfig(_Frozen):
     def ffn_hidden(self) -> int:
         """GELU (and a plugin FFN's default): 4d. SwiGLU: 2/3 of that (three matrices instead of two),
         rounded up to 32. SiLU: 3/2 of SwiGLU's, so its two matrices hold exactly SwiGLU's parameters
-        (CS336's SiLU at d_ff = 4d matches SwiGLU's 8/3 d only before SwiGLU's rounding)."""
+        (CS336's SiLU at d_ff = 4d matches SwiGLU's 8/3 d only before SwiGLU's rounding). d_ff, where given, is
+        SwiGLU's, and every other FFN's is 3/2 of it: the same parameters."""
+        if self.d_ff is not None:
+            return self.d_ff if self.ffn_type == "swiglu" else 3 * self.d_ff // 2
         swiglu = ceil_to(int(2 / 3 * 4 * self.d_model), 32)
         return {"swiglu": swiglu, "silu": 3 * swiglu // 2}.get(self.ffn_type, 4 * self.d_model)
 
