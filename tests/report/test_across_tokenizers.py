@@ -9,7 +9,7 @@ from pathlib import Path
 from report_runs import make_run
 
 from anatomy_cli.report import across_tokenizers as across
-from anatomy_cli.report import stats
+from anatomy_cli.report import sections, stats
 from anatomy_cli.report.build import build_report
 from anatomy_cli.report.results_blocks import render
 from anatomy_cli.report.results_build import build
@@ -39,6 +39,9 @@ def test_each_tokenizer_is_its_own_family_and_the_report_sets_their_calls_side_b
     assert abs(loss.loc["data.tokenizer=bpe:512", "gain"] - (-0.001 + 0.001 - 0.002) / 3) < 1e-9
     (row,) = [x for x in r.tokenizers if x["flip"] == "rope"]
     assert row["calls"] == {"bpe:512": stats.NEGLIGIBLE, "char": stats.HELPS} and row["across"] == across.MOVES
+    said = " ".join(sections.verdict_text(r, None).split())
+    assert "Across tokenizers (holds:" in said
+    assert "rope: added moves (negligible -0.001 at bpe:512, helps +0.300 at char)" in said
     doc = build(r)
     table = render(doc, "tokenizers")
     assert ("| rope | added to 2017 | −0.001 [−0.004, +0.003] negligible | +0.300 [+0.275, +0.325] helps "
