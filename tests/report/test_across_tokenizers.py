@@ -27,6 +27,9 @@ def two_tokenizers(root: Path) -> Path:
             config = json.loads((run / "config.json").read_text())
             config["data"]["tokenizer"] = tok
             (run / "config.json").write_text(json.dumps(config))
+            summary = json.loads((run / "summary.json").read_text())  # each tokenizer's windows: its bytes
+            summary |= {"val_tokens": 1024, "val_bytes": 1400 if tok == "char" else 2900}
+            (run / "summary.json").write_text(json.dumps(summary))
     return root
 
 
@@ -43,6 +46,7 @@ def test_each_tokenizer_is_its_own_family_and_the_report_sets_their_calls_side_b
     assert "Across tokenizers (holds:" in said
     assert "rope: added moves (negligible -0.001 at bpe:512, helps +0.300 at char)" in said
     doc = build(r)
+    assert r.runs["val_bytes"].nunique() == 2 and "per_byte" not in doc  # two sets of windows: no one constant
     table = render(doc, "tokenizers")
     assert ("| rope | added to 2017 | −0.001 [−0.004, +0.003] negligible | +0.300 [+0.275, +0.325] helps "
             "| moves |") in table
