@@ -188,3 +188,15 @@ def test_tokenizers_beside_a_base_tokenizer_is_one_line(source, tmp_path):
     spec = tokenizer_spec(tmp_path, source, tokenizers=["char", "bpe:320"])
     spec.write_text(spec.read_text() + 'tokenizer = "bpe:320"\n')  # under [base.data]
     one_error_line(invoke("ablate", spec, "--dry-run"), "base.data.tokenizer and tokenizers both name the tokenizer")
+
+
+def test_a_tokenizer_json_in_tokenizers_resolves_against_the_spec_folder(source, tmp_path):
+    from anatomy_cli.sweep.plan import load_plan
+
+    out = tmp_path / "prep"
+    assert invoke("prepare", source, "--tokenizer", "bpe:320", "--out", out).exit_code == 0
+    (tmp_path / "mine.json").write_bytes((out / "tokenizer.json").read_bytes())
+    spec = tokenizer_spec(tmp_path, source, tokenizers=["char", "mine.json"])
+    _, plan = load_plan(spec)
+    assert {p.config.data.tokenizer for p in plan} == {"char", str(tmp_path / "mine.json")}
+    assert {p.slug.split("_")[0] for p in plan} == {"char", "mine"}

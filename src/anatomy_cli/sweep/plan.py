@@ -75,8 +75,8 @@ def load_spec(path: Path | None, settings: Iterable[knobs.Setting] = ()) -> Abla
 
 
 def resolve_spec_sources(data: dict, base_dir: Path) -> dict:
-    """A relative data.source in a component's settings, a [[configs]] entry or an axis resolves
-    against the spec's folder, as base.data.source does."""
+    """A relative data.source in a component's settings, a [[configs]] entry or an axis, and a tokenizer.json path
+    in `tokenizers`, resolve against the spec's folder, as base.data.source does."""
     if not isinstance(data, dict):
         return data
     tables = [c.get(k) for c in (data.get("components") or {}).values() if isinstance(c, dict) for k in ("on", "off")]
@@ -87,6 +87,9 @@ def resolve_spec_sources(data: dict, base_dir: Path) -> dict:
     axes = data.get("axes")
     if isinstance(axes, dict) and isinstance(axes.get("data.source"), list):
         axes["data.source"] = [_resolved(v, base_dir) for v in axes["data.source"]]
+    if isinstance(data.get("tokenizers"), list):  # a tokenizer.json named by its path, as base.data.tokenizer is
+        data["tokenizers"] = [v if not isinstance(v, str) or v == "char" or v.startswith(("bpe:", "hf:"))
+                              else _resolved(v, base_dir) for v in data["tokenizers"]]
     return data
 
 
