@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from helpers import PATIENCE, error_line
 from report_runs import make_run
-from toy_data import TINY_MODEL, TINY_TRAIN, write_corpus
+from toy_data import TINY_MODEL, TINY_TRAIN, tiny_text, write_corpus, write_spec
 
 from anatomy_cli.store import runs
 
@@ -84,6 +84,71 @@ def test_training_on_a_full_disk_is_one_line_naming_the_file(tmp_path):
     assert FULL in line and f"{out}/run/" in line, result.stderr
     assert "rc=2" in result.stdout
     assert not [name for name in result.stdout.split() if name.endswith(".tmp")], result.stdout
+
+
+@pytest.mark.process
+@needs_tmpfs
+def test_prepare_on_a_full_disk_names_the_split_file_not_its_temp(tmp_path):
+    """A bare write() error names no file ('No space left on device' alone, issue 48): prepare names the file
+    the temp becomes; no temp file and no half folder is left."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(tiny_text(400_000), encoding="utf-8")
+    out = tmp_path / "mnt"
+    result = on_tiny_fs(out, 200, f"{ANATOMY} prepare {corpus} --out {out}/p --ctx-len 16; echo rc=$?; ls -a {out}")
+    assert error_line(result.stderr) == f"error: {FULL}: {out}/p/train.bin", result.stderr
+    assert "rc=2" in result.stdout and result.stdout.split()[1:] == [".", ".."], result.stdout
+
+
+@pytest.mark.process
+@needs_tmpfs
+def test_ablate_time_on_a_full_disk_names_the_lock_and_leaves_no_temp(tmp_path):
+    spec = write_spec(tmp_path, top={"flips": ["rope"], "seeds": 1})
+    out = tmp_path / "mnt"
+    script = (f"head -c 8192 /dev/zero > {out}/fill 2>/dev/null; {ANATOMY} ablate {spec} --time --set timing.steps=2 "
+              f"--set timing.rounds=3 --runs-dir {out}/r; echo rc=$?; find {out}/r")
+    result = on_tiny_fs(out, 8, script)  # filled before the sweep folder's lock is taken
+    assert error_line(result.stderr) == f"error: {FULL}: {out}/r/toy/.lock", result.stderr
+    assert "rc=2" in result.stdout and ".tmp" not in result.stdout, result.stdout
+
+
+# ------------------------------------------------------------------ the standard streams (/dev/full)
+
+needs_dev_full = pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")
+
+
+def anatomy(*args: str, stdout=subprocess.PIPE, stderr=subprocess.PIPE) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path), "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "anatomy_cli", *map(str, args)], stdout=stdout, stderr=stderr,
+                          text=True, env=env, timeout=PATIENCE)
+
+
+@pytest.mark.process
+@needs_dev_full
+@pytest.mark.parametrize("json_out", [True, False])
+def test_a_full_standard_output_is_said_as_such_and_the_report_files_stay(tmp_path, json_out):
+    for i, flips in enumerate(((), ("rope",))):
+        make_run(tmp_path / "sweep", f"r{i}", flips=flips)
+    with open("/dev/full", "w") as full:
+        result = anatomy("report", tmp_path / "sweep", *(["--json"] if json_out else []), stdout=full)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == f"error: {FULL}: the standard output\n"  # one line, no 'Exception ignored' at exit
+    assert json.loads((tmp_path / "sweep" / "report" / "report.json").read_text())["runs"]  # written whole
+
+
+@pytest.mark.process
+@needs_dev_full
+def test_a_full_standard_error_does_not_fail_a_run(tmp_path):
+    """train 2> /dev/full completed its run, printed nothing and exited 1: stderr holds progress and warnings,
+    never the command's output, so losing it changes nothing: the summary on stdout, exit 0."""
+    corpus = write_corpus(tmp_path)
+    sets = [f"--set=data.source={json.dumps(str(corpus))}"]
+    sets += [f"--set=model.{k}={json.dumps(v)}" for k, v in TINY_MODEL.items()]
+    sets += [f"--set=train.{k}={json.dumps(v)}" for k, v in TINY_TRAIN.items()]
+    with open("/dev/full", "w") as full:
+        result = anatomy("train", *sets, "--set=train.warmup=100", "--out", tmp_path / "run", stderr=full)
+    assert result.returncode == 0, result.stdout
+    assert result.stdout.startswith(f"run: {tmp_path / 'run'}\n") and "completed" in result.stdout
+    assert runs.read_summary(tmp_path / "run")["status"] == runs.COMPLETED
 
 
 # ------------------------------------------------------------------ the same properties, injected

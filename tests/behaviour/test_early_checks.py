@@ -52,6 +52,25 @@ def test_a_ladder_size_with_ctx_len_1_is_refused_by_a_dry_run(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
+def test_a_size_longer_than_the_corpus_is_refused_by_name_before_anything_is_measured(tmp_path, monkeypatch):
+    """A size's ctx_len the corpus's splits cannot hold: named by the size, before the short-run warning
+    and the calibration (it was 'corpus too short' after both, naming no size; issue 48)."""
+    monkeypatch.setenv("ANATOMY_CACHE", str(tmp_path / "cache"))
+    spec = write_spec(tmp_path, train={"steps": 4, "warmup": 10, "eval_interval": 2})  # a warning, were it reached
+    spec.write_text(spec.read_text() + '[[sizes]]\nname = "S"\nmodel = { d_model = 32 }\n'
+                    '[[sizes]]\nname = "huge"\nmodel = { ctx_len = 100000 }\n', encoding="utf-8")
+    result = invoke("ablate", spec, "--runs-dir", tmp_path / "r")
+    line = one_error_line(result, "size huge: ctx_len=100,000 needs more than 100,000 ids in each split", alone=True)
+    assert "train / " in line and "val" in line
+    assert not (tmp_path / "r").exists() and not (tmp_path / "cache").exists()
+
+
+def test_bench_decode_names_its_own_size_option(tmp_path):
+    """--ctx 1 is refused as --ctx, the option typed, not as the field it sets (model.ctx_len)."""
+    line = one_error_line(invoke("bench-decode", "--ctx", 1, "--new", 2), "--ctx: ctx_len=1 is too short", alone=True)
+    assert "model.ctx_len" not in line
+
+
 def test_a_run_shorter_than_its_warmup_is_warned_about(tmp_path):
     out = tmp_path / "run"
     result = invoke("train", run_spec(tmp_path, {"steps": 2, "warmup": 10, "eval_interval": 2}), "--out", out)

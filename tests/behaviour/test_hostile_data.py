@@ -224,3 +224,43 @@ def test_a_corpus_of_one_character_is_refused(tmp_path, text):
     one_error_line(invoke("train", "--set", f"data.source={path}", "--set", "train.steps=1", "--out",
                           tmp_path / "run"), "corpus has one character only")
     assert not (tmp_path / "run").exists()
+
+
+# ----------------------------------------------------------------------------- text files (issue 48)
+
+TOY_RUN = [f"--set={k}" for k in ("model.d_model=32", "model.n_layer=1", "model.n_head=4", "model.ctx_len=16",
+                                  "train.warmup=1", "train.eval_interval=2", "train.eval_batches=2",
+                                  "train.sample_len=20")]
+
+
+def train_on(tmp_path: Path, source: Path):
+    out = tmp_path / "run"
+    result = invoke("train", f"--set=data.source={json.dumps(str(source))}", *TOY_RUN, "--steps", 2, "--out", out)
+    return result, out
+
+
+@pytest.mark.parametrize("text, fragment", [("\n" * 20_000, "corpus holds only whitespace (20,000 characters)"),
+                                            (" \t\n", "corpus holds only whitespace (3 characters)"),
+                                            ("", "corpus is empty"),
+                                            ("abc", "corpus too short: 3 characters")])
+def test_a_corpus_without_text_says_which_and_draws_no_progress_bar(tmp_path, text, fragment):
+    """Only whitespace is not 'empty'; a refusal before the first step leaves no 'train 0/2' bar above it."""
+    path = tmp_path / "c.txt"
+    path.write_text(text, encoding="utf-8")
+    result, out = train_on(tmp_path, path)
+    one_error_line(result, fragment)
+    assert "0/2" not in result.output, result.output
+    assert not (out / "config.json").exists()
+
+
+def test_a_folder_of_runs_as_the_corpus_says_so(tmp_path):
+    """data.source set to a runs folder read its runs' samples.txt as the corpus ('corpus too short')."""
+    source = tmp_path / "c.txt"
+    source.write_text(tiny_text(4000), encoding="utf-8")
+    folder = tmp_path / "runs"
+    done = invoke("train", f"--set=data.source={json.dumps(str(source))}", *TOY_RUN, "--steps", 2,
+                  "--out", folder / "train" / "a")
+    assert done.exit_code == 0 and (folder / "train" / "a" / "samples.txt").is_file(), done.output
+    result, out = train_on(tmp_path, folder)
+    one_error_line(result, f"the corpus {folder} is a folder of runs (it holds the run train/a)")
+    assert not out.exists()

@@ -386,6 +386,34 @@ def test_every_long_command_stops_on_each_signal(long_inputs, tmp_path, command,
         assert raw_status(work / "run") == runs.INTERRUPTED
 
 
+@pytest.mark.slow
+@pytest.mark.process
+@pytest.mark.parametrize("command", ["ablate", "check"])
+def test_a_sigkilled_parent_leaves_no_worker_and_no_tracker_warning(tmp_path, command):
+    """SIGKILL of the parent mid-run (two workers: a pool, whose queues hold semaphores): its workers exit, and
+    multiprocessing's resource tracker, which outlives it and unlinks those semaphores, says nothing on the
+    terminal (it said '13 leaked semaphore objects to clean up at shutdown')."""
+    spec = write_spec(tmp_path, top={"design": "list", "configs": [{"name": f"c{i}"} for i in range(2)]},
+                      train={"steps": 10**6, "eval_interval": 100, "sample_len": 0})
+    (tmp_path / "baseline.json").write_text('{"configs": {"c0": {"best_val_loss": 3.0}, "c1": {"best_val_loss": 3.0}}}')
+    tail = ["--baseline", str(tmp_path / "baseline.json")] if command == "check" else []
+    proc = subprocess.Popen(CLI + [command, str(spec), *tail, "--runs-dir", str(tmp_path / "runs"), "--workers", "2"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV,
+                            start_new_session=True)
+    try:
+        wait_for(lambda: in_flight(tmp_path / "runs" / "toy", 2) or proc.poll() is not None,
+                 what=f"{command} under way")
+        assert proc.poll() is None, proc.communicate()[1]
+        proc.kill()
+        _, err = proc.communicate(timeout=PATIENCE)  # until every process holding stderr (the tracker too) is gone
+        assert proc.returncode == -signal.SIGKILL
+        assert "leaked" not in err and "Traceback" not in err, err
+        wait_for(lambda: group_gone(proc.pid), what="every worker exited")
+    finally:
+        if not group_gone(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
 def test_a_second_signal_after_the_run_saved_still_says_how_to_resume(tmp_path, monkeypatch):
     """The flake of the Ctrl-C-twice test, made deterministic: the second signal lands after the run
     has saved and the graceful stop is over (here: while the CLI prints 'interrupted at step ...').

@@ -211,7 +211,8 @@ def _locked_sweep(tmp: Path) -> list[str]:
 BAD = [
     ("prepare-missing", lambda t, c, r, r17: ["prepare", t / "nope.txt"], 2, "corpus not found"),
     ("prepare-not-utf8", lambda t, c, r, r17: ["prepare", _file(t, "bin.txt", b"\xff\xfe\x00abc")], 2, "not UTF-8"),
-    ("prepare-empty", lambda t, c, r, r17: ["prepare", _file(t, "empty.txt", "  \n")], 2, "corpus is empty"),
+    ("prepare-empty", lambda t, c, r, r17: ["prepare", _file(t, "empty.txt", "  \n")], 2,
+     "corpus holds only whitespace (3 characters)"),
     ("prepare-too-short", lambda t, c, r, r17: ["prepare", _file(t, "short.txt", "abc"), "--ctx-len", 16], 2,
      "too short"),
     ("prepare-empty-dir", lambda t, c, r, r17: ["prepare", (t / "emptydir").mkdir() or t / "emptydir"], 2,

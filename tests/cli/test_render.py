@@ -50,6 +50,7 @@ def test_ablate_ends_with_the_verdict_and_the_report_path(ablated):
     assert sum(line.count("too few seeds") for line in out.splitlines() if line.startswith("rope ")) == 2
     assert all(len(line) <= 60 for line in rows)
     assert "To add seeds to 3" in " ".join(out.split()) and "--seeds 3" in out  # wherever the 60 columns wrap it
+    assert " ".join(out.split()).count("--seeds") == 1  # the study's --seeds 1 gives way to --seeds 3, not beside it
     err = result.stderr  # CliRunner is no terminal: one line per finished run, no bars
     assert [line.split("]")[0] for line in err.splitlines() if line.startswith("[")] == ["[1/4", "[2/4", "[3/4", "[4/4"]
     assert "━" not in err and "4 completed, 0 diverged, 0 failed of 4 runs" in err

@@ -162,7 +162,7 @@ def test_gate_passes_then_fails_against_lower_numbers(tmp_path):
     # a baseline from before bits per byte: the same runs compared in nats per character, with a line saying so
     again = tmp_path / "again" / "gate"
     nats = {"gate_seed": data["gate_seed"], "configs": {slug: {"best_val_loss": v, "tolerance": 0.01}
-                                                        for slug, v in gate.collect(again, gate.NATS).items()
+                                                        for slug, v in gate.collect(again, metric=gate.NATS).items()
                                                         for v in [v[data["gate_seed"]]]}}
     baseline.write_text(json.dumps(nats))
     old = runner.invoke(app, ["check", str(spec), "--baseline", str(baseline), "--from-runs", str(again)])

@@ -48,8 +48,11 @@ def test_a_run_that_never_leaves_the_plateau_is_flagged():
     assert why.startswith("ended on the unigram plateau") and "4.430" in why and "4.476" in why
 
 
-def test_a_run_above_the_unigram_loss_is_flagged_too():  # collapsed to uniform predictions: ln V
-    assert plateau.plateau_reason([(s, 6.8) for s in STEPS], U).startswith("ended on")
+def test_a_run_above_the_unigram_loss_is_flagged_too_but_not_as_on_the_plateau():  # collapsed to ln V
+    why = plateau.plateau_reason([(s, 6.8) for s in STEPS], U)
+    assert why.startswith("never reached the unigram loss: best val loss 6.800, 2.324 above the unigram loss 4.476")
+    assert "ended on" not in why  # 'ended on the unigram plateau' only near it (issue 48)
+    assert plateau.plateau_reason([(s, U + 0.05) for s in STEPS], U).startswith("ended on")  # within tol: on it
 
 
 def test_a_run_that_left_early_is_not_flagged():

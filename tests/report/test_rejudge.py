@@ -88,3 +88,101 @@ def test_a_ladder_is_judged_again_whole_by_size_rows_and_trends():
         e = loss[(row["flip"], row["direction"], f"size {row['size']}")]
         assert (row["adj_low"], row["adj_high"], row["call"]) == (e["adj_low"], e["adj_high"], e["call"])
     assert rejudge.rejudge(new)[1] == []
+
+
+def _shipped(name: str, tmp_path):
+    """A copy of a shipped results file, to judge again or break."""
+    copy = tmp_path / name
+    copy.write_text((results_blocks.RESULTS_DIR / name).read_text())
+    return copy
+
+
+def test_a_tuned_file_is_judged_again_with_its_lr_allowance_and_its_calls_stay(tmp_path):
+    """demo-tuned.json (written before the allowance was recorded): each tuned interval's widening is recovered from
+    the interval that holds it, so judging it again gives back every interval and call as shipped; without the
+    allowance (recorded as none) calls move, so the allowance is what holds them."""
+    copy = _shipped("demo-tuned.json", tmp_path)
+    shipped = results_file.load(copy)
+    result = invoke("rejudge", copy)
+    assert result.exit_code == 0 and "no call changes" in result.stdout, result.output
+    for old, new in zip(shipped["effects"], results_file.load(copy)["effects"]):
+        assert new["call"] == old["call"], old
+        for key in ("adj_low", "adj_high"):
+            if old[key] is not None:
+                assert new[key] == pytest.approx(old[key], abs=1e-9), (key, old)
+    bare = json.loads(json.dumps(shipped))
+    for e in bare["effects"]:
+        if e["metric"] == "best_val_bpb":
+            e |= {"allow_low": None, "allow_high": None}
+    assert rejudge.rejudge(bare)[1], "no call rests on the LR selection's allowance"
+
+
+def _drop(key):
+    return lambda e: {k: v for k, v in e.items() if k != key}
+
+
+LOSS_CASES = [  # (what is broken, the row change, the field the line names)
+    ("no metric", _drop("metric"), "effects[0].metric is missing"),
+    ("no group", _drop("group"), "effects[0].group is missing"),
+    ("no n_pairs", _drop("n_pairs"), "effects[0].n_pairs is missing"),
+    ("no raw_low", _drop("raw_low"), "effects[0].raw_low is missing"),
+    ("no call", _drop("call"), "effects[0].call is missing"),
+    ("null gain", lambda e: e | {"gain": None}, "effects[0].gain is null where two pairs or more measured it"),
+    ("null raw_high", lambda e: e | {"raw_high": None}, "effects[0].raw_high is null where two pairs or more"),
+    ("adj_level 1", lambda e: e | {"adj_level": 1}, "effects[0].adj_level is 1 with family"),
+]
+TREND_CASES = [
+    ("no fit_smallest", lambda t: {k: v for k, v in t.items() if k != "fit_smallest"},
+     "scale.trends[0].fit_smallest is missing"),
+    ("null slope_low", lambda t: t | {"slope_low": None}, "scale.trends[0].slope_low is null"),
+    ("no series", lambda t: {k: v for k, v in t.items() if k != "series"}, "scale.trends[0].series is missing"),
+]
+
+
+@pytest.mark.parametrize("case, change, fragment", LOSS_CASES + TREND_CASES,
+                         ids=[c[0] for c in LOSS_CASES + TREND_CASES])
+def test_a_file_its_model_accepts_but_no_call_can_be_judged_from_is_one_line(tmp_path, case, change, fragment):
+    copy = _shipped("scale.json", tmp_path)
+    doc = json.loads(copy.read_text())
+    if case in {c[0] for c in TREND_CASES}:
+        tested = next(i for i, t in enumerate(doc["scale"]["trends"]) if t["sizes"] >= 2 and t["n_seeds"] >= 2)
+        doc["scale"]["trends"][0] = change(doc["scale"]["trends"][tested])
+    else:
+        doc["effects"][0] = change(doc["effects"][0])
+    copy.write_text(json.dumps(doc, indent=1) + "\n")
+    results_file.load(copy)  # the typed model takes it: every key may be absent
+    before = copy.read_text()
+    for args in ((), ("--check",)):
+        result = invoke("rejudge", copy, *args)
+        one_error_line(result, f"{copy}: {fragment}")
+        assert "no call changes" not in result.output and copy.read_text() == before
+
+
+def test_a_size_row_without_its_size_is_one_line(tmp_path):
+    copy = _shipped("scale.json", tmp_path)
+    doc = json.loads(copy.read_text())
+    del doc["scale"]["effects"][0]["size"]
+    copy.write_text(json.dumps(doc))
+    one_error_line(invoke("rejudge", copy, "--check"), f"{copy}: scale.effects[0].size is missing")
+
+
+def test_an_effect_with_no_pairs_is_judged_not_crashed(tmp_path):
+    copy = _shipped("demo.json", tmp_path)
+    doc = json.loads(copy.read_text())
+    doc["effects"][0] |= {"n_pairs": 0, "gain": None, "raw_low": None, "raw_high": None}
+    copy.write_text(json.dumps(doc))
+    new, _ = rejudge.rejudge(results_file.load(copy))
+    assert new["effects"][0]["call"] == stats.NONE
+
+
+def test_the_module_run_as_a_command_names_the_command(tmp_path):
+    import subprocess
+    import sys
+
+    copy = _shipped("demo-tuned.json", tmp_path)
+    before = copy.read_text()
+    done = subprocess.run([sys.executable, "-m", "anatomy_cli.report.rejudge", str(copy)], capture_output=True,
+                          text=True)
+    assert done.returncode == 2 and done.stderr.strip() == (
+        "error: judge results files again with `anatomy rejudge FILE ... [--check]`"), done
+    assert copy.read_text() == before

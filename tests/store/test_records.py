@@ -37,8 +37,9 @@ def test_each_record_round_trips_and_a_missing_one_is_none(tmp_path):
 
 @pytest.mark.parametrize("name, body, fragment", [
     ("sweep.json", {"components": "x"}, "no components list"),
-    ("sweep.json", {"components": [], "margin": 0}, "margin: Input should be greater than 0"),
-    ("sweep.json", {"components": [], "margin": 11}, "margin: Input should be less than or equal to 10"),
+    ("sweep.json", {"components": [], "margin": 0}, "margin: must be a finite number of bits per byte above 0"),
+    ("sweep.json", {"components": [], "margin": 11},
+     "margin: must be a finite number of bits per byte above 0 and at most 10"),
     ("sweep.json", {"components": [], "sizes": [{"name": 1}]}, "sizes is not a list of {name, settings}"),
     ("decide.json", {"looks": [3, 3], "alpha": 0.025}, "looks [3, 3] are not increasing"),
     ("decide.json", {"looks": [3, 4], "alpha": 0.05}, "is not 0.05 split over the 2 looks"),
@@ -64,9 +65,10 @@ def test_an_older_invocation_reads_as_settings_and_its_min_effect_as_the_margin(
     assert [(s.key, s.value) for s in study.invocation.as_settings()] == [("only", ["rope", "swiglu"]),
                                                                           ("base.train.steps", 300)]
     assert study.study_margin == 0.05
-    for bad in (float("inf"), "0.5", True, -1, 20):  # an old margin out of range or of another type is no margin
+    for bad in (float("inf"), "0.5", True, -1, 20):  # an old margin out of range or of another type: refused by name
         (tmp_path / "sweep.json").write_text(json.dumps(old | {"invocation": {"min_effect": bad}}))
-        assert records.read_study(tmp_path).study_margin is None
+        with pytest.raises(RunError, match=f"^corrupt sweep.json in {tmp_path}: invocation.min_effect: "):
+            records.read_study(tmp_path)
 
 
 def test_the_first_study_s_margin_stays_and_a_redefined_component_is_refused(tmp_path):

@@ -35,6 +35,12 @@ def spec_at(tmp_path, tune=None, **train):
     (["--tune-seeds", "1341,1336", "--decide", "--max-seeds", "5"], {}, "1341 is both"),  # a later look's seed
     (["--tune-seeds", "x"], {}, "--tune-seeds takes a count or a comma-separated list"),
     (["--tune-seeds", "0"], {}, "--tune-seeds: Input should be greater than or equal to 1"),
+    # the flags obey the [tune] table's limits, as the table does (40,000 runs were planned past them; issue 48)
+    (["--tune-points", "1001"], {}, "--tune-points: Input should be less than or equal to 31"),
+    (["--tune-extend", "500"], {}, "--tune-extend: Input should be less than or equal to 16"),
+    (["--tune-seeds", "5000"], {}, "--tune-seeds: Input should be less than or equal to 1000"),
+    ([], {"tune": {"points": 1001}}, "tune.points: Input should be less than or equal to 31"),
+    ([], {"tune": {"extend": 500}}, "tune.extend: Input should be less than or equal to 16"),
     (["--time"], {}, "--tune-lr trains; --time times"),
     ([], {"tune": {"points": 1}}, "odd number of points"),
     ([], {"tune": {"seeds": [1337]}}, "1337 is both"),
@@ -339,3 +345,44 @@ def test_decide_rounds_run_at_the_frozen_lrs_with_shared_off(tmp_path):
     assert len(later) == 6  # each seed: 2017 at its frozen LR and 2017+rope at its own, nothing at the shared LR
     at_shared = {p.run_id for p in study.plan_at(6) if p.slug == "2017"}  # 2017 at 3e-3, its LR 6e-3
     assert len(at_shared) == 6 and not at_shared & set(trainer.trained)
+
+
+def test_a_rerun_counts_its_own_selection_runs_as_the_study_s(tmp_path):
+    """A rerun (all LRs frozen) reports on every run of the folder as its own: the selection runs the earlier
+    invocation trained are this study's, not 'more from earlier plans' (issue 48)."""
+    study = tuned_study(tmp_path)
+    first = ablation.run_study(study, FakeTrainer(study.sweep_dir))
+    again = ablation.run_study(tuned_study(tmp_path), FakeTrainer(study.sweep_dir))
+    held = len(runs.find_runs(study.sweep_dir))
+    assert len(first.statuses) == len(again.statuses) == held == 16
+    assert again.count(runs.COMPLETED) == held
+
+
+class Diverging(FakeTrainer):
+    """Every selection run diverges (no best val loss); the study's seeds never train."""
+
+    def __call__(self, todo):
+        for p in todo:
+            run_dir = self.root / p.run_id
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / runs.CONFIG).write_text(json.dumps(p.config.model_dump(mode="json")))
+            (run_dir / runs.SUMMARY).write_text(json.dumps({"status": "diverged", "best_val_loss": None}))
+        return [runs.DIVERGED] * len(todo)
+
+
+def test_a_selection_whose_every_lr_diverged_says_so_not_widen_the_grid(tmp_path):
+    study = tuned_study(tmp_path)
+    ablation.run_study(study, Diverging(study.sweep_dir))
+    record = records.read_tune(study.sweep_dir)
+    assert all(a.reason == "not tuned: every LR diverged" for a in record.arms)
+    line = lr_study.untuned_line(record)
+    assert line.startswith("--tune-lr: no config was tuned (every LR of each diverged, the lowest 0.0015)")
+    assert "lower train.lr" in line and "edge" not in line and "widen" not in line
+    edge = record.model_copy(update={"arms": [record.arms[0].model_copy(update={"reason": "not tuned: best at the "
+                                                                                "edge (the highest LR)"}),
+                                              record.arms[1]]})
+    assert "(1 best at the grid's edge, 1 with every LR diverged): no tuned verdict; widen the grid" in \
+        lr_study.untuned_line(edge)
+    (tmp_path / "t").mkdir()
+    other = tuned_study(tmp_path / "t")
+    assert lr_study.untuned_line(ablation.run_study(other, FakeTrainer(other.sweep_dir)).tune) is None  # one tuned

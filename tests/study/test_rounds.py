@@ -228,3 +228,30 @@ def test_a_rerun_leaves_the_record_on_disk_until_its_first_look():
     saved = []
     study.run(Rounds([3, 5], futility=False), save=saved.append, before=first)
     assert saved and saved[0].rounds  # the first save of a rerun is its first look, never an empty plan
+
+
+def test_a_budget_the_first_round_may_not_fit_is_warned_of_by_the_dry_run(tmp_path, monkeypatch):
+    """The dry run's first round against --budget (issue 48: 12 s asked, 19 s trained, nothing said): over it, the
+    study would train nothing; past half of it, the round (never cut short) may train past it; within, no word."""
+    from helpers import fake_calibration, invoke
+    from toy_data import write_spec
+
+    from anatomy_cli.sweep.plan import pending_runs
+
+    fake_calibration(tmp_path, monkeypatch, {"step_s": 0.01, "eval_s": 0.1, "run_s": 1.0, "startup_s": 2.0,
+                                             "when": "2024-01-01 00:00:00"})
+    spec = write_spec(tmp_path, top={"flips": ["rope"], "seeds": 3})
+    study = ablation.size_study(ablation.plan_study(ablation.Ask(spec=spec, runs_dir=tmp_path / "runs",
+                                                                 decide=True, workers=1)))
+    need = ablation.round_seconds(study, pending_runs(study.plan, study.sweep_dir))
+    said = {}
+    for budget in (need * 0.8, need * 1.5, need * 2.5):
+        result = invoke("ablate", spec, "--decide", "--budget", f"{round(budget)}s", "--dry-run", "--workers", 1,
+                        "--runs-dir", tmp_path / "runs")
+        assert result.exit_code == 0, result.output
+        said[budget] = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    over, tight, roomy = said.values()
+    assert len(over) == 1 and "the round overruns it, so the study would stop before it and train nothing" in over[0]
+    assert len(tight) == 1 and "the first round may train past the budget" in tight[0]
+    assert roomy == [] and not (tmp_path / "runs").exists()
+    assert rounds.budget_note(Rounds([3, 5]), 1e9) is None  # no budget, nothing to fit

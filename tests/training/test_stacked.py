@@ -119,6 +119,7 @@ def test_a_diverged_member_is_masked_and_recorded_while_the_others_finish(tmp_pa
     summaries = train_group(group, dirs)
     bad = summaries[1]
     assert bad["status"] == runs.DIVERGED and bad["diverged_at"] == 0 and bad["steps_done"] == TRAIN["log_interval"]
+    assert [s["stacked"] for s in summaries] == [3, 3, 3]  # which path trained each, the diverged one too
     assert math.isnan(runs.read_metrics(dirs[1])[0]["val_loss"])  # its books say what happened
     assert not (dirs[1] / runs.RESUME).exists() and (dirs[1] / runs.LAST).exists()
     assert retired == [3, 2]  # dropped from the stack at its log point: it costs nothing afterwards

@@ -81,11 +81,46 @@ app = App(
 )
 
 
+class OutputError(OSError):
+    """A write to the standard output that failed (`> file` on a full disk, > /dev/full): the command's own
+    output is lost, so it fails, saying which stream (a bare write error names no file)."""
+
+
+STDOUT = "the standard output"
+
+
+def write_out(text: str) -> None:
+    """sys.stdout.write and flush (now: a block-buffered stdout would fail only at exit, exit 120), a failure
+    raised as the standard output's (OutputError)."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as err:
+        raise OutputError(err.errno, err.strerror, STDOUT) from None
+
+
 class _Console(Console):
     def on_broken_pipe(self) -> None:
         """rich's own handling exits 1 (our 'failed run'); raise instead, for handle_errors' pipe rule."""
         self.quiet = True
         raise BrokenPipeError
+
+    def _check_buffer(self) -> None:
+        """A failed write to stdout is the command's failure, named (OutputError). One to stderr (2> /dev/full) is
+        not: stderr holds progress, warnings and errors, never the command's output, so the command goes on and
+        its output and exit code stand (this console goes quiet, and fd 2 points at /dev/null from then on)."""
+        try:
+            super()._check_buffer()
+        except BrokenPipeError:
+            raise
+        except OSError as err:
+            del self._buffer[:]
+            if not self.stderr:
+                raise OutputError(err.errno, err.strerror, STDOUT) from None
+            self.quiet = True
+            _silence(2)
 
 
 class _Environ(Mapping):
@@ -226,6 +261,8 @@ def handle_errors(fn):
         except OSError as err:
             if STATE["debug"]:
                 raise
+            if isinstance(err, OutputError):  # what stdout still buffers would fail again at exit
+                _silence_stdout()
             raise fail(os_error_line(err)) from None
         except UnicodeEncodeError as err:
             if STATE["debug"] or not output_encoding(err):
@@ -309,11 +346,19 @@ def quiet_warnings():
 
 def _silence_stdout() -> None:
     """Point fd 1 at /dev/null so the interpreter's last flush cannot fail on the closed pipe again."""
+    _silence(1)
+
+
+def _silence(fd: int) -> None:
+    """Point `fd` (1 or 2: stdout's or stderr's, if they are the real ones) at /dev/null."""
+    stream = sys.stdout if fd == 1 else sys.stderr
     try:
+        if stream is None or stream.fileno() != fd:
+            return
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        os.dup2(devnull, fd)
         os.close(devnull)
-    except (OSError, ValueError):  # no real fd (a test runner's captured stdout): nothing to protect
+    except (OSError, ValueError, AttributeError):  # no real fd (a test runner's capture): nothing to protect
         pass
 
 

@@ -138,6 +138,10 @@ SIZE_DEFAULTS = {"d_model": 128, "n_layer": 4, "n_head": 4, "ctx_len": 512, "voc
 PARTS = ("llama", "2017")
 
 
+SIZE_OPTIONS = {"d_model": "--d-model", "n_layer": "--n-layer", "n_head": "--n-head", "ctx_len": "--ctx",
+                "vocab_size": "--vocab"}  # the size options and the model fields they set
+
+
 def _sized_model(sizes: dict, parts: str | None) -> ModelConfig:
     parts = parts or "llama"
     if parts not in PARTS:
@@ -145,7 +149,15 @@ def _sized_model(sizes: dict, parts: str | None) -> ModelConfig:
     data = {k: v if v is not None else SIZE_DEFAULTS[k] for k, v in sizes.items()}
     if parts == "llama":
         data |= model_settings(model=data)
-    return validate(ModelConfig, data | {"n_kv_head": data["n_head"]}, prefix="model.")
+    try:
+        return validate(ModelConfig, data | {"n_kv_head": data["n_head"]}, prefix="model.")
+    except ConfigError as err:  # named as typed: --ctx, not model.ctx_len
+        lines = str(err).splitlines()
+        for key, flag in SIZE_OPTIONS.items():
+            if sizes.get(key) is not None:
+                lines = [flag + line[len(f"model.{key}"):] if line.startswith(f"model.{key}:") else line
+                         for line in lines]
+        raise ConfigError("\n".join(lines)) from None
 
 
 @app.command("bench-decode")

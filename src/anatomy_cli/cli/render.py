@@ -94,16 +94,22 @@ def plan_table(plan, sweep_dir: Path, workers: int, vocab: dict, estimate: tuple
                        right=frozenset({"seed", "params", "est."}), drop=("components", "params", "est.", "seed"))
 
 
-def plan_json(spec, plan, sweep_dir: Path) -> dict:
-    """The plan as data: the study's components and, per run, id, role, flip, seed and resolved config."""
+def plan_json(spec, plan, sweep_dir: Path, rounds=None) -> dict:
+    """The plan as data: the study's components and, per run, id, role, flip, seed and resolved config; with
+    rounds (--decide: study.rounds.Rounds), its looks (seeds and the family-wise alpha each is judged at), its
+    margin (null: the default) and budget, as the dry run's text says them."""
     design = next((p.design for p in plan if p.design), None)
-    return {
+    out = {
         "name": spec.name, "sweep_dir": str(sweep_dir), "design": spec.design,
         "components": [components.record(c) for c in design.components] if design else [],
         "runs": [{"run_id": p.run_id, "slug": p.slug, "role": p.role, "flip": p.flip, "seed": p.config.seed,
                   "label": label(p.config), "status": runs.run_status(sweep_dir / p.run_id) or "pending",
                   "config": p.config.model_dump(mode="json")} for p in plan],
     }
+    if rounds is not None:
+        out["decide"] = {"looks": [{"seeds": n, "alpha": rounds.alpha} for n in rounds.looks],
+                         "margin": rounds.margin, "budget": rounds.budget, "budget_s": rounds.budget_s}
+    return out
 
 
 HEARTBEAT_S = 60.0  # LineDisplay: the longest a pipe or a log goes without a line while runs train

@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import json
 import shlex
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -27,6 +26,7 @@ from anatomy_cli.cli.app import (
     on_interrupt,
     styled,
     warn,
+    write_out,
 )
 from anatomy_cli.spec.components import label
 from anatomy_cli.spec.config import SEED_MAX, SEED_MIN, ConfigError
@@ -242,10 +242,18 @@ def _run_train(fn, run_dir: Path, total: int) -> None:
     with StopFlag() as stop, train_progress() as bar:
         task = bar.add_task("train", total=total, losses="")
 
+        started = []
+
         def on_progress(p: dict) -> None:
+            started.append(True)
             bar.update(task, completed=p["step"], losses=f"train {p['train_loss']:.3f}  val {p['val_loss']:.3f}")
 
-        summary = fn(progress=on_progress, stop=stop)
+        try:
+            summary = fn(progress=on_progress, stop=stop)
+        except BaseException:  # refused before its first step (a corpus empty or too short): no bar at 0/N
+            if not started:
+                bar.remove_task(task)
+            raise
     status = summary["status"]
     if status == runs.INTERRUPTED:
         err_console.print(f"interrupted at step {summary['steps_done']}; {resume_hint(run_dir)}", highlight=False,
@@ -329,9 +337,8 @@ def sample(
     from anatomy_cli.data.tokenizer import StreamDecoder
 
     ids = vocab.encode(prefix)
-    sys.stdout.write(prefix)
+    write_out(prefix)
     text = StreamDecoder(vocab, ids)  # a token that ends inside a character waits for the rest of it
     for i in generate(model, ids, max_new, temp, top_k, seed, use_cache=not no_cache, window=window):
-        sys.stdout.write(text.push(i))
-        sys.stdout.flush()
-    sys.stdout.write(text.flush() + "\n")
+        write_out(text.push(i))
+    write_out(text.flush() + "\n")

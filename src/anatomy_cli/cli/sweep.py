@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import json
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -23,7 +22,9 @@ from anatomy_cli.cli.app import (
     err_console,
     handle_errors,
     on_interrupt,
+    warn,
     warn_short_runs,
+    write_out,
 )
 from anatomy_cli.cli.render import (
     LineDisplay,
@@ -100,7 +101,7 @@ def ablate(
         time_pass=time_pass, runs_dir=runs_dir, workers=workers, executor=executor, address=address, stack=stack))
     if json_out:
         warn_short_runs(p.config for p in study.plan)
-        console.print_json(json.dumps(plan_json(study.spec, study.plan, study.sweep_dir)))
+        console.print_json(json.dumps(plan_json(study.spec, study.plan, study.sweep_dir, study.rounds)))
         return
     study = ablation.size_study(study)
     if time_pass and not dry_run:
@@ -124,7 +125,7 @@ def ablate(
 def _run(study, estimate):
     """Train the study (its plan line first; the compile cache shared; a second signal says how to resume) and
     say how it went; a tuned study whose selection tuned no config says so (its report is skipped)."""
-    from anatomy_cli.study import ablation
+    from anatomy_cli.study import ablation, lr_study
 
     err_console.print(plan_line(study.plan, study.sweep_dir, study.workers, estimate), highlight=False,
                       soft_wrap=True)
@@ -139,10 +140,9 @@ def _run(study, estimate):
                               lambda line: err_console.print(line, highlight=False, soft_wrap=True),
                               price=lambda todo: ablation.round_seconds(study, todo))
     err_console.print(closing_line(done, study.sweep_dir), highlight=False, soft_wrap=True)
-    if study.tune is not None and done.tune is not None and not any(a.tuned for a in done.tune.arms):
-        err_console.print("--tune-lr: no config was tuned (each best at the grid's edge): no tuned verdict; "
-                          "widen the grid (tune.factor, tune.extend) in another --runs-dir", highlight=False,
-                          soft_wrap=True)
+    untuned = lr_study.untuned_line(done.tune) if study.tune is not None and done.tune is not None else None
+    if untuned:
+        err_console.print(untuned, highlight=False, soft_wrap=True)
     return done
 
 
@@ -159,6 +159,14 @@ def _dry_run(study, estimate) -> None:
         looks = study.rounds.looks
         console.print(f"--decide: looks at {', '.join(map(str, looks))} seeds, each at family-wise alpha "
                       f"{decide_mod.alpha(looks):.4g}; this table is the first round", highlight=False)
+        if study.tune is None:  # a tuned study's first round trains after its selection, at LRs not chosen yet
+            from anatomy_cli.study.ablation import round_seconds
+            from anatomy_cli.study.rounds import budget_note
+            from anatomy_cli.sweep.plan import pending_runs
+
+            note = budget_note(study.rounds, round_seconds(study, pending_runs(study.plan, study.sweep_dir)))
+            if note:
+                warn(note)
     if runs.find_runs(study.sweep_dir):  # earlier runs of the study: the power they give, and what more would cost
         from anatomy_cli.report.build import build_report
         from anatomy_cli.report.verdict import power_lines
@@ -329,8 +337,7 @@ def report(
         paths = write.write_report(done.report, out, done.formats)
         text = (paths["report.json"].read_text() if "report.json" in paths
                 else write.json_text(write.report_document(done.report)))
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        write_out(text)
         if done.events is not None:  # not part of the document: said on stderr
             err_console.print(f"tensorboard: event files written for {done.events['written']} runs", highlight=False)
         return

@@ -70,7 +70,7 @@ def check(
         raise gate.BaselineError(f"baseline not found: {baseline} (create it with --update)")
     metric = gate.metric_of(base)
     sweep_dir = from_runs or _run_spec(s, plan, runs_dir, workers)
-    rows = gate.compare(base, gate.collect(sweep_dir, metric), tolerance)
+    rows = gate.compare(base, gate.collect(sweep_dir, {p.slug: p.config.train.lr for p in plan}, metric), tolerance)
     warnings = gate.unit_lines(base, baseline) + gate.environment_warnings(base, *_environment(), rows)
     if json_out:
         console.print_json(json.dumps({"passed": gate.passed(rows), "rows": rows, "warnings": warnings,
@@ -108,9 +108,11 @@ def _environment() -> tuple[str, str, str | None]:
 
 
 def _run_spec(s, plan, runs_dir: Path, workers: int | None) -> Path:
+    from anatomy_cli.report.gate import refuse_tuned
     from anatomy_cli.sweep.plan import check_data, execute, plan_workers
 
     sweep_dir = runs.runs_folder(runs_dir) / s.name
+    refuse_tuned(sweep_dir)
     warn_short_runs(p.config for p in plan)
     display = SweepDisplay(len(plan))
     with display.progress:  # SIGTERM/SIGHUP unwind like Ctrl-C (handle_errors): exit 130, workers end, lock freed

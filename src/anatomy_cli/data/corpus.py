@@ -246,14 +246,15 @@ def id_blocks(ids, n: int = COUNT_IDS) -> Iterator:
 
 
 def id_counts(ids, vocab_size: int):
-    """[vocab_size] float64: how often each id occurs in `ids` (an id array or a memmap), counted
-    COUNT_IDS at a time, so the int64 copy np.bincount makes is of a block, never of the corpus (issue 48)."""
+    """[vocab_size] int64: how often each id occurs in `ids` (an id array or a memmap), counted
+    COUNT_IDS at a time, so the int64 copy np.bincount makes is of a block, never of a split or a piece of
+    text (issue 48: every per-split statistic counts through here)."""
     import numpy as np
 
     total = np.zeros(vocab_size, dtype=np.int64)
     for block in id_blocks(ids):
         total += np.bincount(block, minlength=vocab_size)
-    return total.astype(np.float64)
+    return total
 
 
 def unigram_loss(corpus: Corpus) -> float:
@@ -264,7 +265,7 @@ def unigram_loss(corpus: Corpus) -> float:
     sits at it (the unigram plateau, report/plateau.py). Counts only, one pass over each split's ids."""
     import numpy as np
 
-    train, val = id_counts(corpus.train, len(corpus.vocab)), id_counts(corpus.val, len(corpus.vocab))
+    train, val = (id_counts(ids, len(corpus.vocab)).astype(np.float64) for ids in (corpus.train, corpus.val))
     p = (train + 1.0) / (train.sum() + len(train))
     return float(-(val * np.log(p)).sum() / val.sum())
 
@@ -380,8 +381,10 @@ def _scan(src: Source, max_chars: int | None, progress: Progress | None, spool: 
             _tell(progress, "read", scan.chars, scan.documents if src.docs is not None else None, max_chars)
     if src.docs is not None and not scan.documents:
         raise DataError(f"dataset is empty: {src.description} has no documents")
-    if scan.blank:
-        raise DataError(f"corpus is empty: {src.description}")
+    own = scan.chars - (len(DOC_SEP) * (scan.documents - 1) if src.docs is not None else 0)  # not our separators
+    if scan.blank:  # a file of 20,000 newlines is not empty, but has nothing to learn either
+        raise DataError(f"corpus holds only whitespace ({own:,} characters): {src.description}"
+                        if own else f"corpus is empty: {src.description}")
     if len(scan.seen) < 2:  # one character (NUL-only, "aaaa"): every next character is known, the loss is 0
         raise DataError(f"corpus has one character only ({next(iter(scan.seen))!r}), so there is nothing to "
                         f"predict: {src.description}")
@@ -484,7 +487,7 @@ def _encode(parts: Iterable[tuple[int, str]], vocab: CharVocab, writers, progres
     counts, sizes = np.zeros(len(vocab), dtype=np.int64), [0, 0]
     for part, piece in parts:
         ids = table[np.frombuffer(piece.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)]
-        counts += np.bincount(ids, minlength=len(vocab))
+        counts += id_counts(ids, len(vocab))  # a block at a time: a whole piece's int64 copy is 8x its ids
         writers[part](ids.view(np.uint8))  # array.frombytes takes only a byte-typed buffer
         sizes[part] += len(ids)
         _tell(progress, "encode", sum(sizes), None, total)

@@ -103,8 +103,12 @@ def prepare(src: Source, out: Path, val_frac: float = 0.1, min_len: int = 1, max
         spool = _temp(out, ".jsonl", temps) if src.once else None
         bins = [_temp(out, ".bin", temps) for _ in (TRAIN_BIN, VAL_BIN)]
         with open(bins[0], "wb") as train, open(bins[1], "wb") as val:
-            vocab, meta = encode_source(src, lambda code: (train.write, val.write), val_frac, min_len,
-                                        max_chars, progress, spool, maker)
+            files = ((train, out / TRAIN_BIN), (val, out / VAL_BIN))
+            vocab, meta = encode_source(src, lambda code: tuple(_named(f.write, path) for f, path in files),
+                                        val_frac, min_len, max_chars, progress, spool, maker)
+            for f, path in files:  # what is still buffered, before close() could fail naming no file
+                with runs.writing(path):
+                    f.flush()
         (out / META).unlink(missing_ok=True)  # not a prepared corpus again until its new meta.json
         for name in (VOCAB_FILE, TOKENIZER_FILE, NANOGPT_META):  # the other kind's, or a stale one
             (out / name).unlink(missing_ok=True)
@@ -123,6 +127,16 @@ def prepare(src: Source, out: Path, val_frac: float = 0.1, min_len: int = 1, max
         if created and not (out / META).is_file():  # a failure leaves no empty folder behind
             with contextlib.suppress(OSError):
                 out.rmdir()
+
+
+def _named(write: Callable[[bytes], int], path: Path) -> Callable[[bytes], int]:
+    """write(), whose failure (a full disk) names `path`, the file its temp copy becomes, not the temp."""
+
+    def named(data: bytes) -> int:
+        with runs.writing(path):
+            return write(data)
+
+    return named
 
 
 def _temp(folder: Path, suffix: str, temps: list[Path]) -> Path:

@@ -19,7 +19,9 @@ diverged run is a result to report, not a number to average).
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -33,11 +35,12 @@ from anatomy_cli.report.rules import Rules
 from anatomy_cli.spec import components as comp
 from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, DIRECTIONS, END_OF, REFERENCE, REMOVE_ONE, VERB, shown, variant
 from anatomy_cli.store.records import TuneRecord
-from anatomy_cli.store.runs import COMPLETED
+from anatomy_cli.store.runs import COMPLETED, SWEEP
 
 EFFECT_COLUMNS = ["metric", "flip", "direction", "against", "group", "n_pairs", "excluded", "unit", "gain",
                   "adj_low", "adj_high", "margin", "margin_basis", "call", "mde", "noise", "raw_low",
-                  "raw_high", "sd", "se", "df", "p_value", "p_holm", "adj_level", "family", "note"]
+                  "raw_high", "sd", "se", "df", "p_value", "p_holm", "adj_level", "family", "allow_low", "allow_high",
+                  "note"]  # allow_*: a tuned study's interval widening for its LR selection's error (NaN: none)
 
 
 # ------------------------------------------------------------------------------- effects
@@ -76,8 +79,10 @@ def paired_rows(runs_df: pd.DataFrame, metric: str, tune: TuneRecord | None = No
 def groups(runs: pd.DataFrame):
     """(label, runs) per study and shared settings. A component whose on state is a range (gqa: any
     n_kv_head < n_head) may appear with several values in hand-made runs (a sweep refuses an
-    n_kv_head axis); each value then gets its own group, sharing the runs without it."""
-    keys = runs["design"] + "|" + runs["settings"]
+    n_kv_head axis); each value then gets its own group, sharing the runs without it. Runs of several study
+    folders (a report of their parent) are grouped by folder too: each study is judged as itself, its seeds
+    never paired with another study's ('study=demo-tuned' in the label)."""
+    keys = runs["design"] + "|" + _with_study(runs)
     names = comp.group_names(keys, runs["size"])
     for key, members in runs.groupby(keys, sort=True):
         split = [(c, col) for c, col in _ranged(key.split("|")[0].split("+")) if col in members.columns]
@@ -89,6 +94,23 @@ def groups(runs: pd.DataFrame):
         for value in values:
             keep = ~members[name] | (members[col] == value)
             yield ", ".join(filter(None, [names[key], f"{col}={value}"])), members[keep]
+
+
+def _with_study(runs: pd.DataFrame) -> pd.Series:
+    """The runs' settings keys, each with its study folder's name as a setting where the runs come from several
+    study folders (each with its sweep.json; the folder's path where two share a name); as they are otherwise,
+    and for runs outside a study (hand-made runs of `anatomy train` pair across their folders as before)."""
+    if "path" not in runs or runs.empty:
+        return runs["settings"]
+    parents = {f: (f / SWEEP).is_file() for f in {Path(p).parent for p in runs["path"]}}
+    studies = sorted(f for f, recorded in parents.items() if recorded)
+    if len(studies) <= 1:
+        return runs["settings"]
+    names = [f.name for f in studies]
+    shown = {f: (f.name if len(set(names)) == len(names) else str(f)) for f in studies}
+    folders = runs["path"].map(lambda p: shown.get(Path(p).parent))
+    return pd.Series([json.dumps({**json.loads(s), "study": name}, sort_keys=True, default=str) if name else s
+                      for s, name in zip(runs["settings"], folders)], index=runs.index)
 
 
 def _ranged(design: list[str]) -> list[tuple[str, str]]:

@@ -33,6 +33,7 @@ from pydantic import Field, ValidationError, model_validator
 from anatomy_cli.data.batches import bits_per_byte
 from anatomy_cli.spec.errors import InputError
 from anatomy_cli.store import runs
+from anatomy_cli.store.records import TUNE
 
 ENVIRONMENT = ("torch_version", "machine", "cpu_capability")  # baseline fields that say where it was measured
 TOLERANCE_SIGMAS = 2.0
@@ -87,13 +88,20 @@ class Baseline(runs.FileModel):
     measured_on: str = None
 
 
-def collect(sweep_dir: Path, metric: str = BPB) -> dict[str, dict[int, float | None]]:
-    """{slug: {seed: the run's `metric` (best val bits per byte), or None when the run did not complete or does
-    not record it}}."""
+def collect(sweep_dir: Path, lrs: dict[str, float] | None = None,
+            metric: str = BPB) -> dict[str, dict[int, float | None]]:
+    """{slug: {seed: the run's `metric` (best val bits per byte), or None when the run did not complete or does not
+    record it}}: one run per config and seed. In a tuned study's folder (tune.json) a config has runs at several
+    LRs: with `lrs` ({slug: the spec's LR, what the baseline was measured at}) the run at the spec's LR is compared
+    (the shared-LR run), and a config with none there is refused; two runs of a config at one seed that remain are
+    refused (the gate compares one)."""
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
         raise runs.RunError(f"runs directory not found: {sweep_dir}")
+    tuned = (sweep_dir / TUNE).is_file()
     out: dict[str, dict[int, float | None]] = {}
+    found: dict[tuple[str, int], list[Path]] = {}
+    elsewhere: dict[str, list] = {}  # a tuned folder's LRs of each config other than the spec's
     for run_dir in runs.find_runs(sweep_dir):
         summary = runs.read_summary(run_dir) or {}
         config = runs.read_config(run_dir)
@@ -101,11 +109,36 @@ def collect(sweep_dir: Path, metric: str = BPB) -> dict[str, dict[int, float | N
         if not isinstance(name, str) or not _is_int(seed):
             raise runs.RunError(f"{run_dir / runs.CONFIG}: needs a string 'name' and an integer 'seed'")
         slug = name.rsplit("/", 1)[-1]  # sweeps name runs '<spec>/<slug>'
+        lr = (config.get("train") or {}).get("lr")
+        if tuned and lrs is not None and slug in lrs and not (isinstance(lr, (int, float)) and
+                                                               math.isclose(lr, lrs[slug], rel_tol=1e-9)):
+            elsewhere.setdefault(slug, []).append(lr)
+            continue
+        found.setdefault((slug, seed), []).append(run_dir)
         ok = summary.get("status") == runs.COMPLETED
         out.setdefault(slug, {})[seed] = summary.get(metric) if ok else None
+    for slug in sorted(set(elsewhere) - set(out)):
+        shown = ", ".join(f"{lr:g}" for lr in sorted({lr for lr in elsewhere[slug] if isinstance(lr, (int, float))}))
+        raise runs.RunError(f"{sweep_dir} is a tuned study's folder and holds no run of {slug} at the spec's lr "
+                            f"{lrs[slug]:g}, where the baseline was measured (only at {shown}): compare runs at the "
+                            f"spec's LRs (a tuned study's shared-LR runs: tune.shared = true)")
+    twice = next(((key, dirs) for key, dirs in sorted(found.items()) if len(dirs) > 1), None)
+    if twice is not None:
+        (slug, seed), dirs = twice
+        raise runs.RunError(f"{sweep_dir} holds {len(dirs)} runs of {slug} at seed {seed} ("
+                            f"{', '.join(d.name for d in dirs)}): the gate compares one run per config and seed; "
+                            f"compare a folder of one study's runs")
     if not out:
         raise runs.RunError(f"no runs under {sweep_dir} (no run directory with a {runs.CONFIG})")
     return out
+
+
+def refuse_tuned(sweep_dir: Path, option: str = "--runs-dir") -> None:
+    """The gate's runs are not trained into a tuned study's folder (tune.json): its runs at other LRs share the
+    gate's configs and seeds, so neither the study nor the gate would know which run is whose."""
+    if (Path(sweep_dir) / TUNE).is_file():
+        raise runs.RunError(f"{option}: {sweep_dir} is a tuned study's folder ({TUNE}): the gate's runs at the spec's "
+                            f"LRs would join its runs of the same configs and seeds; use another {option}")
 
 
 def _is_int(value) -> bool:

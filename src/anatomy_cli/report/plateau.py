@@ -47,7 +47,8 @@ def plateau_reason(curve: Iterable[tuple[int, float]], unigram: float | None, to
 
     `curve`: (step, val loss) at each of the run's evaluations; NaN and inf are left out. A run has left
     the plateau at its first evaluation whose val loss is more than `tol` below `unigram`. It is flagged
-      - when it never did: its best val loss is within `tol` of the unigram loss, or above it; or
+      - when it never did: its best val loss is within `tol` of the unigram loss ("ended on the unigram
+        plateau"), or more than `tol` above it ("never reached the unigram loss": not on the plateau); or
       - when it did only in its last `late` share of its n evaluations (the last ceil(late * n), at least
         one; judged from MIN_EVALS evaluations): it escaped so late that its best val loss still falls
         with every step, so it measures the step it escaped at (random, from seed to seed), not its config.
@@ -57,6 +58,9 @@ def plateau_reason(curve: Iterable[tuple[int, float]], unigram: float | None, to
         return None
     best = min(v for _, v in points)
     below = next((i for i, (_, v) in enumerate(points) if v < unigram - tol), None)
+    if below is None and best > unigram + tol:  # not on the plateau: above it (a collapse to ln V, a run cut short)
+        return (f"never reached the unigram loss: best val loss {best:.3f}, {best - unigram:.3f} above the unigram "
+                f"loss {unigram:.3f} nats/token (it did not learn even how often each token occurs)")
     if below is None:
         return (f"ended on the unigram plateau: best val loss {best:.3f}, the unigram loss {unigram:.3f} nats/token "
                 f"(never {tol:g} below it)")

@@ -29,16 +29,67 @@ from anatomy_cli.report import results_bpb, stats
 from anatomy_cli.report.effects import OVERLAP_NOTE
 from anatomy_cli.report.frames import SPEED_METRIC
 from anatomy_cli.report.results_build import _plain
-from anatomy_cli.report.results_file import LOSS_UNITS, load
+from anatomy_cli.report.results_file import LOSS_UNITS, ResultsError, load
 from anatomy_cli.spec.errors import InputError
 
+# What judging a call again reads from each row: present in every file the writer wrote, the names non-null, the
+# numbers null only where the writer writes null (an effect or a trend without two pairs, which no interval decides).
+NEEDED = ("metric", "group", "flip", "direction", "call", "n_pairs")
+NUMBERS = ("gain", "raw_low", "raw_high")
+TREND_NEEDED = ("series", "flip", "direction", "sizes", "n_seeds", "call")
+TREND_NUMBERS = ("slope", "slope_low", "slope_high", "fit_smallest", "fit_largest")
 
-def paired_of(row: dict, n: float, gain: float, low: float, high: float) -> dict:
-    """A stats.paired dict from a recorded effect: n pairs, gain and raw 95 % interval [low, high]."""
+
+def check_judgeable(path: Path, doc: dict) -> None:
+    """Refuse (ResultsError: one line naming the file and the field) a results file that its typed model accepts
+    (every key may be absent) but whose calls cannot be judged again from what it holds."""
+    for i, e in enumerate(doc.get("effects") or []):
+        _require(path, f"effects[{i}]", e, NEEDED, NUMBERS, tested=e.get("n_pairs") is not None and e["n_pairs"] >= 2)
+        level, family = e.get("adj_level"), e.get("family")
+        if level is not None and family and not 0 < (1 - level) * family < 1:
+            raise ResultsError(f"{path}: effects[{i}].adj_level is {level:g} with family {family:g}: no family-wise "
+                               f"alpha between 0 and 1 judged it")
+    scale = doc.get("scale") or {}
+    for i, t in enumerate(scale.get("trends") or []):
+        _require(path, f"scale.trends[{i}]", t, TREND_NEEDED, TREND_NUMBERS,
+                 tested=None not in (t.get("sizes"), t.get("n_seeds")) and t["sizes"] >= 2 and t["n_seeds"] >= 2)
+    for i, row in enumerate(scale.get("effects") or []):
+        _require(path, f"scale.effects[{i}]", row, ("series", "flip", "direction", "size", "call"), (), tested=False)
+    for i, size in enumerate(scale.get("sizes") or []):
+        _require(path, f"scale.sizes[{i}]", size, ("series",), ("non_embedding_params",), tested=False)
+
+
+def _require(path: Path, where: str, row: dict, needed: tuple, numbers: tuple, tested: bool) -> None:
+    for key in needed + numbers:
+        if key not in row:
+            raise ResultsError(f"{path}: {where}.{key} is missing: its call is judged again from it")
+        if row[key] is None and (key in needed or tested):
+            raise ResultsError(f"{path}: {where}.{key} is null" + (" where two pairs or more measured it" if tested
+                                                                   and key not in needed else ""))
+
+
+def paired_of(row: dict, n: float, gain: float | None, low: float | None, high: float | None) -> dict:
+    """A stats.paired dict from a recorded effect: n pairs, gain and raw 95 % interval [low, high] (null: NaN)."""
+    gain, low, high = (math.nan if v is None else v for v in (gain, low, high))
     out = dict(row) | {"n_pairs": int(n), "gain": gain, "raw_low": low, "raw_high": high, "sd": math.nan}
     if n >= 2 and all(isinstance(v, (int, float)) and math.isfinite(v) for v in (gain, low, high)):
         out["sd"] = (high - low) / 2 * math.sqrt(n) / float(sps.t.ppf(1 - stats.ALPHA / 2, n - 1))
     return out
+
+
+def allowance_of(row: dict) -> dict:
+    """A tuned study's loss effect's widening for its LR selection's error, {allow_low, allow_high}: as the file
+    records it, or in a file from before it was recorded, recovered from the interval that holds it (the adjusted
+    interval less the t interval of its level: adj_low = gain - crit x se - allow_low, adj_high alike)."""
+    if "allow_low" in row or "allow_high" in row:
+        return {k: math.nan if row.get(k) is None else row[k] for k in ("allow_low", "allow_high")}
+    n, keys = row["n_pairs"], ("gain", "raw_low", "raw_high", "adj_low", "adj_high", "adj_level")
+    if n < 2 or any(row.get(k) is None for k in keys):
+        return {}
+    se = (row["raw_high"] - row["raw_low"]) / 2 / float(sps.t.ppf(1 - stats.ALPHA / 2, n - 1))
+    crit = float(sps.t.ppf(1 - (1 - row["adj_level"]) / 2, n - 1))
+    return {"allow_low": max(0.0, row["gain"] - crit * se - row["adj_low"]),
+            "allow_high": max(0.0, row["adj_high"] - row["gain"] - crit * se)}
 
 
 def _alpha(rows: list[dict]) -> float:
@@ -49,9 +100,9 @@ def _alpha(rows: list[dict]) -> float:
     return stats.ALPHA
 
 
-def _judged(rows: list[dict], margin: float, alpha: float) -> list[dict]:
-    fresh = stats.judge([paired_of(r, r["n_pairs"], r["gain"], r["raw_low"], r["raw_high"]) for r in rows],
-                        margin, alpha)
+def _judged(rows: list[dict], margin: float, alpha: float, tuned: bool = False) -> list[dict]:
+    fresh = stats.judge([paired_of(r, r["n_pairs"], r["gain"], r["raw_low"], r["raw_high"])
+                         | (allowance_of(r) if tuned else {}) for r in rows], margin, alpha)
     out = []
     for old, new in zip(rows, fresh):
         row = {k: v for k, v in old.items() if k != "prior_df"}
@@ -63,7 +114,8 @@ def _judged(rows: list[dict], margin: float, alpha: float) -> list[dict]:
 
 
 def rejudge(doc: dict) -> tuple[dict, list[dict]]:
-    """(the document with every call judged again, the changes: {study, what, before, after, gain, interval})."""
+    """(the document with every call judged again, the changes: {study, what, before, after, gain, interval}). A
+    tuned study's loss intervals keep their LR selection's allowance (allowance_of)."""
     doc = json.loads(json.dumps(doc))  # a copy
     effects = doc.get("effects") or []
     changes = []
@@ -74,11 +126,10 @@ def rejudge(doc: dict) -> tuple[dict, list[dict]]:
         rows = [effects[i] for i in idx]
         if metric == SPEED_METRIC and all(OVERLAP_NOTE in (r.get("note") or "") for r in rows):
             judged = [r | {"call": stats.NOT_TIMED} for r in rows]
-        elif metric in LOSS_UNITS and doc.get("tuning"):  # its intervals hold an allowance the file does not record
-            judged = rows
         else:
             margin = rows[0].get("threshold")
-            judged = _judged(rows, margin if margin is not None else math.nan, _alpha(rows))
+            judged = _judged(rows, margin if margin is not None else math.nan, _alpha(rows),
+                             tuned=metric in LOSS_UNITS and bool(doc.get("tuning")))
         for i, new in zip(idx, judged):
             old = effects[i]
             if new["call"] != old["call"]:
@@ -164,6 +215,8 @@ def rejudge_files(paths: list[Path], check: bool = False) -> list[dict]:
     from anatomy_cli.store.runs import atomic_write_text
 
     docs = [(path, load(path)) for path in paths]
+    for path, doc in docs:  # every file judgeable before any is judged or written
+        check_judgeable(path, doc)
     changed = []
     for path, doc in docs:
         before = doc
@@ -176,3 +229,10 @@ def rejudge_files(paths: list[Path], check: bool = False) -> list[dict]:
         if not check and new != before:
             atomic_write_text(path, json.dumps(new, indent=1, allow_nan=False) + "\n")
     return changed
+
+
+if __name__ == "__main__":  # `python -m anatomy_cli.report.rejudge` is no command: say which one is (usage: exit 2)
+    import sys
+
+    sys.stderr.write("error: judge results files again with `anatomy rejudge FILE ... [--check]`\n")
+    sys.exit(2)

@@ -10,7 +10,7 @@ are rendered from it (report/results_blocks.py). This module is what the file is
 The file (FORMAT, VERSION 1): study, runs {total, completed}, seeds, budget, ends {role: {name,
 mean, sd, seeds, best_step, last_step, final}}, effects [{metric, unit, flip, direction, against,
 group, n_pairs, gain, adj_low, adj_high, adj_level, family, threshold, threshold_basis, call,
-raw_low, raw_high, p_holm, mde, noise, df, note}],
+raw_low, raw_high, p_holm, mde, noise, df, allow_low, allow_high (a tuned study's LR allowance), note}],
 eval_gains [{flip, direction, group, steps, tokens, gain}] (val-loss gain at every evaluation);
 configs [{role, params, active_params, state_bytes_4k, positions}] (what each config costs);
 with sizes, scale {budget, sizes, effects, trends} (scale.Scale.record's rows); with --decide, decide
@@ -41,7 +41,7 @@ from anatomy_cli.store.runs import FileModel, json_object, schema_problem
 FORMAT, VERSION = "anatomy-results", 1
 EFFECT_KEYS = ("metric", "unit", "flip", "direction", "against", "group", "n_pairs", "gain", "adj_low", "adj_high",
                "adj_level", "family", "threshold", "threshold_basis", "call", "raw_low", "raw_high", "p_holm",
-               "mde", "noise", "df", "note")
+               "mde", "noise", "df", "allow_low", "allow_high", "note")
 
 
 # The loss effects' metric and its unit: bits per byte, or in files written before it was the unit, nats per
@@ -121,6 +121,10 @@ class Effect(FileModel):  # EFFECT_KEYS
     mde: Amount | None = None
     noise: Amount | None = None
     df: Amount | None = None
+    # a tuned study's widening of the interval for its LR selection's error, below and above (null: none; absent:
+    # a file from before they were recorded, whose interval holds them: rejudge recovers them from it)
+    allow_low: Amount | None = None
+    allow_high: Amount | None = None
     prior_df: float | None = None  # files judged before issue 35: the moderation's d0 (0: none borrowed; null: inf)
     note: str | None = None  # speed from the training runs, not a timing pass: effects.OVERLAP_NOTE
 

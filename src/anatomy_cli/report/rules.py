@@ -76,8 +76,10 @@ def read_rules(folder: Path, margin: float | None = None, studies: dict | None =
 def judged_by(root: Path, folders: list[Path], margin: float | None = None, studies: dict | None = None) -> Rules:
     """The Rules that judge the runs under root, whose run folders' parents are `folders`: root's own where
     it is the one study, else the one study folder below it (a report of runs/ judges runs/demo as runs/demo's
-    report does). Studies recorded with other alphas or margins are not judged as one: refused, naming them
-    (report each study's folder)."""
+    report does). Several studies of one alpha and margin are judged each as itself (effects.groups keeps their
+    runs apart) under the Rules of the tuned one among them, if any, whose LR selection and shared-LR runs are
+    then told apart from its study's; studies recorded with other alphas or margins, or two tuned studies, are
+    not judged as one: refused, naming them (report each study's folder)."""
     if len(folders) <= 1:
         return read_rules(folders[0] if folders else Path(root), margin, studies)
     each = {f: read_rules(f, margin, studies) for f in folders}
@@ -86,4 +88,8 @@ def judged_by(root: Path, folders: list[Path], margin: float | None = None, stud
         named = "; ".join(f"{f} (alpha {a:.4g}, margin {m if m is not None else stats.DEFAULT_MARGIN:.3f})"
                           for f, (a, m) in rules.items())
         raise RunError(f"{root} holds studies judged by different rules: {named}: report each study's folder")
-    return each[folders[0]]
+    tuned = [f for f, r in each.items() if r.tune is not None]
+    if len(tuned) > 1:  # one report holds one LR selection's allowance and comparison
+        raise RunError(f"{root} holds {len(tuned)} tuned studies ({', '.join(map(str, tuned))}): report each "
+                       f"study's folder")
+    return each[tuned[0] if tuned else folders[0]]  # its selection and shared-LR runs told apart from its study's

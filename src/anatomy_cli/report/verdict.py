@@ -93,10 +93,11 @@ def budget(runs: pd.DataFrame) -> dict:
     return out
 
 
-def ablate_command(rules, *extra: str) -> str:
+def ablate_command(rules, *extra: str, changed: tuple = ()) -> str:
     """The `anatomy ablate` command that made the study its Rules judge (sweep.json's invocation: its spec and
     the settings over it, each by its alias: spec/knobs.py; a tuned study's grid from tune.json) with `extra`
-    options, writing to the same directory."""
+    options, writing to the same directory. changed: knobs.Settings that take the place of the study's own
+    setting of the same key (more seeds: one --seeds, never two)."""
     from anatomy_cli.spec import knobs
 
     folder, how = Path(rules.folder), rules.invocation
@@ -104,7 +105,9 @@ def ablate_command(rules, *extra: str) -> str:
     if how is None:
         guess = Path("experiments") / f"{folder.name}.toml"
         spec = str(guess) if guess.is_file() else "SPEC"
-    words = knobs.command_args([s for s in rules.settings if not s.key.startswith("tune")])
+    keys = {c.key for c in changed}
+    words = knobs.command_args([s for s in rules.settings if not s.key.startswith("tune") and s.key not in keys]
+                               + list(changed))
     parts = ["anatomy", "ablate"] + ([str(spec)] if spec else []) + words
     parts += lr_allowance.rerun_flags(rules.tune)  # a tuned study goes on with its grid (tune.json)
     return " ".join([*parts, *extra, "--runs-dir", str(folder.parent)])
@@ -116,7 +119,10 @@ def more_seeds(rules, runs: pd.DataFrame, wanted: int = SEEDS_WANTED) -> tuple[s
     Completed runs are skipped by the sweep, so the command trains only the new seeds. The estimate
     comes from the finished runs' measured times (_estimate).
     """
-    return ablate_command(rules, "--seeds", str(wanted)), _estimate(runs, wanted)
+    from anatomy_cli.spec import knobs
+
+    more = knobs.Setting("seeds", wanted, f"--seeds {wanted}")
+    return ablate_command(rules, changed=(more,)), _estimate(runs, wanted)
 
 
 def estimate_text(est: tuple[float, int] | None) -> str:

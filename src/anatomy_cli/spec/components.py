@@ -494,4 +494,5 @@ def group_names(keys: Iterable[str], sizes: Iterable[str] | None = None) -> dict
         varying = [k for k in varying if len({n for key, n, _ in values if key == k})
                    < len([1 for key, _, _ in values if key == k])]
     return {s: ", ".join(([f"size {size_of[s]}"] if size_of.get(s) else [])
-                         + [f"{k.removeprefix('model.')}={p.get(k)}" for k in varying]) for s, p in parsed.items()}
+                         + [f"{k.removeprefix('model.')}={p.get(k)}" for k in varying if k in p])  # absent: a
+            for s, p in parsed.items()}  # tuned study's runs leave train.lr out (each config has its own)

@@ -131,19 +131,33 @@ Seed = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)]
 MAX_SEEDS = 1000  # a seed count beyond this is a typo (each seed is a full set of runs)
 ALPHA = 0.05  # the family-wise error every family of calls is held to (report/stats.py's rule)
 # The one bound of a margin (the smallest loss effect that matters), wherever it is given: a spec's margin,
-# --margin on ablate and report, a study record. A finite number of nats per token above 0 and at most this
-# (a margin of 10 nats is no effect any model here can show).
+# --margin (--min-effect) on ablate and report, a study record (sweep.json, decide.json). A finite number of bits
+# per byte above 0 and at most this: a uniform guess over the bytes costs 8 bits a byte, so a margin past 10 is
+# no effect any model here can show (and 1e308 drew figures with infinite axes).
 MAX_MARGIN = 10.0
+MARGIN_RULE = (f"a finite number of bits per byte above 0 and at most {MAX_MARGIN:g} (the smallest loss effect "
+               f"that matters)")
+
+
+def _margin_in_range(value: float) -> float:
+    if not (math.isfinite(value) and 0 < value <= MAX_MARGIN):
+        raise ValueError(f"must be {MARGIN_RULE}, got {value:g}")
+    return value
+
+
+# The margin's type, the one place its bound is checked: a spec key, an option's value and a record's field all
+# refuse with the same words. Infinity and NaN reach the check (allow_inf_nan) so they are told the same rule.
+Margin = Annotated[float, Field(allow_inf_nan=True), AfterValidator(_margin_in_range)]
+_MARGIN = TypeAdapter(Margin, config=ConfigDict(strict=True))
 
 
 def check_margin(value: Any, name: str = "margin") -> float:
-    """A margin as given (an option, a key): a finite number in (0, MAX_MARGIN], or a one-line refusal naming
-    `name`; returned as a float."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or not 0 < value <= MAX_MARGIN:
-        raise ConfigError(f"{name} must be a finite number of nats above 0 and at most {MAX_MARGIN:g} (the smallest "
-                          f"loss effect that matters), got {value!r}")
-    return float(value)
+    """A margin as given (an option, a key) checked against its type, Margin: returned as a float, or one line
+    naming `name` (ConfigError: exit 2)."""
+    try:
+        return float(_MARGIN.validate_python(value))
+    except ValidationError as err:
+        raise ConfigError(f"{name}: {error_text(err.errors()[0])}") from None
 
 
 def seeds_of(given: int | list[int], base: int, below: bool = False) -> list[int]:
@@ -1108,8 +1122,7 @@ class AblationSpec(_Frozen):
     # The smallest loss effect that matters (bits per byte), fixed before the data: a call's practical part and
     # the margin "negligible" is tested against (report/stats.py; default stats.DEFAULT_MARGIN). `min_effect`
     # is its older name, read as it.
-    margin: float | None = Field(default=None, gt=0, le=MAX_MARGIN,
-                                 validation_alias=AliasChoices("margin", "min_effect"))
+    margin: Margin | None = Field(default=None, validation_alias=AliasChoices("margin", "min_effect"))
     decide: DecideSpec | None = None  # present: `ablate` trains in rounds (report/decide.py)
     tune: TuneSpec | None = None  # present: `ablate` tunes each config's LR first (study/lr_study.py)
     timing: TimingSpec = TimingSpec()  # the timing pass's steps and rounds (`ablate --time`)

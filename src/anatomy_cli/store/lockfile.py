@@ -155,12 +155,22 @@ class DirLock:
                 self.path.unlink(missing_ok=True)
 
     def _write_temp(self) -> str:
-        fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=f"{LOCK}.", suffix=".tmp")
-        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide the owner from other users of the folder
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(json.dumps(self.me) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        """The owner's line in a temp file beside the lock; a write that fails (a full disk) leaves no temp
+        and names the lock file, not its temp copy."""
+        tmp = None
+        try:
+            fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=f"{LOCK}.", suffix=".tmp")
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide the owner from other users of the folder
+                f.write(json.dumps(self.me) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        except BaseException as err:
+            if tmp is not None:
+                Path(tmp).unlink(missing_ok=True)
+            if isinstance(err, OSError) and (err.filename is None or str(err.filename).endswith(".tmp")):
+                err.filename = str(self.path)
+            raise
         return tmp
 
     @contextlib.contextmanager

@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from anatomy_cli.spec.config import ALPHA, MAX_MARGIN, ConfigError
+from anatomy_cli.spec.config import ALPHA, ConfigError, Margin, check_margin
 from anatomy_cli.spec.knobs import Setting
 from anatomy_cli.store.runs import (
     SWEEP,
@@ -38,7 +38,6 @@ from anatomy_cli.store.runs import (
 )
 
 DECIDE, TUNE = "decide.json", "tune.json"
-Margin = Annotated[float, Field(gt=0, le=MAX_MARGIN)]
 Count = Annotated[int, Field(ge=0)]
 
 
@@ -82,17 +81,25 @@ class StudyRecord(FileModel):
     def _sizes(self) -> StudyRecord:
         if not all(isinstance(s.get("name"), str) and isinstance(s.get("settings"), dict) for s in self.sizes):
             raise ValueError("sizes is not a list of {name, settings}")
+        if self.margin is None and self._legacy is not None:  # an older file's margin: checked as a margin is
+            try:
+                check_margin(self._legacy, "invocation.min_effect")
+            except ConfigError as err:
+                raise ValueError(str(err)) from None
         return self
 
     @property
+    def _legacy(self) -> Any:
+        """An older invocation's min_effect (the margin before it was typed), as the file holds it."""
+        return (self.invocation.model_extra or {}).get("min_effect") if self.invocation else None
+
+    @property
     def study_margin(self) -> float | None:
-        """The margin the study was planned with: the typed one, else an older invocation's min_effect (kept
-        only where it is a number in range), else None (the default)."""
+        """The margin the study was planned with: the typed one, else an older invocation's min_effect (checked
+        as the typed one is when the file is read), else None (the default)."""
         if self.margin is not None:
             return self.margin
-        legacy = (self.invocation.model_extra or {}).get("min_effect") if self.invocation else None
-        ok = isinstance(legacy, (int, float)) and not isinstance(legacy, bool) and math.isfinite(legacy)
-        return float(legacy) if ok and 0 < legacy <= MAX_MARGIN else None
+        return float(self._legacy) if self._legacy is not None else None
 
 
 def read_study(folder: Path) -> StudyRecord | None:

@@ -593,6 +593,11 @@ def refuse_corpus_overlap(sources, out: Path, option: str) -> None:
                 where = "is" if folder == corpus else f"is inside the {kind} directory {folder}, which is"
                 raise RunError(f"the corpus {source} {where} a {kind} directory: its text changes as runs and "
                                f"reports are written; train on a copy, or a prepared folder (anatomy prepare)")
+        held = next((p.parent for p in corpus.rglob(CONFIG) if holds_run(p.parent)), None) if corpus.is_dir() else None
+        if held is not None:  # a runs folder: its .txt files are the runs' samples, not a corpus
+            raise RunError(f"the corpus {source} is a folder of runs (it holds the run {held.relative_to(corpus)}): "
+                           f"its .txt files are their samples, not a corpus; give data.source a text file, a folder "
+                           f"of text, or a prepared folder")
 
 
 def refuse_replacing(path: Path, option: str, what: str, ours: Callable[[Path], bool],

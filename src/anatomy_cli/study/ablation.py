@@ -233,14 +233,8 @@ def check_record(study: Study) -> records.DecideRecord | None:
     folder, ask = study.sweep_dir, study.ask
     record = records.read_decide(folder)
     lr_study.check_record(study.tune, study.plan, folder, ask.time_pass, decided=record is not None)
-    begun = records.read_study(folder)
-    if begun is not None and begun.study_margin != study.margin and runs.find_runs(folder) and not ask.time_pass:
-        was = f"{begun.study_margin:g}" if begun.study_margin is not None else f"the default {stats.DEFAULT_MARGIN:g}"
-        now = f"{study.margin:g}" if study.margin is not None else f"the default {stats.DEFAULT_MARGIN:g}"
-        raise ConfigError(f"{folder} started at margin {was} (sweep.json), and {ask.name_of('margin')} asks for {now}: "
-                          f"a study's margin is fixed when it starts; judge the same runs at another margin with "
-                          f"`anatomy report {folder} --margin {now.split()[-1]}` (a view beside the study's report), "
-                          f"or use another --runs-dir")
+    _check_margin(study, records.read_study(folder), record)
+    _check_cap(study)
     if record is not None and study.rounds is None and not ask.time_pass:
         raise ConfigError(f"{folder} was decided in rounds (decide.json): add --decide with the same seeds and "
                           f"[decide] settings to go on, or use another --runs-dir")
@@ -249,6 +243,46 @@ def check_record(study: Study) -> records.DecideRecord | None:
                           f"with the same seeds and [decide] settings (max_seeds, step), or use another --runs-dir "
                           f"(a new plan after seeing the data would spend its alpha twice)")
     return record
+
+
+def _check_cap(study: Study) -> None:
+    """Refuse rounds capped below the seeds the folder already holds of the study's configs: the looks would
+    judge up to the cap (and call the rest futile) while the report pools every seed there, so neither line
+    would be true of the other."""
+    rounds = study.rounds
+    if rounds is None or study.tune is not None or study.ask.time_pass:
+        return
+    slugs = {p.slug for p in study.plan}
+    capped = {p.config.seed for p in study.plan_at(rounds.looks[-1])}
+    past = sorted({int(seed[1:]) for slug, seed, _ in (r.name.rsplit("-", 2) for r in runs.find_runs(study.sweep_dir)
+                                                       if r.name.count("-") >= 2)
+                   if slug in slugs and seed[1:].lstrip("-").isdigit() and int(seed[1:]) not in capped})
+    if past:
+        held = len(capped) + len(past)
+        raise ConfigError(f"{study.sweep_dir} already holds {held} seeds of this study's configs (seeds "
+                          f"{', '.join(map(str, past))} past the cap), and {study.ask.name_of('decide.max_seeds')} "
+                          f"caps its rounds at {rounds.looks[-1]}: the looks would judge {rounds.looks[-1]} while the "
+                          f"report pools {held}; raise the cap to at least {held}, or use another --runs-dir")
+
+
+def _check_margin(study: Study, begun: records.StudyRecord | None, record: records.DecideRecord | None) -> None:
+    """Refuse a study at another margin than the one its folder's runs were started at: sweep.json's (none
+    recorded: the default), else (a folder from before sweep.json kept it) decide.json's. Another margin is a
+    view of the same runs (`anatomy report DIR --margin M`), never a rewrite of the study's records."""
+    folder, ask = study.sweep_dir, study.ask
+    if ask.time_pass or not runs.find_runs(folder) or (begun is None and (record is None or record.margin is None)):
+        return
+    fixed, where = (begun.study_margin, records.SWEEP) if begun is not None else (record.margin, records.DECIDE)
+    if fixed == study.margin or (fixed is None and study.margin == stats.DEFAULT_MARGIN):
+        return
+    was = f"{fixed:g}" if fixed is not None else f"the default {stats.DEFAULT_MARGIN:g}"
+    asked = study.margin if study.margin is not None else stats.DEFAULT_MARGIN
+    now = f"{asked:g}" if study.margin is not None else f"the default {asked:g}"
+    option = ask.name_of("margin")
+    view = option if option in ("--margin", "--min-effect") else "--margin"  # report takes either name
+    raise ConfigError(f"{folder} started at margin {was} bits/byte ({where}), and {option} asks for {now}: a study's "
+                      f"margin is fixed when it starts; judge the same runs at {asked:g} with `anatomy report "
+                      f"{folder} {view} {asked:g}` (a view beside the study's report), or use another --runs-dir")
 
 
 @dataclass

@@ -210,6 +210,12 @@ def select(tune: TunePlan, plan, sweep_dir: Path, train: Callable[[list], list],
         record = tune.record(initial_loss)
         records.write_tune(sweep_dir, record)
     todo = [a for a in by_arm if record.arm(a) is None]
+    for arm in record.arms:  # chosen by an earlier invocation: its runs are this study's own, not another plan's
+        if arm.arm in by_arm and arm.arm not in todo:
+            for lr in arm.lrs:
+                for s in record.seeds:
+                    run_id = selection_run(by_arm, (arm.arm, lr, s)).run_id
+                    statuses.setdefault(run_id, runs.run_status(sweep_dir / run_id))
     if not todo:
         return record
 
@@ -227,6 +233,22 @@ def select(tune: TunePlan, plan, sweep_dir: Path, train: Callable[[list], list],
     for arm in arms_:
         say(f"--tune-lr: {arm.arm} " + (f"at lr {arm.lr:.3g} ({arm.reason})" if arm.tuned else arm.reason))
     return record
+
+
+def untuned_line(record: records.TuneRecord) -> str | None:
+    """What a selection that tuned no config says (None where one was tuned): why, by its arms' reasons: a grid
+    whose every LR diverged is not widened past its edge but moved down."""
+    if any(a.tuned for a in record.arms) or not record.arms:
+        return None
+    diverged = sum(a.reason == lr_selection.DIVERGED for a in record.arms)
+    if diverged == len(record.arms):
+        return (f"--tune-lr: no config was tuned (every LR of each diverged, the lowest "
+                f"{min(a.lrs[0] for a in record.arms):.3g}): no tuned verdict; lower train.lr, the grid's center, "
+                f"in another --runs-dir")
+    edge = f"{len(record.arms) - diverged} best at the grid's edge" + (
+        f", {diverged} with every LR diverged" if diverged else "")
+    return (f"--tune-lr: no config was tuned ({edge}): no tuned verdict; widen the grid (tune.factor, tune.extend) "
+            f"in another --runs-dir")
 
 
 def tuned_plan(plan, record: records.TuneRecord) -> list:

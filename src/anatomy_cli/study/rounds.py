@@ -50,6 +50,26 @@ class Rounds:
         return decide.alpha(self.looks)
 
 
+ESTIMATE_SLACK = 2.0  # a first round estimated past budget / this may overrun it: estimates run short when busy
+
+
+def budget_note(rounds: Rounds, first_s: float) -> str | None:
+    """What a dry run warns of a budget its first round (estimated at first_s seconds) may not fit: over it,
+    the study trains nothing; past 1/ESTIMATE_SLACK of it, a round that is never cut short may train past it
+    (an estimate runs up to 4x short on a busy machine: benchmarks/RESULTS.md). None: it fits, or no budget."""
+    from anatomy_cli.sweep.calibrate import fmt_seconds
+
+    if rounds.budget_s is None:
+        return None
+    first = f"the budget ({rounds.budget}) and the first round, est. {fmt_seconds(first_s)}"
+    if first_s > rounds.budget_s:
+        return f"{first}: the round overruns it, so the study would stop before it and train nothing"
+    if first_s * ESTIMATE_SLACK > rounds.budget_s:
+        return (f"{first}, more than 1/{ESTIMATE_SLACK:g} of it: a round is never cut short and an estimate runs "
+                f"short on a busy machine (up to 4x), so the first round may train past the budget")
+    return None
+
+
 @dataclass
 class RoundsDone:
     record: records.DecideRecord

@@ -123,9 +123,25 @@ def corpus_facts(plan) -> dict[tuple, dict]:
     for p in plan:
         d = p.config.data
         if d.corpus_key not in facts:
-            corpus = load_corpus(d.source, d.val_frac, p.config.model.ctx_len, d.tokenizer)
-            facts[d.corpus_key] = {"vocab": len(corpus.vocab), "train_tokens": len(corpus.train)}
+            shortest = min(q.config.model.ctx_len for q in plan if q.config.data.corpus_key == d.corpus_key)
+            corpus = load_corpus(d.source, d.val_frac, shortest, d.tokenizer)
+            facts[d.corpus_key] = {"vocab": len(corpus.vocab), "train_tokens": len(corpus.train),
+                                   "val_tokens": len(corpus.val)}
+        refuse_short(p, facts[d.corpus_key])
     return facts
+
+
+def refuse_short(p: PlannedRun, facts: dict) -> None:
+    """Each split of a run's corpus holds more than its ctx_len ids (a size of a long context may not),
+    said before anything is measured or written, naming the size."""
+    from anatomy_cli.data.corpus import DataError
+
+    ctx, train, val = p.config.model.ctx_len, facts["train_tokens"], facts["val_tokens"]
+    if min(train, val) < ctx + 1:
+        whose = f"size {p.size.name}" if p.size is not None else p.slug
+        corpus = f"the corpus {p.config.data.source}" if p.config.data.source else "the default corpus"
+        raise DataError(f"{whose}: ctx_len={ctx:,} needs more than {ctx:,} ids in each split, and {corpus} gives "
+                        f"{train:,} train / {val:,} val")
 
 
 def refuse_other_corpus(plan, sweep_dir: Path) -> None:
