@@ -47,7 +47,7 @@ test-kernels: install
 lint: install
 	$(BIN)/ruff check src tests benchmarks
 
-# The CI regression gate on best val loss (see experiments/ci-regression.toml).
+# The CI regression gate on best val bits per byte (see experiments/ci-regression.toml).
 check: install
 	$(BIN)/anatomy check experiments/ci-regression.toml --baseline experiments/ci-baseline.json
 

@@ -144,3 +144,59 @@ def test_a_char_run_is_unchanged_by_tokens(source, tmp_path):
     summary = training.train(cfg, tmp_path / "c")
     assert (tmp_path / "c" / runs.VOCAB).is_file() and not (tmp_path / "c" / runs.TOKENIZER).exists()
     assert summary["val_bytes"] > summary["val_tokens"]  # 注意力 and é are more than a byte each
+
+
+# ------------------------------------------------------------------------- a study across tokenizers
+
+
+def tokenizer_spec(tmp_path, source, **top):
+    from toy_data import write_spec
+
+    return write_spec(tmp_path, name="toks", corpus=source, top={"flips": ["rope"], "seeds": 2, **top})
+
+
+def test_a_spec_names_several_tokenizers_as_it_names_sizes(source, tmp_path):
+    """Every config at every tokenizer, its slug led by the tokenizer, its vocabulary its tokenizer's; a spec
+    without the key plans what it planned before (no run id moves)."""
+    from anatomy_cli.sweep.plan import check_data, load_plan
+
+    _, before = load_plan(tokenizer_spec(tmp_path, source))
+    spec, plan = load_plan(tokenizer_spec(tmp_path, source, tokenizers=["char", "bpe:0320"]))
+    assert spec.tokenizers == ["char", "bpe:0320"] and spec.tokenizer_list == ["char", "bpe:320"]
+    assert len(plan) == 2 * len(before)
+    assert {p.slug.split("_")[0] for p in plan} == {"char", "bpe320"}
+    assert all(p.config.data.tokenizer == ("bpe:320" if p.slug.startswith("bpe320_") else "char") for p in plan)
+    assert [p.slug.removeprefix("char_") for p in plan if p.slug.startswith("char_")] == [p.slug for p in before]
+    vocab = check_data(plan)  # one corpus per (source, tokenizer): two vocabularies of one text
+    assert vocab == {(str(source), "char"): len(set(TEXT)), (str(source), "bpe:320"): 320}
+
+
+@pytest.mark.parametrize("top, fragment", [
+    ({"tokenizers": ["char", "bpe:1"]}, "tokenizers: bpe:1 is refused"),
+    ({"tokenizers": ["bpe:320", "bpe:0320"]}, "tokenizers: bpe:320 is named twice"),
+    ({"tokenizers": ["char", "bpe:320"], "axes": {"data.tokenizer": ["char"]}}, "axes.data.tokenizer and tokenizers"),
+    ({"flips": ["bpe"], "components": {"bpe": {"on": {"data.tokenizer": "bpe:320"}}}},
+     "component bpe switches data.tokenizer: its runs would pair two tokenizers in one family"),
+])
+def test_a_study_mixing_tokenizers_in_one_family_is_one_line(source, tmp_path, top, fragment):
+    spec = tokenizer_spec(tmp_path, source, **top)
+    for command in (["ablate", spec, "--dry-run"], ["components", spec]):
+        one_error_line(invoke(*command), fragment)
+
+
+def test_tokenizers_beside_a_base_tokenizer_is_one_line(source, tmp_path):
+    spec = tokenizer_spec(tmp_path, source, tokenizers=["char", "bpe:320"])
+    spec.write_text(spec.read_text() + 'tokenizer = "bpe:320"\n')  # under [base.data]
+    one_error_line(invoke("ablate", spec, "--dry-run"), "base.data.tokenizer and tokenizers both name the tokenizer")
+
+
+def test_a_tokenizer_json_in_tokenizers_resolves_against_the_spec_folder(source, tmp_path):
+    from anatomy_cli.sweep.plan import load_plan
+
+    out = tmp_path / "prep"
+    assert invoke("prepare", source, "--tokenizer", "bpe:320", "--out", out).exit_code == 0
+    (tmp_path / "mine.json").write_bytes((out / "tokenizer.json").read_bytes())
+    spec = tokenizer_spec(tmp_path, source, tokenizers=["char", "mine.json"])
+    _, plan = load_plan(spec)
+    assert {p.config.data.tokenizer for p in plan} == {"char", str(tmp_path / "mine.json")}
+    assert {p.slug.split("_")[0] for p in plan} == {"char", "mine"}

@@ -51,6 +51,14 @@ PINNED_IDS = {
         "llama-gqa-s1337-d9440539", "llama-prenorm-s1337-0f519a5e", "llama-rmsnorm-s1337-bcc988c6",
         "llama-rope-s1337-af0e84d5", "llama-s1337-9ee2439b", "llama-swiglu-s1337-702f9da8",
     ],
+    "cs336": [
+        "reference+nonorm-s1337-a675840f", "reference+nonorm-s1338-37d129b0", "reference+nonorm-s1339-a2e16d7a",
+        "reference+nope-s1337-c783088c", "reference+nope-s1338-1df9705b", "reference+nope-s1339-b32e5663",
+        "reference+postnorm-s1337-eeb16ab1", "reference+postnorm-s1338-802c4f86",
+        "reference+postnorm-s1339-8dc72dcb", "reference+silu-s1337-1dc6b150", "reference+silu-s1338-814697a3",
+        "reference+silu-s1339-981d2c3e", "reference-s1337-f3e2fdb9", "reference-s1338-cea4f0b0",
+        "reference-s1339-2c668323"
+    ],
     "demo": [
         "2017+gqa-s1337-5e4f20ff", "2017+gqa-s1338-c5b7f70e", "2017+gqa-s1339-5f662b6d",
         "2017+prenorm-s1337-a7625fd8", "2017+prenorm-s1338-88e96c0e", "2017+prenorm-s1339-3ab5c7e0",
@@ -200,6 +208,17 @@ PINNED_IDS = {
     ],
     "seed-protocol": [
         "2017-s1337-7aea066c", "llama-s1337-8f0d88ce",
+    ],
+    "tokenizers": [
+        "bpe512_2017+prenorm-s1337-685fb47a", "bpe512_2017+prenorm-s1338-56a59210",
+        "bpe512_2017+prenorm-s1339-bebd0a52", "bpe512_2017+rope-s1337-7b2e54d1", "bpe512_2017+rope-s1338-1ff9dc78",
+        "bpe512_2017+rope-s1339-ea1af84a", "bpe512_2017+swiglu-s1337-a849e02a", "bpe512_2017+swiglu-s1338-4442ebb0",
+        "bpe512_2017+swiglu-s1339-9dc2f9db", "bpe512_2017-s1337-9bc557b0", "bpe512_2017-s1338-7f006fc1",
+        "bpe512_2017-s1339-68fe19b2", "char_2017+prenorm-s1337-d3bd5723", "char_2017+prenorm-s1338-08cbffc5",
+        "char_2017+prenorm-s1339-3e744e0d", "char_2017+rope-s1337-b9f40411", "char_2017+rope-s1338-0b57fa1e",
+        "char_2017+rope-s1339-29b1715a", "char_2017+swiglu-s1337-0aefc760", "char_2017+swiglu-s1338-9d581a29",
+        "char_2017+swiglu-s1339-fcb1e9fc", "char_2017-s1337-43ac5684", "char_2017-s1338-a80a9a3d",
+        "char_2017-s1339-966df216"
     ],
     "train-default": [
         "run-2017-s1337-68ea5046",

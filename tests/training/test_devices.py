@@ -153,7 +153,7 @@ def test_device_workers_on_cuda_come_from_free_memory(tmp_path, monkeypatch):
     cuda = torch.device("cuda")
     for free, expect in ((130 * 2**30, 12), (4 * per_run, 3), (per_run // 2, 1)):
         monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None, f=free: (f, 141 * 2**30))
-        assert devices.device_workers(cuda, [cfg] * 12, {cfg.data.source: 1719}, 12) == expect
+        assert devices.device_workers(cuda, [cfg] * 12, {cfg.data.corpus_key: 1719}, 12) == expect
     assert devices.device_workers(torch.device("cpu"), [cfg], {}, 12) == 12
     assert devices.device_workers(torch.device("mps"), [cfg], {}, 12) == 1
 

@@ -83,7 +83,7 @@ def plan_table(plan, sweep_dir: Path, workers: int, vocab: dict, estimate: tuple
     rows = []
     for p in plan:
         m = p.config.model
-        params = m.model_copy(update={"vocab_size": vocab[p.config.data.source]}).num_params()
+        params = m.model_copy(update={"vocab_size": vocab[p.config.data.corpus_key]}).num_params()
         role = f"{p.role}:{p.flip}" if p.flip else p.role
         rows.append([p.run_id, label(p.config), role, str(p.config.seed), f"{params:,}",
                      fmt_seconds(estimate[0][p.run_id]), statuses[p.run_id] or "pending"])

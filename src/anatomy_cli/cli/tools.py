@@ -40,7 +40,7 @@ def check(
     spec: Annotated[Optional[Path], typer.Argument(help=f"Spec to run (default experiments/{CI_SPEC}).")] = None,
     baseline: Annotated[Path, typer.Option(help="Baseline JSON file.")] = Path("experiments/ci-baseline.json"),
     tolerance: Annotated[Optional[float], typer.Option(
-        min=0, help="Allowed move of best val loss, up or down (default: per config, from the measured seed "
+        min=0, help="Allowed move of best val bits per byte, up or down (default: per config, from the measured seed "
         "spread).")] = None,
     runs_dir: RunsDir = Path("runs"),
     from_runs: Annotated[Optional[Path], typer.Option(
@@ -52,7 +52,7 @@ def check(
     json_out: JsonOut = False,
     plugin: Plugins = None,
 ):
-    """Regression gate: run the CI spec and compare each config's best val loss to the baseline."""
+    """Regression gate: run the CI spec and compare each config's best val bits per byte to the baseline."""
     from anatomy_cli.report import gate
 
     load_parts(plugin)
@@ -68,16 +68,17 @@ def check(
     base = gate.load_baseline(baseline) if baseline.exists() else None
     if base is None:
         raise gate.BaselineError(f"baseline not found: {baseline} (create it with --update)")
+    metric = gate.metric_of(base)
     sweep_dir = from_runs or _run_spec(s, plan, runs_dir, workers)
-    rows = gate.compare(base, gate.collect(sweep_dir, {p.slug: p.config.train.lr for p in plan}), tolerance)
-    warnings = gate.environment_warnings(base, *_environment(), rows)
+    rows = gate.compare(base, gate.collect(sweep_dir, {p.slug: p.config.train.lr for p in plan}, metric), tolerance)
+    warnings = gate.unit_lines(base, baseline) + gate.environment_warnings(base, *_environment(), rows)
     if json_out:
         console.print_json(json.dumps({"passed": gate.passed(rows), "rows": rows, "warnings": warnings,
                                        "failures": gate.failure_lines(rows)}))
         raise typer.Exit(0 if gate.passed(rows) else EXIT_FAILED)
     for line in warnings:
         err_console.print(styled("warning:", "bold yellow", f" {line}"), highlight=False, soft_wrap=True)
-    console.print(check_table(rows, baseline))
+    console.print(check_table(rows, baseline, metric))
     if not gate.passed(rows):
         bad = ", ".join(f"{r['config']} ({r['verdict'].lower()})" for r in rows if r["verdict"] != gate.OK)
         console.print(styled("regression gate failed:", "bold red", f" {bad}"), highlight=False)
@@ -131,8 +132,9 @@ def _update(s, plan, baseline: Path, runs_dir: Path, workers: int | None, seeds:
                          f"seeds each; commit it with a message saying why the numbers moved)"), highlight=False)
 
 
-def check_table(rows: list[dict], baseline: Path) -> Table:
-    table = Table(title=f"regression gate vs {baseline}")
+def check_table(rows: list[dict], baseline: Path, metric: str = "best_val_bpb") -> Table:
+    unit = "bits per byte" if metric == "best_val_bpb" else "nats per character"
+    table = Table(title=f"regression gate vs {baseline} (best val {unit})")
     for col in ("config", "baseline", "now", "delta", "allowed", "identical", "verdict"):
         table.add_column(col, justify="left" if col in ("config", "verdict") else "right")
     for r in rows:

@@ -11,6 +11,7 @@
   verdict    the answer a report leads with: each component's worth, ranked
   speed      speed effects from a timing pass's record
   scale      effects across model sizes: trends
+  across_tokenizers  each call at every tokenizer of a study, and whether it holds across them
   worth      a ladder's law, each part's compute (or data) multiplier, its interval, call and trend
   sections   the report's words and tables in reading order
   textable   plain-text tables that fit a terminal (the verdict, the component table)
@@ -23,7 +24,7 @@
   results_blocks  the README/docs numbers rendered from results files (marked blocks)
   results_bpb     a results file written in nats per character, converted exactly to bits per byte
   rejudge    a results file judged again by today's rule, from what it records (no runs needed)
-  gate       the CI regression gate: best val loss per config against a committed baseline
+  gate       the CI regression gate: best val bits per byte per config against a committed baseline
 
-Imports: sweep (the verdict's cost of more seeds), data (an old run's unigram loss), store, spec; never torch.
+Imports: sweep (the verdict's cost of more seeds), data (unigram loss, bits per byte), store, spec; never torch.
 """

@@ -3,7 +3,8 @@ read by every output (the terminal's verdict, report.md/.html, report.json and `
 file), none of which computes anything of its own.
 
   Report        the study's rules, the runs (as loaded, and as judged), curves, effects (loss and speed),
-                the verdicts, effects over training, the size ladder, a tuned study's comparison
+                the verdicts, effects over training, the size ladder, a tuned study's comparison, the calls
+                across tokenizers
   build_report  a folder -> its Report: each study record read once (report/rules.py), the runs loaded once
 """
 
@@ -14,8 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from anatomy_cli.report import across_tokenizers, frames, lr_allowance, lr_comparison, plateau, rules, scale
 from anatomy_cli.report import effects as effects_mod
-from anatomy_cli.report import frames, lr_allowance, lr_comparison, plateau, rules, scale
 from anatomy_cli.report import verdict as vd
 from anatomy_cli.report.frames import LOSS_METRIC, SPEED_METRIC
 from anatomy_cli.spec import components as comp
@@ -36,6 +37,7 @@ class Report:
     eval_effects: pd.DataFrame  # each loss effect at every evaluation (effects.effects_by_eval)
     scale: scale.Scale | None  # a size ladder's effects by size and trends
     tuning: lr_comparison.Tuned | None  # a tuned study's LRs and its shared-LR comparison
+    tokenizers: list[dict] = ()  # each loss call at every tokenizer, and what they say together (across_tokenizers)
 
     @property
     def loss(self) -> pd.DataFrame:
@@ -62,4 +64,5 @@ def build_report(root: Path, margin: float | None = None) -> Report:
     return Report(root, judge, studies, everything, runs, curves, effects, vd.verdict_frame(loss),
                   vd.verdict_frame(speed), effects_mod.effects_by_eval(runs, curves),
                   scale.scale_frames(runs, curves, effects, studies),
-                  lr_comparison.tuned_frames(everything, runs, effects, judge))
+                  lr_comparison.tuned_frames(everything, runs, effects, judge),
+                  across_tokenizers.across(loss, across_tokenizers.tokenizer_of(runs)))

@@ -1,20 +1,22 @@
-"""The CI regression gate: best val loss per config against a committed baseline (no torch).
+"""The CI regression gate: best val bits per byte per config against a committed baseline (no torch).
 
-Baseline file (JSON): per config slug, the best val loss of the gate seed measured on the reference
-machine, plus every seed's value. The default tolerance comes from that measured spread, not a
-guess: TOLERANCE_SIGMAS x the pooled seed-to-seed standard deviation (pooled over all configs,
-which share one noise level; a per-config std from 4 seeds is itself too noisy), never below
-MIN_TOLERANCE. The gate is two-sided: a config REGRESSED when now > baseline + tolerance, and
-IMPROVED when now < baseline - tolerance. Both are moves larger than reseeding explains, and an
-unexplained fall is as suspect as a rise (attention that sees the next character makes loss fall
-by nats): an improvement passes only once it is recorded deliberately with `anatomy check --update`.
-On the same machine and torch the gate seed reproduces its numbers exactly, so the table also says
-whether each number is identical, and `environment_warnings` names a baseline from elsewhere:
-another torch, another machine, or the same CPU model name with another vector instruction set
-(cpu_capability: AVX2, AVX512, ...), whose kernels round differently.
+Baseline file (JSON): per config slug, the best val bits per byte (best_val_bpb, the unit of every answer) of
+the gate seed measured on the reference machine, plus every seed's value. A baseline written before bits per
+byte was the unit holds best_val_loss (nats per character) instead: it still loads, and the gate compares the
+runs' best_val_loss against it, in the unit it records (metric_of), with a line saying how to rewrite it
+(in_bits_per_byte converts one exactly, as results_bpb.py converts a results file). The default tolerance
+comes from that measured spread, not a guess: TOLERANCE_SIGMAS x the pooled seed-to-seed standard deviation
+(pooled over all configs, which share one noise level; a per-config std from 4 seeds is itself too noisy),
+never below MIN_TOLERANCE. The gate is two-sided: a config REGRESSED when now > baseline + tolerance, and
+IMPROVED when now < baseline - tolerance. Both are moves larger than reseeding explains, and an unexplained
+fall is as suspect as a rise (attention that sees the next character makes loss fall by nats): an improvement
+passes only once it is recorded deliberately with `anatomy check --update`. On the same machine and torch the
+gate seed reproduces its numbers exactly, so the table also says whether each number is identical, and
+`environment_warnings` names a baseline from elsewhere: another torch, another machine, or the same CPU model
+name with another vector instruction set (cpu_capability: AVX2, AVX512, ...), whose kernels round differently.
 
-load_baseline checks the whole file (Baseline: every field `check --update` writes, each of its type;
-a loss, spread or tolerance a finite number >= 0; unknown fields kept) before the gate reads it.
+load_baseline checks the whole file (Baseline: every field `check --update` writes, each of its type; a loss,
+spread or tolerance a finite number >= 0; unknown fields kept) before the gate reads it.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ import statistics
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
+from anatomy_cli.data.batches import bits_per_byte
 from anatomy_cli.spec.errors import InputError
 from anatomy_cli.store import runs
 from anatomy_cli.store.records import TUNE
@@ -35,12 +38,13 @@ from anatomy_cli.store.records import TUNE
 ENVIRONMENT = ("torch_version", "machine", "cpu_capability")  # baseline fields that say where it was measured
 TOLERANCE_SIGMAS = 2.0
 MIN_TOLERANCE = 0.005
+BPB, NATS = "best_val_bpb", "best_val_loss"  # the metric a baseline records: today's unit, and the one before it
 
 OK, REGRESSED, IMPROVED, MISSING = "ok", "REGRESSED", "IMPROVED", "MISSING"
 VERDICTS = {  # verdict -> what a failure of that kind asks of whoever reads it
     OK: None,
-    REGRESSED: "best val loss rose past the tolerance",
-    IMPROVED: "best val loss fell past the tolerance: a real improvement must be recorded deliberately "
+    REGRESSED: "best val bits per byte rose past the tolerance",
+    IMPROVED: "best val bits per byte fell past the tolerance: a real improvement must be recorded deliberately "
               "with `anatomy check --update` (or it is a leak, e.g. attention seeing the next character)",
     MISSING: "no completed run with the gate seed",
 }
@@ -54,10 +58,17 @@ NonNegative = Annotated[float, Field(ge=0)]  # finite: a FileModel takes no NaN 
 
 
 class BaselineConfig(runs.FileModel):
-    best_val_loss: NonNegative  # the gate seed's
+    best_val_bpb: NonNegative = None  # the gate seed's, in bits per byte
+    best_val_loss: NonNegative = None  # a baseline from before bits per byte: nats per character
     tolerance: NonNegative = None  # absent: MIN_TOLERANCE
-    seed_values: dict[str, NonNegative | None] = None  # {seed: best val loss, null: not completed}
+    seed_values: dict[str, NonNegative | None] = None  # {seed: best val bpb (or loss), null: not completed}
     seed_std: NonNegative = None
+
+    @model_validator(mode="after")
+    def _one_metric(self) -> BaselineConfig:
+        if (self.best_val_bpb is None) == (self.best_val_loss is None):
+            raise ValueError("needs one finite numeric best_val_bpb (or, written before bits per byte, best_val_loss)")
+        return self
 
 
 class Baseline(runs.FileModel):
@@ -66,6 +77,8 @@ class Baseline(runs.FileModel):
     configs: dict[str, BaselineConfig]
     gate_seed: int = None
     spec: str = None
+    metric: str = None
+    per_byte: dict[str, int] = None  # a converted baseline's val windows: {val_tokens, val_bytes}
     pooled_seed_std: NonNegative = None
     derivation: str = None
     torch_version: str | None = None
@@ -75,11 +88,13 @@ class Baseline(runs.FileModel):
     measured_on: str = None
 
 
-def collect(sweep_dir: Path, lrs: dict[str, float] | None = None) -> dict[str, dict[int, float | None]]:
-    """{slug: {seed: best val loss or None when the run did not complete}}: one run per config and seed. In a
-    tuned study's folder (tune.json) a config has runs at several LRs: with `lrs` ({slug: the spec's LR, what the
-    baseline was measured at}) the run at the spec's LR is compared (the shared-LR run), and a config with none
-    there is refused; two runs of a config at one seed that remain are refused (the gate compares one)."""
+def collect(sweep_dir: Path, lrs: dict[str, float] | None = None,
+            metric: str = BPB) -> dict[str, dict[int, float | None]]:
+    """{slug: {seed: the run's `metric` (best val bits per byte), or None when the run did not complete or does not
+    record it}}: one run per config and seed. In a tuned study's folder (tune.json) a config has runs at several
+    LRs: with `lrs` ({slug: the spec's LR, what the baseline was measured at}) the run at the spec's LR is compared
+    (the shared-LR run), and a config with none there is refused; two runs of a config at one seed that remain are
+    refused (the gate compares one)."""
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
         raise runs.RunError(f"runs directory not found: {sweep_dir}")
@@ -101,7 +116,7 @@ def collect(sweep_dir: Path, lrs: dict[str, float] | None = None) -> dict[str, d
             continue
         found.setdefault((slug, seed), []).append(run_dir)
         ok = summary.get("status") == runs.COMPLETED
-        out.setdefault(slug, {})[seed] = summary.get("best_val_loss") if ok else None
+        out.setdefault(slug, {})[seed] = summary.get(metric) if ok else None
     for slug in sorted(set(elsewhere) - set(out)):
         shown = ", ".join(f"{lr:g}" for lr in sorted({lr for lr in elsewhere[slug] if isinstance(lr, (int, float))}))
         raise runs.RunError(f"{sweep_dir} is a tuned study's folder and holds no run of {slug} at the spec's lr "
@@ -139,7 +154,7 @@ def build_baseline(results: dict[str, dict[int, float | None]], gate_seed: int, 
             raise BaselineError(f"{slug}: need the gate seed {gate_seed} and >= 2 completed seeds to measure spread")
         variances.append(statistics.variance(values))
         configs[slug] = {
-            "best_val_loss": by_seed[gate_seed],
+            BPB: by_seed[gate_seed],
             "seed_values": {str(s): v for s, v in sorted(by_seed.items())},
             "seed_std": statistics.stdev(values),
         }
@@ -149,10 +164,11 @@ def build_baseline(results: dict[str, dict[int, float | None]], gate_seed: int, 
     n_seeds = len(next(iter(results.values())))
     return {
         "spec": spec_name,
+        "metric": BPB,
         "gate_seed": gate_seed,
         "pooled_seed_std": pooled,
-        "derivation": f"best_val_loss is the gate seed's; tolerance = max({MIN_TOLERANCE}, {TOLERANCE_SIGMAS} x the "
-                      f"pooled std of best_val_loss over {n_seeds} seeds x {len(configs)} configs "
+        "derivation": f"{BPB} is the gate seed's; tolerance = max({MIN_TOLERANCE}, {TOLERANCE_SIGMAS} x the "
+                      f"pooled std of {BPB} over {n_seeds} seeds x {len(configs)} configs "
                       f"= {TOLERANCE_SIGMAS} x {pooled:.4f})",
         "torch_version": torch_version,
         "machine": hardware,
@@ -185,8 +201,10 @@ def _problem(err: ValidationError) -> str:
     """The first bad field, in the words the gate has always used for the fields it reads."""
     e = err.errors(include_url=False)[0]
     loc, value = e["loc"], e.get("input")
-    if len(loc) == 3 and loc[0] == "configs" and loc[2] == "best_val_loss" and e["type"] != "greater_than_equal":
-        return f"config {loc[1]!r} lacks a finite numeric best_val_loss"
+    if len(loc) == 3 and loc[0] == "configs" and loc[2] in (BPB, NATS) and e["type"] != "greater_than_equal":
+        return f"config {loc[1]!r} lacks a finite numeric {loc[2]}"
+    if len(loc) == 2 and loc[0] == "configs" and e["type"] == "value_error":
+        return f"config {loc[1]!r} {e['msg'].removeprefix('Value error, ')}"
     if len(loc) == 3 and loc[0] == "configs" and loc[2] == "tolerance":
         return f"config {loc[1]!r} has tolerance {value!r}, not a finite number >= 0"
     if loc == ("gate_seed",):
@@ -196,6 +214,47 @@ def _problem(err: ValidationError) -> str:
     return runs.schema_problem(err, ("configs", "seed_values"))
 
 
+def metric_of(baseline: dict) -> str:
+    """The summary field a (loaded) baseline's numbers are: best_val_bpb, or best_val_loss in one written before
+    bits per byte (every config of a file is one or the other: a mix is refused)."""
+    kinds = {BPB if entry.get(BPB) is not None else NATS for entry in baseline["configs"].values()}
+    if len(kinds) > 1:
+        raise BaselineError("baseline mixes best_val_bpb and best_val_loss configs: rewrite it with "
+                            "`anatomy check --update`")
+    return kinds.pop()
+
+
+def unit_lines(baseline: dict, path) -> list[str]:
+    """A line for a baseline in nats per character: the gate compares best_val_loss with it, and how to move
+    it to bits per byte."""
+    if metric_of(baseline) == BPB:
+        return []
+    return [f"baseline {path} records best_val_loss (nats per character, written before bits per byte): the gate "
+            f"compares the runs' best_val_loss with it; rewrite it in bits per byte with `anatomy check --update`"]
+
+
+def in_bits_per_byte(baseline: dict, counts: tuple[int, int]) -> dict:
+    """A baseline in nats per character, converted exactly: every seed's best_val_loss turned into best_val_bpb by
+    the val windows' (val_tokens, val_bytes) as a run turns its own (data.batches.bits_per_byte, the same
+    arithmetic, so a gate seed that reproduces its nats reproduces its bits per byte to the bit); the spread and
+    tolerance measured again from the converted seeds (build_baseline's rule); where it was measured kept."""
+    if metric_of(baseline) == BPB:
+        return baseline
+    per_seed = {slug: {int(s): None if v is None else bits_per_byte(v, *counts)
+                       for s, v in (entry.get("seed_values") or {}).items()}
+                for slug, entry in baseline["configs"].items()}
+    seed = baseline.get("gate_seed")
+    new = build_baseline(per_seed, seed, baseline.get("spec"), baseline.get("torch_version"), baseline.get("machine"),
+                         baseline.get("cpu_capability"))
+    keep = {k: baseline[k] for k in ("platform", "measured_on") if k in baseline}
+    if "cpu_capability" not in baseline:
+        new.pop("cpu_capability")  # unknown then, not None: environment_warnings tells the two apart
+    return new | keep | {"per_byte": {"val_tokens": counts[0], "val_bytes": counts[1]},
+                         "derivation": new["derivation"] + f"; converted from best_val_loss (nats per character) "
+                         f"recorded {baseline.get('measured_on', 'before')} by x val_tokens / (ln 2 x val_bytes) of "
+                         f"the spec's val windows ({counts[0]:,} tokens, {counts[1]:,} bytes)"}
+
+
 def compare(baseline: dict, results: dict[str, dict[int, float | None]], tolerance: float | None = None) -> list[dict]:
     """One row per baseline config: baseline, now, delta, allowed, verdict (VERDICTS)."""
     seed = baseline.get("gate_seed")
@@ -203,7 +262,7 @@ def compare(baseline: dict, results: dict[str, dict[int, float | None]], toleran
     for slug, entry in baseline["configs"].items():
         now = results.get(slug, {}).get(seed) if seed is not None else next(iter(results.get(slug, {}).values()), None)
         allowed = tolerance if tolerance is not None else float(entry.get("tolerance", MIN_TOLERANCE))
-        base = float(entry["best_val_loss"])
+        base = float(entry[metric_of(baseline)])
         if now is None or not math.isfinite(now):
             rows.append({"config": slug, "baseline": base, "now": None, "delta": None, "allowed": allowed,
                          "verdict": MISSING})

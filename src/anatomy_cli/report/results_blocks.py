@@ -14,7 +14,9 @@ Kinds: verdict, directions, ends, rule, moves, scale, parts, decide, tuning, lrs
 rule's level, family, looks and family-wise error: stats.rule_text, as the terminal and the report say them),
 lr CONFIG (a tuned study's chosen LR of one config), shared-gain / shared-interval / shared-call FLIP DIRECTION
 (a tuned study's effect at the shared LR) (inline). tuning: each effect at its configs' own LRs beside the
-shared LR, flagged LR-confounded where the calls differ; lrs: each config's chosen LR and why (report/lr_comparison.py).
+shared LR, flagged LR-confounded where the calls differ; lrs: each config's chosen LR and why (report/lr_comparison.py);
+tokenizers: each component's call at each tokenizer and whether it holds across them, `across` the same as one
+sentence (inline; report/across_tokenizers.py).
 """  # noqa: E501 (the docstring is docs/layout.md's text)
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from anatomy_cli.store.records import DecideRecord
 RESULTS_DIR = Path("experiments") / "results"
 MARK = re.compile(r"<!-- results (?P<study>[\w.-]+) (?P<what>[^>]*?) -->(?P<body>.*?)<!-- /results -->", re.DOTALL)
 INLINE = ("gain", "interval", "call", "trend", "lr", "shared-gain", "shared-interval", "shared-call", "bytes-per-token",
-          "bits-per-nat")
+          "bits-per-nat", "across")
 
 
 def render(doc: dict, what: str) -> str:
@@ -245,6 +247,41 @@ def _scale(doc: dict) -> str:
     return "\n".join(lines)
 
 
+def _across_of(doc: dict) -> list[dict]:
+    if not doc.get("tokenizers"):
+        raise ResultsError(f"{doc['study']}: no calls across tokenizers (the study names fewer than two)")
+    return doc["tokenizers"]
+
+
+def _tokenizers(doc: dict) -> str:
+    """Each component's gain and call at each tokenizer, and whether the call holds across them
+    (report/across_tokenizers.py): a study that names several tokenizers."""
+    rows = _across_of(doc)
+    names = list(dict.fromkeys(t for r in rows for t in r["tokenizers"]))
+    lines = ["| component | change | " + " | ".join(names) + " | across tokenizers |",
+             "|---|---|" + "---|" * len(names) + "---|"]
+    for r in rows:
+        cells = [f"{_g(r['gains'][t])} {_interval(dict(zip(('adj_low', 'adj_high'), r['intervals'][t])))} "
+                 f"{r['calls'][t]}" if t in r["calls"] else "" for t in names]
+        lines.append(f"| {r['flip']} | {_change(doc, r | {'group': ''})} | " + " | ".join(cells)
+                     + f" | {r['across']} |")
+    return "\n".join(lines)
+
+
+def _across(doc: dict) -> str:
+    """One sentence: the calls that hold across the study's tokenizers and those that move, each named with its
+    calls (the README's line)."""
+    rows = _across_of(doc)
+
+    def named(kind: str, calls: bool) -> str:
+        return ", ".join(f"{r['flip']} {VERB[r['direction']]}" + (
+            " (" + ", ".join(f"{c} at {t}" for t, c in r["calls"].items()) + ")" if calls
+            else f" ({next(iter(r['calls'].values()))})") for r in rows if r["across"] == kind) or "nothing"
+
+    return (f"the same call at every tokenizer: {named('holds', False)}; another call with the tokenizer: "
+            f"{named('moves', True)}; still open at some tokenizer: {named('open', True)}")
+
+
 def _tuning_of(doc: dict) -> dict:
     if not doc.get("tuning"):
         raise ResultsError(f"{doc['study']}: no tuning results (the study was not run with --tune-lr)")
@@ -285,6 +322,8 @@ def _inline(doc: dict, kind: str, flip: str = "", direction: str = "", step: str
             raise ResultsError(f"{doc['study']}: no per_byte (the validation windows' tokens and bytes)")
         ratio = per["val_bytes"] / per["val_tokens"]
         return f"{ratio:.3f}" if kind == "bytes-per-token" else f"{1 / (ratio * math.log(2)):.4f}"
+    if kind == "across":
+        return _across(doc)
     if kind == "lr":  # flip: the config's name
         arm = next((a for a in _tuning_of(doc)["arms"] if a["name"] == flip), None)
         if arm is None:
@@ -317,7 +356,7 @@ def _inline(doc: dict, kind: str, flip: str = "", direction: str = "", step: str
 # The block kinds, by name: what a marker `<!-- results STUDY KIND -->` renders.
 BLOCKS: dict[str, Callable[..., str]] = {"verdict": _verdict, "directions": _directions, "ends": _ends, "rule": _rule,
                                          "moves": _moves, "scale": _scale, "parts": _parts, "decide": _decide,
-                                         "tuning": _tuning, "lrs": _lrs}
+                                         "tuning": _tuning, "lrs": _lrs, "tokenizers": _tokenizers}
 
 
 # --------------------------------------------------------------------------- documents

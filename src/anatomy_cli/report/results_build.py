@@ -41,6 +41,7 @@ def build(r: Report) -> dict:
                                                    for k, rows in r.scale.record().items()}}
     scaled |= {"decide": r.rules.decide.model_dump(mode="json")} if r.rules.decide is not None else {}
     scaled |= {"tuning": _tuning_record(r.tuning)} if r.tuning is not None else {}
+    scaled |= {"tokenizers": list(r.tokenizers)} if r.tokenizers else {}
     return {"format": FORMAT, "version": VERSION, "study": Path(r.root).name, "unit": UNIT,
             "runs": {"total": len(runs), "completed": int((runs["status"] == "completed").sum())},
             "seeds": sorted(int(s) for s in runs["seed"].dropna().unique()),
@@ -53,9 +54,10 @@ def build(r: Report) -> dict:
 
 def _per_byte(runs) -> dict:
     """The study's validation windows in tokens and bytes ("per_byte"), what its losses were turned into bits per
-    byte by: the median over its runs (one corpus and one set of windows: they agree); none where unknown."""
+    byte by: the median over its runs (one corpus and one set of windows: they agree); none where unknown, or where
+    its runs evaluate on several (a study of two tokenizers: each its own windows, no one constant)."""
     counts = runs[["val_tokens", "val_bytes"]].dropna() if {"val_tokens", "val_bytes"} <= set(runs) else None
-    if counts is None or counts.empty:
+    if counts is None or counts.empty or len(counts.drop_duplicates()) > 1:
         return {}
     tokens, size = (int(counts[c].median()) for c in ("val_tokens", "val_bytes"))
     return {"per_byte": {"val_tokens": tokens, "val_bytes": size}}

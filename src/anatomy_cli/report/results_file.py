@@ -16,7 +16,9 @@ configs [{role, params, active_params, state_bytes_4k, positions}] (what each co
 with sizes, scale {budget, sizes, effects, trends} (scale.Scale.record's rows); with --decide, decide
 (decide.json); with --tune-lr, tuning {grid {center, points, factor, extend}, seeds (the selection seeds),
 arms [{name, lr, best_loss, sensitivity, reason, lrs}] (lr null: not tuned), comparison
-[lr_comparison.COMPARISON_COLUMNS]} (lr_comparison.tuned_frames' record and comparison). No curves, no paths.
+[lr_comparison.COMPARISON_COLUMNS]} (lr_comparison.tuned_frames' record and comparison); with several
+tokenizers, tokenizers [{flip, direction, tokenizers, calls, gains, intervals, across}] (across_tokenizers.across).
+No curves, no paths.
 Readers ignore keys they do not know; VERSION changes only when a key's meaning does, and a reader
 refuses a newer version by name. A reader checks every key it knows (ResultsFile): a key may be absent
 (files written before it existed; a block that needs it says so), but one that is present has its type,
@@ -253,6 +255,16 @@ class Tuning(FileModel):
     comparison: list[TuningRow] = None
 
 
+class AcrossTokenizers(FileModel):  # across_tokenizers.across's rows
+    flip: str
+    direction: str
+    tokenizers: list[str]
+    calls: dict[str, str]
+    gains: dict[str, float | None]
+    intervals: dict[str, list[float | None]] = None
+    across: str  # holds, moves or open (across_tokenizers.ACROSS)
+
+
 class PerByte(FileModel):
     val_tokens: Annotated[int, Field(gt=0)] = None
     val_bytes: Annotated[int, Field(gt=0)] = None
@@ -276,6 +288,7 @@ class ResultsFile(FileModel):
     scale: Scale = None
     decide: DecideRecord = None  # a --decide study's plan, rounds and why it stopped (report/decide.py)
     tuning: Tuning = None  # a --tune-lr study's LRs and its shared-LR comparison (report/lr_comparison.py)
+    tokenizers: list[AcrossTokenizers] = None  # a study of several tokenizers: each call at each (across_tokenizers)
 
 
 def load(path: Path) -> dict:

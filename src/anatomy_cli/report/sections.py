@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from anatomy_cli.report import across_tokenizers, lr_comparison, textable
 from anatomy_cli.report import decide as decide_mod
-from anatomy_cli.report import lr_comparison, textable
 from anatomy_cli.report import scale as scale_mod
 from anatomy_cli.report import speed as speed_mod
 from anatomy_cli.report import verdict as vd
@@ -125,6 +125,10 @@ def end_names(runs: pd.DataFrame) -> tuple[str, str]:
     return tuple(map(shown, names))
 
 
+TOKENIZERS_RULE = ("holds: the same decided call at every tokenizer; moves: two decided calls differ; open: a "
+                   "tokenizer still undecided")
+
+
 def verdict_blocks(p: Parts) -> list:
     if p.verdict.empty:
         return [("p", "No paired runs yet: the verdict needs an end and at least one variant with a shared seed.")]
@@ -144,6 +148,9 @@ def verdict_blocks(p: Parts) -> list:
     if p.scale is not None:
         blocks += [("p", "Across sizes (the call across sizes; Effects across scale has the rule):"),
                    ("list", scale_lines(p.scale))]
+    if p.r.tokenizers:
+        blocks += [("p", f"Across tokenizers (each its own family, {UNIT}; {TOKENIZERS_RULE}):"),
+                   ("list", across_tokenizers.lines(p.r.tokenizers))]
     advice = vd.seeds_advice(p.rules, p.runs, p.verdict)
     if advice is not None:  # the cause the runs show; a command only where it trains something
         blocks += [("p", advice.text)] + ([("code", advice.command)] if advice.command else [])
@@ -203,6 +210,9 @@ def verdict_text(r: Report, max_width: int | None) -> str:
     if across is not None:
         out += ["", "Across sizes (gain at the smallest -> the largest size):"]
         out += [textable.wrap(line, max_width) for line in scale_lines(across, bold=False)]
+    if r.tokenizers:
+        out += ["", textable.wrap(f"Across tokenizers ({TOKENIZERS_RULE}):", max_width)]
+        out += [textable.wrap(line, max_width) for line in across_tokenizers.lines(r.tokenizers, bold=False)]
     advice = vd.seeds_advice(r.rules, runs, verdict)
     if advice is not None:
         out += [textable.wrap(advice.text, max_width)] + ([f"  {advice.command}"] if advice.command else [])

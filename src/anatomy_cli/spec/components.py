@@ -486,6 +486,8 @@ def group_names(keys: Iterable[str], sizes: Iterable[str] | None = None) -> dict
     parsed = {s: {"study": s.split("|", 1)[0], **json.loads(s.split("|", 1)[1])} for s in dict.fromkeys(keys)}
     fields = sorted(set().union(*parsed.values())) if parsed else []
     varying = [k for k in fields if len({json.dumps(p.get(k)) for p in parsed.values()}) > 1]
+    if "data.tokenizer" in varying:  # the vocabulary is the tokenizer's: naming both says one thing twice
+        varying = [k for k in varying if k != "model.vocab_size"]
     size_of = dict(zip(keys, sizes)) if sizes is not None else {}
     if parsed and all(size_of.get(s) for s in parsed):  # keep what varies within a size, not only across
         values = {(k, size_of[s], json.dumps(p.get(k))) for s, p in parsed.items() for k in varying}

@@ -253,6 +253,9 @@ class ModelConfig(_Frozen):
     pos_type: str = "learned"
     ffn_type: str = "gelu"
     rope_base: float = Field(default=10000.0, gt=0)
+    # SwiGLU's hidden size where a recipe fixes it (CS336: d_ff = 1344 at d_model 512); None: 2/3 of 4d rounded up
+    # to 32 (ffn_hidden). GELU and SiLU then take 3/2 of it, so every FFN holds the same parameters.
+    d_ff: int | None = new(None, gt=0, le=MAX_SIZE)
     norm_eps: float = Field(default=1e-5, gt=0)
     rope_variant: RopeVariant = "standard"
     qk_norm: bool = new(False)  # RMSNorm over head_dim on Q and K before RoPE (qknorm)
@@ -532,7 +535,10 @@ class ModelConfig(_Frozen):
     def ffn_hidden(self) -> int:
         """GELU (and a plugin FFN's default): 4d. SwiGLU: 2/3 of that (three matrices instead of two),
         rounded up to 32. SiLU: 3/2 of SwiGLU's, so its two matrices hold exactly SwiGLU's parameters
-        (CS336's SiLU at d_ff = 4d matches SwiGLU's 8/3 d only before SwiGLU's rounding)."""
+        (CS336's SiLU at d_ff = 4d matches SwiGLU's 8/3 d only before SwiGLU's rounding). d_ff, where given, is
+        SwiGLU's, and every other FFN's is 3/2 of it: the same parameters."""
+        if self.d_ff is not None:
+            return self.d_ff if self.ffn_type == "swiglu" else 3 * self.d_ff // 2
         swiglu = ceil_to(int(2 / 3 * 4 * self.d_model), 32)
         return {"swiglu": swiglu, "silu": 3 * swiglu // 2}.get(self.ffn_type, 4 * self.d_model)
 
@@ -894,6 +900,12 @@ class DataConfig(_Frozen):
             raise ValueError(f"{value} is refused: {problem}")
         return parse_tokenizer(value)
 
+    @property
+    def corpus_key(self) -> tuple[str | None, str]:
+        """(source, tokenizer): one corpus as a run reads it, ids and vocabulary; two tokenizers of one text
+        are two corpora (their vocabularies, token counts and val windows differ)."""
+        return self.source, self.tokenizer
+
 
 # Settings a config may carry where they do nothing without a refusal: n_kv_head is the attention's head
 # layout the base sets for every config of a study (gqa switches it), not a knob of one part; under
@@ -1104,6 +1116,10 @@ class AblationSpec(_Frozen):
     # budget: every size trains base.train.steps ("same-steps"), or tokens_per_param tokens per
     # non-embedding parameter (Chinchilla-style, "tokens-per-param"; sweep.plan.size_steps).
     sizes: Annotated[list[SizeSpec], Field(max_length=64)] = []
+    # Tokenizers (data.tokenizer's values): the whole design (every size) runs at each, each tokenizer its own
+    # family, paired within itself (runs of two tokenizers are never paired); the report says which calls
+    # hold across them. Empty: base.data.tokenizer alone, and no run id moves.
+    tokenizers: Annotated[list[str], Field(max_length=8)] = []
     budget: Literal["same-steps", "tokens-per-param"] = "same-steps"
     # Chinchilla-optimal is ~20; a million per parameter is already beyond any study here (1e30 planned
     # a step count past 2^64).
@@ -1139,7 +1155,31 @@ class AblationSpec(_Frozen):
             if not values:
                 raise ValueError(f"axes.{key} must list at least one value")
         self._check_sizes()
+        self._check_tokenizers()
         return self
+
+    def _check_tokenizers(self) -> None:
+        if not self.tokenizers:
+            return
+        for value in self.tokenizers:
+            problem = tokenizer_problem(value)
+            if problem:
+                raise ValueError(f"tokenizers: {value} is refused: {problem}")
+        named = [parse_tokenizer(v) for v in self.tokenizers]
+        twice = next((t for t in named if named.count(t) > 1), None)
+        if twice:
+            raise ValueError(f"tokenizers: {twice} is named twice")
+        if "tokenizer" in self.base.data.model_fields_set:
+            raise ValueError("base.data.tokenizer and tokenizers both name the tokenizer: give the tokenizers "
+                             "alone (each is its own family)")
+        if "data.tokenizer" in self.axes:
+            raise ValueError("axes.data.tokenizer and tokenizers both vary the tokenizer: give the tokenizers "
+                             "alone")
+
+    @property
+    def tokenizer_list(self) -> list[str | None]:
+        """The tokenizers each run of the design is planned at, in their one spelling ([None]: the base's)."""
+        return [parse_tokenizer(v) for v in self.tokenizers] or [None]
 
     def _check_sizes(self) -> None:
         names = [s.name for s in self.sizes]

@@ -15,7 +15,7 @@ def size_plan(plan, workers: int | None, vocab: int | None, estimate: bool = Tru
     """{workers, sizes (one row per size), total_s, no_estimate (why no time: None when timed), busy,
     load (the load average and cores when busy, else None), rule} of a plan. vocab: assume this
     vocabulary instead of reading the corpora; estimate False: no calibration, no times."""
-    sources = dict.fromkeys(p.config.data.source for p in plan)
+    sources = dict.fromkeys(p.config.data.corpus_key for p in plan)
     facts = {src: {"vocab": vocab, "train_tokens": None} for src in sources} if vocab else corpus_facts(plan)
     vocabs = {src: f["vocab"] for src, f in facts.items()}
     why_not = None if estimate else "--no-estimate"

@@ -44,7 +44,7 @@ class Estimate:
 
 
 def size_rows(plan, facts: dict, estimate: Estimate | None = None) -> list[dict]:
-    """One dict per size in plan order (see the module docstring); facts: {source: {"vocab",
+    """One dict per size in plan order (see the module docstring); facts: {(source, tokenizer): {"vocab",
     "train_tokens" (None: unknown)}} (plan.corpus_facts)."""
     from anatomy_cli.sweep.calibrate import plan_seconds
 
@@ -54,7 +54,7 @@ def size_rows(plan, facts: dict, estimate: Estimate | None = None) -> list[dict]
     rows = []
     for name, members in by_size.items():
         cfg = members[0].config
-        fact = facts[cfg.data.source]
+        fact = facts[cfg.data.corpus_key]
         model = cfg.model.model_copy(update={"vocab_size": fact["vocab"]})
         t = cfg.train
         tokens = t.steps * t.batch_size * model.ctx_len

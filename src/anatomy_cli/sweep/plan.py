@@ -75,8 +75,8 @@ def load_spec(path: Path | None, settings: Iterable[knobs.Setting] = ()) -> Abla
 
 
 def resolve_spec_sources(data: dict, base_dir: Path) -> dict:
-    """A relative data.source in a component's settings, a [[configs]] entry or an axis resolves
-    against the spec's folder, as base.data.source does."""
+    """A relative data.source in a component's settings, a [[configs]] entry or an axis, and a tokenizer.json path
+    in `tokenizers`, resolve against the spec's folder, as base.data.source does."""
     if not isinstance(data, dict):
         return data
     tables = [c.get(k) for c in (data.get("components") or {}).values() if isinstance(c, dict) for k in ("on", "off")]
@@ -87,6 +87,9 @@ def resolve_spec_sources(data: dict, base_dir: Path) -> dict:
     axes = data.get("axes")
     if isinstance(axes, dict) and isinstance(axes.get("data.source"), list):
         axes["data.source"] = [_resolved(v, base_dir) for v in axes["data.source"]]
+    if isinstance(data.get("tokenizers"), list):  # a tokenizer.json named by its path, as base.data.tokenizer is
+        data["tokenizers"] = [v if not isinstance(v, str) or v == "char" or v.startswith(("bpe:", "hf:"))
+                              else _resolved(v, base_dir) for v in data["tokenizers"]]
     return data
 
 
@@ -107,23 +110,24 @@ def load_plan(path: Path | None, settings: Iterable[knobs.Setting] = ()) -> tupl
 
 
 def check_data(plan) -> dict[str | None, int]:
-    """Read each distinct corpus once before any run starts: vocabulary size per source."""
-    return {source: facts["vocab"] for source, facts in corpus_facts(plan).items()}
+    """Read each distinct corpus once before any run starts: vocabulary size per corpus (DataConfig.corpus_key:
+    its source and tokenizer)."""
+    return {key: facts["vocab"] for key, facts in corpus_facts(plan).items()}
 
 
-def corpus_facts(plan) -> dict[str | None, dict]:
-    """{source: {"vocab", "train_tokens"}} of each distinct corpus of the plan, each read once."""
+def corpus_facts(plan) -> dict[tuple, dict]:
+    """{(source, tokenizer): {"vocab", "train_tokens"}} of each distinct corpus of the plan, each read once."""
     from anatomy_cli.data.load import load_corpus
 
     facts = {}
     for p in plan:
         d = p.config.data
-        if d.source not in facts:
-            shortest = min(q.config.model.ctx_len for q in plan if q.config.data.source == d.source)
+        if d.corpus_key not in facts:
+            shortest = min(q.config.model.ctx_len for q in plan if q.config.data.corpus_key == d.corpus_key)
             corpus = load_corpus(d.source, d.val_frac, shortest, d.tokenizer)
-            facts[d.source] = {"vocab": len(corpus.vocab), "train_tokens": len(corpus.train),
-                               "val_tokens": len(corpus.val)}
-        refuse_short(p, facts[d.source])
+            facts[d.corpus_key] = {"vocab": len(corpus.vocab), "train_tokens": len(corpus.train),
+                                   "val_tokens": len(corpus.val)}
+        refuse_short(p, facts[d.corpus_key])
     return facts
 
 
@@ -238,6 +242,25 @@ def design_of(spec: AblationSpec, flips: list[str] | None = None) -> Design:
     return design
 
 
+def tokenizer_slug(tokenizer: str) -> str:
+    """A tokenizer's piece of a run's slug: 'char', 'bpe512', 'hf-gpt2', a tokenizer.json's folder or file stem."""
+    if tokenizer == "char" or tokenizer.startswith(("bpe:", "hf:")):
+        return runs.slugify(tokenizer.replace("bpe:", "bpe").replace("hf:", "hf-"))
+    path = Path(tokenizer)
+    return runs.slugify(path.stem if path.suffix == ".json" else path.name)
+
+
+def refuse_mixed_tokenizers(design: Design | None) -> None:
+    """A study never pairs runs of two tokenizers: a component that switches data.tokenizer is refused (a
+    switched key is left out of a group's settings, so its two states would be two tokenizers in one family),
+    naming the key that gives each tokenizer a family of its own. An axis or a [[configs]] entry that sets
+    data.tokenizer keeps it in its settings, so each value is its own group already (effects.groups)."""
+    for c in design.components if design else ():
+        if "data.tokenizer" in c.keys:
+            raise ConfigError(f"component {c.name} switches data.tokenizer: its runs would pair two tokenizers in "
+                              f"one family; name them with tokenizers = [...] instead (each its own family)")
+
+
 def axis_key(key: str) -> str:
     """Bare names are model or train fields ('n_layer' -> 'model.n_layer')."""
     if "." in key:
@@ -285,16 +308,19 @@ def expand(spec: AblationSpec) -> list[PlannedRun]:
     base = spec.base.model_dump(mode="json")
     axes = {axis_key(k): v for k, v in spec.axes.items()}
     check_plan_size(spec, design)  # before anything is built: 2^24 factorial points would fill memory
+    refuse_mixed_tokenizers(design)
     seed_list = spec.seed_list
     points = design_points(spec, design) if design else [(c.name, "list", None, {}) for c in spec.configs]
     sets = {c.name: dict(c.set) for c in spec.configs}
     plan, errors, seen = [], [], set()
-    for rung, (slug, role, flip, want), values in itertools.product(plan_sizes(spec, design, axes) or [None], points,
-                                                                    itertools.product(*axes.values())):
+    rungs = plan_sizes(spec, design, axes) or [None]
+    for tok, rung, (slug, role, flip, want), values in itertools.product(spec.tokenizer_list, rungs, points,
+                                                                         itertools.product(*axes.values())):
         axis_over = dict(zip(axes, values))
-        full_slug = "_".join(([rung.name] if rung else []) + [slug]
+        full_slug = "_".join(([tokenizer_slug(tok)] if tok else []) + ([rung.name] if rung else []) + [slug]
                              + [f"{k.split('.')[-1]}={v}" for k, v in axis_over.items()])
-        start = apply_overrides(base, {**(dict(rung.settings) if rung else {}), **sets.get(slug, {}), **axis_over})
+        start = apply_overrides(base, {**({"data.tokenizer": tok} if tok else {}),
+                                       **(dict(rung.settings) if rung else {}), **sets.get(slug, {}), **axis_over})
         flat = components.flatten(start)
         settings = {k: v for c in (design.components if design else ()) if c.name in want
                     for k, v in c.settings(want[c.name], flat).items()}
@@ -337,7 +363,8 @@ def plan_factors(spec: AblationSpec, design: Design | None) -> dict[str, int]:
     else:
         points = 1 + (ADD_ONE in spec.directions) * k + (REMOVE_ONE in spec.directions) * (1 + k)
     return {"configs": points, "axis values": math.prod(len(v) for v in spec.axes.values()),
-            "seeds": len(spec.seed_list), **({"sizes": len(spec.sizes)} if spec.sizes else {})}
+            "seeds": len(spec.seed_list), **({"sizes": len(spec.sizes)} if spec.sizes else {}),
+            **({"tokenizers": len(spec.tokenizers)} if spec.tokenizers else {})}
 
 
 def check_plan_size(spec: AblationSpec, design: Design | None) -> int:
@@ -419,7 +446,7 @@ def plan_estimate(plan: list[PlannedRun], workers: int, vocab: dict, say=None) -
 
     threads = max(1, (os.cpu_count() or 1) // max(1, workers))  # what each run of the sweep trains with
     sized = {p.run_id: p.config.model_copy(update={"model": p.config.model.model_copy(
-        update={"vocab_size": vocab[p.config.data.source]})}) for p in plan}
+        update={"vocab_size": vocab[p.config.data.corpus_key]})}) for p in plan}
     keys = {rid: calibrate.shape_key(cfg, cfg.model.vocab_size, threads) for rid, cfg in sized.items()}
     reps: dict[str, RunConfig] = {}
     for rid, key in keys.items():

@@ -303,5 +303,5 @@ def device_workers(device: torch.device, configs: list, vocab_size: dict, n_runs
     if device.type != "cuda" or not configs:
         return limit
     free, _ = torch.cuda.mem_get_info(device)
-    per_run = max(run_bytes(c, vocab_size[c.data.source]) for c in configs) + PROCESS_BYTES
+    per_run = max(run_bytes(c, vocab_size[c.data.corpus_key]) for c in configs) + PROCESS_BYTES
     return max(1, min(limit, int(MEMORY_FILL * free // per_run)))
