@@ -74,3 +74,36 @@ def test_sample_on_an_empty_sweep_folder_says_where_a_run_goes(tmp_path):
     sweep.mkdir(parents=True)
     (sweep / runs.SWEEP).write_text(json.dumps({"components": []}))
     one_error_line(invoke("sample", sweep), f"{sweep} is a sweep folder: pass one of its runs, e.g. {sweep}/<a run id>")
+
+
+def _llama_sweep(tmp_path: Path) -> Path:
+    """The demo's folder in small: a completed 2017-end run first by name, a failed and a completed LLaMA-end run."""
+    sweep = _sweep(tmp_path)
+    for rid, status in (("llama-s1337-cccc", runs.FAILED), ("llama-s1338-dddd", runs.COMPLETED)):
+        (sweep / rid).mkdir()
+        (sweep / rid / runs.CONFIG).write_text("{}")
+        (sweep / rid / runs.SUMMARY).write_text(json.dumps({"status": status, "sweep": "demo", "role": "all-on"}))
+    return sweep
+
+
+def test_sample_on_a_sweep_folder_suggests_a_completed_llama_end_run(tmp_path):
+    sweep = _llama_sweep(tmp_path)
+    one_error_line(invoke("sample", sweep),
+                   f"{sweep} is a sweep folder: pass one of its runs, e.g. {sweep / 'llama-s1338-dddd'}")
+
+
+def test_sample_takes_a_unique_prefix_of_a_run_id(tmp_path):
+    sweep = _llama_sweep(tmp_path)
+    # the one run it names is read: its config.json ({}) is not a run's, and the error says which folder it read
+    # the one run it names is read (its vocab.json, missing here: the error names the run's full folder)
+    one_error_line(invoke("sample", sweep / "llama-s1338"), f"{sweep / 'llama-s1338-dddd' / 'vocab.json'}")
+    assert runs.by_prefix(sweep / "llama-s1338") == sweep / "llama-s1338-dddd"
+    assert runs.by_prefix(sweep / "nothing") == sweep / "nothing"  # no match: the caller says not found
+    one_error_line(invoke("sample", sweep / "nothing"), f"run directory not found: {sweep / 'nothing'}")
+
+
+def test_an_ambiguous_prefix_is_one_line_listing_its_runs(tmp_path):
+    sweep = _llama_sweep(tmp_path)
+    one_error_line(invoke("sample", sweep / "llama"),
+                   f"{sweep / 'llama'} is a prefix of 2 runs: llama-s1337-cccc, llama-s1338-dddd; give more of the "
+                   f"run id")

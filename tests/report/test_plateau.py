@@ -169,25 +169,68 @@ def test_a_run_left_on_the_plateau_is_named_in_terminal_report_and_json(tmp_path
     assert loss.loc[("gqa", "add-one"), "note"].startswith(f"{plateau.NOTE_HEAD}: 2017+gqa-s1.")
     assert (loss.drop(("gqa", "add-one"))["note"] == "").all()  # the effects it does not enter: no note
 
+    line = ("1 of 3 runs of config 2017+gqa left the unigram plateau late: the effects through 2017+gqa measure "
+            "escape time as well")
     text = verdict_text(r, 100)
     flat = " ".join(text.split())
-    assert "unigram plateau: 2017+gqa-s1 ended on the unigram plateau" in flat
-    assert "it enters gqa added to the 2017 end" in flat
+    assert f"unigram plateau: {line}" in flat and flat.count("unigram plateau:") == 1  # one line, not one per run
+    assert "2017+gqa-s1 ended" not in flat  # the per-run detail is the effect details'
 
     paths = write.write_report(r)
     md = paths["report.md"].read_text()
     verdict_part = md.split("## Verdict")[1].split("## ")[0]
-    assert "**Unigram plateau**: **2017+gqa-s1** ended on the unigram plateau" in verdict_part
-    assert "pairs a run still on the unigram plateau: 2017+gqa-s1" in md  # effect details' note
+    assert "**Unigram plateau**: 1 of 3 runs of config **2017+gqa** left the unigram plateau late" in verdict_part
+    assert "2017+gqa-s1" not in verdict_part
+    details = md.split("## Effect details")[1].split("## ")[0]
+    assert "pairs a run still on the unigram plateau: 2017+gqa-s1" in details  # the effect's note
+    assert "- **2017+gqa-s1** ended on the unigram plateau" in details
+    assert "it enters gqa added to the 2017 end" in details
     html = paths["report.html"].read_text()
-    assert "<strong>Unigram plateau</strong>: <strong>2017+gqa-s1</strong>" in html
+    assert "<strong>Unigram plateau</strong>: 1 of 3 runs of config <strong>2017+gqa</strong>" in html
 
     doc = json.loads(paths["report.json"].read_text())
     assert [r["run_id"] for r in doc["plateau"]["runs"]] == ["2017+gqa-s1"]
     assert doc["plateau"]["runs"][0]["effects"] == "gqa added to the 2017 end"
+    assert doc["plateau"]["configs"] == [{"config": "2017+gqa", "late": 1, "runs": 3}]
     assert doc["plateau"]["unknown"] == [] and doc["plateau"]["tolerance"] == plateau.PLATEAU_TOL
     by_id = {r["run_id"]: r for r in doc["runs"]}
     assert by_id["2017+gqa-s1"]["plateau"].startswith("ended on") and by_id["2017-s1"]["plateau"] is None
+
+
+def test_every_call_resting_on_a_plateau_run_is_marked_in_all_four_outputs(tmp_path):
+    r = build_report(study(tmp_path / "study"))
+    mark = plateau.MARK
+    marks = {(v.flip, v.direction): v.plateau for v in r.verdict.itertuples()}
+    assert marks == {("gqa", "add-one"): "2017+gqa-s1", ("rope", "add-one"): "", ("gqa", "remove-one"): "",
+                     ("rope", "remove-one"): ""}
+    rows = {line.split()[0]: line for line in verdict_text(r, None).splitlines() if line.startswith(("gqa", "rope"))}
+    assert rows["gqa"].count(mark) == 1 and mark not in rows["rope"]  # the row: gqa | added | removed | seeds
+    gqa_add = r.verdict.set_index(["flip", "direction"]).loc[("gqa", "add-one")]
+    assert f"{gqa_add['call']} {mark}" in rows["gqa"].split("]")[1]  # after the added cell's interval
+
+    paths = write.write_report(r)
+    md_verdict = paths["report.md"].read_text().split("## Verdict")[1].split("## ")[0]
+    md_rows = {line.split("|")[1].strip(): line for line in md_verdict.splitlines() if line.startswith("| ")}
+    assert md_rows["gqa"].count(mark) == 1 and mark not in md_rows["rope"]
+    html_verdict = paths["report.html"].read_text().split('id="verdict"')[1].split("<h2")[0]
+    html_rows = {row.split("</td>")[0].rsplit(">", 1)[-1]: row.split("</tr>")[0]
+                 for row in html_verdict.split("<tr>")[2:]}
+    assert html_rows["gqa"].count(mark) == 1 and mark not in html_rows["rope"]
+    doc = json.loads(paths["report.json"].read_text())
+    assert {(v["flip"], v["direction"]): v["plateau"] for v in doc["verdict"]} == marks
+    assert doc["plateau"]["mark"] == mark
+
+
+def test_a_plateau_line_per_config_counts_its_late_runs(tmp_path):
+    root = study(tmp_path / "study")
+    import shutil
+
+    shutil.rmtree(root / "2017+gqa-s2")
+    plateau_run(root, "2017+gqa-s2", ("gqa",), 2, 270, 3.9)  # a second late run of the same config
+    lines = plateau.plateau_lines(build_report(root).runs, bold=False)
+    assert lines == [f"unigram plateau: 2 of 3 runs of config 2017+gqa left the unigram plateau late: the effects "
+                     f"through 2017+gqa measure escape time as well (their calls are marked {plateau.MARK})."]
+    assert plateau.config_name("2017+gqa-s1337-5e4f20ff") == "2017+gqa" and plateau.config_name("base") == "base"
 
 
 def test_the_forest_axis_leaves_out_the_plateau_intervals_far_ends_and_marks_them(tmp_path):
@@ -216,7 +259,8 @@ def test_a_study_with_no_run_on_the_plateau_says_nothing_of_it(tmp_path):
     assert runs["plateau"].isna().all()
     assert (effects.loc[effects["metric"] == "best_val_bpb", "note"] == "").all()
     assert "plateau" not in verdict_text(r, 100)
-    assert plateau.plateau_lines(runs) == []
+    assert plateau.plateau_lines(runs) == [] and plateau.detail_lines(runs) == []
+    assert (r.verdict["plateau"] == "").all() and plateau.MARK not in verdict_text(r, 100)
     ax = figures.forest_figure(loss_verdict(effects)).axes[0]
     assert not [t for t in ax.texts if (t.get_gid() or "").startswith("off-axis")]
 

@@ -281,9 +281,20 @@ def render_summary(s: dict, run_dir: Path) -> None:
         value = s.get(key)
         if value is None:
             continue
-        table.add_row(key, f"{value:,.4f}" if isinstance(value, float) else f"{value:,}" if isinstance(value, int)
-                      else str(value))
+        table.add_row(key, summary_value(key, value))
     console.print(table)
+
+
+SUMMARY_FORMATS = {"tokens_per_s": "{:,.0f}", "wall_s": "{:,.1f}"}  # a rate and seconds: no 1,439.8211
+
+
+def summary_value(key: str, value) -> str:
+    """A summary field as the train command prints it: losses to 4 decimals, tokens/s whole, seconds to 0.1."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    return SUMMARY_FORMATS.get(key, "{:,.4f}").format(value)
 
 
 # ----------------------------------------------------------------------------------- sample
@@ -322,6 +333,7 @@ def sample(
 
     torch.set_num_threads(threads)  # batch-1 decode is small matmuls: more threads wait on each other
     load_parts(plugin)
+    run_dir = runs.by_prefix(run_dir)  # a unique prefix of a run id names that run
     cfg, vocab, model = load_run(run_dir, weights)
     window = check_options(cfg.model, temp, top_k, window)
     # the KV cache and position tables of the window, before generate allocates them
