@@ -107,3 +107,41 @@ def test_an_ambiguous_prefix_is_one_line_listing_its_runs(tmp_path):
     one_error_line(invoke("sample", sweep / "llama"),
                    f"{sweep / 'llama'} is a prefix of 2 runs: llama-s1337-cccc, llama-s1338-dddd; give more of the "
                    f"run id")
+
+
+CAL = {"step_s": 0.5, "eval_s": 2.0, "run_s": 3.0, "startup_s": 4.0, "when": "2024-01-01 00:00:00"}
+
+
+def test_train_says_its_estimate_before_its_first_step(tmp_path, monkeypatch):
+    from helpers import fake_calibration
+
+    measured = fake_calibration(tmp_path, monkeypatch, CAL)  # this machine's step times, "measured" as CAL
+    run = tmp_path / "run"
+    result = CliRunner().invoke(app, ["train", *run_sets(write_corpus(tmp_path)), "--steps", "30", "--out", str(run)])
+    assert result.exit_code == 0, result.output
+    assert measured == [1]  # one shape measured, as a plan measures it
+    evals = 30 // 6 + 1  # TINY_TRAIN's eval_interval 6: steps 0, 6, ..., 30
+    seconds = CAL["run_s"] + 30 * CAL["step_s"] + evals * CAL["eval_s"] + CAL["startup_s"]
+    said = flat(result.stderr)
+    assert f"est. {seconds:.0f}s for 30 steps, from step times measured on this machine" in said, said
+    assert said.index("est. ") < said.index("train ")  # before the progress bar's first step
+
+
+def test_the_eta_stays_on_a_fake_clock():
+    from anatomy_cli.cli.run import train_progress
+
+    now = [0.0]
+    bar = train_progress(get_time=lambda: now[0])
+    task = bar.add_task("train", total=100, losses="", estimate=50.0)
+    shown = lambda: bar.columns[-1].render(bar.tasks[0]).plain  # noqa: E731
+    assert shown() == "eta 0:00:50"  # before the first step: the estimate
+    now[0] = 60.0
+    bar.update(task, completed=10)
+    assert shown() == "eta 0:09:00"  # 6 s a step so far, 90 steps left
+    now[0] = 600.0  # no step for minutes (rich's own column goes blank: -:--:--)
+    assert shown() == "eta 1:30:00" and "-:--" not in shown()
+    bar.update(task, completed=100)
+    assert shown() == "eta 0:00:00"
+    bare = train_progress(get_time=lambda: 0.0)
+    bare.add_task("train", total=10, losses="", estimate=None)
+    assert bare.columns[-1].render(bare.tasks[0]).plain == "eta ?"
