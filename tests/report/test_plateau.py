@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -298,3 +299,33 @@ def test_forest_limits_with_no_finite_interval_still_hold_zero_and_the_margin():
     rows["gain"] = 0.3
     lo, hi = figures.forest_limits(rows, 0.02)
     assert lo < -0.02 and hi > 0.3 and np.isfinite([lo, hi]).all()
+
+
+# ------------------------------------------------------------------------------- the results file
+
+
+def test_the_results_file_records_the_step_each_run_left_the_plateau_at(tmp_path):
+    from anatomy_cli.report import results_build, results_file
+
+    r = build_report(study(tmp_path / "study"))
+    path = results_build.write_results(tmp_path / "toy.json", r)
+    doc = results_file.load(path)  # checked against the schema
+    assert doc["plateau"]["tolerance"] == plateau.PLATEAU_TOL
+    by_id = {x["run_id"]: x for x in doc["plateau"]["runs"]}
+    assert len(by_id) == 18 and by_id["2017+gqa-s1"]["left_at"] is None  # never left
+    assert by_id["2017-s1"] == {"config": "2017", "run_id": "2017-s1", "seed": 1, "steps": 300, "left_at": 120}
+    assert by_id["llama-s2"]["left_at"] == 60 and by_id["2017+rope-s3"]["left_at"] == 120
+    assert plateau.left_at(curve(240, 3.9), U) == 240 and plateau.left_at(curve(None, 4.43), U) is None
+    assert plateau.left_at(curve(90, 2.3), None) is None  # the unigram loss unknown
+
+
+SHIPPED = Path(__file__).resolve().parents[2] / "experiments" / "results" / "demo.json"
+
+
+@pytest.mark.skipif("plateau" not in json.loads(SHIPPED.read_text()),
+                    reason="experiments/results/demo.json predates its plateau record: regenerate it (make demo, then "
+                           "anatomy report runs/demo --results experiments/results/demo.json)")
+def test_every_shipped_demo_run_left_the_plateau_before_the_last_third():
+    runs = json.loads(SHIPPED.read_text())["plateau"]["runs"]
+    late = [(x["run_id"], x["left_at"]) for x in runs if x["left_at"] is None or x["left_at"] >= 2 * x["steps"] / 3]
+    assert runs and not late, late

@@ -14,6 +14,7 @@
   plateau_lines   one line per config with flagged runs, for the verdict (terminal, report.md/html)
   detail_lines    one line per flagged run (why, the effects it enters), for the effect details
   plateau_record  report.json's "plateau": the configs, the flagged runs, and the runs whose unigram loss is unknown
+  left_at / escape_record   the step each run left the plateau at: the results file's "plateau"
 
 Why. A character model first learns how often each character occurs (a BPE model, each token: every loss
 here is in nats per token of the run's own tokenizer): its val loss drops to the
@@ -72,6 +73,34 @@ def plateau_reason(curve: Iterable[tuple[int, float]], unigram: float | None, to
     when = "its last evaluation" if below == n - 1 else f"in its last {n - below} of {n} evaluations"
     return (f"left the unigram plateau only at step {points[below][0]} ({when}): best val loss {best:.3f}, the "
             f"unigram loss {unigram:.3f} nats/token")
+
+
+def left_at(curve: Iterable[tuple[int, float]], unigram: float | None, tol: float = PLATEAU_TOL) -> int | None:
+    """The step of a run's first evaluation more than `tol` below `unigram` (when it left the plateau); None when
+    it never did, or its unigram loss is unknown (the results file's "plateau" record: escape_record)."""
+    points = sorted((int(s), float(v)) for s, v in curve if v is not None and math.isfinite(float(v)))
+    if unigram is None or not math.isfinite(unigram):
+        return None
+    return next((s for s, v in points if v < unigram - tol), None)
+
+
+def escape_record(runs: pd.DataFrame, curves: pd.DataFrame) -> dict | None:
+    """The results file's "plateau": the rule's tolerance and, for each completed run with a known unigram loss,
+    its config (config_name), seed, steps and the step it left the plateau at (left_at; null: never), so a
+    results file says whether a study's answers rest on when its runs escaped; None when no run is known."""
+    if "unigram_loss" not in runs.columns:
+        return None
+    done = runs[(runs["status"] == COMPLETED) & runs["unigram_loss"].notna()].sort_values("run_id")
+    val = curves[curves["split"] == "val"] if len(curves) else curves
+    rows = []
+    for r in done.itertuples():
+        mine = val[val["run_id"] == r.run_id]
+        steps = read_config(Path(r.path)) or {}
+        steps = (steps.get("train") or {}).get("steps") if isinstance(steps.get("train"), dict) else None
+        rows.append({"config": config_name(r.run_id), "run_id": r.run_id, "seed": int(r.seed),
+                     "steps": steps if isinstance(steps, int) else int(mine["step"].max()),
+                     "left_at": left_at(zip(mine["step"], mine["loss"]), float(r.unigram_loss))})
+    return {"tolerance": PLATEAU_TOL, "runs": rows} if rows else None
 
 
 # ----------------------------------------------------------------------------- the unigram loss
