@@ -145,3 +145,12 @@ def test_the_eta_stays_on_a_fake_clock():
     bare = train_progress(get_time=lambda: 0.0)
     bare.add_task("train", total=10, losses="", estimate=None)
     assert bare.columns[-1].render(bare.tasks[0]).plain == "eta ?"
+
+
+def test_the_summary_prints_rates_and_seconds_at_a_sensible_precision():
+    from anatomy_cli.cli.run import summary_value
+
+    assert summary_value("tokens_per_s", 1439.8211) == "1,440"  # not 1,439.8211
+    assert summary_value("wall_s", 612.3456) == "612.3"
+    assert summary_value("best_val_loss", 2.123456) == "2.1235" and summary_value("params", 966144) == "966,144"
+    assert summary_value("device", "cpu") == "cpu"
