@@ -258,7 +258,8 @@ def effects_frame(rows: list[dict], margins: dict[str, tuple[float, str]], alpha
                    for r in stats.judge([r for r in rows if r["metric"] == metric and r["group"] == group], value,
                                         alpha if metric == LOSS_METRIC else stats.ALPHA)]
     df = pd.DataFrame(judged, columns=EFFECT_COLUMNS)
-    df["plateau"] = df["plateau"].fillna("").astype(object)  # the flagged runs a call rests on ('': none)
+    df["plateau"] = pd.Series([v if isinstance(v, str) else "" for v in df["plateau"]], index=df.index,
+                              dtype=object)  # the flagged runs a call rests on ('': none; speed rows have none)
     order = {"flip": {f: i for i, f in enumerate(comp.BUILTIN_NAMES)}}  # built-ins in table order, then others
     df = df.sort_values(["metric", "direction", "flip", "group"], kind="stable",
                         key=lambda s: s.map(lambda f: order[s.name].get(f, len(order[s.name])))
