@@ -184,8 +184,8 @@ def component_blocks_head(verdict: pd.DataFrame, runs: pd.DataFrame, ref: str, t
     ends = vd.ends_text(runs, ref, top)
     said = (f"What each component is worth: its gain in best val loss, loss without it minus loss with it ({UNIT}; "
             f"positive = the component helps), {directions_text(verdict, ref, top)}; each cell: gain [the interval "
-            f"its call is made from] call (**▲ helps**, **▼ hurts**, **= negligible**; plain: undecided, or too few seeds), "
-            f"components by their larger gain.")
+            f"its call is made from] call (**▲ helps**, **▼ hurts**, **= negligible**; plain: undecided, or too few "
+            f"seeds), components by their larger gain.")
     return ([("p", f"**Ends**: {ends.removeprefix('ends: ')}.")] if ends else []) + [("p", said)]
 
 
