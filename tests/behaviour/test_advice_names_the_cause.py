@@ -81,8 +81,9 @@ def report(root: Path) -> tuple[dict, str, str, str]:
 
 def call_lines(text: str) -> str:
     """The lines a call across sizes sits on: the verdict's lines across sizes (markdown or terminal) and
-    the trend table's rows (the verdict table's per-size calls follow stats.py's rule, not these)."""
-    pattern = r"- \*\*(rope|swiglu)\*\*|\| (rope|swiglu) |(rope|swiglu): "
+    the trend table's rows (the verdict table's per-size calls follow stats.py's rule, not these: its rows name
+    their size, 'rope [size M]')."""
+    pattern = r"- \*\*(rope|swiglu)\*\*|\| (rope|swiglu) +\| |(rope|swiglu): "
     return "\n".join(line for line in text.splitlines() if re.match(pattern, line))
 
 

@@ -99,3 +99,25 @@ def test_components_fit_80_and_60_columns_and_wide_is_whole():
         assert [line.split()[0] for line in rows] == list(BUILTIN_NAMES)  # a line each
     wide = CliRunner().invoke(app, ["components", "--wide"], env={"COLUMNS": "60"}).stdout
     assert "RMSNorm instead of LayerNorm: scale only, no mean, no bias" in wide and "Zhang & Sennrich 2019" in wide
+
+
+def test_the_dry_run_lists_a_specs_own_components_and_what_decide_may_add(tmp_path, monkeypatch):
+    from helpers import fake_calibration
+
+    fake_calibration(tmp_path, monkeypatch, {"step_s": 0.01, "eval_s": 0.1, "run_s": 1.0, "startup_s": 2.0,
+                                             "when": "2024-01-01 00:00:00"})
+    spec = write_spec(tmp_path, top={"flips": ["rope", "nowd"], "seeds": 3})
+    own = '[decide]\nmax_seeds = 5\n[components.nowd]\non = {"train.weight_decay" = 0.0}\n'
+    spec.write_text(spec.read_text() + own, encoding="utf-8")
+    result = CliRunner().invoke(app, ["ablate", str(spec), "--dry-run", "--runs-dir", str(tmp_path / "runs")],
+                                env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    rows = {line.split("│")[1].strip(): line for line in result.stdout.splitlines() if line.count("│") > 3}
+    nowd = next(line for rid, line in rows.items() if rid.startswith("reference+nowd-s"))
+    assert nowd.split("│")[2].strip() == "2017+nowd", nowd  # the components column: the spec's own is named
+    top = next(line for rid, line in rows.items() if rid.startswith("all-on-s"))  # every component on
+    assert top.split("│")[2].strip() == "llama+nowd", top
+    said = " ".join(result.output.split())
+    # 6 configs (the two ends, each flip added to one and removed from the other) at 3 seeds: 18 runs; the
+    # looks at 4 and 5 seeds may add 2 seeds to each config: 12 more at most
+    assert "plan: 18 runs" in said and "--decide may add up to 12 runs (up to 5 seeds a config" in said, said

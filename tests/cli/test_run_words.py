@@ -74,3 +74,83 @@ def test_sample_on_an_empty_sweep_folder_says_where_a_run_goes(tmp_path):
     sweep.mkdir(parents=True)
     (sweep / runs.SWEEP).write_text(json.dumps({"components": []}))
     one_error_line(invoke("sample", sweep), f"{sweep} is a sweep folder: pass one of its runs, e.g. {sweep}/<a run id>")
+
+
+def _llama_sweep(tmp_path: Path) -> Path:
+    """The demo's folder in small: a completed 2017-end run first by name, a failed and a completed LLaMA-end run."""
+    sweep = _sweep(tmp_path)
+    for rid, status in (("llama-s1337-cccc", runs.FAILED), ("llama-s1338-dddd", runs.COMPLETED)):
+        (sweep / rid).mkdir()
+        (sweep / rid / runs.CONFIG).write_text("{}")
+        (sweep / rid / runs.SUMMARY).write_text(json.dumps({"status": status, "sweep": "demo", "role": "all-on"}))
+    return sweep
+
+
+def test_sample_on_a_sweep_folder_suggests_a_completed_llama_end_run(tmp_path):
+    sweep = _llama_sweep(tmp_path)
+    one_error_line(invoke("sample", sweep),
+                   f"{sweep} is a sweep folder: pass one of its runs, e.g. {sweep / 'llama-s1338-dddd'}")
+
+
+def test_sample_takes_a_unique_prefix_of_a_run_id(tmp_path):
+    sweep = _llama_sweep(tmp_path)
+    # the one run it names is read: its config.json ({}) is not a run's, and the error says which folder it read
+    # the one run it names is read (its vocab.json, missing here: the error names the run's full folder)
+    one_error_line(invoke("sample", sweep / "llama-s1338"), f"{sweep / 'llama-s1338-dddd' / 'vocab.json'}")
+    assert runs.by_prefix(sweep / "llama-s1338") == sweep / "llama-s1338-dddd"
+    assert runs.by_prefix(sweep / "nothing") == sweep / "nothing"  # no match: the caller says not found
+    one_error_line(invoke("sample", sweep / "nothing"), f"run directory not found: {sweep / 'nothing'}")
+
+
+def test_an_ambiguous_prefix_is_one_line_listing_its_runs(tmp_path):
+    sweep = _llama_sweep(tmp_path)
+    one_error_line(invoke("sample", sweep / "llama"),
+                   f"{sweep / 'llama'} is a prefix of 2 runs: llama-s1337-cccc, llama-s1338-dddd; give more of the "
+                   f"run id")
+
+
+CAL = {"step_s": 0.5, "eval_s": 2.0, "run_s": 3.0, "startup_s": 4.0, "when": "2024-01-01 00:00:00"}
+
+
+def test_train_says_its_estimate_before_its_first_step(tmp_path, monkeypatch):
+    from helpers import fake_calibration
+
+    measured = fake_calibration(tmp_path, monkeypatch, CAL)  # this machine's step times, "measured" as CAL
+    run = tmp_path / "run"
+    result = CliRunner().invoke(app, ["train", *run_sets(write_corpus(tmp_path)), "--steps", "30", "--out", str(run)])
+    assert result.exit_code == 0, result.output
+    assert measured == [1]  # one shape measured, as a plan measures it
+    evals = 30 // 6 + 1  # TINY_TRAIN's eval_interval 6: steps 0, 6, ..., 30
+    seconds = CAL["run_s"] + 30 * CAL["step_s"] + evals * CAL["eval_s"] + CAL["startup_s"]
+    said = flat(result.stderr)
+    assert f"est. {seconds:.0f}s for 30 steps, from step times measured on this machine" in said, said
+    assert said.index("est. ") < said.index("train ")  # before the progress bar's first step
+
+
+def test_the_eta_stays_on_a_fake_clock():
+    from anatomy_cli.cli.run import train_progress
+
+    now = [0.0]
+    bar = train_progress(get_time=lambda: now[0])
+    task = bar.add_task("train", total=100, losses="", estimate=50.0)
+    shown = lambda: bar.columns[-1].render(bar.tasks[0]).plain  # noqa: E731
+    assert shown() == "eta 0:00:50"  # before the first step: the estimate
+    now[0] = 60.0
+    bar.update(task, completed=10)
+    assert shown() == "eta 0:09:00"  # 6 s a step so far, 90 steps left
+    now[0] = 600.0  # no step for minutes (rich's own column goes blank: -:--:--)
+    assert shown() == "eta 1:30:00" and "-:--" not in shown()
+    bar.update(task, completed=100)
+    assert shown() == "eta 0:00:00"
+    bare = train_progress(get_time=lambda: 0.0)
+    bare.add_task("train", total=10, losses="", estimate=None)
+    assert bare.columns[-1].render(bare.tasks[0]).plain == "eta ?"
+
+
+def test_the_summary_prints_rates_and_seconds_at_a_sensible_precision():
+    from anatomy_cli.cli.run import summary_value
+
+    assert summary_value("tokens_per_s", 1439.8211) == "1,440"  # not 1,439.8211
+    assert summary_value("wall_s", 612.3456) == "612.3"
+    assert summary_value("best_val_loss", 2.123456) == "2.1235" and summary_value("params", 966144) == "966,144"
+    assert summary_value("device", "cpu") == "cpu"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -172,25 +173,68 @@ def test_a_run_left_on_the_plateau_is_named_in_terminal_report_and_json(tmp_path
     assert loss.loc[("gqa", "add-one"), "note"].startswith(f"{plateau.NOTE_HEAD}: 2017+gqa-s1.")
     assert (loss.drop(("gqa", "add-one"))["note"] == "").all()  # the effects it does not enter: no note
 
+    line = ("1 of 3 runs of config 2017+gqa left the unigram plateau late: the effects through 2017+gqa measure "
+            "escape time as well")
     text = verdict_text(r, 100)
     flat = " ".join(text.split())
-    assert "unigram plateau: 2017+gqa-s1 ended on the unigram plateau" in flat
-    assert "it enters gqa added to the 2017 end" in flat
+    assert f"unigram plateau: {line}" in flat and flat.count("unigram plateau:") == 1  # one line, not one per run
+    assert "2017+gqa-s1 ended" not in flat  # the per-run detail is the effect details'
 
     paths = write.write_report(r)
     md = paths["report.md"].read_text()
     verdict_part = md.split("## Verdict")[1].split("## ")[0]
-    assert "**Unigram plateau**: **2017+gqa-s1** ended on the unigram plateau" in verdict_part
-    assert "pairs a run still on the unigram plateau: 2017+gqa-s1" in md  # effect details' note
+    assert "**Unigram plateau**: 1 of 3 runs of config **2017+gqa** left the unigram plateau late" in verdict_part
+    assert "2017+gqa-s1" not in verdict_part
+    details = md.split("## Effect details")[1].split("## ")[0]
+    assert "pairs a run still on the unigram plateau: 2017+gqa-s1" in details  # the effect's note
+    assert "- **2017+gqa-s1** ended on the unigram plateau" in details
+    assert "it enters gqa added to the 2017 end" in details
     html = paths["report.html"].read_text()
-    assert "<strong>Unigram plateau</strong>: <strong>2017+gqa-s1</strong>" in html
+    assert "<strong>Unigram plateau</strong>: 1 of 3 runs of config <strong>2017+gqa</strong>" in html
 
     doc = json.loads(paths["report.json"].read_text())
     assert [r["run_id"] for r in doc["plateau"]["runs"]] == ["2017+gqa-s1"]
     assert doc["plateau"]["runs"][0]["effects"] == "gqa added to the 2017 end"
+    assert doc["plateau"]["configs"] == [{"config": "2017+gqa", "late": 1, "runs": 3}]
     assert doc["plateau"]["unknown"] == [] and doc["plateau"]["tolerance"] == plateau.PLATEAU_TOL
     by_id = {r["run_id"]: r for r in doc["runs"]}
     assert by_id["2017+gqa-s1"]["plateau"].startswith("ended on") and by_id["2017-s1"]["plateau"] is None
+
+
+def test_every_call_resting_on_a_plateau_run_is_marked_in_all_four_outputs(tmp_path):
+    r = build_report(study(tmp_path / "study"))
+    mark = plateau.MARK
+    marks = {(v.flip, v.direction): v.plateau for v in r.verdict.itertuples()}
+    assert marks == {("gqa", "add-one"): "2017+gqa-s1", ("rope", "add-one"): "", ("gqa", "remove-one"): "",
+                     ("rope", "remove-one"): ""}
+    rows = {line.split()[0]: line for line in verdict_text(r, None).splitlines() if line.startswith(("gqa", "rope"))}
+    assert rows["gqa"].count(mark) == 1 and mark not in rows["rope"]  # the row: gqa | added | removed | seeds
+    gqa_add = r.verdict.set_index(["flip", "direction"]).loc[("gqa", "add-one")]
+    assert f"{gqa_add['call']} {mark}" in rows["gqa"].split("]")[1]  # after the added cell's interval
+
+    paths = write.write_report(r)
+    md_verdict = paths["report.md"].read_text().split("## Verdict")[1].split("## ")[0]
+    md_rows = {line.split("|")[1].strip(): line for line in md_verdict.splitlines() if line.startswith("| ")}
+    assert md_rows["gqa"].count(mark) == 1 and mark not in md_rows["rope"]
+    html_verdict = paths["report.html"].read_text().split('id="verdict"')[1].split("<h2")[0]
+    html_rows = {row.split("</td>")[0].rsplit(">", 1)[-1]: row.split("</tr>")[0]
+                 for row in html_verdict.split("<tr>")[2:]}
+    assert html_rows["gqa"].count(mark) == 1 and mark not in html_rows["rope"]
+    doc = json.loads(paths["report.json"].read_text())
+    assert {(v["flip"], v["direction"]): v["plateau"] for v in doc["verdict"]} == marks
+    assert doc["plateau"]["mark"] == mark
+
+
+def test_a_plateau_line_per_config_counts_its_late_runs(tmp_path):
+    root = study(tmp_path / "study")
+    import shutil
+
+    shutil.rmtree(root / "2017+gqa-s2")
+    plateau_run(root, "2017+gqa-s2", ("gqa",), 2, 270, 3.9)  # a second late run of the same config
+    lines = plateau.plateau_lines(build_report(root).runs, bold=False)
+    assert lines == [f"unigram plateau: 2 of 3 runs of config 2017+gqa left the unigram plateau late: the effects "
+                     f"through 2017+gqa measure escape time as well (their calls are marked {plateau.MARK})."]
+    assert plateau.config_name("2017+gqa-s1337-5e4f20ff") == "2017+gqa" and plateau.config_name("base") == "base"
 
 
 def test_the_forest_axis_leaves_out_the_plateau_intervals_far_ends_and_marks_them(tmp_path):
@@ -219,7 +263,8 @@ def test_a_study_with_no_run_on_the_plateau_says_nothing_of_it(tmp_path):
     assert runs["plateau"].isna().all()
     assert (effects.loc[effects["metric"] == "best_val_bpb", "note"] == "").all()
     assert "plateau" not in verdict_text(r, 100)
-    assert plateau.plateau_lines(runs) == []
+    assert plateau.plateau_lines(runs) == [] and plateau.detail_lines(runs) == []
+    assert (r.verdict["plateau"] == "").all() and plateau.MARK not in verdict_text(r, 100)
     ax = figures.forest_figure(loss_verdict(effects)).axes[0]
     assert not [t for t in ax.texts if (t.get_gid() or "").startswith("off-axis")]
 
@@ -257,3 +302,33 @@ def test_forest_limits_with_no_finite_interval_still_hold_zero_and_the_margin():
     rows["gain"] = 0.3
     lo, hi = figures.forest_limits(rows, 0.02)
     assert lo < -0.02 and hi > 0.3 and np.isfinite([lo, hi]).all()
+
+
+# ------------------------------------------------------------------------------- the results file
+
+
+def test_the_results_file_records_the_step_each_run_left_the_plateau_at(tmp_path):
+    from anatomy_cli.report import results_build, results_file
+
+    r = build_report(study(tmp_path / "study"))
+    path = results_build.write_results(tmp_path / "toy.json", r)
+    doc = results_file.load(path)  # checked against the schema
+    assert doc["plateau"]["tolerance"] == plateau.PLATEAU_TOL
+    by_id = {x["run_id"]: x for x in doc["plateau"]["runs"]}
+    assert len(by_id) == 18 and by_id["2017+gqa-s1"]["left_at"] is None  # never left
+    assert by_id["2017-s1"] == {"config": "2017", "run_id": "2017-s1", "seed": 1, "steps": 300, "left_at": 120}
+    assert by_id["llama-s2"]["left_at"] == 60 and by_id["2017+rope-s3"]["left_at"] == 120
+    assert plateau.left_at(curve(240, 3.9), U) == 240 and plateau.left_at(curve(None, 4.43), U) is None
+    assert plateau.left_at(curve(90, 2.3), None) is None  # the unigram loss unknown
+
+
+SHIPPED = Path(__file__).resolve().parents[2] / "experiments" / "results" / "demo.json"
+
+
+@pytest.mark.skipif("plateau" not in json.loads(SHIPPED.read_text()),
+                    reason="experiments/results/demo.json predates its plateau record: regenerate it (make demo, then "
+                           "anatomy report runs/demo --results experiments/results/demo.json)")
+def test_every_shipped_demo_run_left_the_plateau_before_the_last_third():
+    runs = json.loads(SHIPPED.read_text())["plateau"]["runs"]
+    late = [(x["run_id"], x["left_at"]) for x in runs if x["left_at"] is None or x["left_at"] >= 2 * x["steps"] / 3]
+    assert runs and not late, late

@@ -106,11 +106,12 @@ def test_words_markers_json_and_csv_follow_one_rule(tmp_path):
     paths = write.write_report(r)
     md = paths["report.md"].read_text()
     table = md[md.index("## Verdict"):md.index("## Curves")]
+    signs = {"helps": "**▲ helps**", "hurts": "**▼ hurts**", "negligible": "**= negligible**"}
     for flip, call in want.items():  # each verdict row says the same call beside its adjusted interval
         row = next(line for line in table.splitlines() if line.startswith("|") and f" {flip} " in line)
         cells = [c.strip() for c in row.strip().strip("|").split("|")]
-        assert cells[5] == call and cells[4] == (f"[{v[v['flip'] == flip].iloc[0].adj_low:+.3f}, "
-                                                 f"{v[v['flip'] == flip].iloc[0].adj_high:+.3f}]")
+        e = v[v["flip"] == flip].iloc[0]  # the component | added to the 2017 end | seeds
+        assert cells[1] == f"{e.gain:+.3f} [{e.adj_low:+.3f}, {e.adj_high:+.3f}] {signs.get(call, call)}"
     doc = json.loads(paths["report.json"].read_text())
     for rows in (doc["effects"], pd.read_csv(paths["effects.csv"]).to_dict("records")):
         loss = {r["flip"]: r for r in rows if r["metric"] == "best_val_bpb"}

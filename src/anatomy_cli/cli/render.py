@@ -17,8 +17,10 @@ from anatomy_cli.store import runs
 from anatomy_cli.sweep.calibrate import fmt_seconds
 
 
-def plan_line(plan, sweep_dir: Path, workers: int, estimate: tuple[dict, float]) -> str:
-    """'plan: 36 runs -> runs/demo (to do: 36, est. 24.0min with 2 workers, measured on this machine)'."""
+def plan_line(plan, sweep_dir: Path, workers: int, estimate: tuple[dict, float], more: tuple[int, int] | None = None
+              ) -> str:
+    """'plan: 36 runs -> runs/demo (to do: 36, est. 24.0min with 2 workers, measured on this machine)'; `more`:
+    (runs, seeds) --decide's later looks may add, at most, said after it ('--decide may add up to 12 runs')."""
     from anatomy_cli.sweep.calibrate import busy, plan_seconds
 
     per_run, startup = estimate
@@ -27,8 +29,10 @@ def plan_line(plan, sweep_dir: Path, workers: int, estimate: tuple[dict, float])
     load = busy()
     note = (f"; the machine is busy now (load average {load[0]:.1f} on {load[1]} cores): expect longer" if load
             else "")
+    extra = (f"; --decide may add up to {more[0]} runs (up to {more[1]} seeds a config, only where an effect is "
+             f"open)" if more and more[0] > 0 else "")
     return (f"plan: {len(plan)} runs -> {sweep_dir}  (to do: {len(todo)}, est. {fmt_seconds(est)} with {workers} "
-            f"worker{'s' * (workers > 1)}, from step times measured on this machine{note})")
+            f"worker{'s' * (workers > 1)}, from step times measured on this machine{note}){extra}")
 
 
 class FittedTable:
@@ -78,18 +82,21 @@ class FittedTable:
         yield self.table(cols, narrow=True)
 
 
-def plan_table(plan, sweep_dir: Path, workers: int, vocab: dict, estimate: tuple[dict, float]) -> FittedTable:
+def plan_table(plan, sweep_dir: Path, workers: int, vocab: dict, estimate: tuple[dict, float],
+               more: tuple[int, int] | None = None) -> FittedTable:
     statuses = {p.run_id: runs.run_status(sweep_dir / p.run_id) for p in plan}
     rows = []
     for p in plan:
         m = p.config.model
         params = m.model_copy(update={"vocab_size": vocab[p.config.data.corpus_key]}).num_params()
         role = f"{p.role}:{p.flip}" if p.flip else p.role
-        rows.append([p.run_id, label(p.config), role, str(p.config.seed), f"{params:,}",
+        known = [*components.BUILTINS, *(c for c in (p.design.components if p.design else ())
+                                         if c.name not in components.BY_NAME)]  # and a spec's own [components.X]
+        rows.append([p.run_id, label(p.config, known), role, str(p.config.seed), f"{params:,}",
                      fmt_seconds(estimate[0][p.run_id]), statuses[p.run_id] or "pending"])
     # narrower than the table: the components (which the role and run id also name) go first, then the
     # per-run sizes and estimates (the title has the total), then the seed (in the run id too)
-    return FittedTable(plan_line(plan, sweep_dir, workers, estimate),
+    return FittedTable(plan_line(plan, sweep_dir, workers, estimate, more),
                        ["run id", "components", "role", "seed", "params", "est.", "status"], rows,
                        right=frozenset({"seed", "params", "est."}), drop=("components", "params", "est.", "seed"))
 

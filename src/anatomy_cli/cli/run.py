@@ -135,13 +135,62 @@ class PrepareProgress:
 # ----------------------------------------------------------------------------------- train
 
 
-def train_progress():
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+def train_progress(get_time=None):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     return Progress(
         TextColumn("train", style="bold"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[losses]}"),
-        TimeRemainingColumn(), console=err_console, transient=False,
+        remaining_column(), console=err_console, transient=False, get_time=get_time,
     )
+
+
+def remaining_column():
+    """The time left, never blank (rich's own column shows -:--:-- once steps come further apart than its
+    speed window): the estimate (the task's `estimate` field, seconds) until a step is done, then the elapsed
+    time per step done times the steps left."""
+    from rich.progress import ProgressColumn
+    from rich.text import Text
+
+    class Remaining(ProgressColumn):
+        def render(self, task) -> Text:
+            if task.finished:
+                left = 0.0
+            elif task.completed and task.elapsed:
+                left = task.elapsed / task.completed * max(0.0, (task.total or 0) - task.completed)
+            else:
+                left = task.fields.get("estimate")
+            return Text("eta ?" if left is None else f"eta {clock(left)}", style="progress.remaining")
+
+    return Remaining()
+
+
+def clock(seconds: float) -> str:
+    """'0:04:05' for 245 s."""
+    s = int(round(seconds))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+def train_estimate(cfg) -> float | None:
+    """`anatomy train`'s estimate of its run (seconds), said on stderr before its first step, from this
+    machine's measured step times as `ablate`'s plan line (sweep.calibrate: cached, else a short run measured
+    now); None where it cannot be made (a corpus not readable yet, a device the calibration cannot use)."""
+    import os
+
+    from anatomy_cli.data.load import load_corpus
+    from anatomy_cli.sweep import calibrate
+
+    say = functools.partial(err_console.print, highlight=False, soft_wrap=True)
+    d = cfg.data
+    try:
+        vocab = cfg.model.vocab_size or len(load_corpus(d.source, d.val_frac, cfg.model.ctx_len, d.tokenizer).vocab)
+        seconds = calibrate.run_estimate(cfg, vocab, cfg.train.threads or os.cpu_count() or 1, say)
+    except Exception:  # an estimate is a courtesy: training says what is wrong, in its own words
+        return None
+    load = calibrate.busy()
+    say(f"est. {calibrate.fmt_seconds(seconds)} for {cfg.train.steps:,} steps, from step times measured on this "
+        f"machine" + (f"; the machine is busy now (load average {load[0]:.1f} on {load[1]} cores): expect longer"
+                      if load else ""))
+    return seconds
 
 
 def default_run() -> str:
@@ -216,7 +265,8 @@ def train(
         warn(cfg.train.warmup_note)
     from anatomy_cli.training import run as training
 
-    _run_train(functools.partial(training.train, cfg, run_dir, overwrite=overwrite), run_dir, cfg.train.steps)
+    _run_train(functools.partial(training.train, cfg, run_dir, overwrite=overwrite), run_dir, cfg.train.steps,
+               train_estimate(cfg))
 
 
 def _train_resume(run_dir: Path) -> None:
@@ -237,10 +287,10 @@ def _train_resume(run_dir: Path) -> None:
     _run_train(functools.partial(training.resume, run_dir, note=note), run_dir, cfg.train.steps)
 
 
-def _run_train(fn, run_dir: Path, total: int) -> None:
+def _run_train(fn, run_dir: Path, total: int, estimate: float | None = None) -> None:
     on_interrupt(lambda: resume_hint(run_dir))  # a second signal may land anywhere from here on
     with StopFlag() as stop, train_progress() as bar:
-        task = bar.add_task("train", total=total, losses="")
+        task = bar.add_task("train", total=total, losses="", estimate=estimate)
 
         started = []
 
@@ -289,9 +339,20 @@ def render_summary(s: dict, run_dir: Path) -> None:
         value = s.get(key)
         if value is None:
             continue
-        table.add_row(key, f"{value:,.4f}" if isinstance(value, float) else f"{value:,}" if isinstance(value, int)
-                      else str(value))
+        table.add_row(key, summary_value(key, value))
     console.print(table)
+
+
+SUMMARY_FORMATS = {"tokens_per_s": "{:,.0f}", "wall_s": "{:,.1f}"}  # a rate and seconds: no 1,439.8211
+
+
+def summary_value(key: str, value) -> str:
+    """A summary field as the train command prints it: losses to 4 decimals, tokens/s whole, seconds to 0.1."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    return SUMMARY_FORMATS.get(key, "{:,.4f}").format(value)
 
 
 # ----------------------------------------------------------------------------------- sample
@@ -330,6 +391,7 @@ def sample(
 
     torch.set_num_threads(threads)  # batch-1 decode is small matmuls: more threads wait on each other
     load_parts(plugin)
+    run_dir = runs.by_prefix(run_dir)  # a unique prefix of a run id names that run
     cfg, vocab, model = load_run(run_dir, weights)
     window = check_options(cfg.model, temp, top_k, window)
     # the KV cache and position tables of the window, before generate allocates them

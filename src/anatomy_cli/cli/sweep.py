@@ -127,8 +127,8 @@ def _run(study, estimate):
     say how it went; a tuned study whose selection tuned no config says so (its report is skipped)."""
     from anatomy_cli.study import ablation, lr_study
 
-    err_console.print(plan_line(study.plan, study.sweep_dir, study.workers, estimate), highlight=False,
-                      soft_wrap=True)
+    err_console.print(plan_line(study.plan, study.sweep_dir, study.workers, estimate, decide_more(study)),
+                      highlight=False, soft_wrap=True)
     if study.tune is not None:
         _say(tune_line(study))
     if any(p.config.train.compile for p in study.plan):  # before the workers spawn: they inherit it
@@ -146,11 +146,19 @@ def _run(study, estimate):
     return done
 
 
+def decide_more(study) -> tuple[int, int] | None:
+    """(the runs --decide's later looks may add at most, the seeds of its last look); None without rounds."""
+    if not study.rounds:
+        return None
+    last = max(study.rounds.looks)
+    return len(study.plan_at(last)) - len(study.plan), last
+
+
 def _dry_run(study, estimate) -> None:
     """--dry-run: the plan table, the looks of --decide, the power earlier runs give, the sizes."""
     from anatomy_cli.report import decide as decide_mod
 
-    console.print(plan_table(study.plan, study.sweep_dir, study.workers, study.vocab, estimate))
+    console.print(plan_table(study.plan, study.sweep_dir, study.workers, study.vocab, estimate, decide_more(study)))
     if study.tune is not None:
         from anatomy_cli.report.textable import wrap
 

@@ -40,7 +40,8 @@ from anatomy_cli.store.runs import COMPLETED, SWEEP
 EFFECT_COLUMNS = ["metric", "flip", "direction", "against", "group", "n_pairs", "excluded", "unit", "gain",
                   "adj_low", "adj_high", "margin", "margin_basis", "call", "mde", "noise", "raw_low",
                   "raw_high", "sd", "se", "df", "p_value", "p_holm", "adj_level", "family", "allow_low", "allow_high",
-                  "note"]  # allow_*: a tuned study's interval widening for its LR selection's error (NaN: none)
+                  "note", "plateau"]  # allow_*: a tuned study's interval widening for its LR selection's error (NaN:
+# none); plateau: the runs of its pairs that left the unigram plateau late (report/plateau.py)
 
 
 # ------------------------------------------------------------------------------- effects
@@ -246,9 +247,11 @@ def _paired(ref: pd.DataFrame, var: pd.DataFrame, metric: str, direction: str) -
     if seeds.empty:
         return None
     counted = seeds[ok]  # a loss effect notes the runs of its pairs left on the unigram plateau (plateau.py)
-    note = "" if metric in RELATIVE_METRICS else plateau_mod.plateau_note(ref.loc[counted], var.loc[counted])
-    return {"metric": metric, "excluded": int((~ok).sum()), "unit": "%" if metric in RELATIVE_METRICS else "abs",
-            "note": note, **stats.paired(gain[ok])}
+    loss = metric not in RELATIVE_METRICS
+    note = plateau_mod.plateau_note(ref.loc[counted], var.loc[counted]) if loss else ""
+    stuck = ", ".join(plateau_mod.plateau_ids(ref.loc[counted], var.loc[counted])) if loss else ""
+    return {"metric": metric, "excluded": int((~ok).sum()), "unit": "abs" if loss else "%",
+            "note": note, "plateau": stuck, **stats.paired(gain[ok])}
 
 
 SEED_GAIN_COLUMNS = ["group", "size", "flip", "direction", "against", "seed", "gain"]
@@ -278,6 +281,8 @@ def effects_frame(rows: list[dict], margins: dict[str, tuple[float, str]], alpha
                    for r in stats.judge([r for r in rows if r["metric"] == metric and r["group"] == group], value,
                                         alpha if metric == LOSS_METRIC else stats.ALPHA)]
     df = pd.DataFrame(judged, columns=EFFECT_COLUMNS)
+    df["plateau"] = pd.Series([v if isinstance(v, str) else "" for v in df["plateau"]], index=df.index,
+                              dtype=object)  # the flagged runs a call rests on ('': none; speed rows have none)
     order = {"flip": {f: i for i, f in enumerate(comp.BUILTIN_NAMES)}}  # built-ins in table order, then others
     df = df.sort_values(["metric", "direction", "flip", "group"], kind="stable",
                         key=lambda s: s.map(lambda f: order[s.name].get(f, len(order[s.name])))

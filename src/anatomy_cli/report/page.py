@@ -132,6 +132,6 @@ def _html_table(table: pd.DataFrame) -> str:
     head = "".join(f'<th class="c-{_anchor(str(c))}">{html.escape(str(c))}</th>' for c in table.columns)
     cls = [(("t w " if c in WRAP_COLUMNS else "t ") if c in TEXT_COLUMNS else "") + f"c-{_anchor(str(c))}"
            for c in table.columns]
-    rows = "".join("<tr>" + "".join(f'<td class="{k}">{html.escape(str(v))}</td>' for k, v in zip(cls, row)) + "</tr>"
+    rows = "".join("<tr>" + "".join(f'<td class="{k}">{_inline(str(v))}</td>' for k, v in zip(cls, row)) + "</tr>"
                    for row in table.itertuples(index=False))
     return f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"

@@ -6,10 +6,15 @@
   counts_of       a run's (val tokens, val bytes), the bits-per-byte factor of its losses: its summary's, else
                   its fixed val windows' on its corpus (read as unigram_of reads it), else unknown (None)
   judged          a run's PLATEAU_COLUMNS: unigram_loss, plateau (the reason; None: not flagged), plateau_effects
+  plateau_ids     the flagged runs an effect's counted pairs hold (effects.py's `plateau` column: its call
+                  is marked MARK wherever it is shown)
   plateau_note    an effect's note naming the flagged runs it pairs (effects.py adds it)
   entered         the runs frame with plateau_effects: the loss effects each flagged run enters
-  plateau_lines   one line per flagged run, for the verdict (terminal, report.md/html)
-  plateau_record  report.json's "plateau": the flagged runs, and the runs whose unigram loss is unknown
+  findings        per config, how many of its runs the rule flags (N of M)
+  plateau_lines   one line per config with flagged runs, for the verdict (terminal, report.md/html)
+  detail_lines    one line per flagged run (why, the effects it enters), for the effect details
+  plateau_record  report.json's "plateau": the configs, the flagged runs, and the runs whose unigram loss is unknown
+  left_at / escape_record   the step each run left the plateau at: the results file's "plateau"
 
 Why. A character model first learns how often each character occurs (a BPE model, each token: every loss
 here is in nats per token of the run's own tokenizer): its val loss drops to the
@@ -39,6 +44,7 @@ LATE_SHARE = 0.2  # left only in this last share of evaluations (at least the la
 MIN_EVALS = 3  # fewer evaluations say nothing about when a run left: only "never left" is judged
 NOTE_HEAD = "pairs a run still on the unigram plateau"
 PLATEAU_COLUMNS = ("unigram_loss", "plateau", "plateau_effects")  # the runs frame's (frames.RUN_COLUMNS)
+MARK = "†"  # beside every call that rests on a flagged run: terminal, report.md/html (report.json: `plateau`)
 
 
 def plateau_reason(curve: Iterable[tuple[int, float]], unigram: float | None, tol: float = PLATEAU_TOL,
@@ -71,6 +77,34 @@ def plateau_reason(curve: Iterable[tuple[int, float]], unigram: float | None, to
     when = "its last evaluation" if below == n - 1 else f"in its last {n - below} of {n} evaluations"
     return (f"left the unigram plateau only at step {points[below][0]} ({when}): best val loss {best:.3f}, the "
             f"unigram loss {unigram:.3f} nats/token")
+
+
+def left_at(curve: Iterable[tuple[int, float]], unigram: float | None, tol: float = PLATEAU_TOL) -> int | None:
+    """The step of a run's first evaluation more than `tol` below `unigram` (when it left the plateau); None when
+    it never did, or its unigram loss is unknown (the results file's "plateau" record: escape_record)."""
+    points = sorted((int(s), float(v)) for s, v in curve if v is not None and math.isfinite(float(v)))
+    if unigram is None or not math.isfinite(unigram):
+        return None
+    return next((s for s, v in points if v < unigram - tol), None)
+
+
+def escape_record(runs: pd.DataFrame, curves: pd.DataFrame) -> dict | None:
+    """The results file's "plateau": the rule's tolerance and, for each completed run with a known unigram loss,
+    its config (config_name), seed, steps and the step it left the plateau at (left_at; null: never), so a
+    results file says whether a study's answers rest on when its runs escaped; None when no run is known."""
+    if "unigram_loss" not in runs.columns:
+        return None
+    done = runs[(runs["status"] == COMPLETED) & runs["unigram_loss"].notna()].sort_values("run_id")
+    val = curves[curves["split"] == "val"] if len(curves) else curves
+    rows = []
+    for r in done.itertuples():
+        mine = val[val["run_id"] == r.run_id]
+        steps = read_config(Path(r.path)) or {}
+        steps = (steps.get("train") or {}).get("steps") if isinstance(steps.get("train"), dict) else None
+        rows.append({"config": config_name(r.run_id), "run_id": r.run_id, "seed": int(r.seed),
+                     "steps": steps if isinstance(steps, int) else int(mine["step"].max()),
+                     "left_at": left_at(zip(mine["step"], mine["loss"]), float(r.unigram_loss))})
+    return {"tolerance": PLATEAU_TOL, "runs": rows} if rows else None
 
 
 # ----------------------------------------------------------------------------- the unigram loss
@@ -165,17 +199,27 @@ def judged(run_dir: Path, metrics: list[dict], status: str | None, best: float |
     return {"unigram_loss": math.nan if u is None else u, "plateau": plateau_reason(curve, u), "plateau_effects": None}
 
 
+def plateau_ids(ref: pd.DataFrame, var: pd.DataFrame) -> list[str]:
+    """The flagged runs among an effect's counted pairs (`ref`, `var`: the end's and the variant's runs of
+    those pairs), sorted; [] when none is (or nothing is marked)."""
+    if "plateau" not in ref.columns or "plateau" not in var.columns:
+        return []
+    return sorted({r.run_id for frame in (ref, var) for r in frame.itertuples() if isinstance(r.plateau, str)})
+
+
 def plateau_note(ref: pd.DataFrame, var: pd.DataFrame) -> str:
     """The note of an effect whose counted pairs (`ref`, `var`: the end's and the variant's runs of those
     pairs) hold a flagged run: which, and what that does to it; '' when none is (or nothing is marked)."""
-    if "plateau" not in ref.columns or "plateau" not in var.columns:
+    ids = ", ".join(plateau_ids(ref, var))
+    if not ids:
         return ""
-    flagged = [r for frame in (ref, var) for r in frame.itertuples() if isinstance(r.plateau, str)]
-    if not flagged:
-        return ""
-    ids = ", ".join(sorted({r.run_id for r in flagged}))
     return (f"{NOTE_HEAD}: {ids}. Its gain at that seed measures how long the run sat on the plateau (a random "
             f"number of steps), not the component, and widens the interval")
+
+
+def marked(call: str, plateau: object) -> str:
+    """A call as shown: with MARK when the effect rests on a flagged run (its `plateau` ids are not empty)."""
+    return f"{call} {MARK}" if isinstance(plateau, str) and plateau else call
 
 
 NOTE_IDS = re.compile(re.escape(NOTE_HEAD) + r": (?P<ids>.+?)\. Its gain")
@@ -208,28 +252,65 @@ def flagged(runs: pd.DataFrame) -> pd.DataFrame:
     return runs[runs["plateau"].map(lambda v: isinstance(v, str))].sort_values("run_id")
 
 
+SLUG = re.compile(r"^(?P<slug>.+)-s\d+(?:-[0-9a-f]{8})?$")  # a run id: its config's slug, -s<seed>, -<hash>
+
+
+def config_name(run_id: str) -> str:
+    """'2017+gqa' of '2017+gqa-s1337-5e4f20ff' (sweep.plan's ids); the id itself where it is not one."""
+    m = SLUG.match(run_id)
+    return m["slug"] if m else run_id
+
+
+def findings(runs: pd.DataFrame) -> list[tuple[str, int, int]]:
+    """(config, its flagged runs, its completed runs) for each config the rule flags a run of: a config is its
+    runs' slug (config_name), counted among the runs of the same label and settings."""
+    out = []
+    bad = flagged(runs)
+    for name, mine in bad.groupby(bad["run_id"].map(config_name), sort=True):
+        of = runs[runs["label"].isin(set(mine["label"])) & (runs["status"] == COMPLETED)]
+        if "settings" in runs.columns:
+            of = of[of["settings"].isin(set(mine["settings"]))]
+        out.append((str(name), len(mine), max(len(of), len(mine))))
+    return out
+
+
 def plateau_lines(runs: pd.DataFrame, bold: bool = True) -> list[str]:
-    """'**Unigram plateau**: **2017+gqa-s1337** left the unigram plateau only at step 300 (...); it enters gqa
-    added to the 2017 end, whose interval it widens: ...', one line per flagged run (none when none is)."""
+    """'**Unigram plateau**: 1 of 4 runs of config 2017+gqa left the unigram plateau late: the effects through
+    2017+gqa measure escape time as well (their calls: †).', one line per config with a flagged run (none when
+    no run is flagged). Which runs, and why, are the effect details' (detail_lines)."""
+    head = "**Unigram plateau**: " if bold else "unigram plateau: "
+    out = []
+    for label, n, m in findings(runs):
+        name = f"**{label}**" if bold else label
+        out.append(f"{head}{n} of {m} runs of config {name} left the unigram plateau late: the effects through "
+                   f"{label} measure escape time as well (their calls are marked {MARK}).")
+    return out
+
+
+def detail_lines(runs: pd.DataFrame) -> list[str]:
+    """'**2017+gqa-s1337** left the unigram plateau only at step 300 (...); it enters gqa added to the 2017
+    end, whose interval it widens: ...', one line per flagged run, for the effect details."""
     out = []
     for r in flagged(runs).itertuples():
         effects = getattr(r, "plateau_effects", None)
         what = (f"it enters {effects}, whose interval it widens: the gain at its seed measures how long the run "
                 f"sat on the plateau, not the component" if effects else "it enters no effect")
-        name = f"**{r.run_id}**" if bold else r.run_id
-        out.append(f"{'**Unigram plateau**: ' if bold else 'unigram plateau: '}{name} {r.plateau}; {what}.")
+        out.append(f"**{r.run_id}** {r.plateau}; {what}.")
     return out
 
 
 def plateau_record(runs: pd.DataFrame) -> dict:
-    """report.json's "plateau": the rule's numbers, each flagged run (id, why, best and unigram loss, the
+    """report.json's "plateau": the rule's numbers and mark, each config with flagged runs (N of M), each
+    flagged run (id, why, best and unigram loss, the
     effects it enters) and the completed runs whose unigram loss is unknown (not checked)."""
     rows = [{"run_id": r.run_id, "reason": r.plateau, "best_val_loss": _number(r.best_val_loss),
              "unigram_loss": _number(r.unigram_loss), "effects": getattr(r, "plateau_effects", None) or ""}
             for r in flagged(runs).itertuples()]
     unknown = (sorted(runs.loc[(runs["status"] == COMPLETED) & runs["unigram_loss"].isna(), "run_id"])
                if "unigram_loss" in runs.columns else [])
-    return {"tolerance": PLATEAU_TOL, "late_share": LATE_SHARE, "runs": rows, "unknown": unknown}
+    configs = [{"config": label, "late": n, "runs": m} for label, n, m in findings(runs)]
+    return {"tolerance": PLATEAU_TOL, "late_share": LATE_SHARE, "mark": MARK, "configs": configs, "runs": rows,
+            "unknown": unknown}
 
 
 def _number(v) -> float | None:

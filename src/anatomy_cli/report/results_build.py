@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 
 from anatomy_cli.report import frames as frames_mod
-from anatomy_cli.report import lr_comparison
+from anatomy_cli.report import lr_comparison, plateau
 from anatomy_cli.report import verdict as vd
 from anatomy_cli.report.build import Report
 from anatomy_cli.report.frames import UNIT
@@ -42,6 +42,8 @@ def build(r: Report) -> dict:
     scaled |= {"decide": r.rules.decide.model_dump(mode="json")} if r.rules.decide is not None else {}
     scaled |= {"tuning": _tuning_record(r.tuning)} if r.tuning is not None else {}
     scaled |= {"tokenizers": list(r.tokenizers)} if r.tokenizers else {}
+    escape = plateau.escape_record(runs, r.curves)
+    scaled |= {"plateau": escape} if escape is not None else {}
     return {"format": FORMAT, "version": VERSION, "study": Path(r.root).name, "unit": UNIT,
             "runs": {"total": len(runs), "completed": int((runs["status"] == "completed").sum())},
             "seeds": sorted(int(s) for s in runs["seed"].dropna().unique()),

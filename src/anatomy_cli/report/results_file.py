@@ -270,6 +270,19 @@ class PerByte(FileModel):
     val_bytes: Annotated[int, Field(gt=0)] = None
 
 
+class Escape(FileModel):  # plateau.escape_record's runs
+    config: str = None
+    run_id: str = None
+    seed: int = None
+    steps: Annotated[int, Field(gt=0)] = None
+    left_at: Annotated[int, Field(ge=0)] | None = None  # the step it left the unigram plateau at; null: never
+
+
+class Plateau(FileModel):
+    tolerance: Annotated[float, Field(gt=0)] = None
+    runs: list[Escape] = None
+
+
 class ResultsFile(FileModel):
     """The results file (FORMAT, VERSION): load() checks a file against it and renders the plain dict."""
 
@@ -289,6 +302,7 @@ class ResultsFile(FileModel):
     decide: DecideRecord = None  # a --decide study's plan, rounds and why it stopped (report/decide.py)
     tuning: Tuning = None  # a --tune-lr study's LRs and its shared-LR comparison (report/lr_comparison.py)
     tokenizers: list[AcrossTokenizers] = None  # a study of several tokenizers: each call at each (across_tokenizers)
+    plateau: Plateau = None  # the step each run left the unigram plateau at (report/plateau.py)
 
 
 def load(path: Path) -> dict:

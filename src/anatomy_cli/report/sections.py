@@ -33,7 +33,7 @@ from anatomy_cli.report import verdict as vd
 from anatomy_cli.report.build import Report
 from anatomy_cli.report.effects import same_model_lines
 from anatomy_cli.report.frames import CTX_PREFIX, LOSS_METRIC, RUN_COLUMNS, SAMPLE_CHARS, UNIT
-from anatomy_cli.report.plateau import plateau_lines
+from anatomy_cli.report.plateau import MARK, detail_lines, marked, plateau_lines
 from anatomy_cli.spec import components as comp
 from anatomy_cli.spec.roles import ADD_ONE, ALL_ON, REFERENCE, REMOVE_ONE, VERB, shown
 from anatomy_cli.store.runs import SAMPLES
@@ -103,7 +103,9 @@ def sections(p: Parts) -> list[tuple[str, list]]:
         ("Speed", speed_blocks(p)),
         ("Runs", [("p", f"{len(p.runs)} runs: {status_counts(p.runs)}."),
                   ("table", display(by_components(p.runs), RUN_TABLE + ctx), True)]),
-        ("Effect details", [("p", DETAIL_NOTE), ("table", display(loss, detail_columns(loss), LOSS_FORMATS), False)]),
+        ("Effect details", [("p", DETAIL_NOTE), ("table", display(loss, detail_columns(loss), LOSS_FORMATS), False)]
+         + ([("p", f"The runs left on the unigram plateau late (the calls marked {MARK} rest on them):"),
+             ("list", detail_lines(p.runs))] if detail_lines(p.runs) else [])),
         ("Samples", [("p", "One per config (its lowest seed), from the best weights."), ("samples", samples(p.runs))]),
     ]
 
@@ -134,17 +136,16 @@ def verdict_blocks(p: Parts) -> list:
         return [("p", "No paired runs yet: the verdict needs an end and at least one variant with a shared seed.")]
     ref, top = end_names(p.runs)
     bud = vd.budget(p.runs)
-    blocks = [("p", f"What each component is worth: its gain in best val loss, loss without it minus loss with it "
-                    f"({UNIT}; positive = the component helps), largest first; "
-                    f"{directions_text(p.verdict, ref, top)}."),
-              ("table", verdict_table(p.verdict), False),
+    blocks = [*component_blocks_head(p.verdict, p.runs, ref, top),
+              ("table", component_table(p.verdict, ref, top), False),
               ("list", [vd.rule_line(p.verdict, UNIT, looks=p.rules.spending),
                         *decide_lines(p.rules.decide),
                         *same_model_lines(p.runs), *warning_lines(p.runs),
                         budget_line(bud, ref, top) if p.scale is None else f"**Budget**: {budget_text(p.scale)}",
                         noise_line(vd.noise_floor(p.runs), ref, top)])]
-    # the forest plot beside its table, then the runs left on the unigram plateau by name: on a phone's first screen
-    blocks[2:2] = [("img", p.images["forest.png"])] + [("p", line) for line in plateau_lines(p.runs)]
+    # under the table, the configs with runs left on the unigram plateau (their calls marked), then the forest plot
+    at = next(i for i, b in enumerate(blocks) if b[0] == "table") + 1
+    blocks[at:at] = [("p", line) for line in plateau_lines(p.runs)] + [("img", p.images["forest.png"])]
     if p.scale is not None:
         blocks += [("p", "Across sizes (the call across sizes; Effects across scale has the rule):"),
                    ("list", scale_lines(p.scale))]
@@ -179,6 +180,57 @@ def component_blocks(p: Parts) -> list:
             source = f" ({c.source})" if c.source else ""
             rows.append(f"**{name}**: {c.about}{source}; {c.describe('off')} -> {c.describe('on')}.")
     return [("p", "The components:"), ("list", rows)] if rows else []
+
+
+CALL_SIGNS = {"helps": "▲", "hurts": "▼", "negligible": "="}  # a call told apart by a sign and weight, not colour
+
+
+def component_blocks_head(verdict: pd.DataFrame, runs: pd.DataFrame, ref: str, top: str) -> list:
+    """What the per-component table reads against, above it: the ends' losses (the scale of every gain) and
+    how to read a cell."""
+    ends = vd.ends_text(runs, ref, top)
+    said = (f"What each component is worth: its gain in best val loss, loss without it minus loss with it ({UNIT}; "
+            f"positive = the component helps), {directions_text(verdict, ref, top)}; each cell: gain [the interval "
+            f"its call is made from] call (**▲ helps**, **▼ hurts**, **= negligible**; plain: undecided, or too few "
+            f"seeds), components by their larger gain.")
+    return ([("p", f"**Ends**: {ends.removeprefix('ends: ')}.")] if ends else []) + [("p", said)]
+
+
+def call_shown(r) -> str:
+    """A verdict row's call for report.md/html: its sign and in bold where it is decided, the plateau mark."""
+    sign = CALL_SIGNS.get(r.call)
+    return marked(f"**{sign} {r.call}**" if sign else r.call, getattr(r, "plateau", ""))
+
+
+def component_table(verdict: pd.DataFrame, ref: str, top: str) -> pd.DataFrame:
+    """The terminal's per-component table for report.md/html: component | added to the reference end |
+    removed from the all-on end | seeds, each cell 'gain [interval] call' (call_shown)."""
+    heads, rows = component_rows(verdict, ref, top, call_shown)
+    rows = [row[:-1] + [row[-1].replace(" | ", ", ")] for row in rows]  # a '|' would end a markdown cell
+    return pd.DataFrame(rows, columns=heads)
+
+
+def component_rows(verdict: pd.DataFrame, ref: str, top: str, call=None) -> tuple[list[str], list[list[str]]]:
+    """(headers, rows) of both directions side by side: component, 'gain [interval] call' per direction
+    (`call`: a row -> its call as shown; default the call and its plateau mark), seeds; components ranked by
+    their larger gain."""
+    heads = {ADD_ONE: f"added to the {ref} end", REMOVE_ONE: f"removed from the {top} end"}
+    dirs = [d for d in heads if d in set(verdict["direction"])]
+    cell = {(r.flip, r.group, r.direction): r for r in verdict.itertuples()}
+    names = list(dict.fromkeys((r.flip, r.group) for r in verdict.itertuples()))  # ranked: the larger gain first
+    call = call or (lambda r: marked(r.call, getattr(r, "plateau", "")))
+
+    def said(r) -> str:
+        interval = f" [{r.adj_low:+.3f}, {r.adj_high:+.3f}]" if math.isfinite(r.adj_low) else ""
+        return (f"{r.gain:+.3f}" if math.isfinite(r.gain) else "-") + f"{interval} {call(r)}"
+
+    rows = []
+    for flip, group in names:
+        got = [cell.get((flip, group, d)) for d in dirs]
+        seeds = list(dict.fromkeys(str(r.n_pairs) for r in got if r is not None))
+        rows.append([flip + (f" [{group}]" if group else "")] + ["" if r is None else said(r) for r in got]
+                    + [" | ".join(seeds)])
+    return ["component", *(heads[d] for d in dirs), "seeds"], rows
 
 
 def verdict_table(verdict: pd.DataFrame, fmt: str = "{:+.3f}") -> pd.DataFrame:
@@ -225,21 +277,7 @@ def directions_table(verdict: pd.DataFrame, ref: str, top: str, max_width: int |
     max_width, one table per direction, each ranked."""
     heads = {ADD_ONE: f"added to the {ref} end", REMOVE_ONE: f"removed from the {top} end"}
     dirs = [d for d in heads if d in set(verdict["direction"])]
-    cell = {(r.flip, r.group, r.direction): r for r in verdict.itertuples()}
-    names = list(dict.fromkeys((r.flip, r.group) for r in verdict.itertuples()))  # ranked: the larger gain first
-
-    def said(r) -> str:
-        interval = f" [{r.adj_low:+.3f}, {r.adj_high:+.3f}]" if math.isfinite(r.adj_low) else ""
-        return (f"{r.gain:+.3f}" if math.isfinite(r.gain) else "-") + f"{interval} {r.call}"
-
-    rows = []
-    for flip, group in names:
-        got = [cell.get((flip, group, d)) for d in dirs]
-        seeds = list(dict.fromkeys(str(r.n_pairs) for r in got if r is not None))
-        rows.append([flip + (f" [{group}]" if group else "")] + ["" if r is None else said(r) for r in got]
-                    + [" | ".join(seeds)])
-    wide = textable.table(["component", *(heads[d] for d in dirs), "seeds"], rows, max_width,
-                          fit=[("drop", "seeds")], right={"seeds"})
+    wide = textable.table(*component_rows(verdict, ref, top), max_width, fit=[("drop", "seeds")], right={"seeds"})
     if max_width is None or max(map(len, wide.splitlines())) <= max_width:
         return wide
     parts = []
@@ -247,7 +285,8 @@ def directions_table(verdict: pd.DataFrame, ref: str, top: str, max_width: int |
         mine = [r for r in verdict.itertuples() if r.direction == d]
         body = textable.table(["component", "gain", "interval", "call"],
                               [[r.flip + (f" [{r.group}]" if r.group else ""), f"{r.gain:+.3f}",
-                                f"[{r.adj_low:+.3f}, {r.adj_high:+.3f}]" if math.isfinite(r.adj_low) else "-", r.call]
+                                f"[{r.adj_low:+.3f}, {r.adj_high:+.3f}]" if math.isfinite(r.adj_low) else "-",
+                                marked(r.call, getattr(r, "plateau", ""))]
                                for r in mine], max_width, fit=[("cut", "component", 6)], right={"gain"})
         parts.append(f"{heads[d]}:\n{body}")
     return "\n\n".join(parts)

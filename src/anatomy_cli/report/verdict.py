@@ -39,7 +39,7 @@ from anatomy_cli.store import runs as runs_mod
 SEEDS_WANTED = 3
 VERDICT_COLUMNS = ["rank", "flip", "direction", "against", "group", "n_pairs", "gain", "adj_low", "adj_high",
                    "margin", "margin_basis", "call", "mde", "noise", "raw_low", "raw_high", "p_holm", "df",
-                   "adj_level", "family"]
+                   "adj_level", "family", "plateau"]
 
 
 def verdict_frame(loss_effects: pd.DataFrame) -> pd.DataFrame:

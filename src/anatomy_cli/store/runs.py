@@ -510,6 +510,23 @@ def holds_run(folder: Path) -> bool:
     return (folder / CONFIG).is_file() and any((folder / name).exists() for name in RUN_MARKS)
 
 
+def by_prefix(path: Path) -> Path:
+    """`path` itself where it exists; else the one run folder beside it whose name starts with its name (a unique
+    prefix of a run id: runs/demo/llama-s1337 for runs/demo/llama-s1337-9d1fc10a); a prefix of several is a
+    one-line RunError naming them; no match: `path` unchanged (its caller says it is not found)."""
+    path = Path(path)
+    if path.exists() or not path.name or not path.parent.is_dir():
+        return path
+    try:
+        found = sorted(c for c in path.parent.iterdir() if c.name.startswith(path.name) and holds_run(c))
+    except OSError:
+        return path
+    if len(found) > 1:
+        shown = ", ".join(c.name for c in found[:6]) + (f" and {len(found) - 6} more" if len(found) > 6 else "")
+        raise RunError(f"{path} is a prefix of {len(found)} runs: {shown}; give more of the run id")
+    return found[0] if found else path
+
+
 def holds_sweep(folder: Path) -> bool:
     """A sweep folder: it holds sweep.json, timing.json or a sweep's .lock (one naming its owner as DirLock
     does: other tools' lock files, pytest's among them, hold a bare pid), or (a list design writes no

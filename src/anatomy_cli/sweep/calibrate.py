@@ -168,6 +168,15 @@ def calibrations(configs: dict[str, object], threads: int, say=None) -> dict[str
     return {k: cache[k] for k in configs}
 
 
+def run_estimate(cfg, vocab: int, threads: int, say=None) -> float:
+    """Seconds one run of `cfg` takes on this machine (`anatomy train`'s estimate before its first step): its
+    shape's calibration, cached or measured now as a plan's are (say: as calibrations'), plus one start-up."""
+    sized = cfg.model_copy(update={"model": cfg.model.model_copy(update={"vocab_size": vocab})})
+    key = shape_key(sized, vocab, threads)
+    cal = calibrations({key: sized}, threads, say)[key]
+    return run_seconds(sized, cal) + cal["startup_s"]
+
+
 def measuring_line(shapes: int, path: Path) -> str:
     """What a plan says while it calibrates, before its estimate."""
     return (f"measuring this machine's step times for the estimate: a {N}-step run of each of {shapes} model "

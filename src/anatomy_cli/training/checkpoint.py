@@ -20,6 +20,7 @@ from anatomy_cli.data.tokenizer import load_saved
 from anatomy_cli.model import LM
 from anatomy_cli.spec.config import ConfigError, RunConfig, validate
 from anatomy_cli.spec.parts import PartError
+from anatomy_cli.spec.roles import ALL_ON
 from anatomy_cli.store import runs
 
 
@@ -110,13 +111,15 @@ def load_run_config(run_dir: Path) -> RunConfig:
 
 
 def example_run(sweep_dir: Path) -> Path:
-    """A run of a sweep folder to name (its first completed one, else its first), or SWEEP/<a run id>."""
+    """A run of a sweep folder to name: its first completed run of the all-on (LLaMA) end, the one a newcomer
+    wants to hear (its summary's role), else its first completed one, else its first, or SWEEP/<a run id>."""
     try:
         found = sorted(child for child in Path(sweep_dir).iterdir() if runs.holds_run(child))
     except OSError:
         found = []
     done = [d for d in found if runs.run_status(d) == runs.COMPLETED]
-    return (done or found or [Path(sweep_dir) / "<a run id>"])[0]
+    top = [d for d in done if (runs.read_summary(d) or {}).get("role") == ALL_ON]
+    return (top or done or found or [Path(sweep_dir) / "<a run id>"])[0]
 
 
 def run_vocab(run_dir: Path):
