@@ -187,3 +187,19 @@ def test_the_module_run_as_a_command_names_the_command(tmp_path):
     assert done.returncode == 2 and done.stderr.strip() == (
         "error: judge results files again with `anatomy rejudge FILE ... [--check]`"), done
     assert copy.read_text() == before
+
+
+def test_a_tuned_comparison_follows_its_rejudged_effects_and_judging_twice_changes_nothing(tmp_path):
+    """The comparison with the shared LR repeats each tuned effect's call: judged again, a stale row takes its
+    effect's interval and call, and the LR-confounded flag follows; a second pass reads the allowance the first
+    recorded and leaves the document as it was."""
+    doc = results_file.load(_shipped("demo-tuned.json", tmp_path))
+    row = doc["tuning"]["comparison"][0]
+    row |= {"call": "hurts", "adj_low": -9.0, "adj_high": -8.0, "confounded": True}  # stale against its effect
+    once = rejudge.rejudge(doc)[0]
+    effects = {(e["flip"], e["direction"]): e for e in once["effects"] if e["metric"] == "best_val_bpb"}
+    for r in once["tuning"]["comparison"]:
+        e = effects[(r["flip"], r["direction"])]
+        assert (r["call"], r["adj_low"], r["adj_high"]) == (e["call"], e["adj_low"], e["adj_high"])
+        assert r["confounded"] == (r["call"] != r["shared_call"])
+    assert rejudge.rejudge(once)[0] == once

@@ -101,11 +101,14 @@ def _alpha(rows: list[dict]) -> float:
 
 
 def _judged(rows: list[dict], margin: float, alpha: float, tuned: bool = False) -> list[dict]:
-    fresh = stats.judge([paired_of(r, r["n_pairs"], r["gain"], r["raw_low"], r["raw_high"])
-                         | (allowance_of(r) if tuned else {}) for r in rows], margin, alpha)
+    allowances = [allowance_of(r) if tuned else {} for r in rows]
+    fresh = stats.judge([paired_of(r, r["n_pairs"], r["gain"], r["raw_low"], r["raw_high"]) | allow
+                         for r, allow in zip(rows, allowances)], margin, alpha)
     out = []
-    for old, new in zip(rows, fresh):
+    for old, new, allow in zip(rows, fresh, allowances):
         row = {k: v for k, v in old.items() if k != "prior_df"}
+        # the allowance recorded: judging the file again reads it, not recovers it from an interval it widened
+        row |= {k: _plain(v) if math.isfinite(v) else None for k, v in allow.items()}
         for key in ("adj_low", "adj_high", "adj_level", "family", "df", "mde", "p_holm", "call"):
             value = new[key]
             row[key] = None if isinstance(value, float) and not math.isfinite(value) else _plain(value)
@@ -139,7 +142,21 @@ def rejudge(doc: dict) -> tuple[dict, list[dict]]:
             effects[i] = new
     if doc.get("scale"):
         changes += _rejudge_scale(doc)
+    if (doc.get("tuning") or {}).get("comparison"):
+        _rejudge_comparison(doc)
     return doc, changes
+
+
+def _rejudge_comparison(doc: dict) -> None:
+    """A tuned study's comparison with its shared LR: each row's tuned side from its rejudged loss effect and the
+    flag from the two calls. The shared side stays as its report judged it: the file keeps only its adjusted
+    interval, from which no later rule can judge it again exactly (its raw interval is not recorded)."""
+    judged = {(e["flip"], e["direction"], e["group"]): e for e in doc["effects"] if e["metric"] in LOSS_UNITS}
+    for row in doc["tuning"]["comparison"]:
+        e = judged.get((row["flip"], row["direction"], row["group"]))
+        if e is not None:
+            row |= {k: e[k] for k in ("gain", "adj_low", "adj_high", "call")}
+            row["confounded"] = bool(row.get("shared_n_pairs") and row["call"] != row["shared_call"])
 
 
 def _name(e: dict, metric: str) -> str:
