@@ -148,3 +148,22 @@ def test_a_worth_margin_judges_the_calls_and_is_recorded(tmp_path):
     assert set(m.loc[(m["flip"] == "rope") & ~m["extrapolated"], "call"]) <= {stats.SMALL, stats.NEGLIGIBLE,
                                                                              stats.UNDECIDED}
     assert ladder.rung_column(r.runs) == "size"
+
+
+def test_the_results_block_renders_each_multiplier_beside_its_gain(tmp_path):
+    from anatomy_cli.report.results_blocks import render
+    from anatomy_cli.report.results_file import ResultsError
+
+    root = study(tmp_path / "study")
+    assert invoke("report", str(root), "--results", str(tmp_path / "r.json")).exit_code == 0
+    doc = load(tmp_path / "r.json")
+    block = render(doc, "worth")
+    rope = next(line for line in block.splitlines() if line.startswith("| rope |"))
+    cells = [c.strip() for c in rope.strip("|").split("|")]
+    assert cells[1] == "added to 2017" and cells[2].endswith("helps")  # the loss call at L beside the multipliers
+    assert cells[3].startswith("1.60x [") and cells[3].endswith("helps") and cells[6].endswith("extrapolated")
+    assert "The law each compute multiplier inverts: 2017 end: L = 1.2 + " in block
+    three = study(tmp_path / "three", rungs={k: v for k, v in RUNGS.items() if k != "L"})
+    assert invoke("report", str(three), "--results", str(tmp_path / "t.json")).exit_code == 0
+    with pytest.raises(ResultsError, match="no multipliers \\(No compute multipliers: a law needs 4 rungs"):
+        render(load(tmp_path / "t.json"), "worth")
