@@ -80,3 +80,13 @@ def test_a_budget_ladder_trains_branches_and_reports_data_multipliers(tmp_path):
     again = invoke("ablate", path, "--runs-dir", tmp_path / "runs", "--workers", "1", "--stack", "off", "--no-report")
     assert again.exit_code == 0, again.output
     assert "(to do: 0," in again.output  # every run and branch done: nothing trains again
+
+
+def test_a_stable_run_and_its_decays_are_one_group_in_order_never_stacked():
+    from anatomy_cli.sweep.jobs import Job, group_jobs
+
+    cfg = {"seed": 1, "train": {"steps": 4}}
+    jobs = [Job("a", cfg, "/r/a"), Job("a1", cfg, "/r/a1", branch_of="/r/a"), Job("b", cfg, "/r/b"),
+            Job("a2", cfg, "/r/a2", branch_of="/r/a"), Job("c1", cfg, "/r/c1", branch_of="/r/c")]
+    groups = [[j.run_id for j in g] for g in group_jobs(jobs, 3)]
+    assert groups == [["a", "a1", "a2"], ["b"], ["c1"]]  # c's stable run done already: its decay alone
