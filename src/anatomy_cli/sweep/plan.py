@@ -428,12 +428,15 @@ def plan_estimate(plan: list[PlannedRun], workers: int, vocab: dict, say=None) -
     threads = max(1, (os.cpu_count() or 1) // max(1, workers))  # what each run of the sweep trains with
     sized = {p.run_id: p.config.model_copy(update={"model": p.config.model.model_copy(
         update={"vocab_size": vocab[p.config.data.source]})}) for p in plan}
+    # a budget ladder's decay trains only its decay (from its stable run's checkpoint): timed as that many steps
+    trained = {p.run_id: sized[p.run_id].model_copy(update={"train": p.config.train.model_copy(
+        update={"steps": p.config.train.decay_steps})}) if p.parent else sized[p.run_id] for p in plan}
     keys = {rid: calibrate.shape_key(cfg, cfg.model.vocab_size, threads) for rid, cfg in sized.items()}
     reps: dict[str, RunConfig] = {}
     for rid, key in keys.items():
         reps.setdefault(key, sized[rid])
     cals = calibrate.calibrations(reps, threads, say)
-    per_run = {rid: calibrate.run_seconds(cfg, cals[keys[rid]], cfg.model.flops_per_token()
+    per_run = {rid: calibrate.run_seconds(trained[rid], cals[keys[rid]], cfg.model.flops_per_token()
                                           / reps[keys[rid]].model.flops_per_token()) for rid, cfg in sized.items()}
     return per_run, max((c["startup_s"] for c in cals.values()), default=0.0)
 
