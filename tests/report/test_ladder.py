@@ -163,6 +163,9 @@ def test_the_results_block_renders_each_multiplier_beside_its_gain(tmp_path):
     assert cells[1] == "added to 2017" and cells[2].endswith("helps")  # the loss call at L beside the multipliers
     assert cells[3].startswith("1.60x [") and cells[3].endswith("helps") and cells[6].endswith("extrapolated")
     assert "The law each compute multiplier inverts: 2017 end: L = 1.2 + " in block
+    assert render(doc, "multiplier rope add-one S") == cells[4]
+    with pytest.raises(ResultsError, match="no multiplier for rope add-one at 'XL'"):
+        render(doc, "multiplier rope add-one XL")
     three = study(tmp_path / "three", rungs={k: v for k, v in RUNGS.items() if k != "L"})
     assert invoke("report", str(three), "--results", str(tmp_path / "t.json")).exit_code == 0
     with pytest.raises(ResultsError, match="no multipliers \\(No compute multipliers: a law needs 4 rungs"):

@@ -15,7 +15,8 @@ rule's level, family, looks and family-wise error: stats.rule_text, as the termi
 lr CONFIG (a tuned study's chosen LR of one config), shared-gain / shared-interval / shared-call FLIP DIRECTION
 (a tuned study's effect at the shared LR) (inline). tuning: each effect at its configs' own LRs beside the
 shared LR, flagged LR-confounded where the calls differ; lrs: each config's chosen LR and why (report/lr_comparison.py);
-worth: each part's compute (or data) multiplier at every rung of a ladder beside its gain (report/ladder.py).
+worth: each part's compute (or data) multiplier at every rung of a ladder beside its gain (report/ladder.py);
+multiplier FLIP DIRECTION RUNG: one of them (inline).
 """  # noqa: E501 (the docstring is docs/layout.md's text)
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ def render(doc: dict, what: str) -> str:
         return "\n" + BLOCKS[kind](doc, *args) + "\n"
     if kind == "family":
         return _family(doc)
+    if kind == "multiplier":
+        return _multiplier(doc, *args)
     if kind in INLINE:
         return _inline(doc, kind, *args)
     raise ResultsError(f"unknown results block {kind!r}; choose from {', '.join(BLOCKS)}, {', '.join(INLINE)}, "
@@ -285,6 +288,17 @@ def _worth(doc: dict) -> str:
             for law in w.get("laws") or []]
     what = "compute" if w["axis"] == "compute" else "data"
     return "\n".join(lines) + (f"\n\nThe law each {what} multiplier inverts: " + "; ".join(laws) + "." if laws else "")
+
+
+def _multiplier(doc: dict, flip: str = "", direction: str = "", *rung: str) -> str:
+    """'1.17x [1.02x, 1.34x] helps': a part's multiplier at one rung (the inline `multiplier FLIP DIRECTION
+    RUNG`, the rung as the ladder names it: '300 steps', 'M')."""
+    name = " ".join(rung)
+    m = next((m for m in _worth_of(doc)["multipliers"] if m["flip"] == flip and m["direction"] == direction
+              and m["rung"] == name), None)
+    if m is None:
+        raise ResultsError(f"{doc['study']}: no multiplier for {flip} {direction} at {name!r}")
+    return f"{_times(m['multiplier'])} [{_times(m['low'])}, {_times(m['high'])}] {m['call']}"
 
 
 def _rung_of(group: str) -> str:
