@@ -31,7 +31,7 @@ from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
+from matplotlib.ticker import FormatStrFormatter, FuncFormatter, LogLocator, NullFormatter
 
 from anatomy_cli.report import stats
 from anatomy_cli.report.frames import UNIT
@@ -493,6 +493,9 @@ def worth_forest_figure(multipliers: pd.DataFrame) -> Figure:
             ax.plot([r.multiplier], [yi], marker, color=c, markersize=8, zorder=3, markeredgewidth=1.6,
                     markerfacecolor=c if filled else "white", gid=f"call:{r.call}")
     ax.set_xscale("log")
+    times = FuncFormatter(lambda v, _: f"{v:.3g}x")  # 1.1x, not 1.1 x 10^0
+    ax.xaxis.set_major_formatter(times)
+    ax.xaxis.set_minor_formatter(times)
     ax.set_yticks(y, [f"{r.flip} {'added to' if r.direction == ADD_ONE else 'removed from'} {r.against}, {r.rung}"
                       for r in multipliers.itertuples()])
     ax.invert_yaxis()
