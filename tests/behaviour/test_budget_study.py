@@ -60,23 +60,20 @@ def test_the_dry_run_plans_one_stable_run_and_its_decays_per_arm(tmp_path):
 
 @pytest.mark.slow
 def test_a_budget_ladder_trains_branches_and_reports_data_multipliers(tmp_path):
-    path = spec(tmp_path)
+    path = spec(tmp_path, worth_margin=1.1)  # asked for: a ladder no law fits would be refused
     result = invoke("ablate", path, "--runs-dir", tmp_path / "runs", "--workers", "1", "--stack", "off")
     assert result.exit_code == 0, result.output
     root = tmp_path / "runs" / "toy"
-    assert records.read_study(root).budgets == BUDGETS
+    assert records.read_study(root).budgets == BUDGETS and records.read_study(root).worth_margin == 1.1
     summaries = [runs.read_summary(d) for d in runs.find_runs(root)]
     assert len(summaries) == 24 and all(s["status"] == "completed" for s in summaries)
     branched = [s for s in summaries if s.get("branched_from")]
     assert len(branched) == 18 and {s["branched_from"]["step"] for s in branched} == {6, 9, 12}
     doc = json.loads((root / "report" / "report.json").read_text())["worth"]
-    assert doc["axis"] == worth.DATA and doc["rungs"] == [f"{b} steps" for b in BUDGETS]
-    if doc["note"]:  # the toy's losses may not fall with the budget; then the report says so in one line
-        assert "multipliers" in doc["note"]
-    else:
-        assert {m["rung"] for m in doc["multipliers"]} == set(doc["rungs"])
-        assert all(m["axis"] == worth.DATA for m in doc["multipliers"])
-        assert (root / "report" / "worth.png").is_file() and (root / "report" / "law.png").is_file()
+    assert doc["axis"] == worth.DATA and doc["rungs"] == [f"{b} steps" for b in BUDGETS] and doc["margin"] == 1.1
+    assert {m["rung"] for m in doc["multipliers"]} == set(doc["rungs"])
+    assert all(m["axis"] == worth.DATA for m in doc["multipliers"])
+    assert (root / "report" / "worth.png").is_file() and (root / "report" / "law.png").is_file()
     again = invoke("ablate", path, "--runs-dir", tmp_path / "runs", "--workers", "1", "--stack", "off", "--no-report")
     assert again.exit_code == 0, again.output
     assert "(to do: 0," in again.output  # every run and branch done: nothing trains again
