@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 STUDY_KEYS = [  # every key of the study spec --set reaches on ablate, besides base.SECTION.KEY: a new one is named here
     "name", "seeds", "design", "flips", "only", "components", "directions", "gqa_kv_head", "configs", "axes", "sizes",
-    "tokenizers", "budget", "tokens_per_param", "margin", "decide", "decide.max_seeds", "decide.step", "decide.budget",
+    "tokenizers", "budget", "tokens_per_param", "margin", "worth_margin", "budgets", "budgets.steps", "decide",
+    "decide.max_seeds", "decide.step", "decide.budget",
     "tune", "tune.points", "tune.factor", "tune.extend", "tune.seeds", "tune.shared", "timing", "timing.steps",
     "timing.rounds"]
 ALIASES = {"--flip": "only", "--seeds": "seeds", "--steps": "base.train.steps", "--device": "base.train.device",

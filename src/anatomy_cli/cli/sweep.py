@@ -325,6 +325,9 @@ def report(
     runs_table: Annotated[bool, typer.Option(
         "--runs", help="Also print the runs table (run id, label, seed, status, best val loss...) before the verdict.")
     ] = False,
+    worth_margin: Annotated[Optional[float], typer.Option(
+        "--worth-margin", help="Ask for the ladder's compute (or data) multipliers, judged at this margin (a "
+        "multiplier above 1: 1.05 = within 1/1.05..1.05 is negligible); a ladder no law fits is refused.")] = None,
 ):
     """Turn run directories into comparison tables, component effects with CIs, and figures.
 
@@ -337,7 +340,8 @@ def report(
 
     if margin is not None:
         check_margin(margin, "--margin")
-    done = reporting.read_report(runs_dir, out, tuple(format or write.FORMATS), margin, results, tensorboard)
+    done = reporting.read_report(runs_dir, out, tuple(format or write.FORMATS), margin, results, tensorboard,
+                                 worth_margin)
     out = done.out
     if done.view:  # after every refusal: a note never precedes an error
         err_console.print(f"note: --margin {margin:g} is not the margin the study's report is judged at: this report "

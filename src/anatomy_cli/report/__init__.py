@@ -13,6 +13,7 @@
   scale      effects across model sizes: trends
   across_tokenizers  each call at every tokenizer of a study, and whether it holds across them
   worth      a ladder's law, each part's compute (or data) multiplier, its interval, call and trend
+  ladder     a study's ladder in the report: its rungs, its multipliers, or the one line why none
   sections   the report's words and tables in reading order
   textable   plain-text tables that fit a terminal (the verdict, the component table)
   figures    the report's figures (matplotlib's object API, no pyplot)

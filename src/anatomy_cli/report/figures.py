@@ -31,7 +31,7 @@ from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
+from matplotlib.ticker import FormatStrFormatter, FuncFormatter, LogLocator, NullFormatter
 
 from anatomy_cli.report import stats
 from anatomy_cli.report.frames import UNIT
@@ -493,6 +493,9 @@ def worth_forest_figure(multipliers: pd.DataFrame) -> Figure:
             ax.plot([r.multiplier], [yi], marker, color=c, markersize=8, zorder=3, markeredgewidth=1.6,
                     markerfacecolor=c if filled else "white", gid=f"call:{r.call}")
     ax.set_xscale("log")
+    times = FuncFormatter(lambda v, _: f"{v:.3g}x")  # 1.1x, not 1.1 x 10^0
+    ax.xaxis.set_major_formatter(times)
+    ax.xaxis.set_minor_formatter(times)
     ax.set_yticks(y, [f"{r.flip} {'added to' if r.direction == ADD_ONE else 'removed from'} {r.against}, {r.rung}"
                       for r in multipliers.itertuples()])
     ax.invert_yaxis()
@@ -504,9 +507,18 @@ def worth_forest_figure(multipliers: pd.DataFrame) -> Figure:
     return fig
 
 
+def plot_worth(multipliers: pd.DataFrame, path: Path) -> Path:
+    return save(worth_forest_figure(multipliers), path)
+
+
+def plot_law(laws: pd.DataFrame, ladder: pd.DataFrame, path: Path) -> Path:
+    return save(law_figure(laws, ladder), path)
+
+
 def law_figure(laws: pd.DataFrame, ladder: pd.DataFrame) -> Figure:
-    """One panel per end: its rung means and seeds (grey) against cost on a log axis, the fitted law over
-    the ladder's range (solid) and a decade beyond it (dashed). laws: worth.LAW_COLUMNS rows; ladder: the
+    """One panel per end: its rung means and seeds (grey) against cost on a log axis, each arm's mean at its
+    own cost (a cross in its colour: below the law, worth more than 1x), the fitted law over the ladder's
+    range (solid) and a decade beyond it (dashed). laws: worth.LAW_COLUMNS rows; ladder: the
     LADDER_COLUMNS frame they were fitted on."""
     fig = Figure(figsize=(_width(max(2, len(laws))), 3.4), layout="constrained")
     axes = fig.subplots(1, max(1, len(laws)), squeeze=False)[0]
@@ -519,6 +531,10 @@ def law_figure(laws: pd.DataFrame, ladder: pd.DataFrame) -> Figure:
         ax.plot(end[col], end["loss"], ".", color="#aaaaaa", markersize=4, label="seeds")
         means = end.groupby(col)["loss"].mean()
         ax.plot(means.index, means.to_numpy(), "o", color=END_COLOUR, label="rung mean")
+        arms = ladder[(ladder["direction"] == law.direction) & (ladder["flip"] != "")]
+        for flip, points in arms.groupby("flip", sort=False):  # each arm's mean at its own cost
+            at = points.groupby("rung")[[col, "loss"]].mean()
+            ax.plot(at[col], at["loss"], "x", color=colour(flip), label=flip)
         for lo, hi, style in ((law.low, law.high, "-"), (law.low / 10, law.low, "--"), (law.high, law.high * 10, "--")):
             c = np.geomspace(lo, hi, 50)
             ax.plot(c, law.floor + law.scale * (c / law.unit) ** -law.alpha, style, color="black", linewidth=1)
@@ -528,5 +544,5 @@ def law_figure(laws: pd.DataFrame, ladder: pd.DataFrame) -> Figure:
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize="small")
     fig.supxlabel("FLOPs per run" if col == "flops" else "tokens per run")
-    fig.supylabel("best val loss")
+    fig.supylabel(f"best val loss ({UNIT})")
     return fig

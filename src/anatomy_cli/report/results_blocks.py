@@ -9,7 +9,7 @@ Marked blocks. A README names a study's file (experiments/results/<study>.json b
 what to show; the text between the markers is the tool's, never typed by hand:
   <!-- results five-flips directions -->   ...table...   <!-- /results -->
   gain <!-- results five-flips gain rope add-one -->+0.445<!-- /results --> nats
-Kinds: verdict, directions, ends, rule, moves, scale, parts, decide, tuning, lrs (blocks); gain FLIP DIRECTION
+Kinds: verdict, directions, ends, rule, moves, scale, parts, decide, tuning, lrs, worth (blocks); gain FLIP DIRECTION
 [STEP], interval FLIP DIRECTION, call FLIP DIRECTION, trend FLIP DIRECTION (the call across sizes), family (the
 rule's level, family, looks and family-wise error: stats.rule_text, as the terminal and the report say them),
 lr CONFIG (a tuned study's chosen LR of one config), shared-gain / shared-interval / shared-call FLIP DIRECTION
@@ -17,6 +17,8 @@ lr CONFIG (a tuned study's chosen LR of one config), shared-gain / shared-interv
 shared LR, flagged LR-confounded where the calls differ; lrs: each config's chosen LR and why (report/lr_comparison.py);
 tokenizers: each component's call at each tokenizer and whether it holds across them, `across` the same as one
 sentence (inline; report/across_tokenizers.py).
+worth: each part's compute (or data) multiplier at every rung of a ladder beside its gain (report/ladder.py);
+multiplier FLIP DIRECTION RUNG: one of them (inline).
 """  # noqa: E501 (the docstring is docs/layout.md's text)
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ def render(doc: dict, what: str) -> str:
         return "\n" + BLOCKS[kind](doc, *args) + "\n"
     if kind == "family":
         return _family(doc)
+    if kind == "multiplier":
+        return _multiplier(doc, *args)
     if kind in INLINE:
         return _inline(doc, kind, *args)
     raise ResultsError(f"unknown results block {kind!r}; choose from {', '.join(BLOCKS)}, {', '.join(INLINE)}, "
@@ -280,6 +284,65 @@ def _across(doc: dict) -> str:
 
     return (f"the same call at every tokenizer: {named('holds', False)}; another call with the tokenizer: "
             f"{named('moves', True)}; still open at some tokenizer: {named('open', True)}")
+def _times(m) -> str:
+    return "n/a" if m is None else f"{m:.2f}x"
+
+
+def _worth_of(doc: dict) -> dict:
+    w = doc.get("worth")
+    if not w or not w.get("multipliers"):
+        why = (w or {}).get("note") or "the study has no ladder"
+        raise ResultsError(f"{doc['study']}: no multipliers ({why})")
+    return w
+
+
+def _worth(doc: dict) -> str:
+    """Each part's compute (or data) multiplier [interval] call at every rung, its trend across rungs, and
+    beside it its gain in loss at the largest rung (the loss call) (a study with a ladder, report/ladder.py)."""
+    w = _worth_of(doc)
+    rungs = list(w["rungs"])
+    trend = {(t["series"], t["flip"], t["direction"]): t["call"] for t in w.get("trends") or []}
+    top = rungs[-1]
+    gain = {(e["flip"], e["direction"]): e for e in _loss(doc) if _rung_of(e["group"]) == top}
+    lines = [f"| component | change | gain at {top} ({_unit(doc)}) | " + " | ".join(rungs) + " | across rungs |",
+             "|---|---|---:|" + "---:|" * len(rungs) + "---|"]
+    cells: dict = {}
+    for m in w["multipliers"]:
+        cells.setdefault((m["series"], m["flip"], m["direction"]), {})[m["rung"]] = m
+    for (series, flip, direction), at in cells.items():
+        e = gain.get((flip, direction))
+        said = "" if e is None else f"{_g(e['gain'])} {_interval(e)} {e['call']}"
+        row = [at.get(r) for r in rungs]
+        lines.append(f"| {flip} | {_change(doc, {'direction': direction, 'group': series})} | {said} | "
+                     + " | ".join("" if m is None else f"{_times(m['multiplier'])} [{_times(m['low'])}, "
+                                  f"{_times(m['high'])}] {m['call']}" for m in row)
+                     + f" | {trend.get((series, flip, direction), '')} |")
+    laws = [f"{law['against']}: L = {law['floor']:.3g} + {law['scale']:.3g} (C / {law['unit']:.3g})^-{law['alpha']:.3g}"
+            f" over {law['low']:.3g}..{law['high']:.3g} {'FLOPs' if law['axis'] == 'compute' else 'tokens'}"
+            + (" (lack of fit p = " + f"{law['lack_of_fit_p']:.2g})" if law.get("lack_of_fit_p") is not None else "")
+            for law in w.get("laws") or []]
+    what = "compute" if w["axis"] == "compute" else "data"
+    return "\n".join(lines) + (f"\n\nThe law each {what} multiplier inverts: " + "; ".join(laws) + "." if laws else "")
+
+
+def _multiplier(doc: dict, flip: str = "", direction: str = "", *rung: str) -> str:
+    """'1.17x [1.02x, 1.34x] helps': a part's multiplier at one rung (the inline `multiplier FLIP DIRECTION
+    RUNG`, the rung as the ladder names it: '300 steps', 'M')."""
+    name = " ".join(rung)
+    m = next((m for m in _worth_of(doc)["multipliers"] if m["flip"] == flip and m["direction"] == direction
+              and m["rung"] == name), None)
+    if m is None:
+        raise ResultsError(f"{doc['study']}: no multiplier for {flip} {direction} at {name!r}")
+    return f"{_times(m['multiplier'])} [{_times(m['low'])}, {_times(m['high'])}] {m['call']}"
+
+
+def _rung_of(group: str) -> str:
+    """A budget ladder's rung named in an effect's group ('train.steps=300' -> '300 steps'); a size's name
+    ('size M' -> 'M'); '' for none."""
+    found = re.search(r"train\.steps=(\d+)", group or "")
+    if found:
+        return f"{found.group(1)} steps"
+    return group.removeprefix("size ") if (group or "").startswith("size ") else ""
 
 
 def _tuning_of(doc: dict) -> dict:
@@ -356,7 +419,8 @@ def _inline(doc: dict, kind: str, flip: str = "", direction: str = "", step: str
 # The block kinds, by name: what a marker `<!-- results STUDY KIND -->` renders.
 BLOCKS: dict[str, Callable[..., str]] = {"verdict": _verdict, "directions": _directions, "ends": _ends, "rule": _rule,
                                          "moves": _moves, "scale": _scale, "parts": _parts, "decide": _decide,
-                                         "tuning": _tuning, "lrs": _lrs, "tokenizers": _tokenizers}
+                                         "tuning": _tuning, "lrs": _lrs, "tokenizers": _tokenizers,
+                                         "worth": _worth}
 
 
 # --------------------------------------------------------------------------- documents

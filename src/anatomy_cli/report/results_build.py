@@ -44,6 +44,7 @@ def build(r: Report) -> dict:
     scaled |= {"tokenizers": list(r.tokenizers)} if r.tokenizers else {}
     escape = plateau.escape_record(runs, r.curves)
     scaled |= {"plateau": escape} if escape is not None else {}
+    scaled |= {"worth": _worth_record(r)} if r.ladder is not None else {}
     return {"format": FORMAT, "version": VERSION, "study": Path(r.root).name, "unit": UNIT,
             "runs": {"total": len(runs), "completed": int((runs["status"] == "completed").sum())},
             "seeds": sorted(int(s) for s in runs["seed"].dropna().unique()),
@@ -52,6 +53,16 @@ def build(r: Report) -> dict:
             "effects": [{k: _plain(row[k]) for k in EFFECT_KEYS}
                         for row in frames_mod.records(frames_mod.as_written(r.effects))],
             "eval_gains": eval_gains, "configs": _configs(runs), **_per_byte(runs), **scaled}
+
+
+def _worth_record(r: Report) -> dict:
+    """The ladder's record (report/ladder.py), numbers rounded as every file's; multipliers to 6 significant
+    digits (a FLOPs count keeps its size)."""
+    def plain(v):
+        return _sig(v) if isinstance(v, float) else v
+
+    return {k: [{c: plain(v) for c, v in row.items()} for row in v] if isinstance(v, list) and v and
+            isinstance(v[0], dict) else plain(v) for k, v in r.ladder.record().items()}
 
 
 def _per_byte(runs) -> dict:

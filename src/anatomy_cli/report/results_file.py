@@ -14,7 +14,9 @@ raw_low, raw_high, p_holm, mde, noise, df, allow_low, allow_high (a tuned study'
 eval_gains [{flip, direction, group, steps, tokens, gain}] (val-loss gain at every evaluation);
 configs [{role, params, active_params, state_bytes_4k, positions}] (what each config costs);
 with sizes, scale {budget, sizes, effects, trends} (scale.Scale.record's rows); with --decide, decide
-(decide.json); with --tune-lr, tuning {grid {center, points, factor, extend}, seeds (the selection seeds),
+(decide.json); with a ladder, worth {axis, rungs, note, margin, laws, multipliers, trends} (report/ladder.py's
+record: worth.LAW_COLUMNS, worth.WORTH_COLUMNS and the multipliers' trends; only axis, rungs and the note
+where no law fits); with --tune-lr, tuning {grid {center, points, factor, extend}, seeds (the selection seeds),
 arms [{name, lr, best_loss, sensitivity, reason, lrs}] (lr null: not tuned), comparison
 [lr_comparison.COMPARISON_COLUMNS]} (lr_comparison.tuned_frames' record and comparison); with several
 tokenizers, tokenizers [{flip, direction, tokenizers, calls, gains, intervals, across}] (across_tokenizers.across).
@@ -217,6 +219,72 @@ class Scale(FileModel):
     trends: list[Trend] = None
 
 
+class WorthLaw(FileModel):  # worth.LAW_COLUMNS
+    series: str = None
+    direction: str = None
+    against: str | None = None
+    axis: str = None
+    floor: Amount = None
+    scale: Amount = None
+    alpha: Amount = None
+    unit: Amount = None
+    low: Amount = None
+    high: Amount = None
+    rungs: Count = None
+    seeds: Count = None
+    fixed_floor: bool = None
+    lack_of_fit_p: Share | None = None
+    note: str = None
+
+
+class Multiplier(FileModel):  # worth.WORTH_COLUMNS
+    series: str = None
+    rung: str = None
+    direction: str = None
+    flip: str = None
+    against: str | None = None
+    axis: str = None
+    cost: Amount = None
+    needed: Amount | None = None  # null: below the law's floor (no compute reaches it)
+    multiplier: Amount | None = None
+    low: Amount | None = None
+    high: Amount | None = None
+    raw_low: Amount | None = None
+    raw_high: Amount | None = None
+    adj_level: Share | None = None
+    family: Count = None
+    n_pairs: Count = None
+    worth: float | None = None
+    se: Amount | None = None
+    p_value: Share | None = None
+    p_holm: Share | None = None
+    margin: Amount = None
+    call: str = None
+    extrapolated: bool = None
+    wall_multiplier: Amount | None = None
+    wall_low: Amount | None = None
+    wall_high: Amount | None = None
+    wall_call: str = None
+    note: str = None
+
+
+class WorthTrend(Trend):  # worth.worth_trends: scale.TREND_COLUMNS + the multipliers at the ladder's ends
+    margin: Amount | None = None
+    multiplier_smallest: Amount | None = None
+    multiplier_largest: Amount | None = None
+    extrapolated_rungs: str = None
+
+
+class Worth(FileModel):  # report/ladder.py Ladder.record: the ladder's multipliers, or the note why none
+    axis: str = None
+    rungs: list[str] = None
+    note: str = None
+    margin: Annotated[float, Field(gt=1)] = None
+    laws: list[WorthLaw] = None
+    multipliers: list[Multiplier] = None
+    trends: list[WorthTrend] = None
+
+
 class TuningArm(FileModel):  # one config's selection (records.TuneArm's; name: its arm)
     name: str = None
     lr: Lr | None = None  # null: not tuned (its best at the grid's edge)
@@ -303,6 +371,7 @@ class ResultsFile(FileModel):
     tuning: Tuning = None  # a --tune-lr study's LRs and its shared-LR comparison (report/lr_comparison.py)
     tokenizers: list[AcrossTokenizers] = None  # a study of several tokenizers: each call at each (across_tokenizers)
     plateau: Plateau = None  # the step each run left the unigram plateau at (report/plateau.py)
+    worth: Worth = None  # a ladder's compute (or data) multipliers, or why it has none (report/ladder.py)
 
 
 def load(path: Path) -> dict:

@@ -55,6 +55,11 @@ class Rules:
         return self.study.study_margin if self.study is not None else None
 
     @property
+    def worth_margin(self) -> float | None:
+        """The multipliers' margin the study recorded (spec key worth_margin; None: not asked for)."""
+        return self.study.worth_margin if self.study is not None else None
+
+    @property
     def invocation(self) -> records.Invocation | None:
         return self.study.invocation if self.study is not None else None
 

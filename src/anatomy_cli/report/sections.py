@@ -92,7 +92,9 @@ def sections(p: Parts) -> list[tuple[str, list]]:
     across += [("Fair learning rates", lr_comparison.blocks(p.tuned, p.images.get("lr-sensitivity.png")))] \
         if p.tuned is not None else []
     return [
-        ("Verdict", verdict_blocks(p) + ([("img", p.images["forest.png"])] if p.verdict.empty else [])  # else in it
+        *worth_section(p),  # a ladder's multipliers lead
+        ("Verdict", worth_note_blocks(p) + verdict_blocks(p)
+         + ([("img", p.images["forest.png"])] if p.verdict.empty else [])  # else in it
          + component_blocks(p)),
         *across,
         ("Curves", [("p", ("One panel per component: the runs with it flipped (its colour) against the end they "
@@ -255,8 +257,9 @@ def verdict_text(r: Report, max_width: int | None) -> str:
     head = f"verdict: gain in best val loss ({UNIT}; > 0 = the component helps), largest first"
     ends = vd.ends_text(runs, ref, top)
     rule = vd.rule_line(verdict, UNIT, short=True, looks=r.rules.spending, calls=False)
-    out = [textable.wrap(head, max_width), *([textable.wrap(ends, max_width)] if ends else []), "",
-           directions_table(verdict, ref, top, max_width), "", textable.wrap(rule, max_width)]
+    out = worth_text(r, max_width)  # a ladder's multipliers lead (or the one line why none)
+    out += [textable.wrap(head, max_width), *([textable.wrap(ends, max_width)] if ends else []), "",
+            directions_table(verdict, ref, top, max_width), "", textable.wrap(rule, max_width)]
     out += words_text(verdict, r.rules, max_width)
     out += [textable.wrap(line, max_width) for line in plateau_lines(runs, bold=False)]
     if across is not None:
@@ -566,3 +569,116 @@ def scale_lines(s: scale_mod.Scale, bold: bool = True) -> list[str]:
             said.append(f"{change(t.direction, t.series)} {t.call}{ends}")
         out.append(f"{'**' * bold}{flip}{'**' * bold}: " + "; ".join(said))
     return out
+
+
+# --------------------------------------------------------------------------- worth (report/ladder.py)
+
+
+def worth_section(p: Parts) -> list[tuple[str, list]]:
+    """The section a ladder's report leads with ('What each part is worth in compute' or '... in data'),
+    or nothing (no ladder, or one with no law: its one line leads the verdict instead, worth_note_blocks)."""
+    lad = p.r.ladder
+    if lad is None or lad.worth is None:
+        return []
+    return [(f"What each part is worth in {lad.axis}", worth_blocks(p))]
+
+
+def worth_text(r: Report, max_width: int | None) -> list[str]:
+    """The terminal's lines for a ladder, before the verdict: each part's multiplier at the smallest and the
+    largest rung with its call and its trend, the margin; or the one line why the ladder has none."""
+    lad = r.ladder
+    if lad is None:
+        return []
+    if lad.worth is None:
+        return [textable.wrap(lad.note, max_width), ""] if lad.note else []
+    w = lad.worth
+    head = (f"worth in {lad.axis} ({'FLOPs' if lad.axis == 'compute' else 'tokens'} its end needs to match the arm "
+            f"/ the arm's; > 1x = the part helps; within 1/{w.margin:g}..{w.margin:g}x negligible), at "
+            f"{lad.rungs[0]} -> {lad.rungs[-1]}:")
+    return [textable.wrap(head, max_width), *(textable.wrap("  " + line, max_width) for line in
+                                              worth_lines(w, bold=False)), ""]
+
+
+def worth_note_blocks(p: Parts) -> list:
+    """The one line why a study's ladder has no multipliers (experiments/scale.toml's three sizes)."""
+    lad = p.r.ladder
+    return [("p", lad.note)] if lad is not None and lad.worth is None and lad.note else []
+
+
+def worth_blocks(p: Parts) -> list:
+    """The multipliers at every rung with their intervals and calls, the trend across rungs, the forest on a
+    log axis with 1x marked, the fitted law with each arm's points, and the rule in brief."""
+    lad = p.r.ladder
+    w = lad.worth
+    what, unit = (("compute", "FLOPs") if lad.axis == "compute" else ("data", "tokens"))
+    intro = (f"Each part's worth as {what}: the {unit} the end it is compared with would need, on its own fitted "
+             f"law, to reach the arm's best val loss, over the {unit} the arm used (> 1x: the part is worth that "
+             f"much more {what}; < 1x: the arm is worse than its end). At every rung of the ladder "
+             f"({', '.join(lad.rungs)}), with the interval its call is made from; the trend across rungs after it.")
+    return [("p", intro), ("table", worth_display(w), False), ("img", p.images["worth.png"]),
+            ("list", worth_lines(w) + law_lines(w)), ("img", p.images["law.png"]),
+            ("list", [WORTH_RULE.format(margin=f"{w.margin:g}")])]
+
+
+WORTH_RULE = ("**The rule for multipliers**: each end's law L = L_inf + A C^-alpha is fitted on its own rungs (the "
+              "mean over seeds), one shape every arm of that end shares; an arm's loss is placed on the law at its "
+              "rung (the law's value there plus the arm's paired difference) and inverted. The interval carries "
+              "the seeds' noise and the law's fit uncertainty (each seed left out in turn, the law refitted: the "
+              "jackknife), simultaneous over each rung's multipliers (Bonferroni), on log multipliers; a call "
+              "at 1x against the margin {margin}x (within 1/{margin}..{margin}x is negligible), in the loss "
+              "calls' words. **extrapolated**: the compute it needs lies beyond the ladder's range (or below the "
+              "law's floor): shown, not called. The trend: each seed's log multiplier against log10 of the "
+              "rung's cost, called as the trends across sizes are.")
+
+
+def _times(m: float) -> str:
+    return "inf" if not math.isfinite(m) else f"{m:.2f}x" if m < 100 else f"{m:,.0f}x"
+
+
+def multiplier_cell(r) -> str:
+    """'1.23x [1.10x, 1.38x] helps' for one row of worth.WORTH_COLUMNS."""
+    interval = f" [{_times(r.low)}, {_times(r.high)}]" if math.isfinite(r.low) else ""
+    return f"{_times(r.multiplier)}{interval} {r.call}"
+
+
+def worth_display(w) -> pd.DataFrame:
+    """One row per component and direction: its multiplier [interval] call at every rung, and its trend."""
+    m = w.multipliers
+    rungs = list(dict.fromkeys(m["rung"]))
+    trend = {(t.series, t.flip, t.direction): t.call for t in w.trends.itertuples()}
+    rows = []
+    for (series, flip, direction, against), cells in m.groupby(["series", "flip", "direction", "against"],
+                                                               sort=False):
+        to = "to" if direction == ADD_ONE else "from"
+        where = f"{VERB[direction]} {to} the {against}" + (f" [{series}]" if series else "")
+        row = {"component": flip, "change": where}
+        row |= {rung: "" for rung in rungs} | {c.rung: multiplier_cell(c) for c in cells.itertuples()}
+        row["trend"] = trend.get((series, flip, direction), "")
+        rows.append(row)
+    return pd.DataFrame(rows, columns=["component", "change", *rungs, "trend"])
+
+
+def worth_lines(w, bold: bool = True) -> list[str]:
+    """'**rope** added to the 2017 end: 1.21x [1.05x, 1.40x] helps at S -> 1.60x ... at XL; grows', one
+    line per component and direction."""
+    trend = {(t.series, t.flip, t.direction): t.call for t in w.trends.itertuples()}
+    out = []
+    for (series, flip, direction, against), cells in w.multipliers.groupby(
+            ["series", "flip", "direction", "against"], sort=False):
+        first, last = cells.iloc[0], cells.iloc[-1]
+        at = (f"{multiplier_cell(first)} at {first['rung']}" if len(cells) == 1 else
+              f"{multiplier_cell(first)} at {first['rung']} -> {multiplier_cell(last)} at {last['rung']}")
+        call = trend.get((series, flip, direction))
+        where = f"{VERB[direction]} {'to' if direction == ADD_ONE else 'from'} the {against}"
+        out.append(f"{'**' * bold}{flip}{'**' * bold} {where}{f' [{series}]' if series else ''}: {at}"
+                   + (f"; across rungs: {call}" if call else ""))
+    return out
+
+
+def law_lines(w) -> list[str]:
+    """Each end's fitted law, over the range it was fitted on, and its lack-of-fit note where there is one."""
+    from anatomy_cli.report.worth import describe
+
+    return [f"The {law.against}'s law: {describe(law._asdict())} over {law.low:.3g}..{law.high:.3g} "
+            f"{'FLOPs' if law.axis == 'compute' else 'tokens'} ({law.rungs} rungs, {law.seeds} seeds)"
+            + (f"; {law.note}" if law.note else "") for law in w.laws.itertuples()]

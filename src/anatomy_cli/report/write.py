@@ -31,7 +31,7 @@ FORMATS = ("md", "html", "csv", "json")
 # Every file write_report may write, forest.png (always, and first) leading: a folder is a report folder
 # when it holds forest.png, and `report --out` refuses to replace one of these files in any other folder.
 FIGURES = ("forest.png", "curves.png", "effects-over-training.png", "speed.png", "grad-norm.png", "scale.png",
-           "expert-load.png", "lr-sensitivity.png")
+           "expert-load.png", "lr-sensitivity.png", "worth.png", "law.png")
 FILES = FIGURES + ("runs.csv", "effects.csv", "eval-effects.csv", "effects-by-size.csv", "lr-comparison.csv",
                    "report.json", "report.md", "report.html")
 
@@ -50,7 +50,8 @@ def report_document(r: Report) -> dict:
     return {"root": str(r.root), "runs": records(r.runs), "effects": records(as_written(r.effects)),
             "verdict": records(as_written(r.verdict)), "eval_effects": records(r.eval_effects),
             **({"scale": r.scale.record()} if r.scale is not None else {}), "plateau": plateau_record(r.runs),
-            **({"tuning": lr_comparison.record(r.tuning)} if r.tuning is not None else {})}
+            **({"tuning": lr_comparison.record(r.tuning)} if r.tuning is not None else {}),
+            **({"worth": r.ladder.record()} if r.ladder is not None else {})}
 
 
 def write_report(r: Report, out_dir: Path | None = None, formats: tuple[str, ...] = FORMATS) -> dict[str, Path]:
@@ -59,7 +60,8 @@ def write_report(r: Report, out_dir: Path | None = None, formats: tuple[str, ...
 
     Always the figures (forest.png, curves.png, effects-over-training.png; speed.png with a timing
     pass; grad-norm.png for a stability study; scale.png for a study at two sizes or more;
-    expert-load.png when a run is a mixture of experts; lr-sensitivity.png for a tuned study); 'csv'
+    expert-load.png when a run is a mixture of experts; lr-sensitivity.png for a tuned study; worth.png and
+    law.png for a ladder with multipliers, report/ladder.py); 'csv'
     adds runs.csv, effects.csv (loss and speed, told apart by `metric`), eval-effects.csv, with sizes
     effects-by-size.csv and, tuned, lr-comparison.csv (lr_comparison.comparison); 'md' report.md, 'html' a
     self-contained report.html, 'json' report.json (report_document; NaN -> null).
@@ -81,6 +83,9 @@ def write_report(r: Report, out_dir: Path | None = None, formats: tuple[str, ...
         paths["grad-norm.png"] = figures.plot_curves(r.curves, panels, out / "grad-norm.png", value="grad_norm")
     if r.scale is not None:
         paths["scale.png"] = figures.plot_scale(r.scale.by_size, r.scale.trends, out / "scale.png")
+    if r.ladder is not None and r.ladder.worth is not None:  # the multipliers' forest and the fitted law
+        paths["worth.png"] = figures.plot_worth(r.ladder.worth.multipliers, out / "worth.png")
+        paths["law.png"] = figures.plot_law(r.ladder.worth.laws, r.ladder.frame, out / "law.png")
     loads = expert_loads(r.runs)
     if loads:
         paths["expert-load.png"] = figures.plot_expert_load(loads, out / "expert-load.png")

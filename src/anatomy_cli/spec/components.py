@@ -446,8 +446,8 @@ PART_TABLES = ("model.part_options", "model.part_code")  # ModelConfig's tables 
 
 
 def settings_key(flat: dict, design: tuple[Component, ...]) -> str:
-    """JSON of the flattened config minus name, seed and every setting the study's components switch; the
-    options and code of a part a component switches to travel with it (a run with relu2 on records them,
+    """JSON of the flattened config minus name, seed, kept checkpoints and every setting the study's components
+    switch; the options and code of a part a component switches to travel with it (a run with relu2 on records them,
     the reference without it none), so they are left out too, as is an empty table of them."""
     switched = {k for c in design for k in c.keys}
     named = {v for c in design for v in [*c.on.values(), *(c.off or {}).values()] if isinstance(v, str)}
@@ -456,7 +456,9 @@ def settings_key(flat: dict, design: tuple[Component, ...]) -> str:
         table = next((t for t in PART_TABLES if key == t or key.startswith(t + ".")), None)
         return None if table is None else key.removeprefix(table).lstrip(".").split(".")[0]
 
-    kept = {k: v for k, v in flat.items() if k not in switched and k not in ("name", "seed")
+    # train.keep_checkpoints: a budget ladder's stable run keeps checkpoints its decays branch from; it never
+    # moves a result, so it never tells two groups apart
+    kept = {k: v for k, v in flat.items() if k not in switched and k not in ("name", "seed", "train.keep_checkpoints")
             and not (part_of(k) is not None and (part_of(k) in named or (part_of(k) == "" and v is None)))}
     return json.dumps(kept, sort_keys=True, default=str)
 

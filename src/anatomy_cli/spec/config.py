@@ -1060,6 +1060,16 @@ class TimingSpec(_Frozen):
     rounds: int = Field(default=5, ge=3, le=MAX_SEEDS)
 
 
+class BudgetsSpec(_Frozen):
+    """`[budgets]`: a budget ladder at one size (study/ and training/budgets.py): `steps` the train steps of
+    each budget, increasing; each arm's stable phase trains once to the largest and every smaller budget
+    is a decay branched from it. It asks for the data multipliers (report/worth.py), so it needs
+    MIN_BUDGETS budgets or more, and base.train.schedule = "wsd"."""
+
+    steps: Annotated[list[Annotated[int, Field(gt=0, le=MAX_SIZE)]], Field(max_length=64)]
+
+
+MIN_BUDGETS = 4  # the data multipliers' law needs 4 rungs (report/worth.py MIN_RUNGS)
 COMPONENT_NAME = r"^[a-z][a-z0-9_]{0,31}$"
 
 
@@ -1128,6 +1138,10 @@ class AblationSpec(_Frozen):
     # the margin "negligible" is tested against (report/stats.py; default stats.DEFAULT_MARGIN). `min_effect`
     # is its older name, read as it.
     margin: Margin | None = Field(default=None, validation_alias=AliasChoices("margin", "min_effect"))
+    # The multipliers' margin (report/worth.py): a compute or data multiplier within 1/m..m is negligible,
+    # fixed before the data. Set, it asks for the multipliers: a ladder no law fits is refused (exit 2).
+    worth_margin: float | None = Field(default=None, gt=1, le=MAX_MARGIN)
+    budgets: BudgetsSpec | None = None  # present: a budget ladder (each arm's decays branched from one run)
     decide: DecideSpec | None = None  # present: `ablate` trains in rounds (report/decide.py)
     tune: TuneSpec | None = None  # present: `ablate` tunes each config's LR first (study/lr_study.py)
     timing: TimingSpec = TimingSpec()  # the timing pass's steps and rounds (`ablate --time`)
@@ -1156,7 +1170,23 @@ class AblationSpec(_Frozen):
                 raise ValueError(f"axes.{key} must list at least one value")
         self._check_sizes()
         self._check_tokenizers()
+        self._check_budgets()
         return self
+
+    def _check_budgets(self) -> None:
+        if self.budgets is None:
+            return
+        steps = self.budgets.steps
+        if any(b <= a for a, b in zip(steps, steps[1:])):
+            raise ValueError(f"budgets.steps must increase: got {', '.join(map(str, steps))}")
+        if len(steps) < MIN_BUDGETS:
+            raise ValueError(f"budgets.steps: the data multipliers need {MIN_BUDGETS} budgets or more (a law of 3 "
+                             f"parameters and a residual); got {len(steps)}")
+        if self.sizes:
+            raise ValueError("budgets and [[sizes]] do not combine: a budget ladder is one size")
+        if self.base.train.schedule != "wsd":
+            raise ValueError(f"budgets: a budget ladder branches decays off a stable phase: set base.train.schedule "
+                             f"= \"wsd\" (got {self.base.train.schedule!r})")
 
     def _check_tokenizers(self) -> None:
         if not self.tokenizers:

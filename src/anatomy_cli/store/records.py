@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from anatomy_cli.spec.config import ALPHA, ConfigError, Margin, check_margin
+from anatomy_cli.spec.config import ALPHA, MAX_MARGIN, ConfigError, Margin, check_margin
 from anatomy_cli.spec.knobs import Setting
 from anatomy_cli.store.runs import (
     SWEEP,
@@ -76,6 +76,8 @@ class StudyRecord(FileModel):
     sizes: list[dict] = []
     invocation: Invocation | None = None
     margin: Margin | None = None
+    worth_margin: Annotated[float, Field(gt=1, le=MAX_MARGIN)] | None = None  # asks for the multipliers
+    budgets: list[Annotated[int, Field(gt=0)]] = []  # a budget ladder's budgets (train steps), [budgets]
 
     @model_validator(mode="after")
     def _sizes(self) -> StudyRecord:
@@ -117,11 +119,11 @@ def read_study(folder: Path) -> StudyRecord | None:
 
 
 def merged_study(folder: Path, components: list[dict], sizes: list[dict], invocation: Invocation | None,
-                 margin: float | None) -> StudyRecord:
+                 margin: float | None, worth_margin: float | None = None, budgets: list[int] = ()) -> StudyRecord:
     """sweep.json as one more study of `folder` leaves it: the union of every study's components and sizes
     (a spec component or a size redefined under the same name is refused: the runs already written were
     planned with the old definition), the latest invocation, and the margin of the folder's first study
-    (a later one asks for the same: study.ablation refuses another)."""
+    (a later one asks for the same: study.ablation refuses another); the latest worth margin asked for."""
     old = read_study(folder)
     rows = {r["name"]: r for r in (old.components if old else [])}
     for row in components:
@@ -137,6 +139,8 @@ def merged_study(folder: Path, components: list[dict], sizes: list[dict], invoca
     return StudyRecord(components=list(rows.values()), sizes=list(rungs.values()),
                        invocation=invocation if invocation is not None else old.invocation if old else None,
                        margin=old.study_margin if old is not None else margin,
+                       worth_margin=worth_margin if worth_margin is not None else old.worth_margin if old else None,
+                       budgets=sorted(set(budgets) | set(old.budgets if old else ())),
                        **{k: v for k, v in ((old.model_extra or {}) if old else {}).items()})
 
 
@@ -144,7 +148,7 @@ def write_study(folder: Path, record: StudyRecord) -> None:
     """sweep.json, atomically (keys at None left out, as the file has always been written)."""
     Path(folder).mkdir(parents=True, exist_ok=True)
     data = record.model_dump(mode="json", exclude_none=True)
-    atomic_write_json(Path(folder) / SWEEP, {k: v for k, v in data.items() if k != "sizes" or v})
+    atomic_write_json(Path(folder) / SWEEP, {k: v for k, v in data.items() if k not in ("sizes", "budgets") or v})
 
 
 # --------------------------------------------------------------------------- decide.json

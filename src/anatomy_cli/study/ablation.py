@@ -306,7 +306,8 @@ def run_study(study: Study, train: Callable[[list], list], say: Callable[[str], 
 
     started = clock()
     before = check_record(study)  # again: the folder may have changed since the plan was shown
-    plan_mod.record_study(study.sweep_dir, study.plan, study.ask.invocation, study.margin)  # before anything trains
+    plan_mod.record_study(study.sweep_dir, study.plan, study.ask.invocation, study.margin,  # before anything trains
+                          study.spec.worth_margin)
     if study.tune is not None:
         return _run_tuned(study, train, say, clock, started, before, price)
     if study.rounds is None:

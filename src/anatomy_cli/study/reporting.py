@@ -25,11 +25,13 @@ class Reported:
 
 
 def read_report(root: Path, out: Path | None, formats: tuple[str, ...], margin: float | None = None,
-                results: str | Path | None = None, tensorboard: bool = False) -> Reported:
+                results: str | Path | None = None, tensorboard: bool = False,
+                worth_margin: float | None = None) -> Reported:
     """The Report of root built once (judged at `margin`, else the study's), every refusal before anything is
     written (unknown formats, a missing folder, --out and --results where they may not write), then TensorBoard
     events back-filled and the results file written when asked. Without --out, a report at another margin than
-    the study's goes beside the study's own (margin_folder), which stays as the study wrote it."""
+    the study's goes beside the study's own (margin_folder), which stays as the study wrote it. worth_margin:
+    the ladder's multipliers asked for at that margin (a ladder no law fits: worth.LadderError, exit 2)."""
     from anatomy_cli.report import write
     from anatomy_cli.report.build import build_report
     from anatomy_cli.training import tensorboard as tb_events
@@ -41,7 +43,7 @@ def read_report(root: Path, out: Path | None, formats: tuple[str, ...], margin: 
         raise ConfigError(f"unknown --format {', '.join(bad)}; choose from {', '.join(write.FORMATS)}")
     if not root.exists():
         raise runs.RunError(f"runs directory not found: {root}")
-    report = build_report(root, margin)  # computed once: shown and written by the caller
+    report = build_report(root, margin, worth_margin)  # computed once: shown and written by the caller
     beside = margin_folder(root, margin, report.rules.study_margin) if out is None else None
     out = beside or out
     check_report_paths(root, out, results)  # before anything is written

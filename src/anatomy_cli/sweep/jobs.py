@@ -38,6 +38,7 @@ class Job:
     threads: int = 1
     extra: dict = field(default_factory=dict)  # RunSummary's carried fields the plan sets: sweep, role, flip
     plugins: dict = field(default_factory=dict)
+    branch_of: str = ""  # a budget ladder's decay: the stable run's folder it branches from (training/branch.py)
 
     def __post_init__(self):
         RunSummary(**self.extra)  # a wrong type is a planning bug: raise now, not in a worker
@@ -78,7 +79,14 @@ def execute_local(jobs: list[Job], workers: int, emit: Event, stop: Stop | None 
 
 
 def group_jobs(jobs: list[Job], stack: int) -> list[list[Job]]:
-    """Jobs that differ only by seed, in chunks of at most `stack` (1: every job alone), in plan order."""
+    """Jobs that differ only by seed, in chunks of at most `stack` (1: every job alone), in plan order. A
+    budget ladder's decays go with their stable run, after it, as one group trained in order (never stacked;
+    a decay whose stable run is already done is a group of its own)."""
+    if any(job.branch_of for job in jobs):
+        ladders: dict[str, list[Job]] = {}
+        for job in jobs:
+            ladders.setdefault(job.branch_of or job.run_dir, []).append(job)
+        return list(ladders.values())
     if stack <= 1:
         return [[job] for job in jobs]
     by_config: dict[str, list[Job]] = {}
@@ -94,6 +102,12 @@ def run_group(jobs: list[Job], emit: Event | None = None, stop: Stop | None = No
     (a rerun where some seeds completed or stopped at other checkpoints: one stack per step)."""
     if len(jobs) == 1:
         return [run_job(jobs[0], emit, stop)]
+    if any(j.branch_of for j in jobs):  # a stable run and its decays, in order: a decay needs its checkpoint
+        out = []
+        for j in jobs:
+            stopped = stop is not None and stop()
+            out.append(runs.read_summary(Path(j.run_dir)) or {} if stopped else run_job(j, emit, stop))
+        return out
     import torch
 
     from anatomy_cli.training.stacked import stack_problem, start_step, train_group
@@ -135,6 +149,7 @@ def run_job(job: Job, emit: Event | None = None, stop: Stop | None = None) -> di
     """
     import torch
 
+    from anatomy_cli.training.branch import branch
     from anatomy_cli.training.run import has_checkpoint, resume, train
 
     torch.set_num_threads(job.threads)
@@ -143,6 +158,8 @@ def run_job(job: Job, emit: Event | None = None, stop: Stop | None = None) -> di
     run_dir = Path(job.run_dir)
     on_progress = (lambda p: emit({"event": "progress", "run_id": job.run_id, **p})) if emit else None
     try:
+        if job.branch_of:  # resumes an interrupted branch itself, sets up again one killed before it began
+            return branch(Path(job.branch_of), cfg, run_dir, on_progress, stop, job.extra)
         if runs.run_status(run_dir) == runs.INTERRUPTED and has_checkpoint(run_dir):
             with contextlib.suppress(runs.RunError):  # a changed corpus, a bad checkpoint: start again
                 return resume(run_dir, progress=on_progress, stop=stop)

@@ -200,6 +200,8 @@ class PlannedRun:
     config: RunConfig
     design: Design | None = None  # the study's components (None for a list design)
     size: PlannedSize | None = None  # its rung of the spec's [[sizes]] (None: the spec has none)
+    budget: int | None = None  # its budget (train steps) of the spec's [budgets] (None: the spec has none)
+    parent: str | None = None  # a decay branch's stable run (its run id): trained from its kept checkpoint
 
 
 def spec_table(spec: AblationSpec) -> dict[str, Component]:
@@ -348,7 +350,29 @@ def expand(spec: AblationSpec) -> list[PlannedRun]:
     if errors:
         more = f"; and {len(errors) - 4} more" if len(errors) > 4 else ""
         raise ConfigError(f"invalid configs in the plan ({len(errors)}): " + "; ".join(errors[:4]) + more)
-    return plan
+    return budget_plan(plan, spec.budgets.steps) if spec.budgets is not None else plan
+
+
+def budget_plan(plan: list[PlannedRun], steps: list[int]) -> list[PlannedRun]:
+    """Each planned run as a budget ladder (training/budgets.py budget_ladder): its stable run to the largest
+    budget (keeping a checkpoint at each smaller budget's decay start), then one decay branch per smaller
+    budget, smallest first, naming the stable run as its parent. A branch is the run its config names (the
+    id a run trained to that budget from step 0 has); slugs start with the budget ('b200_2017+rope').
+    ConfigError (one line) for a decay longer than a budget's stable phase."""
+    from anatomy_cli.training.budgets import budget_ladder
+
+    out = []
+    for p in plan:
+        ladder = budget_ladder(p.config, steps)
+        stable_id = None
+        for r in ladder.runs:
+            slug = f"b{r.budget}_{p.slug}"
+            cfg = r.config.model_copy(update={"name": f"{p.config.name.partition('/')[0]}/{slug}"})
+            rid = runs.run_id(slug, cfg.seed, cfg.model_dump(mode="json"))
+            stable_id = stable_id or rid
+            out.append(PlannedRun(rid, slug, p.role, p.flip, cfg, p.design, p.size, r.budget,
+                                  None if r.parent is None else stable_id))
+    return out
 
 
 def plan_factors(spec: AblationSpec, design: Design | None) -> dict[str, int]:
@@ -447,12 +471,15 @@ def plan_estimate(plan: list[PlannedRun], workers: int, vocab: dict, say=None) -
     threads = max(1, (os.cpu_count() or 1) // max(1, workers))  # what each run of the sweep trains with
     sized = {p.run_id: p.config.model_copy(update={"model": p.config.model.model_copy(
         update={"vocab_size": vocab[p.config.data.corpus_key]})}) for p in plan}
+    # a budget ladder's decay trains only its decay (from its stable run's checkpoint): timed as that many steps
+    trained = {p.run_id: sized[p.run_id].model_copy(update={"train": p.config.train.model_copy(
+        update={"steps": p.config.train.decay_steps})}) if p.parent else sized[p.run_id] for p in plan}
     keys = {rid: calibrate.shape_key(cfg, cfg.model.vocab_size, threads) for rid, cfg in sized.items()}
     reps: dict[str, RunConfig] = {}
     for rid, key in keys.items():
         reps.setdefault(key, sized[rid])
     cals = calibrate.calibrations(reps, threads, say)
-    per_run = {rid: calibrate.run_seconds(cfg, cals[keys[rid]], cfg.model.flops_per_token()
+    per_run = {rid: calibrate.run_seconds(trained[rid], cals[keys[rid]], cfg.model.flops_per_token()
                                           / reps[keys[rid]].model.flops_per_token()) for rid, cfg in sized.items()}
     return per_run, max((c["startup_s"] for c in cals.values()), default=0.0)
 
@@ -521,7 +548,8 @@ def plan_stack(choice: str, plan: list[PlannedRun], executor: str) -> int:
 
 
 def record_design(sweep_dir: Path, design: Design | None, sizes: Iterable[PlannedSize] = (),
-                  invocation: records.Invocation | None = None, margin: float | None = None) -> None:
+                  invocation: records.Invocation | None = None, margin: float | None = None,
+                  worth_margin: float | None = None, budgets: Iterable[int] = ()) -> None:
     """Add the design's components (and sizes) to sweep_dir/sweep.json, which the report reads to tell
     roles (and which size a run is); with `invocation` (a study's: its spec and settings), how the study was
     asked for, and its margin (kept as the folder's first study recorded it: records.merged_study).
@@ -531,19 +559,22 @@ def record_design(sweep_dir: Path, design: Design | None, sizes: Iterable[Planne
     name is refused, since runs already written were planned with the old definition."""
     rows = [components.record(c) for c in (design.components if design else ())]
     rungs = [size.record() for size in sizes]
-    records.write_study(sweep_dir, records.merged_study(sweep_dir, rows, rungs, invocation, margin))
+    records.write_study(sweep_dir, records.merged_study(sweep_dir, rows, rungs, invocation, margin, worth_margin,
+                                                        sorted(set(budgets))))
 
 
 def record_study(sweep_dir: Path, plan: list[PlannedRun], invocation: records.Invocation,
-                 margin: float | None) -> None:
+                 margin: float | None, worth_margin: float | None = None) -> None:
     """A study's sweep.json, written before any of its runs trains (under the sweep's lock): its design, its
-    sizes, how it was asked for and its margin (the folder's first study's margin stays)."""
+    sizes, how it was asked for and its margin (the folder's first study's margin stays), and the multipliers'
+    margin where it asks for them (spec key worth_margin)."""
     sweep_dir = Path(sweep_dir)
     runs.check_placement(sweep_dir, "sweep", "--runs-dir")
     sweep_dir.mkdir(parents=True, exist_ok=True)
     with SweepLock(sweep_dir):
         record_design(sweep_dir, next((p.design for p in plan if p.design), None),
-                      list(dict.fromkeys(p.size for p in plan if p.size)), invocation, margin)
+                      list(dict.fromkeys(p.size for p in plan if p.size)), invocation, margin, worth_margin,
+                      [p.budget for p in plan if p.budget])
 
 
 def pending_runs(plan: list[PlannedRun], sweep_dir: Path) -> list[PlannedRun]:
@@ -573,13 +604,17 @@ def execute(plan: list[PlannedRun], sweep_dir: Path, workers: int = 1, on_event:
         design = next((p.design for p in plan if p.design), None)
         sizes = list(dict.fromkeys(p.size for p in plan if p.size))
         if design is not None or sizes:
-            record_design(sweep_dir, design, sizes)
+            record_design(sweep_dir, design, sizes, budgets=[p.budget for p in plan if p.budget])
         todo = pending_runs(plan, sweep_dir)
         emit({"event": "plan", "total": len(plan), "todo": len(todo), "skipped": len(plan) - len(todo)})
         threads = max(1, (os.cpu_count() or 1) // max(1, workers))
         todo_jobs = [Job(p.run_id, p.config.model_dump(mode="json"), str(sweep_dir / p.run_id), threads,
-                         {"sweep": sweep_name, "role": p.role, "flip": p.flip}, registry.sources(p.config.plugins))
+                         {"sweep": sweep_name, "role": p.role, "flip": p.flip}, registry.sources(p.config.plugins),
+                         str(sweep_dir / p.parent) if p.parent else "")
                      for p in todo]
+        if executor == "dask" and any(j.branch_of for j in todo_jobs):
+            raise ConfigError("a budget ladder ([budgets]) trains each decay after its stable run in one local "
+                              "worker: run it with the local executor")
         if executor == "dask":
             from anatomy_cli.sweep.dask_exec import execute_dask
 
