@@ -256,7 +256,8 @@ def test_every_bad_input_error_derives_from_one_torch_free_base():
     # not finish (study.lr_selection.Unfinished): caught by study.ablation.run_study, which stops and says to rerun; a
     # check of the parts battery that failed (exams.parts_check.CheckFailed, an AssertionError): the battery
     # catches it and reports it as its row, `components check` exits 1 (refuse_broken turns it into a PartError)
-    assert others == {"WorkerDied", "Unfinished", "CheckFailed"}
+    # a write to the standard output that failed (cli.app.OutputError, an OSError): the CLI says which stream, exit 2
+    assert others == {"WorkerDied", "Unfinished", "CheckFailed", "OutputError"}
     code = ("import sys, anatomy_cli.spec.errors; "
             "print(sorted(m for m in sys.modules if m.startswith(('torch', 'anatomy'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

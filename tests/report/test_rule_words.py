@@ -98,7 +98,8 @@ def test_terminal_report_speed_and_results_state_the_rule_in_one_wording(tmp_pat
 def family_of(doc: dict) -> str:
     """stats.rule_text from a results file's numbers, read here apart from results.py."""
     tested = [e for e in doc["effects"] if e["metric"] == "best_val_bpb" and e["family"]]
-    looks = len(doc["decide"]["looks"]) if doc.get("decide") else 1
+    decided = doc.get("decide") or {}  # each look's alpha where the study spent it unequally, else their count
+    looks = decided.get("spending") or (len(decided["looks"]) if decided else 1)
     return stats.rule_text(min(e["adj_level"] for e in tested), max(e["family"] for e in tested), looks,
                            len({e["group"] for e in tested}))
 

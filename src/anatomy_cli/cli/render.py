@@ -91,7 +91,7 @@ def plan_table(plan, sweep_dir: Path, workers: int, vocab: dict, estimate: tuple
         params = m.model_copy(update={"vocab_size": vocab[p.config.data.corpus_key]}).num_params()
         role = f"{p.role}:{p.flip}" if p.flip else p.role
         known = [*components.BUILTINS, *(c for c in (p.design.components if p.design else ())
-                                         if c.name not in components.BY_NAME)]  # and a spec's own [components.X]
+                                         if c.name not in components.BY_NAME)]  # and a spec's own components table
         rows.append([p.run_id, label(p.config, known), role, str(p.config.seed), f"{params:,}",
                      fmt_seconds(estimate[0][p.run_id]), statuses[p.run_id] or "pending"])
     # narrower than the table: the components (which the role and run id also name) go first, then the
@@ -114,7 +114,7 @@ def plan_json(spec, plan, sweep_dir: Path, rounds=None) -> dict:
                   "config": p.config.model_dump(mode="json")} for p in plan],
     }
     if rounds is not None:
-        out["decide"] = {"looks": [{"seeds": n, "alpha": rounds.alpha} for n in rounds.looks],
+        out["decide"] = {"looks": [{"seeds": n, "alpha": a} for n, a in zip(rounds.looks, rounds.alphas)],
                          "margin": rounds.margin, "budget": rounds.budget, "budget_s": rounds.budget_s}
     return out
 

@@ -96,7 +96,7 @@ def budget(runs: pd.DataFrame) -> dict:
 def ablate_command(rules, *extra: str, changed: tuple = ()) -> str:
     """The `anatomy ablate` command that made the study its Rules judge (sweep.json's invocation: its spec and
     the settings over it, each by its alias: spec/knobs.py; a tuned study's grid from tune.json) with `extra`
-    options, writing to the same directory. changed: knobs.Settings that take the place of the study's own
+    options, writing to the same directory. changed: knobs.Setting values that take the place of the study's own
     setting of the same key (more seeds: one --seeds, never two)."""
     from anatomy_cli.spec import knobs
 
