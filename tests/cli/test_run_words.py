@@ -53,12 +53,17 @@ def test_the_readme_train_line_says_the_default_run():
                                              f"batch {t.batch_size}, {t.steps} steps")
 
 
+def _run(sweep: Path, rid: str, status: str, **summary) -> None:
+    """A run folder of the demo sweep: an empty config and a summary of that status."""
+    (sweep / rid).mkdir(parents=True)
+    (sweep / rid / runs.CONFIG).write_text("{}")
+    (sweep / rid / runs.SUMMARY).write_text(json.dumps({"status": status, "sweep": "demo", **summary}))
+
+
 def _sweep(tmp_path: Path) -> Path:
     sweep = tmp_path / "runs" / "demo"
     for rid, status in (("2017-s1337-aaaa", runs.FAILED), ("2017-s1338-bbbb", runs.COMPLETED)):
-        (sweep / rid).mkdir(parents=True)
-        (sweep / rid / runs.CONFIG).write_text("{}")
-        (sweep / rid / runs.SUMMARY).write_text(json.dumps({"status": status, "sweep": "demo"}))
+        _run(sweep, rid, status)
     (sweep / runs.SWEEP).write_text(json.dumps({"components": []}))
     return sweep
 
@@ -80,9 +85,7 @@ def _llama_sweep(tmp_path: Path) -> Path:
     """The demo's folder in small: a completed 2017-end run first by name, a failed and a completed LLaMA-end run."""
     sweep = _sweep(tmp_path)
     for rid, status in (("llama-s1337-cccc", runs.FAILED), ("llama-s1338-dddd", runs.COMPLETED)):
-        (sweep / rid).mkdir()
-        (sweep / rid / runs.CONFIG).write_text("{}")
-        (sweep / rid / runs.SUMMARY).write_text(json.dumps({"status": status, "sweep": "demo", "role": "all-on"}))
+        _run(sweep, rid, status, role="all-on")
     return sweep
 
 
